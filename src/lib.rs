@@ -1,0 +1,12 @@
+//! latchkey: a credential-brokering egress proxy for AI-agent sandboxes.
+//!
+//! The public surface is deliberately small: load a [`policy::Policy`], open an
+//! [`audit::AuditLog`], build a [`proxy::Proxy`] and serve. See `DESIGN.md` for the request path
+//! and the invariants each module upholds.
+
+pub mod audit;
+pub mod policy;
+pub mod proxy;
+pub mod reason;
+pub mod sandbox_env;
+pub mod upstream;

@@ -1,0 +1,532 @@
+//! Loading and validation: raw files in, a compiled [`Policy`] or every problem out.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use globset::{GlobBuilder, GlobSetBuilder};
+use http::{HeaderName, HeaderValue, Method};
+
+use super::host::normalize_host;
+use super::schema::{RawPolicyFile, RawRule};
+use super::{HostPattern, Origin, PathMatcher, Policy, Rule};
+
+/// One problem in one file, located.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyError {
+    pub file: PathBuf,
+    pub line: usize,
+    pub col: usize,
+    pub message: String,
+}
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}: {}",
+            self.file.display(),
+            self.line,
+            self.col,
+            self.message
+        )
+    }
+}
+
+/// Every problem found while loading a policy directory.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot read policy directory {dir}: {source}")]
+    Dir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("no *.toml policy files in {0}: write one (see policies/example.toml)")]
+    Empty(PathBuf),
+    #[error("{}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n"))]
+    Invalid(Vec<PolicyError>),
+}
+
+impl LoadError {
+    /// The located problems, if the failure was in the files' content.
+    pub fn problems(&self) -> &[PolicyError] {
+        match self {
+            LoadError::Invalid(v) => v,
+            _ => &[],
+        }
+    }
+}
+
+/// Loads and compiles every `*.toml` file in `dir` (sorted by name; not recursive, so
+/// `policies/tests/` fixtures are not rules).
+pub fn load_dir(dir: &Path) -> Result<Policy, LoadError> {
+    let dir_err = |source| LoadError::Dir {
+        dir: dir.to_path_buf(),
+        source,
+    };
+    let mut paths = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(dir_err)? {
+        let path = entry.map_err(dir_err)?.path();
+        if path.extension().is_some_and(|e| e == "toml") && path.is_file() {
+            paths.push(path);
+        }
+    }
+    paths.sort();
+    if paths.is_empty() {
+        return Err(LoadError::Empty(dir.to_path_buf()));
+    }
+    let mut sources = Vec::new();
+    let mut errors = Vec::new();
+    for path in paths {
+        match std::fs::read_to_string(&path) {
+            Ok(text) => sources.push((path, text)),
+            Err(e) => errors.push(PolicyError {
+                file: path,
+                line: 1,
+                col: 1,
+                message: format!("cannot read file: {e}"),
+            }),
+        }
+    }
+    let refs: Vec<(&Path, &str)> = sources
+        .iter()
+        .map(|(p, t)| (p.as_path(), t.as_str()))
+        .collect();
+    match compile_sources(&refs) {
+        Ok(policy) if errors.is_empty() => Ok(policy),
+        Ok(_) => Err(LoadError::Invalid(errors)),
+        Err(mut more) => {
+            errors.append(&mut more);
+            Err(LoadError::Invalid(errors))
+        }
+    }
+}
+
+/// Compiles policy sources given as `(file name, text)`; used by [`load_dir`] and tests.
+pub fn compile_sources(sources: &[(&Path, &str)]) -> Result<Policy, Vec<PolicyError>> {
+    let mut errors = Vec::new();
+    let mut rules: Vec<Rule> = Vec::new();
+    let mut names: HashMap<String, Origin> = HashMap::new();
+    let mut hasher = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
+    for (file, text) in sources {
+        let name = file.file_name().map(|n| n.to_string_lossy().into_owned());
+        hasher.update(name.unwrap_or_default().as_bytes());
+        hasher.update(&(text.len() as u64).to_be_bytes());
+        hasher.update(text.as_bytes());
+        let mut cx = FileCx {
+            file,
+            text,
+            errors: &mut errors,
+        };
+        let raw: RawPolicyFile = match toml::from_str(text) {
+            Ok(raw) => raw,
+            Err(e) => {
+                let span = e.span().unwrap_or(0..0);
+                cx.error(span, e.message().to_string());
+                continue;
+            }
+        };
+        for (index, raw_rule) in raw.rules.into_iter().enumerate() {
+            let span = raw_rule.span();
+            let raw_rule = raw_rule.into_inner();
+            let name_span = raw_rule.name.span();
+            if let Some(rule) = cx.rule(index, span, raw_rule) {
+                if let Some(first) = names.get(&rule.name) {
+                    cx.error(
+                        name_span,
+                        format!(
+                            "rules[{index}].name: duplicate rule name {:?}, first defined at {first}",
+                            rule.name
+                        ),
+                    );
+                    continue;
+                }
+                names.insert(rule.name.clone(), rule.origin.clone());
+                rules.push(rule);
+            }
+        }
+    }
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let digest = hasher.finish();
+    let hex: String = digest.as_ref()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Ok(index(
+        rules,
+        format!("sha256:{hex}"),
+        sources.iter().map(|(p, _)| p.to_path_buf()).collect(),
+    ))
+}
+
+/// Builds the host index, ordering each host's rules by precedence (see the module docs).
+fn index(rules: Vec<Rule>, digest: String, files: Vec<PathBuf>) -> Policy {
+    let mut exact: HashMap<String, Vec<usize>> = HashMap::new();
+    let mut wildcard: HashMap<String, Vec<usize>> = HashMap::new();
+    for (i, rule) in rules.iter().enumerate() {
+        for host in &rule.hosts {
+            let list = match host {
+                HostPattern::Exact(h) => exact.entry(h.clone()).or_default(),
+                HostPattern::Wildcard(s) => wildcard.entry(s.clone()).or_default(),
+            };
+            if !list.contains(&i) {
+                list.push(i);
+            }
+        }
+    }
+    // Stable sort keeps file order among equals.
+    let key = |i: &usize| {
+        let r: &Rule = &rules[*i];
+        (r.paths.is_none(), r.methods.is_none())
+    };
+    for list in exact.values_mut().chain(wildcard.values_mut()) {
+        list.sort_by_key(key);
+    }
+    Policy {
+        rules,
+        exact,
+        wildcard,
+        digest,
+        files,
+    }
+}
+
+struct FileCx<'a> {
+    file: &'a Path,
+    text: &'a str,
+    errors: &'a mut Vec<PolicyError>,
+}
+
+impl FileCx<'_> {
+    fn error(&mut self, span: Range<usize>, message: String) {
+        let (line, col) = line_col(self.text, span.start);
+        self.errors.push(PolicyError {
+            file: self.file.to_path_buf(),
+            line,
+            col,
+            message,
+        });
+    }
+
+    /// Validates one rule; records every problem and returns `None` if there was any.
+    fn rule(&mut self, index: usize, span: Range<usize>, raw: RawRule) -> Option<Rule> {
+        let before = self.errors.len();
+        let at = |field: &str| format!("rules[{index}].{field}");
+
+        let name = raw.name.get_ref().trim().to_string();
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'))
+        {
+            self.error(
+                raw.name.span(),
+                format!(
+                    "{}: rule name {:?} must be non-empty and use only letters, digits, '-', '_', '.', ':'",
+                    at("name"),
+                    raw.name.get_ref()
+                ),
+            );
+        }
+
+        let hosts_span = raw.hosts.span();
+        let raw_hosts = raw.hosts.into_inner();
+        if raw_hosts.is_empty() {
+            self.error(
+                hosts_span,
+                format!("{}: a rule needs at least one host", at("hosts")),
+            );
+        }
+        let mut hosts = Vec::new();
+        for (i, h) in raw_hosts.iter().enumerate() {
+            match parse_host_pattern(h.get_ref()) {
+                Ok(p) => hosts.push(p),
+                Err(msg) => self.error(h.span(), format!("{}: {msg}", at(&format!("hosts[{i}]")))),
+            }
+        }
+
+        let ports = raw.ports.map(|ports| {
+            let span = ports.span();
+            let ports = ports.into_inner();
+            if ports.is_empty() {
+                self.error(
+                    span,
+                    format!(
+                        "{}: an empty list allows nothing; remove the key for the default port",
+                        at("ports")
+                    ),
+                );
+            }
+            let mut out = Vec::new();
+            for (i, p) in ports.iter().enumerate() {
+                match u16::try_from(*p.get_ref()) {
+                    Ok(port) if port != 0 => out.push(port),
+                    _ => self.error(
+                        p.span(),
+                        format!(
+                            "{}: invalid port {}: must be 1 to 65535",
+                            at(&format!("ports[{i}]")),
+                            p.get_ref()
+                        ),
+                    ),
+                }
+            }
+            out
+        });
+
+        let methods = raw.methods.map(|methods| {
+            let span = methods.span();
+            let methods = methods.into_inner();
+            if methods.is_empty() {
+                self.error(
+                    span,
+                    format!(
+                        "{}: an empty list allows nothing; remove the key to allow every method",
+                        at("methods")
+                    ),
+                );
+            }
+            let mut out = Vec::new();
+            for (i, m) in methods.iter().enumerate() {
+                let text = m.get_ref();
+                let valid = !text.is_empty()
+                    && text.chars().all(|c| {
+                        c.is_ascii_uppercase() || c.is_ascii_digit() || c == '-' || c == '_'
+                    });
+                match Method::from_bytes(text.as_bytes()) {
+                    Ok(method) if valid => out.push(method),
+                    _ => {
+                        let hint = if text.chars().any(|c| c.is_ascii_lowercase()) {
+                            format!("; did you mean {:?}?", text.to_ascii_uppercase())
+                        } else if text == "*" {
+                            "; remove the key to allow every method".to_string()
+                        } else {
+                            String::new()
+                        };
+                        self.error(
+                            m.span(),
+                            format!(
+                                "{}: invalid method {text:?}: methods are upper-case tokens{hint}",
+                                at(&format!("methods[{i}]"))
+                            ),
+                        )
+                    }
+                }
+            }
+            out
+        });
+
+        let paths = raw.paths.and_then(|paths| {
+            let span = paths.span();
+            let paths = paths.into_inner();
+            if paths.is_empty() {
+                self.error(
+                    span.clone(),
+                    format!(
+                        "{}: an empty list allows nothing; remove the key to allow every path",
+                        at("paths")
+                    ),
+                );
+            }
+            let mut builder = GlobSetBuilder::new();
+            let mut globs = Vec::new();
+            for (i, p) in paths.iter().enumerate() {
+                let text = p.get_ref();
+                let field = at(&format!("paths[{i}]"));
+                if !text.starts_with('/') {
+                    self.error(
+                        p.span(),
+                        format!("{field}: path glob {text:?} must start with '/'"),
+                    );
+                    continue;
+                }
+                if text.contains('?') {
+                    self.error(
+                        p.span(),
+                        format!(
+                            "{field}: path glob {text:?} contains '?': globs match the path only, never the query"
+                        ),
+                    );
+                    continue;
+                }
+                match GlobBuilder::new(text)
+                    .literal_separator(true)
+                    .backslash_escape(true)
+                    .build()
+                {
+                    Ok(glob) => {
+                        builder.add(glob);
+                        globs.push(text.clone());
+                    }
+                    Err(e) => self.error(
+                        p.span(),
+                        format!("{field}: invalid path glob {text:?}: {}", e.kind()),
+                    ),
+                }
+            }
+            match builder.build() {
+                Ok(set) => Some(PathMatcher { globs, set }),
+                Err(e) => {
+                    self.error(span, format!("{}: {e}", at("paths")));
+                    None
+                }
+            }
+        });
+
+        let tunnel = raw.tunnel.map(|t| (*t.get_ref(), t.span()));
+        if let Some((true, tspan)) = &tunnel {
+            if methods.is_some() || paths.is_some() || raw.inject.is_some() {
+                self.error(
+                    tspan.clone(),
+                    format!(
+                        "{}: a tunnel rule relays encrypted bytes that latchkey cannot see, so it cannot restrict methods or paths or inject headers; remove those keys or set tunnel = false",
+                        at("tunnel")
+                    ),
+                );
+            }
+        }
+
+        let mut inject_headers = Vec::new();
+        if let Some(inject) = raw.inject {
+            for (k, v) in inject.headers {
+                let field = at(&format!("inject.headers.{}", k.get_ref()));
+                let name = match HeaderName::from_bytes(k.get_ref().as_bytes()) {
+                    Ok(n) => n,
+                    Err(_) => {
+                        self.error(
+                            k.span(),
+                            format!("{field}: invalid header name {:?}", k.get_ref()),
+                        );
+                        continue;
+                    }
+                };
+                if crate::proxy::hop::is_hop_by_hop(&name) || name == http::header::HOST {
+                    self.error(
+                        k.span(),
+                        format!(
+                            "{field}: header {name} is managed by latchkey and cannot be injected"
+                        ),
+                    );
+                    continue;
+                }
+                let value = v.get_ref();
+                if let Some(start) = value.find("{{") {
+                    let inner = value[start + 2..]
+                        .split("}}")
+                        .next()
+                        .unwrap_or_default()
+                        .trim();
+                    let msg = match inner.strip_prefix("secret.") {
+                        Some(secret) => format!(
+                            "{field}: unknown secret {secret:?}: this version of latchkey has no [secrets] support yet, so templates cannot be resolved"
+                        ),
+                        None => format!("{field}: unknown template {{{{{inner}}}}}"),
+                    };
+                    self.error(v.span(), msg);
+                    continue;
+                }
+                match HeaderValue::from_str(value) {
+                    Ok(hv) => inject_headers.push((name, hv)),
+                    Err(_) => self.error(
+                        v.span(),
+                        format!(
+                            "{field}: header value is not valid (control characters or non-ASCII)"
+                        ),
+                    ),
+                }
+            }
+        }
+
+        if self.errors.len() > before {
+            return None;
+        }
+        Some(Rule {
+            name,
+            description: raw.description,
+            hosts,
+            ports,
+            methods,
+            paths,
+            tunnel: matches!(tunnel, Some((true, _))),
+            inject_headers,
+            origin: Origin {
+                file: self.file.to_path_buf(),
+                line: line_col(self.text, span.start).0,
+            },
+        })
+    }
+}
+
+/// Parses one `hosts` entry into a pattern, with a suggestion when it looks like a mistake.
+fn parse_host_pattern(raw: &str) -> Result<HostPattern, String> {
+    let trimmed = raw.trim();
+    if trimmed.is_empty() {
+        return Err("empty host".to_string());
+    }
+    if let Some((_, rest)) = trimmed.split_once("://") {
+        let host = rest.split(['/', ':']).next().unwrap_or_default();
+        return Err(format!(
+            "{raw:?} is a URL: hosts take a bare host name; did you mean {host:?} (with ports/paths in their own keys)?"
+        ));
+    }
+    if trimmed.contains('/') {
+        return Err(format!(
+            "{raw:?} contains '/': put paths in the rule's `paths` key"
+        ));
+    }
+    if trimmed == "*" || trimmed == "*." {
+        return Err(format!(
+            "{raw:?} would match every host; did you mean \"*.example.com\"?"
+        ));
+    }
+    if let Some(suffix) = trimmed.strip_prefix("*.") {
+        if suffix.contains('*') {
+            return Err(format!(
+                "{raw:?}: '*' is only allowed as the whole first label (\"*.example.com\")"
+            ));
+        }
+        let suffix = normalize_host(suffix).map_err(|e| e.to_string())?;
+        if suffix.parse::<std::net::IpAddr>().is_ok() {
+            return Err(format!("{raw:?}: a wildcard cannot precede an IP address"));
+        }
+        if !suffix.contains('.') {
+            return Err(format!(
+                "{raw:?} would match a whole top-level domain; name the domain (\"*.example.{suffix}\")"
+            ));
+        }
+        return Ok(HostPattern::Wildcard(suffix));
+    }
+    if trimmed.contains('*') {
+        return Err(format!(
+            "{raw:?}: '*' is only allowed as the whole first label (\"*.example.com\")"
+        ));
+    }
+    if let Some((h, p)) = trimmed.rsplit_once(':') {
+        if !h.contains(':') && p.chars().all(|c| c.is_ascii_digit()) {
+            return Err(format!(
+                "{raw:?} contains a port: write hosts = [{h:?}] and ports = [{p}]"
+            ));
+        }
+    }
+    normalize_host(trimmed)
+        .map(HostPattern::Exact)
+        .map_err(|e| e.to_string())
+}
+
+/// 1-based line and column (in characters) of a byte offset.
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(text.len());
+    let before = text.get(..offset).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let col = before[line_start..].chars().count() + 1;
+    (line, col)
+}
+
+#[cfg(test)]
+pub(super) fn compile_one(text: &str) -> Result<Policy, Vec<PolicyError>> {
+    compile_sources(&[(Path::new("test.toml"), text)])
+}

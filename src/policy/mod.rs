@@ -1,0 +1,365 @@
+//! Policy: load the TOML files a security team reviews, validate them strictly, and decide.
+//!
+//! Raw input (`schema`) is kept apart from the compiled form ([`Policy`]). Loading reports every
+//! problem as `file:line:col: message`, never just the first; an invalid policy is never used.
+//! The compiled matcher indexes rules by exact host and by wildcard suffix, so a decision costs a
+//! hash lookup per host label, not a scan of every rule.
+//!
+//! Decision order (first match wins, deny by default):
+//! 1. candidate rules for the host: exact host entries first, then `*.suffix` entries from the
+//!    longest suffix to the shortest; within one host entry, rules that restrict paths come
+//!    before rules that do not, then rules that restrict methods, then file order;
+//! 2. a candidate matches when the port, method and path all match;
+//! 3. no match → deny, with the reason of the candidate that came closest.
+//!
+//! This module knows no sockets.
+
+mod compile;
+mod host;
+mod schema;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use globset::GlobSet;
+use http::{HeaderName, HeaderValue, Method};
+
+pub use compile::{load_dir, LoadError, PolicyError};
+pub use host::{normalize_host, HostError};
+
+use crate::reason::Reason;
+
+/// URL scheme of a request as policy sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scheme {
+    Http,
+    Https,
+}
+
+impl Scheme {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scheme::Http => "http",
+            Scheme::Https => "https",
+        }
+    }
+
+    pub fn default_port(self) -> u16 {
+        match self {
+            Scheme::Http => 80,
+            Scheme::Https => 443,
+        }
+    }
+}
+
+/// A host pattern from a rule, normalised.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HostPattern {
+    /// Matches this host only.
+    Exact(String),
+    /// `*.suffix`: matches any host with one or more labels before `.suffix`, never the apex.
+    Wildcard(String),
+}
+
+impl std::fmt::Display for HostPattern {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HostPattern::Exact(h) => f.write_str(h),
+            HostPattern::Wildcard(s) => write!(f, "*.{s}"),
+        }
+    }
+}
+
+/// Where something was defined, for messages that point a reviewer at the line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Origin {
+    pub file: PathBuf,
+    pub line: usize,
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.file.display(), self.line)
+    }
+}
+
+/// A compiled rule.
+#[derive(Debug)]
+pub struct Rule {
+    pub name: String,
+    pub description: Option<String>,
+    pub hosts: Vec<HostPattern>,
+    /// `None`: the scheme's default port (443 for https and CONNECT, 80 for http).
+    pub ports: Option<Vec<u16>>,
+    /// `None`: every method.
+    pub methods: Option<Vec<Method>>,
+    /// `None`: every path.
+    pub paths: Option<PathMatcher>,
+    pub tunnel: bool,
+    /// Headers set on the upstream request, replacing any the sandbox sent with that name.
+    pub inject_headers: Vec<(HeaderName, HeaderValue)>,
+    pub origin: Origin,
+}
+
+/// Compiled path globs plus their source text for messages.
+#[derive(Debug)]
+pub struct PathMatcher {
+    pub globs: Vec<String>,
+    set: GlobSet,
+}
+
+impl PathMatcher {
+    pub fn is_match(&self, path: &str) -> bool {
+        self.set.is_match(path)
+    }
+}
+
+impl Rule {
+    fn port_matches(&self, scheme: Scheme, port: u16) -> bool {
+        match &self.ports {
+            Some(ports) => ports.contains(&port),
+            None => port == scheme.default_port(),
+        }
+    }
+
+    fn method_matches(&self, method: &Method) -> bool {
+        self.methods
+            .as_ref()
+            .is_none_or(|ms| ms.iter().any(|m| m == method))
+    }
+
+    fn path_matches(&self, path: &str) -> bool {
+        self.paths.as_ref().is_none_or(|p| p.is_match(path))
+    }
+
+    /// The ports this rule allows for a scheme, for messages.
+    pub fn ports_for(&self, scheme: Scheme) -> Vec<u16> {
+        self.ports
+            .clone()
+            .unwrap_or_else(|| vec![scheme.default_port()])
+    }
+}
+
+/// The validated, compiled policy set. Immutable; a reload builds a new one.
+#[derive(Debug)]
+pub struct Policy {
+    rules: Vec<Rule>,
+    exact: HashMap<String, Vec<usize>>,
+    wildcard: HashMap<String, Vec<usize>>,
+    digest: String,
+    files: Vec<PathBuf>,
+}
+
+/// What a request looks like to policy, after normalisation.
+#[derive(Clone, Copy, Debug)]
+pub struct Target<'a> {
+    pub scheme: Scheme,
+    /// Normalised (see [`normalize_host`]).
+    pub host: &'a str,
+    pub port: u16,
+    pub method: &'a Method,
+    /// Path without the query.
+    pub path: &'a str,
+}
+
+/// A policy decision: which rule, and a human reason.
+#[derive(Debug, Clone)]
+pub struct Decision<'p> {
+    pub reason: Reason,
+    /// The matching rule on allow; on deny, the rule that came closest (if any).
+    pub rule: Option<&'p Rule>,
+    /// A sentence for the deny body, logs and `explain`.
+    pub message: String,
+}
+
+impl Decision<'_> {
+    pub fn allowed(&self) -> bool {
+        self.reason.is_allow()
+    }
+
+    pub fn rule_name(&self) -> Option<&str> {
+        self.rule.map(|r| r.name.as_str())
+    }
+}
+
+/// What to do with a `CONNECT host:port`.
+#[derive(Debug)]
+pub enum ConnectDecision<'p> {
+    /// Relay raw bytes (a `tunnel = true` rule).
+    Tunnel(&'p Rule),
+    /// Terminate TLS and decide every inner request.
+    Intercept,
+    /// Refuse before any TLS.
+    Deny(Decision<'p>),
+}
+
+/// Formats `scheme://host[:port]path` with the default port omitted, for messages.
+pub fn display_url(scheme: Scheme, host: &str, port: u16, path: &str) -> String {
+    let host = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host.to_string()
+    };
+    if port == scheme.default_port() {
+        format!("{}://{host}{path}", scheme.as_str())
+    } else {
+        format!("{}://{host}:{port}{path}", scheme.as_str())
+    }
+}
+
+impl Policy {
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
+    /// `sha256:` and the first 16 hex digits of a digest over every file's name and content.
+    pub fn digest(&self) -> &str {
+        &self.digest
+    }
+
+    pub fn files(&self) -> &[PathBuf] {
+        &self.files
+    }
+
+    /// Candidate rules for a host, in decision order.
+    fn candidates<'s, 'h>(&'s self, host: &'h str) -> impl Iterator<Item = &'s Rule> + use<'s, 'h> {
+        let exact = self.exact.get(host).into_iter().flatten();
+        // Longest wildcard suffix first: for a.b.example.com try b.example.com, then
+        // example.com, then com. A wildcard never matches its own apex.
+        let suffixes = host
+            .match_indices('.')
+            .map(move |(i, _)| &host[i + 1..])
+            .filter_map(|suffix| self.wildcard.get(suffix))
+            .flatten();
+        exact.chain(suffixes).map(|&i| &self.rules[i])
+    }
+
+    /// Decides one HTTP request.
+    pub fn decide(&self, t: &Target<'_>) -> Decision<'_> {
+        let url = display_url(t.scheme, t.host, t.port, t.path);
+        // The closest miss, ranked port < method < path.
+        let mut closest: Option<(Reason, &Rule)> = None;
+        let mut note = |reason: Reason, rule| {
+            let rank = |r: Reason| match r {
+                Reason::PortNotAllowed => 1,
+                Reason::MethodNotAllowed => 2,
+                Reason::PathNotAllowed => 3,
+                _ => 0,
+            };
+            if closest.is_none_or(|(r, _)| rank(reason) > rank(r)) {
+                closest = Some((reason, rule));
+            }
+        };
+        for rule in self.candidates(t.host) {
+            if !rule.port_matches(t.scheme, t.port) {
+                note(Reason::PortNotAllowed, rule);
+            } else if rule.tunnel {
+                // A tunnel rule allows raw CONNECT relays only; it says nothing about requests
+                // latchkey can see, so it never allows one.
+                note(Reason::MethodNotAllowed, rule);
+            } else if !rule.method_matches(t.method) {
+                note(Reason::MethodNotAllowed, rule);
+            } else if !rule.path_matches(t.path) {
+                note(Reason::PathNotAllowed, rule);
+            } else {
+                return Decision {
+                    reason: Reason::Allowed,
+                    rule: Some(rule),
+                    message: format!("rule '{}' allows {} {url}", rule.name, t.method),
+                };
+            }
+        }
+        let Some((reason, rule)) = closest else {
+            return Decision {
+                reason: Reason::NoRule,
+                rule: None,
+                message: format!(
+                    "no rule allows {} {url}: no rule names host {}",
+                    t.method, t.host
+                ),
+            };
+        };
+        let why = match reason {
+            Reason::PortNotAllowed => format!(
+                "rule '{}' allows host {} on port(s) {}",
+                rule.name,
+                t.host,
+                join(rule.ports_for(t.scheme))
+            ),
+            Reason::MethodNotAllowed if rule.tunnel => format!(
+                "rule '{}' only allows CONNECT tunnels to this host",
+                rule.name
+            ),
+            Reason::MethodNotAllowed => format!(
+                "rule '{}' allows only {}",
+                rule.name,
+                join(rule.methods.iter().flatten())
+            ),
+            _ => format!(
+                "rule '{}' allows only paths {}",
+                rule.name,
+                join(rule.paths.iter().flat_map(|p| p.globs.iter()))
+            ),
+        };
+        Decision {
+            reason,
+            rule: Some(rule),
+            message: format!("no rule allows {} {url}: {why}", t.method),
+        }
+    }
+
+    /// Decides a `CONNECT host:port` before any TLS: refuse unless some rule could allow a
+    /// request to this host and port.
+    pub fn decide_connect(&self, host: &str, port: u16) -> ConnectDecision<'_> {
+        let mut port_miss = None;
+        for rule in self.candidates(host) {
+            if !rule.port_matches(Scheme::Https, port) {
+                port_miss.get_or_insert(rule);
+                continue;
+            }
+            // The first candidate that matches host and port decides how the bytes are handled.
+            return if rule.tunnel {
+                ConnectDecision::Tunnel(rule)
+            } else {
+                ConnectDecision::Intercept
+            };
+        }
+        let target = display_authority(host, port);
+        ConnectDecision::Deny(match port_miss {
+            Some(rule) => Decision {
+                reason: Reason::PortNotAllowed,
+                rule: Some(rule),
+                message: format!(
+                    "no rule allows CONNECT {target}: rule '{}' allows host {host} on port(s) {}",
+                    rule.name,
+                    join(rule.ports_for(Scheme::Https))
+                ),
+            },
+            None => Decision {
+                reason: Reason::NoRule,
+                rule: None,
+                message: format!("no rule allows CONNECT {target}: no rule names host {host}"),
+            },
+        })
+    }
+}
+
+/// `host:port`, with IPv6 hosts bracketed.
+pub fn display_authority(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
+fn join<T: std::fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
+    items
+        .into_iter()
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests;

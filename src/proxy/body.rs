@@ -1,0 +1,155 @@
+//! Body wrappers: count bytes each way and finish the audit record when the response ends.
+
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use http_body_util::BodyExt;
+
+use crate::audit::{Counters, Entry};
+use crate::upstream::{Body, BoxError};
+
+pin_project_lite::pin_project! {
+    /// Counts data bytes into a counter as they stream through.
+    pub struct Counted<B> {
+        #[pin]
+        inner: B,
+        counters: Arc<Counters>,
+        up: bool,
+    }
+}
+
+impl<B> HttpBody for Counted<B>
+where
+    B: HttpBody<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let up = self.up;
+        let counters = self.counters.clone();
+        let this = self.project();
+        let frame = ready!(this.inner.poll_frame(cx));
+        if let Some(Ok(f)) = &frame {
+            if let Some(data) = f.data_ref() {
+                let c = if up { &counters.up } else { &counters.down };
+                c.fetch_add(data.len() as u64, Ordering::Relaxed);
+            }
+        }
+        Poll::Ready(frame.map(|r| r.map_err(Into::into)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Wraps the sandbox's request body so its bytes count as `bytes_up`.
+pub fn count_up<B>(body: B, counters: Arc<Counters>) -> Body
+where
+    B: HttpBody<Data = Bytes> + Send + Sync + 'static,
+    B::Error: Into<BoxError>,
+{
+    Counted {
+        inner: body,
+        counters,
+        up: true,
+    }
+    .boxed()
+}
+
+pin_project_lite::pin_project! {
+    /// The response body sent to the sandbox: counts `bytes_down` and writes the audit record
+    /// when the body ends, fails or is dropped — whichever comes first, exactly once.
+    pub struct Audited<B> {
+        #[pin]
+        inner: B,
+        counters: Arc<Counters>,
+        entry: Option<Entry>,
+    }
+}
+
+impl<B> HttpBody for Audited<B>
+where
+    B: HttpBody<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        let frame = ready!(this.inner.poll_frame(cx));
+        match &frame {
+            Some(Ok(f)) => {
+                if let Some(data) = f.data_ref() {
+                    this.counters
+                        .down
+                        .fetch_add(data.len() as u64, Ordering::Relaxed);
+                }
+            }
+            Some(Err(_)) => {
+                if let Some(e) = this.entry.as_mut() {
+                    e.update(|r| r.reason = crate::reason::Reason::UpstreamError.code());
+                }
+                this.entry.take();
+            }
+            None => {
+                this.entry.take();
+            }
+        }
+        Poll::Ready(frame.map(|r| r.map_err(Into::into)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Wraps a response body so the audit record is written when it finishes.
+pub fn audited<B>(body: B, entry: Entry) -> Body
+where
+    B: HttpBody<Data = Bytes> + Send + Sync + 'static,
+    B::Error: Into<BoxError>,
+{
+    let counters = entry.counters();
+    Audited {
+        inner: body,
+        counters,
+        entry: Some(entry),
+    }
+    .boxed()
+}
+
+/// A complete in-memory body.
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    http_body_util::Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+/// An empty body.
+pub fn empty() -> Body {
+    http_body_util::Empty::new()
+        .map_err(|never| match never {})
+        .boxed()
+}

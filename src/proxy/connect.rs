@@ -1,0 +1,208 @@
+//! CONNECT: the gate before any TLS, then interception (or a policy-allowed raw tunnel).
+//!
+//! Fail-closed rules kept here:
+//! - the host and port are decided before answering `200`; a refusal makes no upstream connection;
+//! - interception reads the *whole* ClientHello (`LazyConfigAcceptor`), so a hello split across
+//!   TCP segments is still intercepted, and anything that is not TLS is dropped and audited;
+//! - an SNI that differs from the CONNECT host is refused before a certificate is presented;
+//! - raw bytes are relayed only for a `tunnel = true` rule, over the same guarded dialer.
+
+use std::io;
+use std::sync::Arc;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper::upgrade::Upgraded;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio_rustls::LazyConfigAcceptor;
+
+use super::pipeline::{self, Ctx};
+use super::respond::refuse;
+use super::{body, Proxy, MAX_HEADER_BYTES};
+use crate::audit::Entry;
+use crate::policy::{normalize_host, ConnectDecision};
+use crate::reason::Reason;
+use crate::upstream::Body;
+
+/// Handles `CONNECT host:port` on the proxy hop.
+pub async fn handle(proxy: Arc<Proxy>, ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Body> {
+    let policy = proxy.policy();
+    let mut entry = Entry::start(
+        proxy.audit.clone(),
+        ctx.client,
+        &ctx.identity,
+        policy.digest(),
+    );
+    entry.update(|r| {
+        r.method = "CONNECT".to_string();
+        r.scheme = "https".to_string();
+    });
+
+    // admit: authority-form `host:port`, port required, host normalised.
+    let Some(authority) = req.uri().authority().cloned() else {
+        return refused(entry, Reason::BadRequest, None, "CONNECT needs host:port");
+    };
+    entry.update(|r| r.host = authority.host().to_string());
+    if authority.as_str().contains('@') {
+        return refused(
+            entry,
+            Reason::UserinfoInUrl,
+            None,
+            "CONNECT authority carries userinfo ('@')",
+        );
+    }
+    let Some(port) = authority.port_u16().filter(|p| *p != 0) else {
+        return refused(
+            entry,
+            Reason::MissingPort,
+            None,
+            &format!("CONNECT {authority} has no port: write host:port"),
+        );
+    };
+    let host = match normalize_host(authority.host()) {
+        Ok(h) => h,
+        Err(e) => return refused(entry, Reason::BadRequest, None, &e.to_string()),
+    };
+    entry.update(|r| {
+        r.host = host.clone();
+        r.port = Some(port);
+    });
+
+    // gate: decided before any TLS and before any upstream connection.
+    match policy.decide_connect(&host, port) {
+        ConnectDecision::Deny(d) => refused(entry, d.reason, d.rule_name(), &d.message),
+        ConnectDecision::Tunnel(rule) => {
+            let rule_name = rule.name.clone();
+            entry.update(|r| r.rule = Some(rule_name.clone()));
+            // Dial first, so an unreachable upstream is a 502 the client can see.
+            let dialed = match proxy.dialer.dial(&host, port).await {
+                Ok(d) => d,
+                Err(e) => return refused(entry, e.reason(), Some(&rule_name), &e.to_string()),
+            };
+            entry.outcome(Reason::Tunnel, Some(&rule_name), Some(200));
+            entry.update(|r| r.upstream = Some(dialed.addr.to_string()));
+            tokio::spawn(async move {
+                match hyper::upgrade::on(req).await {
+                    Ok(upgraded) => tunnel(upgraded, dialed.stream, entry).await,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "CONNECT upgrade failed");
+                    }
+                }
+            });
+            Response::new(body::empty())
+        }
+        ConnectDecision::Intercept => {
+            let ctx = Arc::new(Ctx {
+                client: ctx.client,
+                identity: ctx.identity.clone(),
+                connect: Some((host, port)),
+            });
+            tokio::spawn(async move {
+                match hyper::upgrade::on(req).await {
+                    Ok(upgraded) => intercept(proxy, ctx, upgraded, entry).await,
+                    Err(e) => {
+                        entry.outcome(Reason::TlsHandshakeFailed, None, None);
+                        tracing::debug!(error = %e, "CONNECT upgrade failed");
+                    }
+                }
+            });
+            Response::new(body::empty())
+        }
+    }
+}
+
+fn refused(mut entry: Entry, reason: Reason, rule: Option<&str>, message: &str) -> Response<Body> {
+    let res = refuse(reason, rule, message, entry.id());
+    entry.outcome(reason, rule, Some(res.status().as_u16()));
+    entry.finish();
+    res
+}
+
+/// Relays raw bytes both ways for a `tunnel = true` rule; the record is written when it ends.
+async fn tunnel(upgraded: Upgraded, mut upstream: tokio::net::TcpStream, entry: Entry) {
+    let mut client = TokioIo::new(upgraded);
+    let counters = entry.counters();
+    let (up, down) = match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+        Ok(n) => n,
+        Err(e) => {
+            tracing::debug!(error = %e, "tunnel closed with error");
+            (0, 0)
+        }
+    };
+    counters
+        .up
+        .fetch_add(up, std::sync::atomic::Ordering::Relaxed);
+    counters
+        .down
+        .fetch_add(down, std::sync::atomic::Ordering::Relaxed);
+    entry.finish();
+}
+
+/// Terminates the sandbox's TLS with a leaf for the CONNECT host and serves h1/h2 inside.
+async fn intercept(proxy: Arc<Proxy>, ctx: Arc<Ctx>, upgraded: Upgraded, mut entry: Entry) {
+    let Some((host, _)) = ctx.connect.clone() else {
+        return;
+    };
+    let fail = |mut entry: Entry, reason: Reason, detail: &str| {
+        entry.outcome(reason, None, None);
+        tracing::info!(audit.id = %entry.id(), url.host = %host, reason = reason.code(), detail, "intercepted connection refused");
+        entry.finish();
+    };
+
+    // The whole ClientHello, however it was segmented; anything else is not TLS.
+    let acceptor =
+        LazyConfigAcceptor::new(rustls::server::Acceptor::default(), TokioIo::new(upgraded));
+    let start = match tokio::time::timeout(proxy.handshake_timeout, acceptor).await {
+        Ok(Ok(start)) => start,
+        Ok(Err(e)) => {
+            let reason = if e.kind() == io::ErrorKind::UnexpectedEof {
+                Reason::TlsHandshakeFailed
+            } else {
+                Reason::NotTls
+            };
+            return fail(entry, reason, &e.to_string());
+        }
+        Err(_) => return fail(entry, Reason::TlsHandshakeFailed, "no ClientHello in time"),
+    };
+
+    // SNI, when sent, must name the host the gate checked.
+    if let Some(sni) = start.client_hello().server_name() {
+        let same = normalize_host(sni).is_ok_and(|s| s == host);
+        if !same {
+            entry.update(|r| r.path = String::new());
+            return fail(entry, Reason::SniMismatch, &format!("SNI {sni:?}"));
+        }
+    }
+
+    let config = match proxy.ca.server_config(&host) {
+        Ok(c) => c,
+        Err(e) => return fail(entry, Reason::TlsHandshakeFailed, &e.to_string()),
+    };
+    let tls = match tokio::time::timeout(proxy.handshake_timeout, start.into_stream(config)).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) => return fail(entry, Reason::TlsHandshakeFailed, &e.to_string()),
+        Err(_) => return fail(entry, Reason::TlsHandshakeFailed, "handshake timed out"),
+    };
+    // Interception succeeded: from here each inner request leaves its own record.
+    entry.dismiss();
+
+    let (audit_proxy, client) = (proxy.clone(), ctx.client);
+    let service = service_fn(move |req| pipeline::handle(proxy.clone(), ctx.clone(), req));
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .max_buf_size(MAX_HEADER_BYTES)
+        .timer(TokioTimer::new())
+        .header_read_timeout(std::time::Duration::from_secs(30));
+    builder
+        .http2()
+        .max_header_list_size(MAX_HEADER_BYTES as u32)
+        .timer(TokioTimer::new());
+    if let Err(e) = builder.serve_connection(TokioIo::new(tls), service).await {
+        match e.downcast_ref::<hyper::Error>() {
+            Some(he) => audit_proxy.connection_error(he, client),
+            None => tracing::debug!(error = %e, "intercepted connection closed with error"),
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! The proxy: listener, CONNECT handling with TLS interception, and the request pipeline.
+//!
+//! A connection's path, top to bottom:
+//!
+//! ```text
+//! accept ─▶ HTTP/1.1 proxy hop ─┬─ absolute-form http:// ─▶ pipeline::handle
+//!                               └─ CONNECT ─▶ connect::handle (gate before TLS)
+//!                                     ├─ tunnel = true ─▶ guarded dial, raw relay
+//!                                     └─ intercept ─▶ whole ClientHello, SNI check, leaf cert
+//!                                                     ─▶ h1/h2 ─▶ pipeline::handle per request
+//! ```
+//!
+//! Parse errors on the proxy hop (malformed request line, header block over the limit) are
+//! answered by hyper and audited here.
+
+mod body;
+pub mod ca;
+mod connect;
+pub mod hop;
+mod pipeline;
+mod respond;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Method, Request};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpStream};
+
+pub use ca::{CertAuthority, InitOutcome};
+pub use pipeline::{is_ambiguous_path, Ctx};
+
+use crate::audit::{AuditLog, Entry};
+use crate::policy::Policy;
+use crate::reason::Reason;
+use crate::upstream::{self, Client, Connector, Dialer, UpstreamConfig, UpstreamError};
+
+/// Largest request header block accepted on the proxy hop and inside intercepted connections.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+const IDENTITY_DEFAULT: &str = "default";
+
+/// Everything a running proxy shares across connections.
+pub struct Proxy {
+    policy: Arc<Policy>,
+    ca: CertAuthority,
+    audit: Arc<AuditLog>,
+    client: Client,
+    dialer: Arc<Dialer>,
+    response_timeout: Duration,
+    handshake_timeout: Duration,
+}
+
+/// How to build a [`Proxy`].
+pub struct ProxyConfig {
+    pub policy: Policy,
+    pub ca: CertAuthority,
+    pub audit: AuditLog,
+    pub upstream: UpstreamConfig,
+    /// How long to wait for an upstream's response headers.
+    pub response_timeout: Duration,
+}
+
+impl Proxy {
+    pub fn new(config: ProxyConfig) -> Result<Arc<Self>, UpstreamError> {
+        let tls = Arc::new(upstream::tls_config(config.upstream.extra_ca.as_deref())?);
+        let dialer = Arc::new(Dialer::new(&config.upstream));
+        let client = upstream::client(Connector::new(dialer.clone(), tls));
+        Ok(Arc::new(Self {
+            policy: Arc::new(config.policy),
+            ca: config.ca,
+            audit: Arc::new(config.audit),
+            client,
+            dialer,
+            response_timeout: config.response_timeout,
+            handshake_timeout: Duration::from_secs(10),
+        }))
+    }
+
+    /// The policy in force.
+    pub fn policy(&self) -> Arc<Policy> {
+        self.policy.clone()
+    }
+
+    /// Accepts connections until `shutdown` resolves.
+    pub async fn serve(
+        self: Arc<Self>,
+        listener: TcpListener,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) {
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, peer)) => {
+                        tokio::spawn(self.clone().connection(stream, peer));
+                    }
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off instead of spinning.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+                () = &mut shutdown => break,
+            }
+        }
+    }
+
+    /// Serves one sandbox connection on the proxy hop (HTTP/1.1).
+    async fn connection(self: Arc<Self>, stream: TcpStream, peer: SocketAddr) {
+        let _ = stream.set_nodelay(true);
+        let ctx = Arc::new(Ctx {
+            client: peer,
+            identity: Arc::from(IDENTITY_DEFAULT),
+            connect: None,
+        });
+        let proxy = self.clone();
+        let service = service_fn(move |req: Request<Incoming>| {
+            let proxy = proxy.clone();
+            let ctx = ctx.clone();
+            async move {
+                if req.method() == Method::CONNECT {
+                    Ok::<_, Infallible>(connect::handle(proxy, ctx, req).await)
+                } else {
+                    pipeline::handle(proxy, ctx, req).await
+                }
+            }
+        });
+        let conn = hyper::server::conn::http1::Builder::new()
+            .max_buf_size(MAX_HEADER_BYTES)
+            .timer(TokioTimer::new())
+            .header_read_timeout(Duration::from_secs(30))
+            .serve_connection(TokioIo::new(stream), service)
+            .with_upgrades();
+        if let Err(e) = conn.await {
+            self.connection_error(&e, peer);
+        }
+    }
+
+    /// Audits what hyper refused before our service saw a request.
+    fn connection_error(&self, e: &hyper::Error, peer: SocketAddr) {
+        let reason = if e.is_parse_too_large() {
+            Reason::HeaderTooLarge
+        } else if e.is_parse() {
+            Reason::BadRequest
+        } else {
+            tracing::debug!(client.addr = %peer, error = %e, "connection closed with error");
+            return;
+        };
+        let mut entry = Entry::start(
+            self.audit.clone(),
+            peer,
+            IDENTITY_DEFAULT,
+            self.policy.digest(),
+        );
+        entry.outcome(reason, None, Some(reason.status().as_u16()));
+        tracing::info!(client.addr = %peer, error = %e, "malformed request refused");
+        entry.finish();
+    }
+}

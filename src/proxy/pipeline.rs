@@ -1,0 +1,413 @@
+//! The request pipeline: one function that takes a request from the sandbox to the upstream and
+//! back, one named step per line. Both plain `http://` proxy requests and requests inside an
+//! intercepted CONNECT come through here.
+//!
+//! ```text
+//! admit (target, normalise, Host check) → policy.decide → credentials (strip, inject)
+//!   → upstream (guarded dial, pooled) → response (strip hop-by-hop) → audit (when the body ends)
+//! ```
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::header::{HeaderValue, HOST};
+use http::{Request, Response, Uri, Version};
+use hyper::body::Incoming;
+
+use super::respond::{refuse, DECISION_HEADER, ID_HEADER};
+use super::{body, hop, Proxy};
+use crate::audit::{redact_query, Entry};
+use crate::policy::{display_authority, normalize_host, Rule, Scheme, Target};
+use crate::reason::Reason;
+use crate::upstream::{find_upstream_error, Body, UpstreamAddr};
+
+/// Who is asking and through what: fixed for a connection.
+#[derive(Debug, Clone)]
+pub struct Ctx {
+    pub client: SocketAddr,
+    pub identity: Arc<str>,
+    /// Inside an intercepted CONNECT: the host and port the CONNECT gate checked. Every inner
+    /// request must be for exactly this authority.
+    pub connect: Option<(String, u16)>,
+}
+
+/// A request target after admission: normalised, unambiguous, ready for policy.
+#[derive(Debug)]
+struct Admitted {
+    scheme: Scheme,
+    host: String,
+    port: u16,
+    path_and_query: String,
+}
+
+impl Admitted {
+    fn path(&self) -> &str {
+        self.path_and_query
+            .split_once('?')
+            .map_or(self.path_and_query.as_str(), |(p, _)| p)
+    }
+
+    fn upstream_uri(&self) -> Result<Uri, http::Error> {
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        let authority = if self.port == self.scheme.default_port() {
+            host
+        } else {
+            format!("{host}:{}", self.port)
+        };
+        Uri::builder()
+            .scheme(self.scheme.as_str())
+            .authority(authority)
+            .path_and_query(self.path_and_query.as_str())
+            .build()
+    }
+}
+
+type Refusal = (Reason, String);
+
+/// Handles one request end to end. Never fails: every outcome is a response and a record.
+pub async fn handle(
+    proxy: Arc<Proxy>,
+    ctx: Arc<Ctx>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    let policy = proxy.policy();
+    let mut entry = Entry::start(
+        proxy.audit.clone(),
+        ctx.client,
+        &ctx.identity,
+        policy.digest(),
+    );
+    entry.update(|r| r.method = req.method().to_string());
+
+    // admit: what is being asked for, in one normal form.
+    let target = match admit(&ctx, &req) {
+        Ok(t) => t,
+        Err((reason, message)) => return Ok(refused(entry, reason, None, &message)),
+    };
+    entry.update(|r| {
+        r.scheme = target.scheme.as_str().to_string();
+        r.host = target.host.clone();
+        r.port = Some(target.port);
+        r.path = redact_query(&target.path_and_query);
+    });
+
+    // decide: deny by default.
+    let decision = policy.decide(&Target {
+        scheme: target.scheme,
+        host: &target.host,
+        port: target.port,
+        method: req.method(),
+        path: target.path(),
+    });
+    let rule = match decision.rule {
+        Some(rule) if decision.allowed() => rule,
+        _ => {
+            return Ok(refused(
+                entry,
+                decision.reason,
+                decision.rule_name(),
+                &decision.message,
+            ))
+        }
+    };
+    entry.update(|r| r.rule = Some(rule.name.clone()));
+
+    // credentials and forwarding form.
+    let upstream_req = match upstream_request(req, &target, rule, &entry) {
+        Ok(r) => r,
+        Err(message) => {
+            return Ok(refused(
+                entry,
+                Reason::BadRequest,
+                Some(&rule.name),
+                &message,
+            ))
+        }
+    };
+
+    // upstream: guarded dial (pooled), response headers within the timeout.
+    let sent = tokio::time::timeout(proxy.response_timeout, proxy.client.request(upstream_req));
+    let mut res = match sent.await {
+        Ok(Ok(res)) => res,
+        Ok(Err(e)) => {
+            let (reason, why) = match find_upstream_error(&e) {
+                Some(u) => (u.reason(), u.to_string()),
+                None => (Reason::UpstreamError, error_chain(&e)),
+            };
+            let url =
+                crate::policy::display_url(target.scheme, &target.host, target.port, target.path());
+            tracing::warn!(audit.id = %entry.id(), url.host = %target.host, error = %why, "upstream failed");
+            return Ok(refused(
+                entry,
+                reason,
+                Some(&rule.name),
+                &format!("{url}: {why}"),
+            ));
+        }
+        Err(_) => {
+            return Ok(refused(
+                entry,
+                Reason::UpstreamTimeout,
+                Some(&rule.name),
+                &format!(
+                    "{} did not answer within {}s",
+                    target.host,
+                    proxy.response_timeout.as_secs()
+                ),
+            ))
+        }
+    };
+
+    // response: record what came back, drop hop-by-hop headers, audit when the body ends.
+    let upstream = res.extensions().get::<UpstreamAddr>().map(|a| a.0);
+    let status = res.status().as_u16();
+    entry.outcome(Reason::Allowed, Some(&rule.name), Some(status));
+    entry.update(|r| r.upstream = upstream.map(|a| a.to_string()));
+    hop::strip(res.headers_mut());
+    if let Ok(v) = HeaderValue::from_str(entry.id()) {
+        res.headers_mut().insert(ID_HEADER, v);
+    }
+    res.headers_mut().remove(DECISION_HEADER);
+    Ok(res.map(|b| body::audited(b, entry)))
+}
+
+/// Writes the record for a refusal and builds its response.
+fn refused(mut entry: Entry, reason: Reason, rule: Option<&str>, message: &str) -> Response<Body> {
+    let res = refuse(reason, rule, message, entry.id());
+    entry.outcome(reason, rule, Some(res.status().as_u16()));
+    entry.finish();
+    res
+}
+
+/// Works out the target of a request and refuses anything ambiguous.
+fn admit(ctx: &Ctx, req: &Request<Incoming>) -> Result<Admitted, Refusal> {
+    let uri = req.uri();
+    let (scheme, host, port) = match &ctx.connect {
+        Some((chost, cport)) => {
+            // Inside a CONNECT: the URI authority (h2 `:authority`, absolute-form) and the Host
+            // header must each name the CONNECT authority; absent means the CONNECT's.
+            let mut seen = Vec::new();
+            if let Some(a) = uri.authority() {
+                seen.push(a.as_str().to_string());
+            }
+            for h in req.headers().get_all(HOST) {
+                seen.push(
+                    h.to_str()
+                        .map_err(|_| (Reason::BadRequest, "Host header is not ASCII".to_string()))?
+                        .to_string(),
+                );
+            }
+            if let Some(s) = uri.scheme_str() {
+                if s != "https" {
+                    return Err((
+                        Reason::HostMismatch,
+                        format!(
+                            "{s}:// request inside a CONNECT to {}",
+                            display_authority(chost, *cport)
+                        ),
+                    ));
+                }
+            }
+            for authority in seen {
+                let (h, p) = split_authority(&authority, 443)?;
+                if h != *chost || p != *cport {
+                    return Err((
+                        Reason::HostMismatch,
+                        format!(
+                            "request for {} inside a CONNECT to {}",
+                            display_authority(&h, p),
+                            display_authority(chost, *cport)
+                        ),
+                    ));
+                }
+            }
+            (Scheme::Https, chost.clone(), *cport)
+        }
+        None => {
+            let scheme = match uri.scheme_str() {
+                None => {
+                    return Err((
+                        Reason::NotAProxyRequest,
+                        "latchkey is a forward proxy: send absolute-form requests (http://host/path) or CONNECT".to_string(),
+                    ))
+                }
+                Some("http") => Scheme::Http,
+                Some("https") => Scheme::Https,
+                Some(other) => {
+                    return Err((Reason::BadRequest, format!("unsupported scheme {other:?}")))
+                }
+            };
+            let authority = uri
+                .authority()
+                .ok_or_else(|| (Reason::BadRequest, "URL has no host".to_string()))?;
+            let (h, p) = split_authority(authority.as_str(), scheme.default_port())?;
+            (scheme, h, p)
+        }
+    };
+    let path = match uri.path() {
+        "" => "/",
+        p => p,
+    };
+    if !path.starts_with('/') {
+        return Err((
+            Reason::BadRequest,
+            format!("unsupported request target {path:?}"),
+        ));
+    }
+    if is_ambiguous_path(path) {
+        return Err((
+            Reason::AmbiguousPath,
+            format!("path {path:?} has dot segments or encoded slashes that an upstream may resolve differently than policy"),
+        ));
+    }
+    let path_and_query = match uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_string(),
+    };
+    Ok(Admitted {
+        scheme,
+        host,
+        port,
+        path_and_query,
+    })
+}
+
+/// Splits and normalises `host[:port]`; userinfo is refused outright.
+fn split_authority(authority: &str, default_port: u16) -> Result<(String, u16), Refusal> {
+    if authority.contains('@') {
+        return Err((
+            Reason::UserinfoInUrl,
+            format!("URL authority {authority:?} carries userinfo ('@'); send credentials through latchkey's policy, not in the URL"),
+        ));
+    }
+    let bad = || (Reason::BadRequest, format!("invalid host {authority:?}"));
+    let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
+        let (h, tail) = rest.split_once(']').ok_or_else(bad)?;
+        let port = match tail.strip_prefix(':') {
+            Some(p) => Some(p),
+            None if tail.is_empty() => None,
+            None => return Err(bad()),
+        };
+        (format!("[{h}]"), port)
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h.to_string(), Some(p)),
+            None => (authority.to_string(), None),
+        }
+    };
+    let port = match port {
+        None | Some("") => default_port,
+        Some(p) => match p.parse::<u16>() {
+            Ok(p) if p != 0 => p,
+            _ => return Err(bad()),
+        },
+    };
+    let host = normalize_host(&host).map_err(|e| (Reason::BadRequest, e.to_string()))?;
+    Ok((host, port))
+}
+
+/// Dot segments (`.`/`..`, raw or `%2e`-encoded) and encoded slashes or backslashes: an
+/// upstream may normalise them after policy matched the raw path, so refuse them.
+pub fn is_ambiguous_path(path: &str) -> bool {
+    let lower = path.to_ascii_lowercase();
+    if lower.contains("%2f") || lower.contains("%5c") || path.contains('\\') {
+        return true;
+    }
+    lower.split('/').any(|seg| {
+        let seg = seg.replace("%2e", ".");
+        seg == "." || seg == ".."
+    })
+}
+
+/// Builds the request latchkey sends: hop-by-hop headers and Host dropped (the client derives
+/// Host from the URI), the rule's headers injected last so they replace the sandbox's.
+fn upstream_request(
+    req: Request<Incoming>,
+    target: &Admitted,
+    rule: &Rule,
+    entry: &Entry,
+) -> Result<Request<Body>, String> {
+    let (mut parts, incoming) = req.into_parts();
+    hop::strip(&mut parts.headers);
+    parts.headers.remove(HOST);
+    for (name, value) in &rule.inject_headers {
+        parts.headers.insert(name.clone(), value.clone());
+    }
+    parts.uri = target
+        .upstream_uri()
+        .map_err(|e| format!("cannot build upstream URL: {e}"))?;
+    parts.version = Version::HTTP_11;
+    parts.extensions = http::Extensions::new();
+    Ok(Request::from_parts(
+        parts,
+        body::count_up(incoming, entry.counters()),
+    ))
+}
+
+/// `a: b: c` from an error and its sources.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cur = e.source();
+    while let Some(s) = cur {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        cur = s.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dot_segments_and_encoded_slashes_are_ambiguous() {
+        for p in [
+            "/v1/../admin",
+            "/v1/./x",
+            "/v1/%2e%2e/admin",
+            "/v1/%2E./admin",
+            "/v1%2fadmin",
+            "/v1\\admin",
+            "/..",
+        ] {
+            assert!(is_ambiguous_path(p), "{p}");
+        }
+        for p in ["/", "/v1/x", "/v1/x..y", "/v1/.well-known/a", "/v1/%41"] {
+            assert!(!is_ambiguous_path(p), "{p}");
+        }
+    }
+
+    #[test]
+    fn authorities_are_split_and_normalised() {
+        assert_eq!(
+            split_authority("API.test:8443", 443).ok(),
+            Some(("api.test".into(), 8443))
+        );
+        assert_eq!(
+            split_authority("api.test", 443).ok(),
+            Some(("api.test".into(), 443))
+        );
+        assert_eq!(
+            split_authority("[::1]:80", 443).ok(),
+            Some(("::1".into(), 80))
+        );
+        assert_eq!(
+            split_authority("a@b.test", 80).err().map(|e| e.0),
+            Some(Reason::UserinfoInUrl)
+        );
+        assert_eq!(
+            split_authority("b.test:0", 80).err().map(|e| e.0),
+            Some(Reason::BadRequest)
+        );
+        assert_eq!(
+            split_authority("b.test:x", 80).err().map(|e| e.0),
+            Some(Reason::BadRequest)
+        );
+    }
+}

@@ -1,0 +1,168 @@
+//! Stable reason codes: the one vocabulary shared by decisions, responses, logs and audit records.
+//!
+//! A code is a contract: scripts and dashboards match on it. Add codes freely; never rename one.
+
+use http::StatusCode;
+
+/// Why a request was allowed, refused or failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// A rule allowed the request and it was forwarded.
+    Allowed,
+    /// A `tunnel = true` rule allowed a raw CONNECT relay.
+    Tunnel,
+    /// No rule names this host.
+    NoRule,
+    /// A rule names the host, but not this port.
+    PortNotAllowed,
+    /// A rule names the host and port, but not this method.
+    MethodNotAllowed,
+    /// A rule names the host, port and method, but no path glob matches.
+    PathNotAllowed,
+    /// The inner request's Host / `:authority` differs from the CONNECT authority.
+    HostMismatch,
+    /// The TLS SNI differs from the CONNECT host.
+    SniMismatch,
+    /// The bytes after a CONNECT were not a TLS ClientHello.
+    NotTls,
+    /// The TLS handshake with the sandbox failed.
+    TlsHandshakeFailed,
+    /// The request could not be parsed or is not something a proxy accepts.
+    BadRequest,
+    /// An absolute-form URL carried `user:pass@`, a classic way to confuse host parsing.
+    UserinfoInUrl,
+    /// `CONNECT host` without a port.
+    MissingPort,
+    /// The request header block exceeded the limit.
+    HeaderTooLarge,
+    /// The path holds dot segments or encoded slashes that the upstream may resolve differently.
+    AmbiguousPath,
+    /// An origin-form request reached the proxy directly.
+    NotAProxyRequest,
+    /// The upstream could not be resolved or connected to.
+    UpstreamUnreachable,
+    /// The upstream's TLS certificate or handshake failed verification.
+    UpstreamTls,
+    /// The upstream connection failed while exchanging the request or response.
+    UpstreamError,
+    /// The upstream did not answer in time.
+    UpstreamTimeout,
+}
+
+impl Reason {
+    /// Every reason, for registry tests and documentation.
+    pub const ALL: [Reason; 20] = [
+        Reason::Allowed,
+        Reason::Tunnel,
+        Reason::NoRule,
+        Reason::PortNotAllowed,
+        Reason::MethodNotAllowed,
+        Reason::PathNotAllowed,
+        Reason::HostMismatch,
+        Reason::SniMismatch,
+        Reason::NotTls,
+        Reason::TlsHandshakeFailed,
+        Reason::BadRequest,
+        Reason::UserinfoInUrl,
+        Reason::MissingPort,
+        Reason::HeaderTooLarge,
+        Reason::AmbiguousPath,
+        Reason::NotAProxyRequest,
+        Reason::UpstreamUnreachable,
+        Reason::UpstreamTls,
+        Reason::UpstreamError,
+        Reason::UpstreamTimeout,
+    ];
+
+    /// The stable snake_case code used in headers, logs and audit records.
+    pub fn code(self) -> &'static str {
+        match self {
+            Reason::Allowed => "allowed",
+            Reason::Tunnel => "tunnel",
+            Reason::NoRule => "no_rule",
+            Reason::PortNotAllowed => "port_not_allowed",
+            Reason::MethodNotAllowed => "method_not_allowed",
+            Reason::PathNotAllowed => "path_not_allowed",
+            Reason::HostMismatch => "host_mismatch",
+            Reason::SniMismatch => "sni_mismatch",
+            Reason::NotTls => "not_tls",
+            Reason::TlsHandshakeFailed => "tls_handshake_failed",
+            Reason::BadRequest => "bad_request",
+            Reason::UserinfoInUrl => "userinfo_in_url",
+            Reason::MissingPort => "missing_port",
+            Reason::HeaderTooLarge => "header_too_large",
+            Reason::AmbiguousPath => "ambiguous_path",
+            Reason::NotAProxyRequest => "not_a_proxy_request",
+            Reason::UpstreamUnreachable => "upstream_unreachable",
+            Reason::UpstreamTls => "upstream_tls",
+            Reason::UpstreamError => "upstream_error",
+            Reason::UpstreamTimeout => "upstream_timeout",
+        }
+    }
+
+    /// The status latchkey answers with when it refuses or fails a request for this reason.
+    pub fn status(self) -> StatusCode {
+        match self {
+            Reason::Allowed | Reason::Tunnel => StatusCode::OK,
+            Reason::NoRule
+            | Reason::PortNotAllowed
+            | Reason::MethodNotAllowed
+            | Reason::PathNotAllowed
+            | Reason::HostMismatch
+            | Reason::SniMismatch => StatusCode::FORBIDDEN,
+            Reason::NotTls
+            | Reason::TlsHandshakeFailed
+            | Reason::BadRequest
+            | Reason::UserinfoInUrl
+            | Reason::MissingPort
+            | Reason::AmbiguousPath
+            | Reason::NotAProxyRequest => StatusCode::BAD_REQUEST,
+            Reason::HeaderTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Reason::UpstreamUnreachable | Reason::UpstreamTls | Reason::UpstreamError => {
+                StatusCode::BAD_GATEWAY
+            }
+            Reason::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// Whether policy allowed the request: upstream failures happen after an allow.
+    pub fn is_allow(self) -> bool {
+        matches!(
+            self,
+            Reason::Allowed
+                | Reason::Tunnel
+                | Reason::UpstreamUnreachable
+                | Reason::UpstreamTls
+                | Reason::UpstreamError
+                | Reason::UpstreamTimeout
+        )
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.code())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn every_reason_has_a_unique_snake_case_code_and_a_status() {
+        let mut seen = HashSet::new();
+        for r in Reason::ALL {
+            let code = r.code();
+            assert!(seen.insert(code), "duplicate code {code}");
+            assert!(code.chars().all(|c| c.is_ascii_lowercase() || c == '_'));
+            let s = r.status();
+            if r.is_allow() && !matches!(r, Reason::Allowed | Reason::Tunnel) {
+                assert!(s.is_server_error(), "{code}");
+            } else if !r.is_allow() {
+                assert!(s.is_client_error(), "{code}");
+            }
+        }
+    }
+}

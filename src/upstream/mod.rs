@@ -1,0 +1,444 @@
+//! Upstream: the only way out. Every byte latchkey sends to an upstream — forwarded requests,
+//! raw tunnels and (later) token exchanges — goes through [`Dialer::dial`].
+//!
+//! The dialer resolves a name (operator pins from `--resolve` first), checks each resolved
+//! address with the [`AddressGuard`], and connects to exactly the address that was checked: the
+//! name is never resolved a second time by anyone else. [`Connector`] adds verified TLS (webpki
+//! roots plus `--upstream-ca`) with ALPN h2/http1.1 on top and plugs into hyper-util's pooled
+//! client, so pooled connections are reused only for the same scheme and authority.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::Uri;
+use http_body_util::combinators::BoxBody;
+use hyper_util::client::legacy::connect::{Connected, Connection};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+
+use crate::policy::normalize_host;
+use crate::reason::Reason;
+
+/// Boxed error type carried by bodies.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// Body type latchkey sends upstream and back to the sandbox.
+pub type Body = BoxBody<Bytes, BoxError>;
+/// The pooled upstream client.
+pub type Client = hyper_util::client::legacy::Client<Connector, Body>;
+
+/// Why an upstream connection could not be made. Messages name the host, never a secret.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("cannot resolve {host}: {source}")]
+    Resolve {
+        host: String,
+        source: std::io::Error,
+    },
+    #[error("{host} resolved to no address")]
+    NoAddress { host: String },
+    #[error("upstream address {addr} for {host} refused: {why}")]
+    Refused {
+        host: String,
+        addr: SocketAddr,
+        why: String,
+    },
+    #[error("cannot connect to {host} at {addr}: {source}")]
+    Connect {
+        host: String,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("connecting to {host} at {addr} timed out")]
+    ConnectTimeout { host: String, addr: SocketAddr },
+    #[error("TLS with upstream {host} failed: {source}")]
+    Tls {
+        host: String,
+        source: std::io::Error,
+    },
+    #[error("invalid upstream host {host:?}: {why}")]
+    BadHost { host: String, why: String },
+    #[error("cannot load upstream CA bundle {path}: {why}")]
+    CaBundle { path: PathBuf, why: String },
+}
+
+impl UpstreamError {
+    /// The reason code this failure is reported with.
+    pub fn reason(&self) -> Reason {
+        match self {
+            UpstreamError::Tls { .. } => Reason::UpstreamTls,
+            UpstreamError::ConnectTimeout { .. } => Reason::UpstreamTimeout,
+            _ => Reason::UpstreamUnreachable,
+        }
+    }
+}
+
+/// Decides whether a resolved address may be dialed.
+///
+/// Today it refuses only the unspecified addresses (which connect to the local host); the
+/// non-public address classification (loopback, RFC 1918, metadata, mapped forms) slots in
+/// here, so every dial — requests, tunnels, token exchanges — gets it at once.
+#[derive(Debug, Clone, Default)]
+pub struct AddressGuard {}
+
+impl AddressGuard {
+    /// `Err(why)` when `addr` must not be dialed.
+    pub fn check(&self, addr: &SocketAddr) -> Result<(), String> {
+        if addr.ip().is_unspecified() {
+            return Err("the unspecified address reaches the proxy host itself".to_string());
+        }
+        if addr.port() == 0 {
+            return Err("port 0".to_string());
+        }
+        Ok(())
+    }
+}
+
+/// Settings for the dialer and TLS client.
+#[derive(Debug, Clone)]
+pub struct UpstreamConfig {
+    /// Operator pins (`--resolve HOST=IP`), keys normalised.
+    pub resolve: HashMap<String, IpAddr>,
+    /// Extra PEM bundle trusted for upstream TLS (`--upstream-ca`).
+    pub extra_ca: Option<PathBuf>,
+    pub connect_timeout: Duration,
+}
+
+impl Default for UpstreamConfig {
+    fn default() -> Self {
+        Self {
+            resolve: HashMap::new(),
+            extra_ca: None,
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Parses a `--resolve HOST=IP` value.
+pub fn parse_resolve(spec: &str) -> Result<(String, IpAddr), String> {
+    let (host, ip) = spec
+        .split_once('=')
+        .ok_or_else(|| format!("--resolve {spec:?}: expected HOST=IP"))?;
+    let host = normalize_host(host).map_err(|e| format!("--resolve {spec:?}: {e}"))?;
+    let ip = ip
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<IpAddr>()
+        .map_err(|_| format!("--resolve {spec:?}: {ip:?} is not an IP address"))?;
+    Ok((host, ip))
+}
+
+/// A connection to an upstream and the address it was made to (the address that was checked).
+pub struct Dialed {
+    pub stream: TcpStream,
+    pub addr: SocketAddr,
+}
+
+/// Resolves, guards and connects. The only place latchkey opens outbound TCP connections.
+#[derive(Debug)]
+pub struct Dialer {
+    resolve: HashMap<String, IpAddr>,
+    guard: AddressGuard,
+    connect_timeout: Duration,
+}
+
+impl Dialer {
+    pub fn new(config: &UpstreamConfig) -> Self {
+        Self {
+            resolve: config.resolve.clone(),
+            guard: AddressGuard::default(),
+            connect_timeout: config.connect_timeout,
+        }
+    }
+
+    /// Resolves `host` and returns every address, each passed through the guard. A name with any
+    /// refused address is refused whole: a name that mixes public and private answers is a
+    /// rebinding attempt or a misconfiguration either way.
+    pub async fn resolve(&self, host: &str, port: u16) -> Result<Vec<SocketAddr>, UpstreamError> {
+        let addrs: Vec<SocketAddr> = if let Ok(ip) = host.parse::<IpAddr>() {
+            vec![SocketAddr::new(ip, port)]
+        } else if let Some(ip) = self.resolve.get(host) {
+            vec![SocketAddr::new(*ip, port)]
+        } else {
+            tokio::net::lookup_host((host, port))
+                .await
+                .map_err(|source| UpstreamError::Resolve {
+                    host: host.to_string(),
+                    source,
+                })?
+                .collect()
+        };
+        if addrs.is_empty() {
+            return Err(UpstreamError::NoAddress {
+                host: host.to_string(),
+            });
+        }
+        for addr in &addrs {
+            self.guard
+                .check(addr)
+                .map_err(|why| UpstreamError::Refused {
+                    host: host.to_string(),
+                    addr: *addr,
+                    why,
+                })?;
+        }
+        Ok(addrs)
+    }
+
+    /// Connects to `host:port` through the guard, trying each checked address in turn.
+    pub async fn dial(&self, host: &str, port: u16) -> Result<Dialed, UpstreamError> {
+        let addrs = self.resolve(host, port).await?;
+        let mut last = None;
+        for addr in addrs {
+            match tokio::time::timeout(self.connect_timeout, TcpStream::connect(addr)).await {
+                Ok(Ok(stream)) => {
+                    let _ = stream.set_nodelay(true);
+                    return Ok(Dialed { stream, addr });
+                }
+                Ok(Err(source)) => {
+                    last = Some(UpstreamError::Connect {
+                        host: host.to_string(),
+                        addr,
+                        source,
+                    })
+                }
+                Err(_) => {
+                    last = Some(UpstreamError::ConnectTimeout {
+                        host: host.to_string(),
+                        addr,
+                    })
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| UpstreamError::NoAddress {
+            host: host.to_string(),
+        }))
+    }
+}
+
+/// Builds the upstream TLS client configuration: webpki roots plus an optional extra bundle.
+pub fn tls_config(extra_ca: Option<&Path>) -> Result<rustls::ClientConfig, UpstreamError> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = extra_ca {
+        let bad = |why: String| UpstreamError::CaBundle {
+            path: path.to_path_buf(),
+            why,
+        };
+        let certs = CertificateDer::pem_file_iter(path)
+            .map_err(|e| bad(e.to_string()))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| bad(e.to_string()))?;
+        if certs.is_empty() {
+            return Err(bad("no certificates in file".to_string()));
+        }
+        for cert in certs {
+            roots.add(cert).map_err(|e| bad(e.to_string()))?;
+        }
+    }
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| UpstreamError::CaBundle {
+            path: PathBuf::new(),
+            why: e.to_string(),
+        })?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// The address a pooled connection was dialed to, attached to every response it carries.
+#[derive(Debug, Clone, Copy)]
+pub struct UpstreamAddr(pub SocketAddr);
+
+/// hyper-util connector: dial through the [`Dialer`], then TLS for `https`.
+#[derive(Clone)]
+pub struct Connector {
+    dialer: Arc<Dialer>,
+    tls: tokio_rustls::TlsConnector,
+}
+
+impl Connector {
+    pub fn new(dialer: Arc<Dialer>, tls: Arc<rustls::ClientConfig>) -> Self {
+        Self {
+            dialer,
+            tls: tokio_rustls::TlsConnector::from(tls),
+        }
+    }
+
+    async fn connect(self, uri: Uri) -> Result<UpstreamConn, UpstreamError> {
+        let raw_host = uri.host().unwrap_or_default();
+        let host = normalize_host(raw_host).map_err(|e| UpstreamError::BadHost {
+            host: raw_host.to_string(),
+            why: e.to_string(),
+        })?;
+        let https = uri.scheme() == Some(&http::uri::Scheme::HTTPS);
+        let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+        let dialed = self.dialer.dial(&host, port).await?;
+        if !https {
+            return Ok(UpstreamConn::Plain {
+                io: TokioIo::new(dialed.stream),
+                addr: dialed.addr,
+            });
+        }
+        let name = match host.parse::<IpAddr>() {
+            Ok(ip) => ServerName::IpAddress(ip.into()),
+            Err(_) => ServerName::try_from(host.clone()).map_err(|e| UpstreamError::BadHost {
+                host: host.clone(),
+                why: e.to_string(),
+            })?,
+        };
+        let tls = self
+            .tls
+            .connect(name, dialed.stream)
+            .await
+            .map_err(|source| UpstreamError::Tls { host, source })?;
+        Ok(UpstreamConn::Tls {
+            io: TokioIo::new(Box::new(tls)),
+            addr: dialed.addr,
+        })
+    }
+}
+
+impl tower_service::Service<Uri> for Connector {
+    type Response = UpstreamConn;
+    type Error = UpstreamError;
+    type Future = Pin<Box<dyn Future<Output = Result<UpstreamConn, UpstreamError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        Box::pin(self.clone().connect(uri))
+    }
+}
+
+/// An upstream connection, plain or TLS.
+pub enum UpstreamConn {
+    Plain {
+        io: TokioIo<TcpStream>,
+        addr: SocketAddr,
+    },
+    Tls {
+        io: TokioIo<Box<TlsStream<TcpStream>>>,
+        addr: SocketAddr,
+    },
+}
+
+impl Connection for UpstreamConn {
+    fn connected(&self) -> Connected {
+        match self {
+            UpstreamConn::Plain { addr, .. } => Connected::new().extra(UpstreamAddr(*addr)),
+            UpstreamConn::Tls { io, addr } => {
+                let c = Connected::new().extra(UpstreamAddr(*addr));
+                if io.inner().get_ref().1.alpn_protocol() == Some(b"h2") {
+                    c.negotiated_h2()
+                } else {
+                    c
+                }
+            }
+        }
+    }
+}
+
+impl hyper::rt::Read for UpstreamConn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            UpstreamConn::Plain { io, .. } => Pin::new(io).poll_read(cx, buf),
+            UpstreamConn::Tls { io, .. } => Pin::new(io).poll_read(cx, buf),
+        }
+    }
+}
+
+impl hyper::rt::Write for UpstreamConn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            UpstreamConn::Plain { io, .. } => Pin::new(io).poll_write(cx, buf),
+            UpstreamConn::Tls { io, .. } => Pin::new(io).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            UpstreamConn::Plain { io, .. } => Pin::new(io).poll_flush(cx),
+            UpstreamConn::Tls { io, .. } => Pin::new(io).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        match self.get_mut() {
+            UpstreamConn::Plain { io, .. } => Pin::new(io).poll_shutdown(cx),
+            UpstreamConn::Tls { io, .. } => Pin::new(io).poll_shutdown(cx),
+        }
+    }
+}
+
+/// Builds the pooled client over the connector.
+pub fn client(connector: Connector) -> Client {
+    hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(64)
+        .pool_timer(TokioTimer::new())
+        .timer(TokioTimer::new())
+        .build(connector)
+}
+
+/// Finds the [`UpstreamError`] inside a client error chain, if the failure was ours to classify.
+pub fn find_upstream_error<'a>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a UpstreamError> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = cur {
+        if let Some(u) = e.downcast_ref::<UpstreamError>() {
+            return Some(u);
+        }
+        cur = e.source();
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_resolve_pins() {
+        assert_eq!(
+            parse_resolve("API.test.=127.0.0.1"),
+            Ok(("api.test".to_string(), "127.0.0.1".parse().expect("ip")))
+        );
+        assert_eq!(
+            parse_resolve("v6.test=[::1]").map(|(_, ip)| ip),
+            Ok("::1".parse().expect("ip"))
+        );
+        assert!(parse_resolve("nohost").is_err());
+        assert!(parse_resolve("a.test=not-an-ip").is_err());
+    }
+
+    #[tokio::test]
+    async fn the_dialer_refuses_the_unspecified_address() {
+        let d = Dialer::new(&UpstreamConfig::default());
+        let e = d.dial("0.0.0.0", 80).await.err().expect("refused");
+        assert!(matches!(e, UpstreamError::Refused { .. }), "{e}");
+    }
+}

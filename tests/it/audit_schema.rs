@@ -1,0 +1,84 @@
+//! The audit schema check itself: it must reject what breaks the contract, or every audit
+//! assertion built on it proves nothing.
+
+use serde_json::{json, Value};
+
+use crate::support::check_record;
+
+fn valid() -> Value {
+    json!({
+        "ts": "2025-01-02T03:04:05.678Z",
+        "id": "01J0000000000000000000000",
+        "identity": "default",
+        "client": "127.0.0.1:50000",
+        "method": "GET",
+        "scheme": "https",
+        "host": "api.test",
+        "port": 443,
+        "path": "/v1/x?token=REDACTED",
+        "decision": "allow",
+        "rule": "api",
+        "reason": "allowed",
+        "secrets": [],
+        "status": 200,
+        "upstream": "127.0.0.1:443",
+        "bytes_up": 10,
+        "bytes_down": 20,
+        "duration_ms": 3,
+        "policy": format!("sha256:{}", "ab".repeat(32)),
+    })
+}
+
+#[test]
+fn the_schema_check_accepts_a_complete_record() {
+    check_record(&valid()).expect("a complete record");
+    let mut offset = valid();
+    offset["ts"] = json!("2025-01-02T03:04:05+02:00");
+    check_record(&offset).expect("an RFC 3339 offset");
+}
+
+#[test]
+fn the_schema_check_rejects_a_record_missing_any_field() {
+    let fields: Vec<String> = valid()
+        .as_object()
+        .expect("object")
+        .keys()
+        .cloned()
+        .collect();
+    for field in fields {
+        let mut record = valid();
+        record.as_object_mut().expect("object").remove(&field);
+        assert!(
+            check_record(&record).is_err(),
+            "a record without {field} passed"
+        );
+    }
+}
+
+#[test]
+fn the_schema_check_rejects_wrong_values() {
+    let cases = [
+        ("ts", json!("yesterday")),
+        ("client", json!("localhost")),
+        ("scheme", json!("ftp")),
+        ("port", json!("443")),
+        ("path", json!("/v1/x?token=supersecret")),
+        ("decision", json!("maybe")),
+        ("reason", json!("because")),
+        ("reason", json!("no_rule")), // with decision allow
+        ("rule", json!(null)),        // with decision allow
+        ("secrets", json!("openai")),
+        ("status", json!(42)),
+        ("upstream", json!("somewhere")),
+        ("bytes_down", json!(-1)),
+        ("policy", json!("md5:abc")),
+    ];
+    for (field, value) in cases {
+        let mut record = valid();
+        record[field] = value.clone();
+        assert!(
+            check_record(&record).is_err(),
+            "{field} = {value} passed the schema check"
+        );
+    }
+}

@@ -1,0 +1,19 @@
+//! Integration tests for latchkey: the real binary, real upstream servers on loopback, real
+//! clients (curl, Python `requests`, rustls on a raw socket).
+//!
+//! Every test starts its own `latchkey serve` on `127.0.0.1:0` and its own upstreams, so tests run
+//! in parallel and never share state. Each test asserts on what the client saw, on what reached
+//! (or did not reach) the upstream, and on the audit record; every audit line any test reads is
+//! checked against the record schema (`support::audit`).
+
+mod support;
+
+mod audit_schema;
+mod bad_input;
+mod ca_and_env;
+mod connect_gate;
+mod inner_policy;
+mod mitm;
+mod plain_http;
+mod policy_cli;
+mod tunnel;

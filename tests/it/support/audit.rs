@@ -1,0 +1,227 @@
+//! The audit record schema, checked on every audit line any test reads.
+//!
+//! One JSON object per line with: `ts` (RFC 3339), `id`, `identity`, `client` (ip:port),
+//! `method`, `scheme`, `host`, `port`, `path` (query values redacted), `decision`, `rule`,
+//! `reason` (a known code), `secrets` (array), `status` (number or null), `upstream` (ip:port or
+//! null), `bytes_up`, `bytes_down`, `duration_ms`, `policy` (`sha256:` + hex).
+
+use std::net::SocketAddr;
+
+use serde_json::Value;
+
+pub const REASONS: &[&str] = &[
+    "allowed",
+    "tunnel",
+    "no_rule",
+    "port_not_allowed",
+    "method_not_allowed",
+    "path_not_allowed",
+    "host_mismatch",
+    "sni_mismatch",
+    "not_tls",
+    "tls_handshake_failed",
+    "bad_request",
+    "userinfo_in_url",
+    "missing_port",
+    "header_too_large",
+    "ambiguous_path",
+    "not_a_proxy_request",
+    "upstream_unreachable",
+    "upstream_tls",
+    "upstream_error",
+];
+
+/// Reasons for which the request target may be unknown (hyper rejected the request before
+/// latchkey could parse it), so `host`, `port`, `scheme` and `path` may be null.
+const UNPARSED_REASONS: &[&str] = &["bad_request", "header_too_large"];
+
+/// Checks one audit record against the schema; `Err` names the first problem.
+pub fn check_record(record: &Value) -> Result<(), String> {
+    let obj = record
+        .as_object()
+        .ok_or_else(|| "record is not a JSON object".to_string())?;
+    let get = |name: &str| {
+        obj.get(name)
+            .ok_or_else(|| format!("field {name:?} is missing"))
+    };
+    let string = |name: &str| -> Result<&str, String> {
+        get(name)?
+            .as_str()
+            .ok_or_else(|| format!("field {name:?} is not a string"))
+    };
+    let count = |name: &str| -> Result<f64, String> {
+        let n = get(name)?
+            .as_f64()
+            .ok_or_else(|| format!("field {name:?} is not a number"))?;
+        if n < 0.0 {
+            return Err(format!("field {name:?} is negative"));
+        }
+        Ok(n)
+    };
+
+    check_rfc3339(string("ts")?).map_err(|e| format!("ts: {e}"))?;
+    match get("id")? {
+        Value::String(s) if !s.is_empty() => {}
+        Value::Number(_) => {}
+        other => return Err(format!("id is not a non-empty string or number: {other}")),
+    }
+    if string("identity")?.is_empty() {
+        return Err("identity is empty".into());
+    }
+    string("client")?
+        .parse::<SocketAddr>()
+        .map_err(|e| format!("client is not ip:port: {e}"))?;
+    if string("method")?.is_empty() {
+        return Err("method is empty".into());
+    }
+
+    let reason = string("reason")?;
+    if !REASONS.contains(&reason) {
+        return Err(format!("reason {reason:?} is not a known code"));
+    }
+    let unparsed = UNPARSED_REASONS.contains(&reason);
+    let nullable = |name: &str| -> Result<bool, String> { Ok(unparsed && get(name)?.is_null()) };
+
+    if !nullable("scheme")? {
+        let scheme = string("scheme")?;
+        if scheme != "http" && scheme != "https" {
+            return Err(format!("scheme {scheme:?} is neither http nor https"));
+        }
+    }
+    if !nullable("host")? {
+        string("host")?;
+    }
+    if !nullable("port")? {
+        let port = get("port")?
+            .as_u64()
+            .ok_or_else(|| "port is not an unsigned integer".to_string())?;
+        if port > 65535 {
+            return Err(format!("port {port} is out of range"));
+        }
+    }
+    if !nullable("path")? {
+        check_redacted(string("path")?)?;
+    }
+
+    let decision = string("decision")?;
+    match (decision, reason) {
+        ("allow", "allowed" | "tunnel") => {}
+        ("allow", _) => return Err(format!("decision allow with reason {reason:?}")),
+        ("deny", "allowed" | "tunnel") => {
+            return Err(format!("decision deny with reason {reason:?}"))
+        }
+        ("deny", _) => {}
+        _ => return Err(format!("decision {decision:?} is neither allow nor deny")),
+    }
+    match get("rule")? {
+        Value::String(s) if !s.is_empty() => {}
+        Value::Null if decision == "deny" => {}
+        other => return Err(format!("rule is {other} (decision {decision})")),
+    }
+    let secrets = get("secrets")?
+        .as_array()
+        .ok_or_else(|| "secrets is not an array".to_string())?;
+    if secrets.iter().any(|s| !s.is_string()) {
+        return Err("secrets holds something other than names".into());
+    }
+    match get("status")? {
+        Value::Null => {}
+        Value::Number(n) => match n.as_u64() {
+            Some(100..=599) => {}
+            _ => return Err(format!("status {n} is not an HTTP status")),
+        },
+        other => return Err(format!("status is {other}")),
+    }
+    match get("upstream")? {
+        Value::Null => {}
+        Value::String(s) => {
+            s.parse::<SocketAddr>()
+                .map_err(|e| format!("upstream {s:?} is not ip:port: {e}"))?;
+        }
+        other => return Err(format!("upstream is {other}")),
+    }
+    count("bytes_up")?;
+    count("bytes_down")?;
+    count("duration_ms")?;
+    let policy = string("policy")?;
+    let digest = policy
+        .strip_prefix("sha256:")
+        .ok_or_else(|| format!("policy {policy:?} does not start with sha256:"))?;
+    if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!("policy {policy:?} is not a sha256 hex digest"));
+    }
+    Ok(())
+}
+
+/// `YYYY-MM-DDTHH:MM:SS[.fraction](Z|±HH:MM)`
+fn check_rfc3339(ts: &str) -> Result<(), String> {
+    let b = ts.as_bytes();
+    let digits = |range: std::ops::Range<usize>| {
+        b.get(range.clone())
+            .is_some_and(|s| s.iter().all(u8::is_ascii_digit))
+    };
+    let ok_date = b.len() >= 20
+        && digits(0..4)
+        && b[4] == b'-'
+        && digits(5..7)
+        && b[7] == b'-'
+        && digits(8..10)
+        && (b[10] == b'T' || b[10] == b't')
+        && digits(11..13)
+        && b[13] == b':'
+        && digits(14..16)
+        && b[16] == b':'
+        && digits(17..19);
+    if !ok_date {
+        return Err(format!("{ts:?} is not RFC 3339"));
+    }
+    let mut rest = &ts[19..];
+    if let Some(frac) = rest.strip_prefix('.') {
+        let n = frac.bytes().take_while(u8::is_ascii_digit).count();
+        if n == 0 {
+            return Err(format!("{ts:?} has an empty fraction"));
+        }
+        rest = &frac[n..];
+    }
+    let offset_ok = rest == "Z"
+        || rest == "z"
+        || (rest.len() == 6
+            && (rest.starts_with('+') || rest.starts_with('-'))
+            && rest.as_bytes()[3] == b':'
+            && rest[1..3].bytes().all(|c| c.is_ascii_digit())
+            && rest[4..6].bytes().all(|c| c.is_ascii_digit()));
+    if offset_ok {
+        Ok(())
+    } else {
+        Err(format!("{ts:?} has no valid UTC offset"))
+    }
+}
+
+/// Every `key=value` in the query must have its value redacted.
+fn check_redacted(path: &str) -> Result<(), String> {
+    let Some((_, query)) = path.split_once('?') else {
+        return Ok(());
+    };
+    for pair in query.split('&') {
+        if let Some((_, value)) = pair.split_once('=') {
+            if value != "REDACTED" {
+                return Err(format!("path {path:?} holds an unredacted query value"));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Asserts that `record` has every field of `expected` (a JSON object) with the same value.
+pub fn assert_record(record: &Value, expected: Value) {
+    let expected = expected
+        .as_object()
+        .expect("expected fields as a JSON object");
+    for (name, want) in expected {
+        assert_eq!(
+            record.get(name),
+            Some(want),
+            "audit field {name:?}: expected {want}, record: {record:#}"
+        );
+    }
+}

@@ -1,0 +1,72 @@
+//! A throwaway certificate authority for the upstream servers.
+//!
+//! The upstreams present certificates signed by this CA; latchkey is told to trust it with
+//! `--upstream-ca`. Clients that should see latchkey's own certificates never trust it, so a
+//! client that succeeds while trusting only this CA proves that the connection was not
+//! intercepted (a `tunnel = true` rule).
+
+use std::path::PathBuf;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+use tempfile::TempDir;
+
+/// The names every upstream certificate covers.
+pub const UPSTREAM_NAMES: &[&str] = &["api.test", "other.test", "tunnel.test", "*.wild.test"];
+
+pub struct TestCa {
+    dir: TempDir,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+impl TestCa {
+    pub fn new() -> Self {
+        let key = KeyPair::generate().expect("generate test CA key");
+        let mut params =
+            CertificateParams::new(Vec::<String>::new()).expect("CA params without names");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "latchkey integration test upstream CA");
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let cert = params.self_signed(&key).expect("self-sign test CA");
+        let dir = tempfile::Builder::new()
+            .prefix("latchkey-test-ca")
+            .tempdir()
+            .expect("temp dir for test CA");
+        std::fs::write(dir.path().join("test-ca.pem"), cert.pem()).expect("write test CA PEM");
+        TestCa {
+            dir,
+            issuer: Issuer::new(params, key),
+        }
+    }
+
+    /// The PEM file of the CA certificate.
+    pub fn pem_path(&self) -> PathBuf {
+        self.dir.path().join("test-ca.pem")
+    }
+
+    /// A leaf certificate for `names`, signed by this CA, and its private key.
+    pub fn issue(&self, names: &[&str]) -> (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
+        let key = KeyPair::generate().expect("generate leaf key");
+        let mut params =
+            CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<String>>())
+                .expect("leaf params");
+        params.distinguished_name.push(DnType::CommonName, names[0]);
+        params.use_authority_key_identifier_extension = true;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .expect("sign leaf with test CA");
+        let key_der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
+        (vec![cert.der().clone()], key_der)
+    }
+}

@@ -1,0 +1,372 @@
+//! The binary under test: `latchkey serve` as a child process, and one-shot CLI runs.
+//!
+//! `latchkey()` writes policies into a temp dir and spawns
+//! `latchkey serve --policies DIR --listen 127.0.0.1:0 --ca-dir DIR --audit PATH`, then waits for
+//! the stderr line `latchkey: proxy listening on 127.0.0.1:PORT`. Stderr keeps being drained into
+//! a buffer (`stderr_text`). The child is killed when the handle drops.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tempfile::TempDir;
+
+use super::audit::check_record;
+use super::ca::TestCa;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_latchkey");
+
+const LISTENING: &str = "latchkey: proxy listening on ";
+
+/// Environment variables of this machine that would change what latchkey or a client does.
+pub const SCRUBBED_ENV: &[&str] = &[
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "CURL_CA_BUNDLE",
+    "REQUESTS_CA_BUNDLE",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "all_proxy",
+    "no_proxy",
+];
+
+pub fn latchkey() -> LatchkeyBuilder {
+    LatchkeyBuilder {
+        policies: Vec::new(),
+        pins: Vec::new(),
+        upstream_ca: None,
+    }
+}
+
+pub struct LatchkeyBuilder {
+    policies: Vec<(String, String)>,
+    pins: Vec<String>,
+    upstream_ca: Option<PathBuf>,
+}
+
+impl LatchkeyBuilder {
+    /// Adds a policy file `name` (e.g. `"main.toml"`) with `contents`.
+    pub fn policy(mut self, name: &str, contents: &str) -> Self {
+        self.policies.push((name.to_string(), contents.to_string()));
+        self
+    }
+
+    /// Pins `host` to 127.0.0.1 (`--resolve host=127.0.0.1`).
+    pub fn pin(mut self, host: &str) -> Self {
+        self.pins.push(host.to_string());
+        self
+    }
+
+    /// Trusts `ca` for upstream TLS (`--upstream-ca`).
+    pub fn upstream_ca(mut self, ca: &TestCa) -> Self {
+        self.upstream_ca = Some(ca.pem_path());
+        self
+    }
+
+    fn prepare(&self) -> (TempDir, Command) {
+        let dir = tempfile::Builder::new()
+            .prefix("latchkey-it")
+            .tempdir()
+            .expect("temp dir for latchkey");
+        let policies = dir.path().join("policies");
+        std::fs::create_dir(&policies).expect("create policies dir");
+        for (name, contents) in &self.policies {
+            std::fs::write(policies.join(name), contents).expect("write policy file");
+        }
+        let mut cmd = Command::new(BIN);
+        cmd.arg("serve")
+            .arg("--policies")
+            .arg(&policies)
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--ca-dir")
+            .arg(dir.path().join("ca"))
+            .arg("--audit")
+            .arg(dir.path().join("audit.jsonl"));
+        if let Some(ca) = &self.upstream_ca {
+            cmd.arg("--upstream-ca").arg(ca);
+        }
+        for host in &self.pins {
+            cmd.arg("--resolve").arg(format!("{host}=127.0.0.1"));
+        }
+        for var in SCRUBBED_ENV {
+            cmd.env_remove(var);
+        }
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        (dir, cmd)
+    }
+
+    /// Spawns `latchkey serve` and waits until it is listening.
+    pub fn run(self) -> Latchkey {
+        let (dir, mut cmd) = self.prepare();
+        let mut child = cmd.spawn().expect("spawn latchkey serve");
+        let stderr = child.stderr.take().expect("latchkey stderr pipe");
+        let buffer = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = mpsc::channel();
+        let sink = buffer.clone();
+        thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Some(addr) = line.trim_end().strip_prefix(LISTENING) {
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(addr.to_string());
+                    }
+                }
+                let mut text = sink.lock().expect("stderr buffer");
+                text.push_str(&line);
+                text.push('\n');
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(15);
+        let addr = loop {
+            match rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(addr) => break addr,
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    let _ = child.wait();
+                    panic!(
+                        "latchkey serve exited before listening:\n{}",
+                        buffer.lock().expect("stderr buffer")
+                    );
+                }
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                // Give the reader thread a moment to collect the last lines.
+                thread::sleep(Duration::from_millis(100));
+                panic!(
+                    "latchkey serve exited ({status}) before listening:\n{}",
+                    buffer.lock().expect("stderr buffer")
+                );
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!(
+                    "latchkey serve did not print {LISTENING:?} within 15 s:\n{}",
+                    buffer.lock().expect("stderr buffer")
+                );
+            }
+        };
+        let proxy: SocketAddr = addr
+            .parse()
+            .unwrap_or_else(|e| panic!("listening address {addr:?} is not ip:port: {e}"));
+        assert!(
+            proxy.ip().is_loopback(),
+            "latchkey listens on {proxy}, not on loopback"
+        );
+        Latchkey {
+            dir,
+            child,
+            proxy,
+            stderr: buffer,
+        }
+    }
+
+    /// Spawns `latchkey serve` expecting it to refuse to start; returns its exit status and
+    /// stderr. Panics if it starts listening.
+    pub fn run_expecting_failure(self) -> CliOutput {
+        let (_dir, mut cmd) = self.prepare();
+        let out = wait_with_timeout(&mut cmd, Duration::from_secs(15));
+        assert!(
+            !out.stderr.contains(LISTENING),
+            "latchkey serve started listening on an invalid policy:\n{}",
+            out.stderr
+        );
+        out
+    }
+}
+
+pub struct Latchkey {
+    dir: TempDir,
+    child: Child,
+    proxy: SocketAddr,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Latchkey {
+    /// The proxy listener address.
+    pub fn addr(&self) -> SocketAddr {
+        self.proxy
+    }
+
+    /// `http://127.0.0.1:PORT`
+    pub fn proxy_url(&self) -> String {
+        format!("http://{}", self.proxy)
+    }
+
+    /// latchkey's CA certificate (`--ca-dir`/latchkey-ca.pem), created on startup.
+    pub fn ca_pem_path(&self) -> PathBuf {
+        self.dir.path().join("ca").join("latchkey-ca.pem")
+    }
+
+    pub fn ca_dir(&self) -> PathBuf {
+        self.dir.path().join("ca")
+    }
+
+    /// A scratch directory that lives as long as this handle.
+    pub fn scratch(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Everything latchkey wrote to stderr so far.
+    pub fn stderr_text(&self) -> String {
+        self.stderr.lock().expect("stderr buffer").clone()
+    }
+
+    /// The whole audit lines written so far, each parsed and checked against the record schema.
+    pub fn audit_records(&self) -> Vec<Value> {
+        let path = self.dir.path().join("audit.jsonl");
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let whole = match text.rfind('\n') {
+            Some(end) => &text[..end],
+            None => "",
+        };
+        whole
+            .lines()
+            .map(|line| {
+                let record: Value = serde_json::from_str(line).unwrap_or_else(|e| {
+                    panic!(
+                        "audit line is not JSON ({e}): {line}\nstderr:\n{}",
+                        self.stderr_text()
+                    )
+                });
+                if let Err(problem) = check_record(&record) {
+                    panic!("audit record breaks the schema: {problem}\nrecord: {record}");
+                }
+                record
+            })
+            .collect()
+    }
+
+    /// Waits (up to 5 s) for `n` audit records, then checks that no extra record follows and that
+    /// the file holds only whole lines. Returns the records.
+    pub fn wait_audit(&self, n: usize) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let records = self.audit_records();
+            if records.len() >= n {
+                break;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "expected {n} audit records within 5 s, found {}: {records:#?}\nstderr:\n{}",
+                    records.len(),
+                    self.stderr_text()
+                );
+            }
+            thread::sleep(Duration::from_millis(25));
+        }
+        // Exactly one record per request: give a duplicate the chance to show up.
+        thread::sleep(Duration::from_millis(150));
+        let records = self.audit_records();
+        assert_eq!(
+            records.len(),
+            n,
+            "expected exactly {n} audit records, found: {records:#?}"
+        );
+        let text =
+            std::fs::read_to_string(self.dir.path().join("audit.jsonl")).expect("read audit file");
+        assert!(
+            text.ends_with('\n'),
+            "audit file ends in a torn line: {text:?}"
+        );
+        records
+    }
+}
+
+impl Drop for Latchkey {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The result of a one-shot process run.
+#[derive(Debug)]
+pub struct CliOutput {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl CliOutput {
+    pub fn code(&self) -> Option<i32> {
+        self.status.code()
+    }
+}
+
+/// Runs `latchkey ARGS...` to completion (at most 20 s).
+pub fn run_cli<I, S>(args: I) -> CliOutput
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let mut cmd = Command::new(BIN);
+    cmd.args(args);
+    for var in SCRUBBED_ENV {
+        cmd.env_remove(var);
+    }
+    wait_with_timeout(&mut cmd, Duration::from_secs(20))
+}
+
+/// A temp dir holding policy files, for `check` and `explain`.
+pub fn policy_dir(files: &[(&str, &str)]) -> TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix("latchkey-policies")
+        .tempdir()
+        .expect("temp policy dir");
+    for (name, contents) in files {
+        std::fs::write(dir.path().join(name), contents).expect("write policy file");
+    }
+    dir
+}
+
+/// Runs `cmd` with stdout and stderr captured, killing it after `timeout`.
+pub fn wait_with_timeout(cmd: &mut Command, timeout: Duration) -> CliOutput {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {cmd:?}: {e}"));
+    let stdout = drain(child.stdout.take().expect("stdout pipe"));
+    let stderr = drain(child.stderr.take().expect("stderr pipe"));
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("poll child") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "{cmd:?} did not finish within {timeout:?}; stderr:\n{}",
+                stderr.join().unwrap_or_default()
+            );
+        }
+        thread::sleep(Duration::from_millis(10));
+    };
+    CliOutput {
+        status,
+        stdout: stdout.join().expect("stdout reader"),
+        stderr: stderr.join().expect("stderr reader"),
+    }
+}
+
+fn drain<R: Read + Send + 'static>(mut r: R) -> thread::JoinHandle<String> {
+    thread::spawn(move || {
+        let mut bytes = Vec::new();
+        let _ = r.read_to_end(&mut bytes);
+        String::from_utf8_lossy(&bytes).into_owned()
+    })
+}
