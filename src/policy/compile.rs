@@ -151,10 +151,7 @@ pub fn compile_sources(sources: &[(&Path, &str)]) -> Result<Policy, Vec<PolicyEr
         return Err(errors);
     }
     let digest = hasher.finish();
-    let hex: String = digest.as_ref()[..8]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
     Ok(index(
         rules,
         format!("sha256:{hex}"),

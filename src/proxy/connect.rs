@@ -35,15 +35,19 @@ pub async fn handle(proxy: Arc<Proxy>, ctx: Arc<Ctx>, req: Request<Incoming>) ->
         policy.digest(),
     );
     entry.update(|r| {
-        r.method = "CONNECT".to_string();
-        r.scheme = "https".to_string();
+        r.method = Some("CONNECT".to_string());
+        r.scheme = Some("https".to_string());
     });
 
     // admit: authority-form `host:port`, port required, host normalised.
+    if super::headers_too_large(req.headers()) {
+        let msg = format!("request headers exceed {MAX_HEADER_BYTES} bytes");
+        return refused(entry, Reason::HeaderTooLarge, None, &msg);
+    }
     let Some(authority) = req.uri().authority().cloned() else {
         return refused(entry, Reason::BadRequest, None, "CONNECT needs host:port");
     };
-    entry.update(|r| r.host = authority.host().to_string());
+    entry.update(|r| r.host = Some(authority.host().to_string()));
     if authority.as_str().contains('@') {
         return refused(
             entry,
@@ -65,7 +69,7 @@ pub async fn handle(proxy: Arc<Proxy>, ctx: Arc<Ctx>, req: Request<Incoming>) ->
         Err(e) => return refused(entry, Reason::BadRequest, None, &e.to_string()),
     };
     entry.update(|r| {
-        r.host = host.clone();
+        r.host = Some(host.clone());
         r.port = Some(port);
     });
 
@@ -170,7 +174,6 @@ async fn intercept(proxy: Arc<Proxy>, ctx: Arc<Ctx>, upgraded: Upgraded, mut ent
     if let Some(sni) = start.client_hello().server_name() {
         let same = normalize_host(sni).is_ok_and(|s| s == host);
         if !same {
-            entry.update(|r| r.path = String::new());
             return fail(entry, Reason::SniMismatch, &format!("SNI {sni:?}"));
         }
     }

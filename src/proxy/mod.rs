@@ -43,6 +43,16 @@ use crate::upstream::{self, Client, Connector, Dialer, UpstreamConfig, UpstreamE
 pub const MAX_HEADER_BYTES: usize = 64 * 1024;
 const IDENTITY_DEFAULT: &str = "default";
 
+/// Whether a header block exceeds [`MAX_HEADER_BYTES`] as counted on the wire
+/// (`name: value\r\n`). hyper's read buffer limit is approximate, so this is the exact check.
+fn headers_too_large(headers: &http::HeaderMap) -> bool {
+    let len: usize = headers
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len() + 4)
+        .sum();
+    len > MAX_HEADER_BYTES
+}
+
 /// Everything a running proxy shares across connections.
 pub struct Proxy {
     policy: Arc<Policy>,

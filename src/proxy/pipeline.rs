@@ -82,18 +82,22 @@ pub async fn handle(
         &ctx.identity,
         policy.digest(),
     );
-    entry.update(|r| r.method = req.method().to_string());
+    entry.update(|r| prefill(r, &ctx, &req));
 
     // admit: what is being asked for, in one normal form.
+    if super::headers_too_large(req.headers()) {
+        let msg = format!("request headers exceed {} bytes", super::MAX_HEADER_BYTES);
+        return Ok(refused(entry, Reason::HeaderTooLarge, None, &msg));
+    }
     let target = match admit(&ctx, &req) {
         Ok(t) => t,
         Err((reason, message)) => return Ok(refused(entry, reason, None, &message)),
     };
     entry.update(|r| {
-        r.scheme = target.scheme.as_str().to_string();
-        r.host = target.host.clone();
+        r.scheme = Some(target.scheme.as_str().to_string());
+        r.host = Some(target.host.clone());
         r.port = Some(target.port);
-        r.path = redact_query(&target.path_and_query);
+        r.path = Some(redact_query(&target.path_and_query));
     });
 
     // decide: deny by default.
@@ -174,6 +178,33 @@ pub async fn handle(
     }
     res.headers_mut().remove(DECISION_HEADER);
     Ok(res.map(|b| body::audited(b, entry)))
+}
+
+/// Records what is known of the target before admission, so a refused request still shows
+/// what it asked for (admission replaces these with the normalised values).
+fn prefill(r: &mut crate::audit::Record, ctx: &Ctx, req: &Request<Incoming>) {
+    let uri = req.uri();
+    r.method = Some(req.method().to_string());
+    match &ctx.connect {
+        Some((host, port)) => {
+            r.scheme = Some("https".to_string());
+            r.host = Some(host.clone());
+            r.port = Some(*port);
+        }
+        None => {
+            r.scheme = uri.scheme_str().map(str::to_ascii_lowercase);
+            r.host = uri.host().map(str::to_ascii_lowercase);
+            r.port = uri.port_u16().or(match uri.scheme_str() {
+                Some("http") => Some(80),
+                Some("https") => Some(443),
+                _ => None,
+            });
+        }
+    }
+    r.path = uri
+        .path_and_query()
+        .map(|pq| redact_query(pq.as_str()))
+        .or_else(|| Some(uri.path().to_string()));
 }
 
 /// Writes the record for a refusal and builds its response.
