@@ -87,11 +87,15 @@ pub async fn handle(
     // admit: what is being asked for, in one normal form.
     if super::headers_too_large(req.headers()) {
         let msg = format!("request headers exceed {} bytes", super::MAX_HEADER_BYTES);
+        drain(req.into_body()).await;
         return Ok(refused(entry, Reason::HeaderTooLarge, None, &msg));
     }
     let target = match admit(&ctx, &req) {
         Ok(t) => t,
-        Err((reason, message)) => return Ok(refused(entry, reason, None, &message)),
+        Err((reason, message)) => {
+            drain(req.into_body()).await;
+            return Ok(refused(entry, reason, None, &message));
+        }
     };
     entry.update(|r| {
         r.scheme = Some(target.scheme.as_str().to_string());
@@ -111,12 +115,13 @@ pub async fn handle(
     let rule = match decision.rule {
         Some(rule) if decision.allowed() => rule,
         _ => {
+            drain(req.into_body()).await;
             return Ok(refused(
                 entry,
                 decision.reason,
                 decision.rule_name(),
                 &decision.message,
-            ))
+            ));
         }
     };
     entry.update(|r| r.rule = Some(rule.name.clone()));
@@ -205,6 +210,28 @@ fn prefill(r: &mut crate::audit::Record, ctx: &Ctx, req: &Request<Incoming>) {
         .path_and_query()
         .map(|pq| redact_query(pq.as_str()))
         .or_else(|| Some(uri.path().to_string()));
+}
+
+/// Reads and discards a refused request's body (bounded in size and time) before answering:
+/// answering first makes h2 reset the stream, and some clients then report a framing error
+/// instead of the refusal.
+async fn drain(mut body: Incoming) {
+    use http_body::Body as _;
+    use http_body_util::BodyExt;
+    const LIMIT: usize = 1024 * 1024;
+    if body.is_end_stream() {
+        return;
+    }
+    let read = async {
+        let mut seen = 0usize;
+        while let Some(Ok(frame)) = body.frame().await {
+            seen += frame.data_ref().map_or(0, |d| d.len());
+            if seen > LIMIT {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), read).await;
 }
 
 /// Writes the record for a refusal and builds its response.

@@ -1,0 +1,533 @@
+//! Response scrubbing: every value of a secret in force, in every encoding an upstream is likely
+//! to reflect it in, is replaced by `[REDACTED:<name>]` before the sandbox sees the response.
+//!
+//! This module owns the list of encodings looked for (the *variants* of a secret), the compiled
+//! matcher over all of them, and the hold-back rule that lets a body be scrubbed chunk by chunk
+//! with exactly the result of scrubbing it whole. It knows no sockets and no HTTP, logs nothing,
+//! and must never print a secret or a variant: [`Scrubber`] and [`StreamScrubber`] have a
+//! hand-written `Debug` that shows names and counts only.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use latchkey::secrets::scrub::{ScrubSecret, Scrubber};
+//!
+//! let secret = ScrubSecret { name: "openai", value: b"sk-test-0123456789" };
+//! let scrubber = Arc::new(Scrubber::new(&[secret])?);
+//!
+//! let (out, names) = scrubber.scrub(b"you sent sk-test-0123456789");
+//! assert_eq!(out, b"you sent [REDACTED:openai]");
+//! assert_eq!(names.len(), 1);
+//!
+//! // The same, over a body that arrives in pieces.
+//! let mut stream = scrubber.stream();
+//! let mut body = Vec::new();
+//! body.extend_from_slice(&stream.push(b"you sent sk-test-01"));
+//! body.extend_from_slice(&stream.push(b"23456789"));
+//! body.extend_from_slice(&stream.finish());
+//! assert_eq!(body, b"you sent [REDACTED:openai]");
+//! # Ok::<(), latchkey::secrets::scrub::ScrubError>(())
+//! ```
+//!
+//! # Variants
+//!
+//! For a secret value `v` the scrubber looks for:
+//! - `v` itself;
+//! - standard and URL-safe base64 of `v`, at each of the three alignments `v` can have inside a
+//!   larger encoded blob (it may start at byte offset 0, 1 or 2 modulo 3). For alignment `a` the
+//!   variant is the base64 of `a` filler bytes followed by `v`, cut down to the characters fully
+//!   determined by the bytes of `v`; padding is therefore never part of a variant. The one or two
+//!   characters at either end that mix secret bits with neighbouring bits stay in the output;
+//!   they hold at most 4 bits of the secret each;
+//! - percent-encoding with upper- and with lower-case hex, in the forms common encoders produce:
+//!   every byte but the unreserved `A-Za-z0-9-._~` encoded (Python `quote(v, safe='')`); the
+//!   same with `/` left alone (Python `quote(v)`); JavaScript `encodeURIComponent` (also leaves
+//!   `!'()*`); only RFC 3986 reserved characters, `%` and bytes that cannot appear in a URL
+//!   encoded; and form encoding (space as `+`);
+//! - JSON string escaping, in every combination of: `/` as is or as `\/`; control characters as
+//!   short escapes (`\n`, `\t`, …) where JSON has one or always as `\u00XX`; `\u` hex in lower or
+//!   upper case; non-ASCII as is or as `\uXXXX` (UTF-16, so surrogate pairs above U+FFFF); and
+//!   Go's HTML-safe escaping of `<`, `>`, `&`, U+2028 and U+2029. `"` and `\` are always escaped.
+//!
+//! Variants identical to another (of the same or an earlier secret) are kept once, the first
+//! secret naming it. Variants shorter than [`MIN_VARIANT_LEN`] are skipped; secrets shorter than
+//! [`MIN_SECRET_LEN`] are refused, since they would match noise.
+//!
+//! # Matching
+//!
+//! One Aho-Corasick automaton over all variants, leftmost-longest: where several variants match,
+//! the one starting first wins, and of those the longest (so a secret that extends another is
+//! redacted whole, under its own name). Matches do not overlap.
+//!
+//! # Streaming
+//!
+//! Whether a variant starts at offset `s` depends only on the bytes `s..s + L`, where `L` is
+//! [`Scrubber::max_pattern_len`]. So a match found in the bytes held so far is final once it
+//! starts at least `L` bytes before their end, and bytes before `end - (L - 1)` that no final
+//! match covers can be emitted as they are. [`StreamScrubber`] therefore holds back at most
+//! `L - 1` bytes between chunks, and its output equals [`Scrubber::scrub`] of the whole body
+//! for any chunking.
+//!
+//! # Copies of secret values
+//!
+//! The variant buffers this module builds are [`Zeroizing`] and sized up front so they never
+//! reallocate; they are wiped as soon as the automaton is built. The automaton keeps its own
+//! copy of every variant in its transition tables, which `aho-corasick` does not wipe: a
+//! [`Scrubber`] holds the secrets for as long as it lives, so keep it no longer than the secrets
+//! are in force.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::Arc;
+
+use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
+use base64::Engine as _;
+use bytes::Bytes;
+use zeroize::Zeroizing;
+
+/// Secrets shorter than this are refused: they would match noise.
+pub const MIN_SECRET_LEN: usize = 8;
+
+/// Variants shorter than this are not looked for (for example a tiny base64 fragment).
+pub const MIN_VARIANT_LEN: usize = 6;
+
+/// Up to this many bytes of variants, the automaton is a full DFA: the fastest to search, and
+/// still small at that size (a few MiB at most). Past it, `aho-corasick` picks a leaner form.
+const DFA_PATTERN_BYTES_LIMIT: usize = 64 * 1024;
+
+/// The most bytes one byte of a secret becomes in any variant (a control character as `\u00XX`).
+const MAX_EXPANSION: usize = 6;
+
+/// One secret value to scrub, by name. The value bytes are borrowed only during construction.
+pub struct ScrubSecret<'a> {
+    pub name: &'a str,
+    pub value: &'a [u8],
+}
+
+/// Why a [`Scrubber`] could not be built. Messages name secrets, never their values.
+#[derive(Debug, thiserror::Error)]
+pub enum ScrubError {
+    #[error("secret {name:?} is shorter than 8 bytes: too short to redact reliably")]
+    TooShort { name: String },
+    #[error("cannot build scanner: {0}")]
+    Build(String),
+}
+
+/// Compiled matcher over every variant of every secret. Immutable; share it with [`Arc`].
+///
+/// `Debug` shows the secret names and counts, never a value or a variant.
+pub struct Scrubber {
+    /// Every variant of every secret; holds its own copy of them (see the module docs).
+    matcher: AhoCorasick,
+    /// For each pattern of `matcher`, by pattern id: the index into `names` of its secret.
+    name_of_pattern: Vec<usize>,
+    /// Distinct secret names, in the order first given.
+    names: Vec<Arc<str>>,
+    /// `[REDACTED:<name>]`, by index into `names`.
+    replacements: Vec<Box<[u8]>>,
+    max_pattern_len: usize,
+}
+
+impl Scrubber {
+    /// Compiles a matcher over every variant of every secret. Refuses a secret shorter than
+    /// [`MIN_SECRET_LEN`] bytes. Two secrets may share a name; they redact under it alike.
+    pub fn new(secrets: &[ScrubSecret<'_>]) -> Result<Scrubber, ScrubError> {
+        if let Some(short) = secrets.iter().find(|s| s.value.len() < MIN_SECRET_LEN) {
+            return Err(ScrubError::TooShort {
+                name: short.name.to_owned(),
+            });
+        }
+
+        // Every variant of every secret, with the index of its secret's name.
+        let mut names: Vec<Arc<str>> = Vec::new();
+        let mut name_index: HashMap<&str, usize> = HashMap::new();
+        let mut candidates: Vec<(Zeroizing<Vec<u8>>, usize)> = Vec::new();
+        for secret in secrets {
+            let index = *name_index.entry(secret.name).or_insert_with(|| {
+                names.push(Arc::from(secret.name));
+                names.len() - 1
+            });
+            candidates.extend(variants_of(secret.value).into_iter().map(|v| (v, index)));
+        }
+
+        // Long enough to mean something, and each once: the first secret to produce it names it.
+        let mut seen: HashSet<&[u8]> = HashSet::new();
+        let (patterns, name_of_pattern): (Vec<&[u8]>, Vec<usize>) = candidates
+            .iter()
+            .map(|(variant, index)| (variant.as_slice(), *index))
+            .filter(|(variant, _)| variant.len() >= MIN_VARIANT_LEN && seen.insert(variant))
+            .unzip();
+
+        let pattern_bytes: usize = patterns.iter().map(|p| p.len()).sum();
+        let kind = (pattern_bytes <= DFA_PATTERN_BYTES_LIMIT).then_some(AhoCorasickKind::DFA);
+        let matcher = AhoCorasick::builder()
+            .match_kind(MatchKind::LeftmostLongest)
+            .kind(kind)
+            .build(&patterns)
+            .map_err(|e| ScrubError::Build(e.to_string()))?;
+        let max_pattern_len = patterns.iter().map(|p| p.len()).max().unwrap_or(0);
+        // Our copies of the variants are wiped here, as `candidates` drops.
+        drop(candidates);
+
+        let replacements = names
+            .iter()
+            .map(|name| format!("[REDACTED:{name}]").into_bytes().into_boxed_slice())
+            .collect();
+        Ok(Scrubber {
+            matcher,
+            name_of_pattern,
+            names,
+            replacements,
+            max_pattern_len,
+        })
+    }
+
+    /// Whether there is no secret to scrub (every input passes through unchanged).
+    pub fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    /// Longest variant length in bytes: a stream holds back at most this minus one.
+    pub fn max_pattern_len(&self) -> usize {
+        self.max_pattern_len
+    }
+
+    /// Scrubs a whole buffer: the new bytes, and the name of each redaction made, in order
+    /// (a name repeats when its secret was found more than once).
+    pub fn scrub(&self, input: &[u8]) -> (Vec<u8>, Vec<Arc<str>>) {
+        let mut out = Vec::with_capacity(input.len());
+        let mut redacted = Vec::new();
+        self.scrub_into(input, Flush::All, &mut out, |name| {
+            redacted.push(Arc::clone(&self.names[name]));
+        });
+        (out, redacted)
+    }
+
+    /// The name of the secret whose variant occurs first in `input`, if any does. Used to refuse
+    /// a request that carries a secret's value to a host it is not bound to.
+    pub fn find(&self, input: &[u8]) -> Option<Arc<str>> {
+        if self.is_empty() {
+            return None;
+        }
+        let found = self.matcher.find(input)?;
+        Some(Arc::clone(&self.names[self.name_of_pattern[found.pattern()]]))
+    }
+
+    /// A scrubber for one body that arrives in chunks.
+    pub fn stream(self: &Arc<Self>) -> StreamScrubber {
+        StreamScrubber {
+            scrubber: Arc::clone(self),
+            held: Vec::new(),
+            redactions: 0,
+            name_seen: vec![false; self.names.len()],
+            redacted_names: Vec::new(),
+        }
+    }
+
+    /// Appends to `out` the scrubbed form of as much of `haystack` as is settled, calls
+    /// `redacted` with the name index of each redaction, and returns how many bytes of
+    /// `haystack` it consumed. With [`Flush::All`] that is all of them; with
+    /// [`Flush::Settled`] the rest (at most `max_pattern_len - 1` bytes) may still be the start
+    /// of a variant and must be offered again with the bytes that follow.
+    fn scrub_into(
+        &self,
+        haystack: &[u8],
+        flush: Flush,
+        out: &mut Vec<u8>,
+        mut redacted: impl FnMut(usize),
+    ) -> usize {
+        if self.is_empty() {
+            out.extend_from_slice(haystack);
+            return haystack.len();
+        }
+        // A match starting before `settled` lies wholly in `haystack` with any longer rival, so
+        // no later byte can change it; a byte before `settled` that no match covers is final.
+        let settled = match flush {
+            Flush::All => haystack.len(),
+            Flush::Settled => haystack.len().saturating_sub(self.max_pattern_len - 1),
+        };
+        let mut cursor = 0;
+        for found in self.matcher.find_iter(haystack) {
+            if flush == Flush::Settled && found.start() >= settled {
+                break;
+            }
+            let name = self.name_of_pattern[found.pattern()];
+            out.extend_from_slice(&haystack[cursor..found.start()]);
+            out.extend_from_slice(&self.replacements[name]);
+            redacted(name);
+            cursor = found.end();
+        }
+        let consumed = settled.max(cursor);
+        out.extend_from_slice(&haystack[cursor..consumed]);
+        consumed
+    }
+}
+
+impl fmt::Debug for Scrubber {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scrubber")
+            .field("secrets", &self.names)
+            .field("variants", &self.name_of_pattern.len())
+            .field("max_pattern_len", &self.max_pattern_len)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How much of a haystack [`Scrubber::scrub_into`] may consume.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Flush {
+    /// The end of the input: consume everything.
+    All,
+    /// More input may follow: keep back what could still be the start of a variant.
+    Settled,
+}
+
+/// Scrubs one body chunk by chunk, without buffering it whole: the concatenated output of every
+/// [`push`](Self::push) and the [`finish`](Self::finish) equals [`Scrubber::scrub`] of the
+/// concatenated input, however the input was cut.
+///
+/// `Debug` shows counts only: held-back bytes may be part of a secret.
+pub struct StreamScrubber {
+    scrubber: Arc<Scrubber>,
+    /// Bytes received but not yet settled; never more than `max_pattern_len - 1` after a push.
+    held: Vec<u8>,
+    redactions: usize,
+    /// By index into the scrubber's names: whether it is already in `redacted_names`.
+    name_seen: Vec<bool>,
+    redacted_names: Vec<Arc<str>>,
+}
+
+impl StreamScrubber {
+    /// Feeds a chunk; returns the bytes now safe to emit (maybe none). Holds back at most
+    /// `max_pattern_len() - 1` bytes, so a secret split across chunks is still caught.
+    pub fn push(&mut self, chunk: &[u8]) -> Bytes {
+        self.held.extend_from_slice(chunk);
+        self.scrub_held(Flush::Settled)
+    }
+
+    /// End of the body: returns the remaining bytes, scrubbed. The scrubber is then empty; a
+    /// later push starts a new body (the redaction counts carry on).
+    pub fn finish(&mut self) -> Bytes {
+        self.scrub_held(Flush::All)
+    }
+
+    /// Redactions made so far.
+    pub fn redactions(&self) -> usize {
+        self.redactions
+    }
+
+    /// Names redacted so far, each once, in the order first redacted.
+    pub fn redacted_names(&self) -> Vec<Arc<str>> {
+        self.redacted_names.clone()
+    }
+
+    fn scrub_held(&mut self, flush: Flush) -> Bytes {
+        let Self {
+            scrubber,
+            held,
+            redactions,
+            name_seen,
+            redacted_names,
+        } = self;
+        let mut out = Vec::with_capacity(held.len());
+        let consumed = scrubber.scrub_into(held, flush, &mut out, |name| {
+            *redactions += 1;
+            if !name_seen[name] {
+                name_seen[name] = true;
+                redacted_names.push(Arc::clone(&scrubber.names[name]));
+            }
+        });
+        held.drain(..consumed);
+        Bytes::from(out)
+    }
+}
+
+impl fmt::Debug for StreamScrubber {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StreamScrubber")
+            .field("held_bytes", &self.held.len())
+            .field("redactions", &self.redactions)
+            .field("redacted_names", &self.redacted_names)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Every encoding of `value` the scrubber looks for, raw first, possibly with repeats and
+/// variants too short to use (the caller drops those).
+fn variants_of(value: &[u8]) -> Vec<Zeroizing<Vec<u8>>> {
+    let mut variants = vec![Zeroizing::new(value.to_vec())];
+    for engine in [
+        &base64::engine::general_purpose::STANDARD_NO_PAD,
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD,
+    ] {
+        for alignment in 0..3 {
+            variants.push(base64_aligned(engine, value, alignment));
+        }
+    }
+    for upper in [true, false] {
+        for form in PercentForm::ALL {
+            variants.push(percent_encoded(value, form, upper));
+        }
+    }
+    for bits in 0..(1u8 << 5) {
+        let style = JsonStyle {
+            escape_slash: bits & 1 != 0,
+            short_controls: bits & 2 != 0,
+            upper_hex: bits & 4 != 0,
+            escape_non_ascii: bits & 8 != 0,
+            escape_html: bits & 16 != 0,
+        };
+        variants.push(json_escaped(value, style));
+    }
+    variants
+}
+
+/// The base64 characters fully determined by `value` when it starts at byte offset
+/// `alignment` (0, 1 or 2) modulo 3 inside a larger encoded blob.
+fn base64_aligned(
+    engine: &base64::engine::GeneralPurpose,
+    value: &[u8],
+    alignment: usize,
+) -> Zeroizing<Vec<u8>> {
+    let mut shifted = Zeroizing::new(Vec::with_capacity(alignment + value.len()));
+    shifted.resize(alignment, 0);
+    shifted.extend_from_slice(value);
+    let Some(encoded_len) = base64::encoded_len(shifted.len(), false) else {
+        return Zeroizing::new(Vec::new());
+    };
+    let mut encoded = Zeroizing::new(vec![0u8; encoded_len]);
+    if engine.encode_slice(shifted.as_slice(), encoded.as_mut_slice()).is_err() {
+        return Zeroizing::new(Vec::new());
+    }
+    // Character i carries bits 6i..6i+6; the secret has bits 8a..8(a+n).
+    let first = (8 * alignment).div_ceil(6);
+    let end = (8 * (alignment + value.len())) / 6;
+    encoded.copy_within(first..end, 0);
+    encoded.truncate(end - first);
+    encoded
+}
+
+/// Which bytes a percent-encoder leaves as they are.
+#[derive(Clone, Copy)]
+enum PercentForm {
+    /// Python `quote(v, safe='')`: only the unreserved `A-Za-z0-9-._~`.
+    Unreserved,
+    /// Python `quote(v)`: unreserved and `/`.
+    UnreservedAndSlash,
+    /// JavaScript `encodeURIComponent`: unreserved and `!'()*`.
+    UriComponent,
+    /// Only RFC 3986 reserved characters, `%` and bytes never literal in a URL are encoded.
+    ReservedOnly,
+    /// `application/x-www-form-urlencoded`: unreserved kept, space as `+`.
+    Form,
+}
+
+impl PercentForm {
+    const ALL: [PercentForm; 5] = [
+        PercentForm::Unreserved,
+        PercentForm::UnreservedAndSlash,
+        PercentForm::UriComponent,
+        PercentForm::ReservedOnly,
+        PercentForm::Form,
+    ];
+
+    fn keeps(self, byte: u8) -> bool {
+        let unreserved = byte.is_ascii_alphanumeric() || b"-._~".contains(&byte);
+        match self {
+            PercentForm::Unreserved | PercentForm::Form => unreserved,
+            PercentForm::UnreservedAndSlash => unreserved || byte == b'/',
+            PercentForm::UriComponent => unreserved || b"!'()*".contains(&byte),
+            PercentForm::ReservedOnly => {
+                byte.is_ascii_graphic() && !b":/?#[]@!$&'()*+,;=%".contains(&byte)
+            }
+        }
+    }
+}
+
+fn percent_encoded(value: &[u8], form: PercentForm, upper: bool) -> Zeroizing<Vec<u8>> {
+    let digits = hex_digits(upper);
+    let mut out = Zeroizing::new(Vec::with_capacity(value.len() * MAX_EXPANSION));
+    for &byte in value {
+        if form.keeps(byte) {
+            out.push(byte);
+        } else if matches!(form, PercentForm::Form) && byte == b' ' {
+            out.push(b'+');
+        } else {
+            out.extend_from_slice(&[
+                b'%',
+                digits[usize::from(byte >> 4)],
+                digits[usize::from(byte & 0xf)],
+            ]);
+        }
+    }
+    out
+}
+
+/// One way of writing a value inside a JSON string.
+#[derive(Clone, Copy)]
+struct JsonStyle {
+    /// `/` as `\/`.
+    escape_slash: bool,
+    /// `\b`, `\f`, `\n`, `\r`, `\t` rather than `\u00XX`.
+    short_controls: bool,
+    /// Hex digits of `\u` escapes in upper case.
+    upper_hex: bool,
+    /// Every non-ASCII character as `\uXXXX` (Python's `ensure_ascii`).
+    escape_non_ascii: bool,
+    /// Go's HTML-safe escaping: `<`, `>`, `&`, U+2028 and U+2029 as `\uXXXX`.
+    escape_html: bool,
+}
+
+/// `value` as it appears between the quotes of a JSON string written in `style`. Bytes that are
+/// not UTF-8 are kept as they are (no JSON encoder writes them; a lenient one may pass them on).
+fn json_escaped(value: &[u8], style: JsonStyle) -> Zeroizing<Vec<u8>> {
+    let mut out = Zeroizing::new(Vec::with_capacity(value.len() * MAX_EXPANSION));
+    for chunk in value.utf8_chunks() {
+        for c in chunk.valid().chars() {
+            let short = match c {
+                '"' => Some(b'"'),
+                '\\' => Some(b'\\'),
+                '/' if style.escape_slash => Some(b'/'),
+                '\u{8}' if style.short_controls => Some(b'b'),
+                '\u{c}' if style.short_controls => Some(b'f'),
+                '\n' if style.short_controls => Some(b'n'),
+                '\r' if style.short_controls => Some(b'r'),
+                '\t' if style.short_controls => Some(b't'),
+                _ => None,
+            };
+            let as_unicode_escape = c < ' '
+                || (style.escape_html && matches!(c, '<' | '>' | '&' | '\u{2028}' | '\u{2029}'))
+                || (style.escape_non_ascii && !c.is_ascii());
+            if let Some(letter) = short {
+                out.extend_from_slice(&[b'\\', letter]);
+            } else if as_unicode_escape {
+                let mut units = [0u16; 2];
+                for &unit in c.encode_utf16(&mut units).iter() {
+                    push_unicode_escape(&mut out, unit, style.upper_hex);
+                }
+            } else {
+                let mut utf8 = [0u8; 4];
+                out.extend_from_slice(c.encode_utf8(&mut utf8).as_bytes());
+            }
+        }
+        out.extend_from_slice(chunk.invalid());
+    }
+    out
+}
+
+fn push_unicode_escape(out: &mut Vec<u8>, unit: u16, upper: bool) {
+    let digits = hex_digits(upper);
+    let nibble = |shift: u16| digits[usize::from((unit >> shift) & 0xf)];
+    out.extend_from_slice(&[b'\\', b'u', nibble(12), nibble(8), nibble(4), nibble(0)]);
+}
+
+fn hex_digits(upper: bool) -> &'static [u8; 16] {
+    if upper {
+        b"0123456789ABCDEF"
+    } else {
+        b"0123456789abcdef"
+    }
+}
+
+#[cfg(test)]
+#[path = "scrub_tests.rs"]
+mod tests;
