@@ -9,4 +9,5 @@ pub mod policy;
 pub mod proxy;
 pub mod reason;
 pub mod sandbox_env;
+pub mod secrets;
 pub mod upstream;

@@ -270,7 +270,7 @@ fn duplicate_rule_names_are_errors_across_files() {
             "\n[[rules]]\nname = \"x\"\nhosts = [\"b.com\"]\n",
         ),
     ]);
-    let e = r.err().expect("duplicate");
+    let e = r.expect_err("duplicate");
     assert_eq!(e.len(), 1);
     assert_eq!(
         e[0].to_string(),

@@ -144,7 +144,7 @@ async fn tunnel(upgraded: Upgraded, mut upstream: tokio::net::TcpStream, entry: 
 }
 
 /// Terminates the sandbox's TLS with a leaf for the CONNECT host and serves h1/h2 inside.
-async fn intercept(proxy: Arc<Proxy>, ctx: Arc<Ctx>, upgraded: Upgraded, mut entry: Entry) {
+async fn intercept(proxy: Arc<Proxy>, ctx: Arc<Ctx>, upgraded: Upgraded, entry: Entry) {
     let Some((host, _)) = ctx.connect.clone() else {
         return;
     };

@@ -77,9 +77,10 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::ops::{ControlFlow, Range};
 use std::sync::Arc;
 
-use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
+use aho_corasick::{AhoCorasick, AhoCorasickKind, Input, Match, MatchKind};
 use base64::Engine as _;
 use bytes::Bytes;
 use zeroize::Zeroizing;
@@ -118,6 +119,9 @@ pub enum ScrubError {
 pub struct Scrubber {
     /// Every variant of every secret; holds its own copy of them (see the module docs).
     matcher: AhoCorasick,
+    /// Rules out the stretches of a haystack where no variant can be, so `matcher` runs only
+    /// around candidates. `None` when there are too many variants for it to be selective.
+    sieve: Option<Sieve>,
     /// For each pattern of `matcher`, by pattern id: the index into `names` of its secret.
     name_of_pattern: Vec<usize>,
     /// Distinct secret names, in the order first given.
@@ -165,6 +169,7 @@ impl Scrubber {
             .build(&patterns)
             .map_err(|e| ScrubError::Build(e.to_string()))?;
         let max_pattern_len = patterns.iter().map(|p| p.len()).max().unwrap_or(0);
+        let sieve = Sieve::build(&patterns);
         // Our copies of the variants are wiped here, as `candidates` drops.
         drop(candidates);
 
@@ -174,6 +179,7 @@ impl Scrubber {
             .collect();
         Ok(Scrubber {
             matcher,
+            sieve,
             name_of_pattern,
             names,
             replacements,
@@ -205,11 +211,12 @@ impl Scrubber {
     /// The name of the secret whose variant occurs first in `input`, if any does. Used to refuse
     /// a request that carries a secret's value to a host it is not bound to.
     pub fn find(&self, input: &[u8]) -> Option<Arc<str>> {
-        if self.is_empty() {
-            return None;
-        }
-        let found = self.matcher.find(input)?;
-        Some(Arc::clone(&self.names[self.name_of_pattern[found.pattern()]]))
+        let mut first = None;
+        self.for_each_match(input, |found| {
+            first = Some(Arc::clone(&self.names[self.name_of_pattern[found.pattern()]]));
+            ControlFlow::Break(())
+        });
+        first
     }
 
     /// A scrubber for one body that arrives in chunks.
@@ -246,19 +253,67 @@ impl Scrubber {
             Flush::Settled => haystack.len().saturating_sub(self.max_pattern_len - 1),
         };
         let mut cursor = 0;
-        for found in self.matcher.find_iter(haystack) {
+        self.for_each_match(haystack, |found| {
             if flush == Flush::Settled && found.start() >= settled {
-                break;
+                return ControlFlow::Break(());
             }
             let name = self.name_of_pattern[found.pattern()];
             out.extend_from_slice(&haystack[cursor..found.start()]);
             out.extend_from_slice(&self.replacements[name]);
             redacted(name);
             cursor = found.end();
-        }
+            ControlFlow::Continue(())
+        });
         let consumed = settled.max(cursor);
         out.extend_from_slice(&haystack[cursor..consumed]);
         consumed
+    }
+}
+
+impl Scrubber {
+    /// Calls `visit` with each match in `haystack`, in order, until it breaks: exactly the
+    /// matches of `self.matcher.find_iter(haystack)` (leftmost-longest, non-overlapping), found
+    /// faster by searching only the regions the sieve cannot rule out.
+    ///
+    /// Why that is the same sequence: every occurrence of a variant lies wholly inside one region
+    /// (see [`Sieve`]), and regions do not overlap. So a search from the start of a region
+    /// finds what a search from the end of the previous region's last match would, and no match
+    /// of a region reaches into the next.
+    fn for_each_match(&self, haystack: &[u8], mut visit: impl FnMut(Match) -> ControlFlow<()>) {
+        if self.is_empty() {
+            return;
+        }
+        let Some(sieve) = &self.sieve else {
+            for found in self.matcher.find_iter(haystack) {
+                if visit(found).is_break() {
+                    return;
+                }
+            }
+            return;
+        };
+        let mut search = |region: Range<usize>| {
+            let input = Input::new(haystack).span(region);
+            for found in self.matcher.find_iter(input) {
+                visit(found)?;
+            }
+            ControlFlow::Continue(())
+        };
+        let mut region: Option<Range<usize>> = None;
+        for window in sieve.candidate_windows(haystack, self.max_pattern_len) {
+            region = match region {
+                Some(current) if window.start <= current.end => Some(current.start..window.end),
+                Some(current) => {
+                    if search(current).is_break() {
+                        return;
+                    }
+                    Some(window)
+                }
+                None => Some(window),
+            };
+        }
+        if let Some(last) = region {
+            let _ = search(last);
+        }
     }
 }
 
@@ -348,6 +403,121 @@ impl fmt::Debug for StreamScrubber {
             .field("redactions", &self.redactions)
             .field("redacted_names", &self.redacted_names)
             .finish_non_exhaustive()
+    }
+}
+
+/// A fast test that most of a haystack holds no variant, so the automaton need not read it.
+///
+/// Every `q`-byte substring (*gram*) of every variant is hashed into a bit table. A haystack is
+/// sampled every `stride` bytes, `stride = shortest variant - q + 1`, so every occurrence of a
+/// variant, being at least that long, contains a whole sampled gram, whose bit is set. Around a
+/// sample whose bit is set, the window that could hold such an occurrence (`max_pattern_len`
+/// either side) is a candidate; everywhere else is ruled out. With the table a hundred times
+/// larger than the number of grams, about one sample in a hundred is a false candidate.
+struct Sieve {
+    /// Gram length in bytes, 4 to 8.
+    gram_len: usize,
+    /// Distance between samples; at least 1.
+    stride: usize,
+    /// Keeps the low `gram_len` bytes of a little-endian `u64`.
+    gram_mask: u64,
+    /// `64 - log2(table bits)`: a hash's top bits index the table.
+    hash_shift: u32,
+    table: Box<[u64]>,
+}
+
+impl Sieve {
+    /// Bits in the table per gram: the table's fill, so the false-candidate rate, is about 1/128.
+    const BITS_PER_GRAM: usize = 128;
+    const MIN_TABLE_BITS: usize = 1 << 12;
+    /// 2 MiB. Past it the table would be too full to rule much out; the automaton then reads the
+    /// whole haystack.
+    const MAX_TABLE_BITS: usize = 1 << 24;
+
+    fn build(patterns: &[&[u8]]) -> Option<Sieve> {
+        let shortest = patterns.iter().map(|p| p.len()).min()?;
+        // Long grams are more selective, short ones allow a longer stride; half the shortest
+        // variant balances the two.
+        let gram_len = (shortest / 2).clamp(4, 8);
+        if shortest < gram_len {
+            return None;
+        }
+        let stride = shortest - gram_len + 1;
+        let grams: usize = patterns.iter().map(|p| p.len() - gram_len + 1).sum();
+        let table_bits = grams
+            .checked_mul(Self::BITS_PER_GRAM)?
+            .next_power_of_two()
+            .max(Self::MIN_TABLE_BITS);
+        if table_bits > Self::MAX_TABLE_BITS {
+            return None;
+        }
+        let mut sieve = Sieve {
+            gram_len,
+            stride,
+            gram_mask: u64::MAX >> (8 * (8 - gram_len)),
+            hash_shift: 64 - table_bits.trailing_zeros(),
+            table: vec![0u64; table_bits / 64].into_boxed_slice(),
+        };
+        for pattern in patterns {
+            for at in 0..=pattern.len() - gram_len {
+                let bit = sieve.bit_of(sieve.gram_at(pattern, at));
+                sieve.table[bit / 64] |= 1 << (bit % 64);
+            }
+        }
+        Some(sieve)
+    }
+
+    /// The gram starting at `at`, as the low bytes of a little-endian `u64`. `at + gram_len`
+    /// must not pass the end of `bytes`.
+    #[inline]
+    fn gram_at(&self, bytes: &[u8], at: usize) -> u64 {
+        let word = match bytes.get(at..at + 8) {
+            Some(eight) => {
+                let mut word = [0u8; 8];
+                word.copy_from_slice(eight);
+                word
+            }
+            None => {
+                let mut word = [0u8; 8];
+                let tail = bytes.get(at..).unwrap_or_default();
+                word[..tail.len()].copy_from_slice(tail);
+                word
+            }
+        };
+        u64::from_le_bytes(word) & self.gram_mask
+    }
+
+    #[inline]
+    fn bit_of(&self, gram: u64) -> usize {
+        (gram.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> self.hash_shift) as usize
+    }
+
+    #[inline]
+    fn may_hold(&self, haystack: &[u8], at: usize) -> bool {
+        let bit = self.bit_of(self.gram_at(haystack, at));
+        self.table[bit / 64] & (1 << (bit % 64)) != 0
+    }
+
+    /// The windows of `haystack` that may hold a variant, in order of their start (they may
+    /// overlap). Every occurrence of a variant lies wholly inside at least one of them.
+    fn candidate_windows<'h>(
+        &'h self,
+        haystack: &'h [u8],
+        max_pattern_len: usize,
+    ) -> impl Iterator<Item = Range<usize>> + 'h {
+        let samples = haystack.len().checked_sub(self.gram_len).map_or(0, |last| {
+            last / self.stride + 1
+        });
+        (0..samples)
+            .map(move |i| i * self.stride)
+            .filter(move |&at| self.may_hold(haystack, at))
+            .map(move |at| {
+                // An occurrence holding the gram at `at` starts no earlier than
+                // `at + gram_len - max_pattern_len` and ends no later than `at + max_pattern_len`.
+                let start = (at + self.gram_len).saturating_sub(max_pattern_len);
+                let end = (at + max_pattern_len).min(haystack.len());
+                start..end
+            })
     }
 }
 

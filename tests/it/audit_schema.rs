@@ -82,3 +82,36 @@ fn the_schema_check_rejects_wrong_values() {
         );
     }
 }
+
+#[test]
+fn the_schema_check_allows_an_unknown_target_only_where_it_cannot_be_known() {
+    let mut unparsed = valid();
+    for field in [
+        "method", "scheme", "host", "port", "path", "rule", "status", "upstream",
+    ] {
+        unparsed[field] = Value::Null;
+    }
+    unparsed["decision"] = json!("deny");
+    unparsed["reason"] = json!("bad_request");
+    check_record(&unparsed).expect("a malformed request has no known target");
+
+    let mut connect = valid();
+    connect["method"] = json!("CONNECT");
+    connect["path"] = Value::Null;
+    check_record(&connect).expect("a CONNECT has no path");
+
+    for field in ["method", "scheme", "host", "port", "path"] {
+        let mut record = valid();
+        record[field] = Value::Null;
+        assert!(
+            check_record(&record).is_err(),
+            "an allowed request with {field} = null passed"
+        );
+        record["decision"] = json!("deny");
+        record["reason"] = json!("no_rule");
+        assert!(
+            check_record(&record).is_err(),
+            "a no_rule denial with {field} = null passed"
+        );
+    }
+}

@@ -30,7 +30,9 @@ fn a_post_on_a_get_only_rule_is_refused_with_a_body_naming_the_method_and_url() 
     let port = w.upstream.port();
     let url = format!("https://api.test:{port}/v1/items");
 
-    let out = curl(&w.lk).args(["-X", "POST", "-d", "x=1", &url]).run();
+    let out = curl(&w.lk)
+        .args(["--http1.1", "-X", "POST", "-d", "x=1", &url])
+        .run();
     let resp = out.ok();
     assert_denial(resp, 403, None, "method_not_allowed");
     let body = resp.text();
@@ -59,6 +61,38 @@ fn a_post_on_a_get_only_rule_is_refused_with_a_body_naming_the_method_and_url() 
             "upstream": null,
         }),
     );
+}
+
+#[test]
+fn a_denied_request_with_a_body_still_gets_its_403_over_http2() {
+    // Regression: answering before the request body is read made h2 reset the stream, and curl
+    // (h2 by default over TLS) saw "Stream error in the HTTP/2 framing layer" instead of the 403.
+    let w = https_world(policy);
+    let port = w.upstream.port();
+    let url = format!("https://api.test:{port}/v1/items");
+    let attempts = 10;
+
+    for attempt in 1..=attempts {
+        let out = curl(&w.lk)
+            .args(["--http2", "-X", "POST", "-d", "x=1", &url])
+            .run();
+        assert_eq!(out.exit, Some(0), "attempt {attempt}: {out:#?}");
+        assert_eq!(out.http_version, "2", "attempt {attempt}: {out:#?}");
+        assert_denial(&out.response, 403, None, "method_not_allowed");
+    }
+    assert_eq!(
+        w.upstream.connections(),
+        0,
+        "a denied request was forwarded"
+    );
+
+    let records = w.lk.wait_audit(attempts);
+    for record in &records {
+        assert_record(
+            record,
+            json!({"method": "POST", "reason": "method_not_allowed", "status": 403}),
+        );
+    }
 }
 
 #[test]

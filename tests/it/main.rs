@@ -17,3 +17,4 @@ mod mitm;
 mod plain_http;
 mod policy_cli;
 mod tunnel;
+mod upstream_failures;

@@ -131,3 +131,46 @@ fn a_client_hello_split_into_one_byte_segments_is_still_intercepted() {
 
     assert_allowed_get(&w, "/v1/split");
 }
+
+#[test]
+fn a_request_body_reaches_the_upstream_unchanged_and_is_counted() {
+    let w = https_world(api_policy);
+    let port = w.upstream.port();
+
+    let out = curl(&w.lk)
+        .args([
+            "-X",
+            "PUT",
+            "--data-binary",
+            "hello from the sandbox",
+            &format!("https://other.test:{port}/upload"),
+        ])
+        .run();
+    assert_eq!(out.ok().status, 200, "{out:#?}");
+    let echo = Echo::parse(&out.response.text());
+    assert_eq!(echo.method, "PUT");
+    assert_eq!(echo.body, "hello from the sandbox");
+    assert!(
+        !echo.has_header("x-test-injected"),
+        "the api rule's injection leaked onto another rule's host: {echo:#?}"
+    );
+
+    let records = w.lk.wait_audit(1);
+    let record = &records[0];
+    assert_record(
+        record,
+        json!({
+            "method": "PUT",
+            "host": "other.test",
+            "path": "/upload",
+            "rule": "other",
+            "status": 200,
+        }),
+    );
+    assert!(
+        record["bytes_up"]
+            .as_u64()
+            .is_some_and(|n| n >= "hello from the sandbox".len() as u64),
+        "bytes_up should count the request body: {record:#}"
+    );
+}

@@ -93,6 +93,18 @@ fn a_plain_http_get_reaches_the_upstream_without_hop_by_hop_headers_and_with_the
         record["bytes_down"].as_u64().is_some_and(|n| n > 0),
         "bytes_down: {record:#}"
     );
+    let id = record["id"].as_str().expect("id");
+    assert_eq!(
+        resp.header("x-latchkey-id"),
+        Some(id),
+        "the response should carry the audit id: {resp:#?}"
+    );
+    let log = lk.stderr_text();
+    assert_eq!(
+        log.lines().filter(|l| l.contains(id)).count(),
+        1,
+        "expected one decision log line for {id}:\n{log}"
+    );
 }
 
 #[test]
@@ -149,6 +161,11 @@ fn a_plain_http_request_to_a_host_no_rule_allows_is_refused_without_dialing() {
     assert_eq!(upstream.connections(), 0, "a denied request was dialed");
 
     let records = lk.wait_audit(1);
+    assert_eq!(
+        out.response.header("x-latchkey-id"),
+        records[0]["id"].as_str(),
+        "the denial should carry the audit id: {out:#?}"
+    );
     assert_record(
         &records[0],
         json!({

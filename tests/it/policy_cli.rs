@@ -128,7 +128,7 @@ fn check_reports_every_problem_in_one_run() {
     assert_eq!(out.code(), Some(1), "{out:#?}");
     let output = format!("{}{}", out.stdout, out.stderr);
     assert_problem(&output, "a.toml", 3, "hosts");
-    assert_problem(&output, "a.toml", 8, "0");
+    assert_problem(&output, "a.toml", 8, "port");
     assert_problem(&output, "b.toml", 4, "/v1/[a");
 }
 

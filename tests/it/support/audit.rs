@@ -29,11 +29,20 @@ pub const REASONS: &[&str] = &[
     "upstream_unreachable",
     "upstream_tls",
     "upstream_error",
+    "upstream_timeout",
 ];
 
-/// Reasons for which the request target may be unknown (hyper rejected the request before
-/// latchkey could parse it), so `host`, `port`, `scheme` and `path` may be null.
-const UNPARSED_REASONS: &[&str] = &["bad_request", "header_too_large"];
+/// Target fields that may be `null` because the target is unknown for this reason: hyper rejected
+/// the request before it could be parsed, an origin-form request names no scheme/host/port, a
+/// CONNECT without a port has none. Every other record must carry its whole target.
+fn nullable_target_fields(reason: &str) -> &'static [&'static str] {
+    match reason {
+        "bad_request" | "header_too_large" => &["method", "scheme", "host", "port", "path"],
+        "not_a_proxy_request" => &["scheme", "host", "port"],
+        "missing_port" => &["port"],
+        _ => &[],
+    }
+}
 
 /// Checks one audit record against the schema; `Err` names the first problem.
 pub fn check_record(record: &Value) -> Result<(), String> {
@@ -71,16 +80,18 @@ pub fn check_record(record: &Value) -> Result<(), String> {
     string("client")?
         .parse::<SocketAddr>()
         .map_err(|e| format!("client is not ip:port: {e}"))?;
-    if string("method")?.is_empty() {
-        return Err("method is empty".into());
-    }
 
     let reason = string("reason")?;
     if !REASONS.contains(&reason) {
         return Err(format!("reason {reason:?} is not a known code"));
     }
-    let unparsed = UNPARSED_REASONS.contains(&reason);
-    let nullable = |name: &str| -> Result<bool, String> { Ok(unparsed && get(name)?.is_null()) };
+    let nullable = |name: &str| -> Result<bool, String> {
+        Ok(nullable_target_fields(reason).contains(&name) && get(name)?.is_null())
+    };
+
+    if !nullable("method")? && string("method")?.is_empty() {
+        return Err("method is empty".into());
+    }
 
     if !nullable("scheme")? {
         let scheme = string("scheme")?;
@@ -99,17 +110,30 @@ pub fn check_record(record: &Value) -> Result<(), String> {
             return Err(format!("port {port} is out of range"));
         }
     }
-    if !nullable("path")? {
+    // A CONNECT has no path.
+    let connect = get("method")? == "CONNECT";
+    if !(nullable("path")? || (connect && get("path")?.is_null())) {
         check_redacted(string("path")?)?;
     }
 
     let decision = string("decision")?;
     match (decision, reason) {
-        ("allow", "allowed" | "tunnel") => {}
+        // Upstream failures happen after policy allowed the request.
+        ("allow", "allowed" | "tunnel")
+        | (
+            "allow",
+            "upstream_unreachable" | "upstream_tls" | "upstream_error" | "upstream_timeout",
+        ) => {}
         ("allow", _) => return Err(format!("decision allow with reason {reason:?}")),
-        ("deny", "allowed" | "tunnel") => {
-            return Err(format!("decision deny with reason {reason:?}"))
-        }
+        (
+            "deny",
+            "allowed"
+            | "tunnel"
+            | "upstream_unreachable"
+            | "upstream_tls"
+            | "upstream_error"
+            | "upstream_timeout",
+        ) => return Err(format!("decision deny with reason {reason:?}")),
         ("deny", _) => {}
         _ => return Err(format!("decision {decision:?} is neither allow nor deny")),
     }

@@ -105,7 +105,12 @@ pub struct CurlOutput {
 impl CurlOutput {
     /// The response, after asserting curl itself succeeded.
     pub fn ok(&self) -> &RawResponse {
-        assert_eq!(self.exit, Some(0), "curl failed: {self:#?}");
+        assert_eq!(
+            self.exit,
+            Some(0),
+            "curl failed: {}\n{self:#?}",
+            self.stderr
+        );
         &self.response
     }
 }
@@ -233,6 +238,8 @@ pub fn python_request(lk: &Latchkey, method: &str, url: &str, headers: &[&str]) 
 // Raw sockets
 
 /// A TCP connection to the proxy with a read timeout.
+// The test plays the sandbox: it dials the proxy, never an upstream.
+#[allow(clippy::disallowed_methods)]
 pub fn dial(proxy: SocketAddr) -> TcpStream {
     let tcp = TcpStream::connect(proxy).expect("connect to latchkey");
     tcp.set_read_timeout(Some(Duration::from_secs(10)))

@@ -19,7 +19,6 @@ pub use audit::{assert_record, check_record};
 pub use ca::TestCa;
 pub use clients::{
     assert_denial, connect_tunnel, curl, python_request, raw_request, read_response, tls_config,
-    RawResponse,
 };
 pub use latchkey::{latchkey, policy_dir, run_cli, CliOutput, Latchkey};
 pub use upstream::{Echo, Upstream};

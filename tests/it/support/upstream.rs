@@ -166,7 +166,6 @@ async fn echo(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallibl
 pub struct Echo {
     pub method: String,
     pub path: String,
-    pub version: String,
     pub headers: Vec<(String, String)>,
     pub body: String,
 }
@@ -196,7 +195,6 @@ impl Echo {
         Echo {
             method: field("method"),
             path: field("path"),
-            version: field("version"),
             headers,
             body: field("body"),
         }
