@@ -47,11 +47,20 @@ pub enum Reason {
     UpstreamError,
     /// The upstream did not answer in time.
     UpstreamTimeout,
+    /// A `__LATCHKEY_<name>__` placeholder for a secret this rule does not bind, or in a place
+    /// the rule does not enable.
+    PlaceholderNotBound,
+    /// The sandbox sent a secret's value to a host no rule binds it to.
+    SecretValueUnbound,
+    /// A secret could not be produced (failing exec helper, unreadable file).
+    SecretUnavailable,
+    /// The response body could not be inspected for secrets (unknown content-encoding).
+    UninspectableBody,
 }
 
 impl Reason {
     /// Every reason, for registry tests and documentation.
-    pub const ALL: [Reason; 20] = [
+    pub const ALL: [Reason; 24] = [
         Reason::Allowed,
         Reason::Tunnel,
         Reason::NoRule,
@@ -72,6 +81,10 @@ impl Reason {
         Reason::UpstreamTls,
         Reason::UpstreamError,
         Reason::UpstreamTimeout,
+        Reason::PlaceholderNotBound,
+        Reason::SecretValueUnbound,
+        Reason::SecretUnavailable,
+        Reason::UninspectableBody,
     ];
 
     /// The stable snake_case code used in headers, logs and audit records.
@@ -97,6 +110,10 @@ impl Reason {
             Reason::UpstreamTls => "upstream_tls",
             Reason::UpstreamError => "upstream_error",
             Reason::UpstreamTimeout => "upstream_timeout",
+            Reason::PlaceholderNotBound => "placeholder_not_bound",
+            Reason::SecretValueUnbound => "secret_value_unbound",
+            Reason::SecretUnavailable => "secret_unavailable",
+            Reason::UninspectableBody => "uninspectable_body",
         }
     }
 
@@ -109,7 +126,10 @@ impl Reason {
             | Reason::MethodNotAllowed
             | Reason::PathNotAllowed
             | Reason::HostMismatch
-            | Reason::SniMismatch => StatusCode::FORBIDDEN,
+            | Reason::SniMismatch
+            | Reason::PlaceholderNotBound
+            | Reason::SecretValueUnbound => StatusCode::FORBIDDEN,
+            Reason::SecretUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Reason::NotTls
             | Reason::TlsHandshakeFailed
             | Reason::BadRequest
@@ -118,9 +138,10 @@ impl Reason {
             | Reason::AmbiguousPath
             | Reason::NotAProxyRequest => StatusCode::BAD_REQUEST,
             Reason::HeaderTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            Reason::UpstreamUnreachable | Reason::UpstreamTls | Reason::UpstreamError => {
-                StatusCode::BAD_GATEWAY
-            }
+            Reason::UpstreamUnreachable
+            | Reason::UpstreamTls
+            | Reason::UpstreamError
+            | Reason::UninspectableBody => StatusCode::BAD_GATEWAY,
             Reason::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -135,6 +156,7 @@ impl Reason {
                 | Reason::UpstreamTls
                 | Reason::UpstreamError
                 | Reason::UpstreamTimeout
+                | Reason::UninspectableBody
         )
     }
 }
@@ -160,6 +182,8 @@ mod tests {
             let s = r.status();
             if r.is_allow() && !matches!(r, Reason::Allowed | Reason::Tunnel) {
                 assert!(s.is_server_error(), "{code}");
+            } else if r == Reason::SecretUnavailable {
+                assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
             } else if !r.is_allow() {
                 assert!(s.is_client_error(), "{code}");
             }

@@ -49,6 +49,8 @@ pub struct Record {
     pub bytes_down: u64,
     pub duration_ms: u64,
     pub policy: String,
+    /// Secret values replaced in the response (headers and body).
+    pub redactions: u64,
 }
 
 enum Sink {
@@ -163,6 +165,8 @@ pub fn redact_query(path_and_query: &str) -> String {
 pub struct Counters {
     pub up: AtomicU64,
     pub down: AtomicU64,
+    /// Secret values replaced in the response.
+    pub redactions: AtomicU64,
 }
 
 /// A record in progress; written exactly once.
@@ -198,6 +202,7 @@ impl Entry {
                 bytes_down: 0,
                 duration_ms: 0,
                 policy: policy.to_string(),
+                redactions: 0,
             }),
             started: Instant::now(),
             counters: Arc::new(Counters::default()),
@@ -245,6 +250,7 @@ impl Entry {
             r.duration_ms = self.started.elapsed().as_millis() as u64;
             r.bytes_up = self.counters.up.load(Ordering::Relaxed);
             r.bytes_down = self.counters.down.load(Ordering::Relaxed);
+            r.redactions = self.counters.redactions.load(Ordering::Relaxed);
             tracing::info!(
                 audit.id = %r.id,
                 client.addr = %r.client,

@@ -1,16 +1,18 @@
 //! Loading and validation: raw files in, a compiled [`Policy`] or every problem out.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use globset::{GlobBuilder, GlobSetBuilder};
-use http::{HeaderName, HeaderValue, Method};
+use http::{HeaderName, Method};
 
 use super::host::normalize_host;
 use super::schema::{RawPolicyFile, RawRule};
 use super::{HostPattern, Origin, PathMatcher, Policy, Rule};
+use crate::secrets::placeholder::Place;
+use crate::secrets::{SecretStore, Source, Template};
 
 /// One problem in one file, located.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,32 +108,116 @@ pub fn load_dir(dir: &Path) -> Result<Policy, LoadError> {
 /// Compiles policy sources given as `(file name, text)`; used by [`load_dir`] and tests.
 pub fn compile_sources(sources: &[(&Path, &str)]) -> Result<Policy, Vec<PolicyError>> {
     let mut errors = Vec::new();
-    let mut rules: Vec<Rule> = Vec::new();
-    let mut names: HashMap<String, Origin> = HashMap::new();
     let mut hasher = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
+
+    // Phase 1: parse every file, so rules may use secrets declared in any file.
+    let mut parsed: Vec<(&Path, &str, RawPolicyFile)> = Vec::new();
     for (file, text) in sources {
         let name = file.file_name().map(|n| n.to_string_lossy().into_owned());
         hasher.update(name.unwrap_or_default().as_bytes());
         hasher.update(&(text.len() as u64).to_be_bytes());
         hasher.update(text.as_bytes());
+        match toml::from_str::<RawPolicyFile>(text) {
+            Ok(raw) => parsed.push((file, text, raw)),
+            Err(e) => {
+                let mut cx = FileCx {
+                    file,
+                    text,
+                    errors: &mut errors,
+                };
+                cx.error(e.span().unwrap_or(0..0), e.message().to_string());
+            }
+        }
+    }
+
+    // Phase 2: secrets, by name across files.
+    let mut secret_sources: Vec<(String, Source)> = Vec::new();
+    let mut secret_at: HashMap<String, (usize, Range<usize>, Origin)> = HashMap::new();
+    for (fi, (file, text, raw)) in parsed.iter_mut().enumerate() {
         let mut cx = FileCx {
             file,
             text,
             errors: &mut errors,
         };
-        let raw: RawPolicyFile = match toml::from_str(text) {
-            Ok(raw) => raw,
-            Err(e) => {
-                let span = e.span().unwrap_or(0..0);
-                cx.error(span, e.message().to_string());
+        for (name, secret) in std::mem::take(&mut raw.secrets) {
+            let name_span = name.span();
+            let name = name.into_inner();
+            let field = format!("secrets.{name}");
+            if !crate::secrets::template::valid_name(&name) {
+                cx.error(
+                    name_span,
+                    format!("{field}: secret names use letters, digits, '-' and single '_' (at most 64)"),
+                );
                 continue;
             }
+            if let Some((_, _, first)) = secret_at.get(&name) {
+                cx.error(
+                    name_span,
+                    format!("{field}: duplicate secret {name:?}, first declared at {first}"),
+                );
+                continue;
+            }
+            let secret = secret.into_inner();
+            let mut duration = |key: &str, v: &Option<toml::Spanned<String>>, default: u64| match v
+            {
+                None => Some(std::time::Duration::from_secs(default)),
+                Some(v) => match humantime::parse_duration(v.get_ref()) {
+                    Ok(d) if !d.is_zero() => Some(d),
+                    _ => {
+                        cx.error(
+                            v.span(),
+                            format!(
+                                "{field}.{key}: {:?} is not a duration like \"30s\" or \"5m\"",
+                                v.get_ref()
+                            ),
+                        );
+                        None
+                    }
+                },
+            };
+            let ttl = duration("ttl", &secret.ttl, 300);
+            let timeout = duration("timeout", &secret.timeout, 10);
+            let (Some(ttl), Some(timeout)) = (ttl, timeout) else {
+                continue;
+            };
+            match Source::parse(secret.source.get_ref(), ttl, timeout) {
+                Ok(source) => {
+                    if !matches!(source, Source::Exec { .. })
+                        && (secret.ttl.is_some() || secret.timeout.is_some())
+                    {
+                        cx.error(
+                            secret.source.span(),
+                            format!("{field}: ttl and timeout apply to exec: sources only"),
+                        );
+                        continue;
+                    }
+                    let origin = Origin {
+                        file: file.to_path_buf(),
+                        line: line_col(text, name_span.start).0,
+                    };
+                    secret_at.insert(name.clone(), (fi, secret.source.span(), origin));
+                    secret_sources.push((name, source));
+                }
+                Err(e) => cx.error(secret.source.span(), format!("{field}.source: {e}")),
+            }
+        }
+    }
+    let secret_names: HashSet<String> = secret_at.keys().cloned().collect();
+
+    // Phase 3: rules.
+    let mut rules: Vec<Rule> = Vec::new();
+    let mut names: HashMap<String, Origin> = HashMap::new();
+    for (file, text, raw) in parsed.iter_mut() {
+        let mut cx = FileCx {
+            file,
+            text,
+            errors: &mut errors,
         };
-        for (index, raw_rule) in raw.rules.into_iter().enumerate() {
+        for (index, raw_rule) in std::mem::take(&mut raw.rules).into_iter().enumerate() {
             let span = raw_rule.span();
             let raw_rule = raw_rule.into_inner();
             let name_span = raw_rule.name.span();
-            if let Some(rule) = cx.rule(index, span, raw_rule) {
+            if let Some(rule) = cx.rule(index, span, raw_rule, &secret_names) {
                 if let Some(first) = names.get(&rule.name) {
                     cx.error(
                         name_span,
@@ -150,17 +236,43 @@ pub fn compile_sources(sources: &[(&Path, &str)]) -> Result<Policy, Vec<PolicyEr
     if !errors.is_empty() {
         return Err(errors);
     }
+
+    // Phase 4: read env and file secrets now; a missing one is an error at its declaration.
+    let store = match SecretStore::load(secret_sources) {
+        Ok(store) => store,
+        Err(failures) => {
+            for (name, why) in failures {
+                if let Some((fi, span, _)) = secret_at.get(&name) {
+                    let (file, text, _) = &parsed[*fi];
+                    let mut cx = FileCx {
+                        file,
+                        text,
+                        errors: &mut errors,
+                    };
+                    cx.error(span.clone(), format!("secrets.{name}.source: {why}"));
+                }
+            }
+            return Err(errors);
+        }
+    };
+
     let digest = hasher.finish();
     let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
     Ok(index(
         rules,
+        std::sync::Arc::new(store),
         format!("sha256:{hex}"),
         sources.iter().map(|(p, _)| p.to_path_buf()).collect(),
     ))
 }
 
 /// Builds the host index, ordering each host's rules by precedence (see the module docs).
-fn index(rules: Vec<Rule>, digest: String, files: Vec<PathBuf>) -> Policy {
+fn index(
+    rules: Vec<Rule>,
+    secrets: std::sync::Arc<SecretStore>,
+    digest: String,
+    files: Vec<PathBuf>,
+) -> Policy {
     let mut exact: HashMap<String, Vec<usize>> = HashMap::new();
     let mut wildcard: HashMap<String, Vec<usize>> = HashMap::new();
     for (i, rule) in rules.iter().enumerate() {
@@ -186,6 +298,7 @@ fn index(rules: Vec<Rule>, digest: String, files: Vec<PathBuf>) -> Policy {
         rules,
         exact,
         wildcard,
+        secrets,
         digest,
         files,
     }
@@ -209,7 +322,13 @@ impl FileCx<'_> {
     }
 
     /// Validates one rule; records every problem and returns `None` if there was any.
-    fn rule(&mut self, index: usize, span: Range<usize>, raw: RawRule) -> Option<Rule> {
+    fn rule(
+        &mut self,
+        index: usize,
+        span: Range<usize>,
+        raw: RawRule,
+        secrets: &HashSet<String>,
+    ) -> Option<Rule> {
         let before = self.errors.len();
         let at = |field: &str| format!("rules[{index}].{field}");
 
@@ -233,7 +352,7 @@ impl FileCx<'_> {
         let raw_hosts = raw.hosts.into_inner();
         if raw_hosts.is_empty() {
             self.error(
-                hosts_span,
+                hosts_span.clone(),
                 format!("{}: a rule needs at least one host", at("hosts")),
             );
         }
@@ -387,6 +506,33 @@ impl FileCx<'_> {
         }
 
         let mut inject_headers = Vec::new();
+        let mut inject_query = Vec::new();
+        let mut inject_basic = None;
+        let mut bound: BTreeSet<String> = BTreeSet::new();
+        // A template's secrets must be declared; every referenced secret is bound.
+        let mut template = |cx: &mut Self, field: &str, v: &toml::Spanned<String>| {
+            match Template::parse(v.get_ref()) {
+                Ok(t) => {
+                    let mut ok = true;
+                    for name in t.secrets() {
+                        if !secrets.contains(name) {
+                            cx.error(
+                                v.span(),
+                                format!("{field}: unknown secret {name:?}: declare [secrets.{name}] with a source"),
+                            );
+                            ok = false;
+                        }
+                        bound.insert(name.to_string());
+                    }
+                    ok.then_some(t)
+                }
+                Err(e) => {
+                    cx.error(v.span(), format!("{field}: {e}"));
+                    None
+                }
+            }
+        };
+        let mut injected_names: Vec<HeaderName> = Vec::new();
         if let Some(inject) = raw.inject {
             for (k, v) in inject.headers {
                 let field = at(&format!("inject.headers.{}", k.get_ref()));
@@ -409,32 +555,131 @@ impl FileCx<'_> {
                     );
                     continue;
                 }
-                let value = v.get_ref();
-                if let Some(start) = value.find("{{") {
-                    let inner = value[start + 2..]
-                        .split("}}")
-                        .next()
-                        .unwrap_or_default()
-                        .trim();
-                    let msg = match inner.strip_prefix("secret.") {
-                        Some(secret) => format!(
-                            "{field}: unknown secret {secret:?}: this version of latchkey has no [secrets] support yet, so templates cannot be resolved"
-                        ),
-                        None => format!("{field}: unknown template {{{{{inner}}}}}"),
-                    };
-                    self.error(v.span(), msg);
-                    continue;
-                }
-                match HeaderValue::from_str(value) {
-                    Ok(hv) => inject_headers.push((name, hv)),
-                    Err(_) => self.error(
+                let literal_ok = v
+                    .get_ref()
+                    .bytes()
+                    .all(|b| b == b'\t' || (b' '..=b'~').contains(&b));
+                if !literal_ok {
+                    self.error(
                         v.span(),
                         format!(
                             "{field}: header value is not valid (control characters or non-ASCII)"
                         ),
+                    );
+                    continue;
+                }
+                if let Some(t) = template(self, &field, &v) {
+                    injected_names.push(name.clone());
+                    inject_headers.push((name, t));
+                }
+            }
+            for (k, v) in inject.query {
+                let field = at(&format!("inject.query.{}", k.get_ref()));
+                if k.get_ref().is_empty() {
+                    self.error(k.span(), format!("{field}: empty query parameter name"));
+                    continue;
+                }
+                if let Some(t) = template(self, &field, &v) {
+                    inject_query.push((k.get_ref().clone(), t));
+                }
+            }
+            if let Some(basic) = inject.basic_auth {
+                let basic = basic.into_inner();
+                if basic.user.get_ref().contains(':') {
+                    self.error(
+                        basic.user.span(),
+                        format!(
+                            "{}: a basic-auth user cannot contain ':'",
+                            at("inject.basic_auth.user")
+                        ),
+                    );
+                }
+                let user = template(self, &at("inject.basic_auth.user"), &basic.user);
+                let password = template(self, &at("inject.basic_auth.password"), &basic.password);
+                if let (Some(u), Some(p)) = (user, password) {
+                    injected_names.push(http::header::AUTHORIZATION);
+                    inject_basic = Some((u, p));
+                }
+            }
+        }
+        if let Some(list) = raw.secrets {
+            for (i, s) in list.into_inner().iter().enumerate() {
+                if secrets.contains(s.get_ref()) {
+                    bound.insert(s.get_ref().clone());
+                } else {
+                    self.error(
+                        s.span(),
+                        format!(
+                            "{}: unknown secret {:?}: declare [secrets.{}] with a source",
+                            at(&format!("secrets[{i}]")),
+                            s.get_ref(),
+                            s.get_ref()
+                        ),
+                    );
+                }
+            }
+        }
+        let placeholders = match raw.placeholders {
+            None => vec![Place::Header],
+            Some(list) => {
+                let mut out = Vec::new();
+                for (i, p) in list.into_inner().iter().enumerate() {
+                    match Place::parse(p.get_ref()) {
+                        Some(place) => out.push(place),
+                        None => self.error(
+                            p.span(),
+                            format!(
+                                "{}: unknown place {:?}: use header, basic_auth, query or body",
+                                at(&format!("placeholders[{i}]")),
+                                p.get_ref()
+                            ),
+                        ),
+                    }
+                }
+                out
+            }
+        };
+        let mut keep_headers = Vec::new();
+        if let Some(list) = raw.keep_headers {
+            for (i, h) in list.into_inner().iter().enumerate() {
+                match HeaderName::from_bytes(h.get_ref().as_bytes()) {
+                    Ok(n) => keep_headers.push(n),
+                    Err(_) => self.error(
+                        h.span(),
+                        format!(
+                            "{}: invalid header name {:?}",
+                            at(&format!("keep_headers[{i}]")),
+                            h.get_ref()
+                        ),
                     ),
                 }
             }
+        }
+        let wildcard_ok = raw
+            .dangerously_inject_into_wildcard
+            .as_ref()
+            .is_some_and(|b| *b.get_ref());
+        if !bound.is_empty()
+            && !wildcard_ok
+            && hosts.iter().any(|h| matches!(h, HostPattern::Wildcard(_)))
+        {
+            self.error(
+                hosts_span.clone(),
+                format!(
+                    "{}: rule binds secret(s) {} to a wildcard host, so every matching host would receive them; name the hosts, or set dangerously_inject_into_wildcard = true",
+                    at("hosts"),
+                    bound.iter().map(|b| format!("{b:?}")).collect::<Vec<_>>().join(", ")
+                ),
+            );
+        }
+        if matches!(tunnel, Some((true, _))) && !bound.is_empty() {
+            self.error(
+                hosts_span.clone(),
+                format!(
+                    "{}: a tunnel rule cannot bind secrets: latchkey cannot see inside the tunnel",
+                    at("secrets")
+                ),
+            );
         }
 
         if self.errors.len() > before {
@@ -449,6 +694,12 @@ impl FileCx<'_> {
             paths,
             tunnel: matches!(tunnel, Some((true, _))),
             inject_headers,
+            inject_query,
+            inject_basic,
+            injected_names,
+            bound,
+            placeholders,
+            keep_headers,
             origin: Origin {
                 file: self.file.to_path_buf(),
                 line: line_col(self.text, span.start).0,

@@ -22,12 +22,17 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use globset::GlobSet;
-use http::{HeaderName, HeaderValue, Method};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use http::{HeaderName, Method};
 
 pub use compile::{load_dir, LoadError, PolicyError};
 pub use host::{normalize_host, HostError};
 
 use crate::reason::Reason;
+use crate::secrets::placeholder::Place;
+use crate::secrets::{SecretStore, Template};
 
 /// URL scheme of a request as policy sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,7 +102,19 @@ pub struct Rule {
     pub paths: Option<PathMatcher>,
     pub tunnel: bool,
     /// Headers set on the upstream request, replacing any the sandbox sent with that name.
-    pub inject_headers: Vec<(HeaderName, HeaderValue)>,
+    pub inject_headers: Vec<(HeaderName, Template)>,
+    /// Query parameters set on the upstream request, replacing any of the same name.
+    pub inject_query: Vec<(String, Template)>,
+    /// `Authorization: Basic` built from (user, password).
+    pub inject_basic: Option<(Template, Template)>,
+    /// Every header name this rule sets (stripped from the sandbox's request first).
+    pub injected_names: Vec<HeaderName>,
+    /// Secrets bound to this rule's hosts: injected or listed in `secrets`.
+    pub bound: BTreeSet<String>,
+    /// Where placeholders for bound secrets may be replaced.
+    pub placeholders: Vec<Place>,
+    /// Auth headers the sandbox may send that this rule does not strip.
+    pub keep_headers: Vec<HeaderName>,
     pub origin: Origin,
 }
 
@@ -132,6 +149,13 @@ impl Rule {
         self.paths.as_ref().is_none_or(|p| p.is_match(path))
     }
 
+    /// Whether this rule adds anything to requests (and so strips the sandbox's own auth).
+    pub fn injects(&self) -> bool {
+        !self.inject_headers.is_empty()
+            || !self.inject_query.is_empty()
+            || self.inject_basic.is_some()
+    }
+
     /// The ports this rule allows for a scheme, for messages.
     pub fn ports_for(&self, scheme: Scheme) -> Vec<u16> {
         self.ports
@@ -146,6 +170,7 @@ pub struct Policy {
     rules: Vec<Rule>,
     exact: HashMap<String, Vec<usize>>,
     wildcard: HashMap<String, Vec<usize>>,
+    secrets: Arc<SecretStore>,
     digest: String,
     files: Vec<PathBuf>,
 }
@@ -210,6 +235,11 @@ pub fn display_url(scheme: Scheme, host: &str, port: u16, path: &str) -> String 
 impl Policy {
     pub fn rules(&self) -> &[Rule] {
         &self.rules
+    }
+
+    /// The secrets this policy declares.
+    pub fn secrets(&self) -> &Arc<SecretStore> {
+        &self.secrets
     }
 
     /// `sha256:` and the first 16 hex digits of a digest over every file's name and content.

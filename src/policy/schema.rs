@@ -13,7 +13,22 @@ use toml::Spanned;
 #[serde(deny_unknown_fields)]
 pub struct RawPolicyFile {
     #[serde(default)]
+    pub secrets: BTreeMap<Spanned<String>, Spanned<RawSecret>>,
+    #[serde(default)]
     pub rules: Vec<Spanned<RawRule>>,
+}
+
+/// `[secrets.NAME]`: where a secret's value comes from.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSecret {
+    pub source: Spanned<String>,
+    /// exec only: how long a fetched value is used.
+    #[serde(default)]
+    pub ttl: Option<Spanned<String>>,
+    /// exec only: how long the helper may run.
+    #[serde(default)]
+    pub timeout: Option<Spanned<String>>,
 }
 
 /// One `[[rules]]` entry.
@@ -35,6 +50,18 @@ pub struct RawRule {
     pub tunnel: Option<Spanned<bool>>,
     #[serde(default)]
     pub inject: Option<RawInject>,
+    /// Secrets bound to this rule's hosts for placeholders, besides those it injects.
+    #[serde(default)]
+    pub secrets: Option<Spanned<Vec<Spanned<String>>>>,
+    /// Where placeholders may be replaced: header, basic_auth, query, body.
+    #[serde(default)]
+    pub placeholders: Option<Spanned<Vec<Spanned<String>>>>,
+    /// Auth headers this rule does not strip (e.g. cookie).
+    #[serde(default)]
+    pub keep_headers: Option<Spanned<Vec<Spanned<String>>>>,
+    /// Required to bind a secret to a wildcard host: every matching host receives it.
+    #[serde(default)]
+    pub dangerously_inject_into_wildcard: Option<Spanned<bool>>,
 }
 
 /// `[rules.inject]`: what latchkey adds to an allowed request.
@@ -43,4 +70,16 @@ pub struct RawRule {
 pub struct RawInject {
     #[serde(default)]
     pub headers: BTreeMap<Spanned<String>, Spanned<String>>,
+    #[serde(default)]
+    pub query: BTreeMap<Spanned<String>, Spanned<String>>,
+    #[serde(default)]
+    pub basic_auth: Option<Spanned<RawBasicAuth>>,
+}
+
+/// `inject.basic_auth = { user = "...", password = "{{secret.x}}" }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBasicAuth {
+    pub user: Spanned<String>,
+    pub password: Spanned<String>,
 }

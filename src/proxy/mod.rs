@@ -16,9 +16,11 @@
 mod body;
 pub mod ca;
 mod connect;
+mod credentials;
 pub mod hop;
 mod pipeline;
 mod respond;
+mod scrub_body;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

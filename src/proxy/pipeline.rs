@@ -16,9 +16,9 @@ use http::{Request, Response, Uri, Version};
 use hyper::body::Incoming;
 
 use super::respond::{refuse, DECISION_HEADER, ID_HEADER};
-use super::{body, hop, Proxy};
+use super::{body, credentials, hop, scrub_body, Proxy};
 use crate::audit::{redact_query, Entry};
-use crate::policy::{display_authority, normalize_host, Rule, Scheme, Target};
+use crate::policy::{display_authority, normalize_host, Scheme, Target};
 use crate::reason::Reason;
 use crate::upstream::{find_upstream_error, Body, UpstreamAddr};
 
@@ -48,7 +48,7 @@ impl Admitted {
             .map_or(self.path_and_query.as_str(), |(p, _)| p)
     }
 
-    fn upstream_uri(&self) -> Result<Uri, http::Error> {
+    fn upstream_uri(&self, path_and_query: &str) -> Result<Uri, http::Error> {
         let host = if self.host.contains(':') {
             format!("[{}]", self.host)
         } else {
@@ -62,7 +62,7 @@ impl Admitted {
         Uri::builder()
             .scheme(self.scheme.as_str())
             .authority(authority)
-            .path_and_query(self.path_and_query.as_str())
+            .path_and_query(path_and_query)
             .build()
     }
 }
@@ -126,24 +126,55 @@ pub async fn handle(
     };
     entry.update(|r| r.rule = Some(rule.name.clone()));
 
-    // credentials and forwarding form.
-    let upstream_req = match upstream_request(req, &target, rule, &entry) {
-        Ok(r) => r,
-        Err(message) => {
-            return Ok(refused(
-                entry,
-                Reason::BadRequest,
-                Some(&rule.name),
-                &message,
-            ))
+    // credentials: check what the sandbox sent, strip its auth, replace placeholders, inject.
+    let is_head = req.method() == http::Method::HEAD;
+    let (mut parts, incoming) = req.into_parts();
+    hop::strip(&mut parts.headers);
+    parts.headers.remove(HOST);
+    let mut path_and_query = target.path_and_query.clone();
+    let brokered = match credentials::apply(
+        &policy,
+        rule,
+        &target.host,
+        &mut parts.headers,
+        &mut path_and_query,
+        incoming,
+        entry.counters(),
+    )
+    .await
+    {
+        Ok(b) => b,
+        Err((reason, message)) => return Ok(refused(entry, reason, Some(&rule.name), &message)),
+    };
+    entry.update(|r| r.secrets = brokered.secrets.iter().cloned().collect());
+    // Responses on a rule that binds secrets are scanned for every value in force.
+    let scan = if rule.bound.is_empty() {
+        None
+    } else {
+        policy.secrets().scrubber()
+    };
+    if scan.is_some() {
+        narrow_accept_encoding(&mut parts.headers);
+    }
+    parts.uri = match target.upstream_uri(&path_and_query) {
+        Ok(u) => u,
+        Err(e) => {
+            let msg = format!("cannot build upstream URL: {e}");
+            return Ok(refused(entry, Reason::BadRequest, Some(&rule.name), &msg));
         }
     };
+    parts.version = Version::HTTP_11;
+    parts.extensions = http::Extensions::new();
+    let upstream_req = Request::from_parts(parts, brokered.body);
 
     // upstream: guarded dial (pooled), response headers within the timeout.
     let sent = tokio::time::timeout(proxy.response_timeout, proxy.client.request(upstream_req));
     let mut res = match sent.await {
         Ok(Ok(res)) => res,
         Ok(Err(e)) => {
+            if let Some(r) = find_body_refusal(&e) {
+                return Ok(refused(entry, r.reason, Some(&rule.name), &r.message));
+            }
             let (reason, why) = match find_upstream_error(&e) {
                 Some(u) => (u.reason(), u.to_string()),
                 None => (Reason::UpstreamError, error_chain(&e)),
@@ -182,7 +213,93 @@ pub async fn handle(
         res.headers_mut().insert(ID_HEADER, v);
     }
     res.headers_mut().remove(DECISION_HEADER);
+
+    // scrub: secret values in headers and (decoded) body are replaced before the sandbox sees them.
+    if let Some(scrubber) = scan {
+        let n = scrub_body::scrub_headers(res.headers_mut(), &scrubber);
+        let counters = entry.counters();
+        counters
+            .redactions
+            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        let decoding = match scrub_body::Decoding::for_encoding(res.headers()) {
+            Ok(d) => d,
+            Err(encoding) => {
+                let msg = format!(
+                    "the response from {} is encoded as {encoding:?}, which latchkey cannot inspect for secrets",
+                    target.host
+                );
+                return Ok(refused(
+                    entry,
+                    Reason::UninspectableBody,
+                    Some(&rule.name),
+                    &msg,
+                ));
+            }
+        };
+        let status = res.status();
+        let bodiless = is_head
+            || status == http::StatusCode::NO_CONTENT
+            || status == http::StatusCode::NOT_MODIFIED;
+        if !bodiless {
+            res.headers_mut().remove(http::header::CONTENT_LENGTH);
+            res.headers_mut().remove(http::header::CONTENT_ENCODING);
+        }
+        return Ok(res.map(|b| {
+            body::audited(
+                scrub_body::scrubbed(b, decoding, &scrubber, counters),
+                entry,
+            )
+        }));
+    }
     Ok(res.map(|b| body::audited(b, entry)))
+}
+
+/// Keeps only the content codings latchkey can decode for inspection.
+fn narrow_accept_encoding(headers: &mut http::HeaderMap) {
+    let Some(v) = headers.get(http::header::ACCEPT_ENCODING) else {
+        return;
+    };
+    let kept: Vec<String> = v
+        .to_str()
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|t| {
+            let coding = t
+                .split(';')
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_ascii_lowercase();
+            matches!(
+                coding.as_str(),
+                "gzip" | "x-gzip" | "deflate" | "br" | "identity"
+            )
+        })
+        .map(str::to_string)
+        .collect();
+    let value = if kept.is_empty() {
+        "identity".to_string()
+    } else {
+        kept.join(", ")
+    };
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        headers.insert(http::header::ACCEPT_ENCODING, v);
+    }
+}
+
+/// A refusal raised by the request body detector while streaming, if that is why the client failed.
+fn find_body_refusal<'a>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a credentials::BodyRefused> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = cur {
+        if let Some(r) = e.downcast_ref::<credentials::BodyRefused>() {
+            return Some(r);
+        }
+        cur = e.source();
+    }
+    None
 }
 
 /// Records what is known of the target before admission, so a refused request still shows
@@ -380,31 +497,6 @@ pub fn is_ambiguous_path(path: &str) -> bool {
         let seg = seg.replace("%2e", ".");
         seg == "." || seg == ".."
     })
-}
-
-/// Builds the request latchkey sends: hop-by-hop headers and Host dropped (the client derives
-/// Host from the URI), the rule's headers injected last so they replace the sandbox's.
-fn upstream_request(
-    req: Request<Incoming>,
-    target: &Admitted,
-    rule: &Rule,
-    entry: &Entry,
-) -> Result<Request<Body>, String> {
-    let (mut parts, incoming) = req.into_parts();
-    hop::strip(&mut parts.headers);
-    parts.headers.remove(HOST);
-    for (name, value) in &rule.inject_headers {
-        parts.headers.insert(name.clone(), value.clone());
-    }
-    parts.uri = target
-        .upstream_uri()
-        .map_err(|e| format!("cannot build upstream URL: {e}"))?;
-    parts.version = Version::HTTP_11;
-    parts.extensions = http::Extensions::new();
-    Ok(Request::from_parts(
-        parts,
-        body::count_up(incoming, entry.counters()),
-    ))
 }
 
 /// `a: b: c` from an error and its sources.

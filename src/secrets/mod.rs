@@ -4,7 +4,12 @@
 //! force (raw and encoded) so responses can be redacted and outbound leaks refused. This module
 //! knows no sockets.
 
+pub mod placeholder;
 pub mod scrub;
+mod store;
+pub(crate) mod template;
 mod value;
 
+pub use store::{SecretError, SecretStore, Source, MIN_SECRET_LEN, RETIRED_KEEP};
+pub use template::{Template, TemplateError};
 pub use value::SecretValue;

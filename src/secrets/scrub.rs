@@ -58,6 +58,13 @@
 //! the one starting first wins, and of those the longest (so a secret that extends another is
 //! redacted whole, under its own name). Matches do not overlap.
 //!
+//! The automaton alone reads a few hundred MB/s once there are more than a few dozen variants
+//! (its vectorised prefilter stops at 64). So a sieve first samples the input every few
+//! dozen bytes against a bit table of the variants' substrings and rules out the stretches that
+//! cannot hold a variant; the automaton searches only the rest. The matches, and so the output,
+//! are exactly those of the automaton over the whole input. Input built to defeat the sieve (dense
+//! with pieces of variants) costs at worst one pass of the automaton.
+//!
 //! # Streaming
 //!
 //! Whether a variant starts at offset `s` depends only on the bytes `s..s + L`, where `L` is
@@ -70,10 +77,10 @@
 //! # Copies of secret values
 //!
 //! The variant buffers this module builds are [`Zeroizing`] and sized up front so they never
-//! reallocate; they are wiped as soon as the automaton is built. The automaton keeps its own
-//! copy of every variant in its transition tables, which `aho-corasick` does not wipe: a
-//! [`Scrubber`] holds the secrets for as long as it lives, so keep it no longer than the secrets
-//! are in force.
+//! reallocate; they are wiped as soon as the automaton is built, and the sieve's table (hashes of
+//! variant substrings) is wiped on drop. The automaton keeps its own copy of every variant in
+//! its transition tables, which `aho-corasick` neither exposes nor wipes: a [`Scrubber`] holds
+//! the secrets for as long as it lives, so keep it no longer than the secrets are in force.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -83,7 +90,7 @@ use std::sync::Arc;
 use aho_corasick::{AhoCorasick, AhoCorasickKind, Input, Match, MatchKind};
 use base64::Engine as _;
 use bytes::Bytes;
-use zeroize::Zeroizing;
+use zeroize::{Zeroize, Zeroizing};
 
 /// Secrets shorter than this are refused: they would match noise.
 pub const MIN_SECRET_LEN: usize = 8;
@@ -213,7 +220,9 @@ impl Scrubber {
     pub fn find(&self, input: &[u8]) -> Option<Arc<str>> {
         let mut first = None;
         self.for_each_match(input, |found| {
-            first = Some(Arc::clone(&self.names[self.name_of_pattern[found.pattern()]]));
+            first = Some(Arc::clone(
+                &self.names[self.name_of_pattern[found.pattern()]],
+            ));
             ControlFlow::Break(())
         });
         first
@@ -268,9 +277,7 @@ impl Scrubber {
         out.extend_from_slice(&haystack[cursor..consumed]);
         consumed
     }
-}
 
-impl Scrubber {
     /// Calls `visit` with each match in `haystack`, in order, until it breaks: exactly the
     /// matches of `self.matcher.find_iter(haystack)` (leftmost-longest, non-overlapping), found
     /// faster by searching only the regions the sieve cannot rule out.
@@ -343,7 +350,8 @@ enum Flush {
 /// `Debug` shows counts only: held-back bytes may be part of a secret.
 pub struct StreamScrubber {
     scrubber: Arc<Scrubber>,
-    /// Bytes received but not yet settled; never more than `max_pattern_len - 1` after a push.
+    /// Bytes received but not yet settled: never more than `max_pattern_len - 1` after a push,
+    /// and never more than twice that in between, whatever the size of the chunks.
     held: Vec<u8>,
     redactions: usize,
     /// By index into the scrubber's names: whether it is already in `redacted_names`.
@@ -355,14 +363,43 @@ impl StreamScrubber {
     /// Feeds a chunk; returns the bytes now safe to emit (maybe none). Holds back at most
     /// `max_pattern_len() - 1` bytes, so a secret split across chunks is still caught.
     pub fn push(&mut self, chunk: &[u8]) -> Bytes {
-        self.held.extend_from_slice(chunk);
-        self.scrub_held(Flush::Settled)
+        let mut out = Vec::with_capacity(self.held.len() + chunk.len());
+        // Taken out so it can be read while the counters are updated; put back before returning.
+        let mut held = std::mem::take(&mut self.held);
+        let mut rest = chunk;
+        if !held.is_empty() {
+            // Settle the held bytes with just enough of the chunk to decide every match that
+            // starts in them, rather than copying the whole chunk behind them.
+            let held_before = held.len();
+            let hold_back = self.scrubber.max_pattern_len.saturating_sub(1);
+            let (head, tail) = chunk.split_at(hold_back.min(chunk.len()));
+            held.extend_from_slice(head);
+            let consumed = self.scrub_part(&held, Flush::Settled, &mut out);
+            if tail.is_empty() {
+                held.drain(..consumed);
+                self.held = held;
+                return Bytes::from(out);
+            }
+            // `head` is a whole hold-back long, so everything held before it is settled and
+            // `consumed` lies in `head`: a point from which a fresh search finds what a search
+            // of all the input would.
+            debug_assert!(consumed >= held_before);
+            rest = &chunk[consumed - held_before..];
+            held.clear();
+        }
+        let consumed = self.scrub_part(rest, Flush::Settled, &mut out);
+        held.extend_from_slice(&rest[consumed..]);
+        self.held = held;
+        Bytes::from(out)
     }
 
     /// End of the body: returns the remaining bytes, scrubbed. The scrubber is then empty; a
     /// later push starts a new body (the redaction counts carry on).
     pub fn finish(&mut self) -> Bytes {
-        self.scrub_held(Flush::All)
+        let held = std::mem::take(&mut self.held);
+        let mut out = Vec::with_capacity(held.len());
+        self.scrub_part(&held, Flush::All, &mut out);
+        Bytes::from(out)
     }
 
     /// Redactions made so far.
@@ -375,24 +412,22 @@ impl StreamScrubber {
         self.redacted_names.clone()
     }
 
-    fn scrub_held(&mut self, flush: Flush) -> Bytes {
+    /// [`Scrubber::scrub_into`], counting the redactions.
+    fn scrub_part(&mut self, part: &[u8], flush: Flush, out: &mut Vec<u8>) -> usize {
         let Self {
             scrubber,
-            held,
             redactions,
             name_seen,
             redacted_names,
+            ..
         } = self;
-        let mut out = Vec::with_capacity(held.len());
-        let consumed = scrubber.scrub_into(held, flush, &mut out, |name| {
+        scrubber.scrub_into(part, flush, out, |name| {
             *redactions += 1;
             if !name_seen[name] {
                 name_seen[name] = true;
                 redacted_names.push(Arc::clone(&scrubber.names[name]));
             }
-        });
-        held.drain(..consumed);
-        Bytes::from(out)
+        })
     }
 }
 
@@ -412,8 +447,8 @@ impl fmt::Debug for StreamScrubber {
 /// sampled every `stride` bytes, `stride = shortest variant - q + 1`, so every occurrence of a
 /// variant, being at least that long, contains a whole sampled gram, whose bit is set. Around a
 /// sample whose bit is set, the window that could hold such an occurrence (`max_pattern_len`
-/// either side) is a candidate; everywhere else is ruled out. With the table a hundred times
-/// larger than the number of grams, about one sample in a hundred is a false candidate.
+/// either side) is a candidate; everywhere else is ruled out. With 128 table bits per gram,
+/// about one sample in 128 of unrelated input is a false candidate.
 struct Sieve {
     /// Gram length in bytes, 4 to 8.
     gram_len: usize,
@@ -505,9 +540,10 @@ impl Sieve {
         haystack: &'h [u8],
         max_pattern_len: usize,
     ) -> impl Iterator<Item = Range<usize>> + 'h {
-        let samples = haystack.len().checked_sub(self.gram_len).map_or(0, |last| {
-            last / self.stride + 1
-        });
+        let samples = haystack
+            .len()
+            .checked_sub(self.gram_len)
+            .map_or(0, |last| last / self.stride + 1);
         (0..samples)
             .map(move |i| i * self.stride)
             .filter(move |&at| self.may_hold(haystack, at))
@@ -518,6 +554,12 @@ impl Sieve {
                 let end = (at + max_pattern_len).min(haystack.len());
                 start..end
             })
+    }
+}
+
+impl Drop for Sieve {
+    fn drop(&mut self) {
+        self.table.zeroize();
     }
 }
 
@@ -565,7 +607,10 @@ fn base64_aligned(
         return Zeroizing::new(Vec::new());
     };
     let mut encoded = Zeroizing::new(vec![0u8; encoded_len]);
-    if engine.encode_slice(shifted.as_slice(), encoded.as_mut_slice()).is_err() {
+    if engine
+        .encode_slice(shifted.as_slice(), encoded.as_mut_slice())
+        .is_err()
+    {
         return Zeroizing::new(Vec::new());
     }
     // Character i carries bits 6i..6i+6; the secret has bits 8a..8(a+n).

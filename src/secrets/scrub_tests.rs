@@ -34,11 +34,17 @@ fn stream_scrub(scrubber: &Arc<Scrubber>, input: &[u8], cuts: &[usize]) -> (Vec<
     for &len in cuts {
         let (chunk, tail) = rest.split_at(len.min(rest.len()));
         out.extend_from_slice(&stream.push(chunk));
+        let max = scrubber.max_pattern_len();
         assert!(
-            stream.held.len() < scrubber.max_pattern_len().max(1),
-            "held {} bytes with max pattern len {}",
+            stream.held.len() < max.max(1),
+            "held {} bytes with max pattern len {max}",
             stream.held.len(),
-            scrubber.max_pattern_len()
+        );
+        // The buffer itself stays small too, however large the chunks.
+        assert!(
+            stream.held.capacity() <= 4 * max + 8,
+            "{}",
+            stream.held.capacity()
         );
         rest = tail;
     }
@@ -70,8 +76,7 @@ fn patterns_of(secrets: &[(&str, &[u8])]) -> Vec<(Vec<u8>, String)> {
     let mut patterns: Vec<(Vec<u8>, String)> = Vec::new();
     for &(name, value) in secrets {
         for variant in variants_of(value) {
-            if variant.len() >= MIN_VARIANT_LEN && !patterns.iter().any(|(p, _)| **p == **variant)
-            {
+            if variant.len() >= MIN_VARIANT_LEN && !patterns.iter().any(|(p, _)| **p == **variant) {
                 patterns.push((variant.to_vec(), name.to_owned()));
             }
         }
@@ -118,7 +123,10 @@ fn every_occurrence_is_redacted_and_named_each_time() {
     let s = scrubber(&[("openai", OPENAI)]);
     let input = [OPENAI, b" and ", OPENAI, OPENAI].concat();
     let (out, redacted) = s.scrub(&input);
-    assert_eq!(out, b"[REDACTED:openai] and [REDACTED:openai][REDACTED:openai]");
+    assert_eq!(
+        out,
+        b"[REDACTED:openai] and [REDACTED:openai][REDACTED:openai]"
+    );
     assert_eq!(names(&redacted), ["openai"; 3]);
 }
 
@@ -233,9 +241,21 @@ fn json_with_go_html_escaping_is_redacted() {
 fn a_secret_that_extends_another_is_redacted_whole_under_its_own_name() {
     let short = b"sk-live-abcdefgh".as_slice();
     let long = b"sk-live-abcdefgh-extended-9".as_slice();
-    for order in [[("short", short), ("long", long)], [("long", long), ("short", short)]] {
+    for order in [
+        [("short", short), ("long", long)],
+        [("long", long), ("short", short)],
+    ] {
         let s = scrubber(&order);
-        let input = [b"a=".as_slice(), long, b" b=", short, b" c=", short, b"-ext"].concat();
+        let input = [
+            b"a=".as_slice(),
+            long,
+            b" b=",
+            short,
+            b" c=",
+            short,
+            b"-ext",
+        ]
+        .concat();
         let (out, redacted) = s.scrub(&input);
         assert_eq!(
             String::from_utf8_lossy(&out),
@@ -278,7 +298,11 @@ fn variants_identical_to_another_are_kept_once() {
 fn no_variant_is_shorter_than_the_minimum() {
     for value in [b"12345678".as_slice(), b"\x00\x01\x02\x03\x04\x05\x06\x07"] {
         for variant in variants_of(value) {
-            assert!(variant.len() >= MIN_VARIANT_LEN, "{value:?}: {}", variant.len());
+            assert!(
+                variant.len() >= MIN_VARIANT_LEN,
+                "{value:?}: {}",
+                variant.len()
+            );
         }
     }
 }
@@ -389,7 +413,9 @@ fn stream_output_equals_scrub_under_random_chunkings() {
 fn stream_names_each_secret_once_in_the_order_first_redacted() {
     let s = scrubber(&test_secrets());
     let mut stream = s.stream();
-    let mut out = stream.push(b"x sk-live-abcdefgh y sk-live-abcdefgh-extended-9 ").to_vec();
+    let mut out = stream
+        .push(b"x sk-live-abcdefgh y sk-live-abcdefgh-extended-9 ")
+        .to_vec();
     out.extend_from_slice(&stream.push(b"sk-live-abcdefgh"));
     out.extend_from_slice(&stream.finish());
     assert_eq!(stream.redactions(), 3);
@@ -432,7 +458,13 @@ fn emitted_bytes_never_end_in_a_prefix_that_completes_a_secret_later() {
         assert!(!contains(&out, &OPENAI[..OPENAI.len() - 1]), "{out:?}");
     }
     out.extend_from_slice(&stream.finish());
-    let expected = [&OPENAI[..10], &OPENAI[..10], b"[REDACTED:openai]", &OPENAI[..5]].concat();
+    let expected = [
+        &OPENAI[..10],
+        &OPENAI[..10],
+        b"[REDACTED:openai]",
+        &OPENAI[..5],
+    ]
+    .concat();
     assert_eq!(out, expected);
 }
 
@@ -451,7 +483,10 @@ fn test_secrets() -> Vec<(&'static str, &'static [u8])> {
 /// Noise made of the variants' own bytes (so partial matches abound), with whole variants,
 /// partial variants and back-to-back variants planted at random.
 fn planted_input(rng: &mut Rng, patterns: &[(Vec<u8>, String)], len: usize) -> Vec<u8> {
-    let alphabet: Vec<u8> = patterns.iter().flat_map(|(p, _)| p.iter().copied()).collect();
+    let alphabet: Vec<u8> = patterns
+        .iter()
+        .flat_map(|(p, _)| p.iter().copied())
+        .collect();
     let mut input = Vec::with_capacity(len + 200);
     while input.len() < len {
         let (pattern, _) = &patterns[rng.below(patterns.len())];
@@ -467,4 +502,74 @@ fn planted_input(rng: &mut Rng, patterns: &[(Vec<u8>, String)], len: usize) -> V
         }
     }
     input
+}
+
+#[test]
+fn matches_through_the_sieve_are_exactly_those_of_a_full_search() {
+    let secrets = test_secrets();
+    let s = scrubber(&secrets);
+    assert!(
+        s.sieve.is_some(),
+        "the sieve should be in use for a handful of secrets"
+    );
+    let patterns = patterns_of(&secrets);
+    let mut rng = Rng(99);
+    for _ in 0..300 {
+        let input = planted_input(&mut rng, &patterns, 500);
+        let mut sieved = Vec::new();
+        s.for_each_match(&input, |found| {
+            sieved.push(found);
+            ControlFlow::Continue(())
+        });
+        let full: Vec<Match> = s.matcher.find_iter(&input).collect();
+        assert_eq!(sieved, full);
+    }
+}
+
+#[test]
+fn without_the_sieve_the_output_is_the_same() {
+    let secrets = test_secrets();
+    let sieved = scrubber(&secrets);
+    let secrets_list: Vec<ScrubSecret<'_>> = secrets
+        .iter()
+        .map(|&(name, value)| ScrubSecret { name, value })
+        .collect();
+    let mut unsieved = match Scrubber::new(&secrets_list) {
+        Ok(scrubber) => scrubber,
+        Err(e) => panic!("scrubber should build: {e}"),
+    };
+    unsieved.sieve = None;
+    let unsieved = Arc::new(unsieved);
+    let patterns = patterns_of(&secrets);
+    let mut rng = Rng(5);
+    for _ in 0..100 {
+        let input = planted_input(&mut rng, &patterns, 500);
+        assert_eq!(sieved.scrub(&input), unsieved.scrub(&input));
+        assert_eq!(
+            stream_scrub(&sieved, &input, &[3, 50, 1, 200]),
+            stream_scrub(&unsieved, &input, &[3, 50, 1, 200])
+        );
+    }
+}
+
+#[test]
+fn many_secrets_still_build_and_scrub() {
+    // Enough variant bytes that the automaton is no longer a full DFA.
+    let values: Vec<(String, Vec<u8>)> = (0..400)
+        .map(|i| {
+            (
+                format!("key{i}"),
+                format!("sk+/{i:04}-0123456789abcdefghij").into_bytes(),
+            )
+        })
+        .collect();
+    let secrets: Vec<(&str, &[u8])> = values
+        .iter()
+        .map(|(name, value)| (name.as_str(), value.as_slice()))
+        .collect();
+    let s = scrubber(&secrets);
+    let input = b"a sk+/0399-0123456789abcdefghij b sk%2B%2F0007-0123456789abcdefghij c";
+    let (out, redacted) = s.scrub(input);
+    assert_eq!(out, b"a [REDACTED:key399] b [REDACTED:key7] c");
+    assert_eq!(names(&redacted), ["key399", "key7"]);
 }

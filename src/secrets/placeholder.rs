@@ -1,0 +1,138 @@
+//! Placeholders: `__LATCHKEY_<name>__` stands in for a secret where an SDK insists on a key.
+//!
+//! This module only finds and replaces them in bytes; the pipeline decides where they are
+//! allowed (a rule that binds the secret, a place the rule enables).
+
+use std::collections::HashMap;
+
+use super::template::valid_name;
+use super::SecretValue;
+
+pub const PREFIX: &[u8] = b"__LATCHKEY_";
+const SUFFIX: &[u8] = b"__";
+
+/// Where a placeholder was found in a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Place {
+    Header,
+    BasicAuth,
+    Query,
+    Body,
+    /// The URL path: never a place a secret may go.
+    Path,
+}
+
+impl Place {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Place::Header => "header",
+            Place::BasicAuth => "basic_auth",
+            Place::Query => "query",
+            Place::Body => "body",
+            Place::Path => "path",
+        }
+    }
+
+    /// Parses a policy `placeholders` entry (the path is never enabled).
+    pub fn parse(s: &str) -> Option<Place> {
+        match s {
+            "header" => Some(Place::Header),
+            "basic_auth" => Some(Place::BasicAuth),
+            "query" => Some(Place::Query),
+            "body" => Some(Place::Body),
+            _ => None,
+        }
+    }
+}
+
+/// One placeholder occurrence: its byte range and the name it carries (`None` when the text
+/// after the prefix is not a well-formed name: such a request is refused all the same).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    pub start: usize,
+    pub end: usize,
+    pub name: Option<String>,
+}
+
+fn find_from(hay: &[u8], from: usize) -> Option<usize> {
+    hay.get(from..)?
+        .windows(PREFIX.len())
+        .position(|w| w == PREFIX)
+        .map(|i| i + from)
+}
+
+/// Every placeholder in `hay`, in order.
+pub fn find(hay: &[u8]) -> Vec<Found> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while let Some(start) = find_from(hay, pos) {
+        let name_start = start + PREFIX.len();
+        let tail = &hay[name_start..];
+        let end_rel = tail
+            .windows(SUFFIX.len())
+            .position(|w| w == SUFFIX)
+            .filter(|&i| i <= 64);
+        match end_rel {
+            Some(i) => {
+                let name = std::str::from_utf8(&tail[..i])
+                    .ok()
+                    .filter(|n| valid_name(n))
+                    .map(str::to_string);
+                let end = name_start + i + SUFFIX.len();
+                out.push(Found { start, end, name });
+                pos = end;
+            }
+            None => {
+                out.push(Found {
+                    start,
+                    end: name_start,
+                    name: None,
+                });
+                pos = name_start;
+            }
+        }
+    }
+    out
+}
+
+/// Whether `hay` holds the placeholder prefix at all (cheap pre-check).
+pub fn contains(hay: &[u8]) -> bool {
+    find_from(hay, 0).is_some()
+}
+
+/// Replaces every placeholder whose name is in `values`; others are left (callers refuse
+/// requests holding those before calling this).
+pub fn replace(hay: &[u8], values: &HashMap<String, SecretValue>) -> zeroize::Zeroizing<Vec<u8>> {
+    let mut out = zeroize::Zeroizing::new(Vec::with_capacity(hay.len()));
+    let mut last = 0;
+    for f in find(hay) {
+        if let Some(v) = f.name.as_ref().and_then(|n| values.get(n)) {
+            out.extend_from_slice(&hay[last..f.start]);
+            out.extend_from_slice(v.expose());
+            last = f.end;
+        }
+    }
+    out.extend_from_slice(&hay[last..]);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_names_and_malformed_placeholders() {
+        let f = find(b"Bearer __LATCHKEY_openai__ and __LATCHKEY_my_key__ x __LATCHKEY_");
+        let names: Vec<Option<&str>> = f.iter().map(|f| f.name.as_deref()).collect();
+        assert_eq!(names, [Some("openai"), Some("my_key"), None]);
+        assert!(find(b"__LATCHKEY_bad name__")[0].name.is_none());
+    }
+
+    #[test]
+    fn replaces_known_names_only() {
+        let mut m = HashMap::new();
+        m.insert("a".to_string(), SecretValue::new(b"VALUE-AAAA".to_vec()));
+        let out = replace(b"x=__LATCHKEY_a__&y=__LATCHKEY_b__", &m);
+        assert_eq!(&out[..], b"x=VALUE-AAAA&y=__LATCHKEY_b__");
+    }
+}

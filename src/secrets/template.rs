@@ -1,0 +1,116 @@
+//! Value templates: literal text with `{{secret.NAME}}` references, resolved per request.
+
+use super::{SecretError, SecretStore};
+
+/// A template could not be parsed.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum TemplateError {
+    #[error("unclosed '{{{{' in template")]
+    Unclosed,
+    #[error("unknown template {{{{{0}}}}}: only {{{{secret.NAME}}}} is supported")]
+    UnknownKind(String),
+    #[error("invalid secret name {0:?} in template")]
+    BadName(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Part {
+    Lit(String),
+    Secret(String),
+}
+
+/// A parsed template.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Template {
+    parts: Vec<Part>,
+}
+
+/// Whether a secret name is well formed (also what placeholders may name).
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        && !name.contains("__")
+}
+
+impl Template {
+    pub fn parse(text: &str) -> Result<Self, TemplateError> {
+        let mut parts = Vec::new();
+        let mut rest = text;
+        while let Some(start) = rest.find("{{") {
+            if start > 0 {
+                parts.push(Part::Lit(rest[..start].to_string()));
+            }
+            let after = &rest[start + 2..];
+            let end = after.find("}}").ok_or(TemplateError::Unclosed)?;
+            let inner = after[..end].trim();
+            let name = inner
+                .strip_prefix("secret.")
+                .ok_or_else(|| TemplateError::UnknownKind(inner.to_string()))?;
+            if !valid_name(name) {
+                return Err(TemplateError::BadName(name.to_string()));
+            }
+            parts.push(Part::Secret(name.to_string()));
+            rest = &after[end + 2..];
+        }
+        if !rest.is_empty() {
+            parts.push(Part::Lit(rest.to_string()));
+        }
+        Ok(Self { parts })
+    }
+
+    /// Names of the secrets referenced.
+    pub fn secrets(&self) -> impl Iterator<Item = &str> {
+        self.parts.iter().filter_map(|p| match p {
+            Part::Secret(s) => Some(s.as_str()),
+            Part::Lit(_) => None,
+        })
+    }
+
+    /// Renders the template. The result holds secret bytes: wipe it (it is `Zeroizing`).
+    pub async fn render(
+        &self,
+        store: &SecretStore,
+    ) -> Result<zeroize::Zeroizing<Vec<u8>>, SecretError> {
+        let mut out = zeroize::Zeroizing::new(Vec::new());
+        for part in &self.parts {
+            match part {
+                Part::Lit(l) => out.extend_from_slice(l.as_bytes()),
+                Part::Secret(name) => out.extend_from_slice(store.get(name).await?.expose()),
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_literals_and_secret_references() {
+        let t = Template::parse("Bearer {{secret.openai}}").expect("parse");
+        assert_eq!(t.secrets().collect::<Vec<_>>(), ["openai"]);
+        let t = Template::parse("{{ secret.a }}:{{secret.b}}").expect("parse");
+        assert_eq!(t.secrets().collect::<Vec<_>>(), ["a", "b"]);
+        assert_eq!(
+            Template::parse("plain").expect("parse").secrets().count(),
+            0
+        );
+    }
+
+    #[test]
+    fn rejects_unknown_and_malformed_templates() {
+        assert_eq!(Template::parse("{{secret.a"), Err(TemplateError::Unclosed));
+        assert!(matches!(
+            Template::parse("{{env.X}}"),
+            Err(TemplateError::UnknownKind(_))
+        ));
+        assert!(matches!(
+            Template::parse("{{secret.a b}}"),
+            Err(TemplateError::BadName(_))
+        ));
+    }
+}
