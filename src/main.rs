@@ -337,11 +337,21 @@ fn explain(
     let injects: Vec<String> = rule
         .filter(|_| allowed)
         .map(|r| {
-            r.inject_headers
+            let mut v: Vec<String> = r
+                .inject_headers
                 .iter()
                 .map(|(n, _)| n.to_string())
-                .collect()
+                .collect();
+            v.extend(r.inject_query.iter().map(|(k, _)| format!("?{k}")));
+            if r.inject_basic.is_some() {
+                v.push("authorization (basic)".to_string());
+            }
+            v
         })
+        .unwrap_or_default();
+    let secrets: Vec<String> = rule
+        .filter(|_| allowed)
+        .map(|r| r.bound.iter().cloned().collect())
         .unwrap_or_default();
     if json {
         let v = serde_json::json!({
@@ -352,6 +362,7 @@ fn explain(
             "message": message,
             "identity": identity,
             "injected_headers": injects,
+            "secrets": secrets,
             "policy": policy.digest(),
         });
         println!("{v}");
@@ -367,7 +378,13 @@ fn explain(
         }
         println!("why:      {message}");
         if !injects.is_empty() {
-            println!("injects:  {} (header names only)", injects.join(", "));
+            println!("injects:  {} (names only)", injects.join(", "));
+        }
+        if !secrets.is_empty() {
+            println!(
+                "secrets:  {} (bound to this rule's hosts)",
+                secrets.join(", ")
+            );
         }
         println!("policy:   {}", policy.digest());
     }

@@ -16,5 +16,6 @@ mod inner_policy;
 mod mitm;
 mod plain_http;
 mod policy_cli;
+mod presets;
 mod tunnel;
 mod upstream_failures;
