@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 
 use latchkey::audit::AuditLog;
 use latchkey::policy::{self, ConnectDecision, LoadError, Scheme, Target};
+use latchkey::proxy::limits::Limits;
 use latchkey::proxy::{CertAuthority, InitOutcome, Proxy, ProxyConfig};
 use latchkey::reason::Reason;
 use latchkey::sandbox_env;
@@ -111,6 +112,25 @@ struct ServeArgs {
     /// How long to wait for an upstream's response headers.
     #[arg(long, env = "LATCHKEY_RESPONSE_TIMEOUT", default_value = "300s", value_parser = humantime::parse_duration)]
     response_timeout: Duration,
+    /// How long to wait for an upstream TCP connection.
+    #[arg(long, env = "LATCHKEY_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    connect_timeout: Duration,
+    /// Time a client has to send a request's headers (also the keep-alive idle time).
+    #[arg(long, env = "LATCHKEY_HEADER_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    header_timeout: Duration,
+    /// A connection (tunnels included) with no traffic for this long is closed.
+    #[arg(long, env = "LATCHKEY_IDLE_TIMEOUT", default_value = "300s", value_parser = humantime::parse_duration)]
+    idle_timeout: Duration,
+    /// Most connections open at once; more get 503.
+    #[arg(long, env = "LATCHKEY_MAX_CONNECTIONS", default_value_t = 4096)]
+    max_connections: usize,
+    /// Most connections one client address may hold open; more get 503.
+    #[arg(
+        long,
+        env = "LATCHKEY_MAX_CONNECTIONS_PER_CLIENT",
+        default_value_t = 256
+    )]
+    max_connections_per_client: usize,
 }
 
 fn main() -> ExitCode {
@@ -188,6 +208,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     };
     let mut upstream = UpstreamConfig {
         extra_ca: args.upstream_ca.clone(),
+        connect_timeout: args.connect_timeout,
         ..UpstreamConfig::default()
     };
     for spec in &args.resolve {
@@ -207,6 +228,13 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         audit,
         upstream,
         response_timeout: args.response_timeout,
+        limits: Limits {
+            max_connections: args.max_connections,
+            max_connections_per_client: args.max_connections_per_client,
+            header_timeout: args.header_timeout,
+            idle_timeout: args.idle_timeout,
+            ..Limits::default()
+        },
     })?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()

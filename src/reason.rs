@@ -56,11 +56,21 @@ pub enum Reason {
     SecretUnavailable,
     /// The response body could not be inspected for secrets (unknown content-encoding).
     UninspectableBody,
+    /// The request's framing (Content-Length / Transfer-Encoding) is ambiguous: smuggling.
+    AmbiguousFraming,
+    /// The request target is longer than the limit.
+    UriTooLong,
+    /// The client did not send a complete header block in time (slowloris).
+    HeaderTimeout,
+    /// The connection caps (total or per client) are reached.
+    TooManyConnections,
+    /// The upstream resolved to an address that is not public unicast (or is latchkey itself).
+    NonPublicAddress,
 }
 
 impl Reason {
     /// Every reason, for registry tests and documentation.
-    pub const ALL: [Reason; 24] = [
+    pub const ALL: [Reason; 29] = [
         Reason::Allowed,
         Reason::Tunnel,
         Reason::NoRule,
@@ -85,6 +95,11 @@ impl Reason {
         Reason::SecretValueUnbound,
         Reason::SecretUnavailable,
         Reason::UninspectableBody,
+        Reason::AmbiguousFraming,
+        Reason::UriTooLong,
+        Reason::HeaderTimeout,
+        Reason::TooManyConnections,
+        Reason::NonPublicAddress,
     ];
 
     /// The stable snake_case code used in headers, logs and audit records.
@@ -114,6 +129,11 @@ impl Reason {
             Reason::SecretValueUnbound => "secret_value_unbound",
             Reason::SecretUnavailable => "secret_unavailable",
             Reason::UninspectableBody => "uninspectable_body",
+            Reason::AmbiguousFraming => "ambiguous_framing",
+            Reason::UriTooLong => "uri_too_long",
+            Reason::HeaderTimeout => "header_timeout",
+            Reason::TooManyConnections => "too_many_connections",
+            Reason::NonPublicAddress => "non_public_address",
         }
     }
 
@@ -128,14 +148,20 @@ impl Reason {
             | Reason::HostMismatch
             | Reason::SniMismatch
             | Reason::PlaceholderNotBound
-            | Reason::SecretValueUnbound => StatusCode::FORBIDDEN,
-            Reason::SecretUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            | Reason::SecretValueUnbound
+            | Reason::NonPublicAddress => StatusCode::FORBIDDEN,
+            Reason::SecretUnavailable | Reason::TooManyConnections => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Reason::UriTooLong => StatusCode::URI_TOO_LONG,
+            Reason::HeaderTimeout => StatusCode::REQUEST_TIMEOUT,
             Reason::NotTls
             | Reason::TlsHandshakeFailed
             | Reason::BadRequest
             | Reason::UserinfoInUrl
             | Reason::MissingPort
             | Reason::AmbiguousPath
+            | Reason::AmbiguousFraming
             | Reason::NotAProxyRequest => StatusCode::BAD_REQUEST,
             Reason::HeaderTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Reason::UpstreamUnreachable
@@ -182,7 +208,7 @@ mod tests {
             let s = r.status();
             if r.is_allow() && !matches!(r, Reason::Allowed | Reason::Tunnel) {
                 assert!(s.is_server_error(), "{code}");
-            } else if r == Reason::SecretUnavailable {
+            } else if matches!(r, Reason::SecretUnavailable | Reason::TooManyConnections) {
                 assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
             } else if !r.is_allow() {
                 assert!(s.is_client_error(), "{code}");

@@ -44,6 +44,9 @@ pub async fn handle(proxy: Arc<Proxy>, ctx: Arc<Ctx>, req: Request<Incoming>) ->
         let msg = format!("request headers exceed {MAX_HEADER_BYTES} bytes");
         return refused(entry, Reason::HeaderTooLarge, None, &msg);
     }
+    if let Err((reason, msg)) = super::limits::check_framing(req.headers()) {
+        return refused(entry, reason, None, &msg);
+    }
     let Some(authority) = req.uri().authority().cloned() else {
         return refused(entry, Reason::BadRequest, None, "CONNECT needs host:port");
     };

@@ -18,6 +18,7 @@ pub mod ca;
 mod connect;
 mod credentials;
 pub mod hop;
+pub mod limits;
 mod pipeline;
 mod respond;
 mod scrub_body;
@@ -64,6 +65,8 @@ pub struct Proxy {
     dialer: Arc<Dialer>,
     response_timeout: Duration,
     handshake_timeout: Duration,
+    limits: limits::Limits,
+    connections: Arc<limits::ConnectionCounter>,
 }
 
 /// How to build a [`Proxy`].
@@ -74,6 +77,7 @@ pub struct ProxyConfig {
     pub upstream: UpstreamConfig,
     /// How long to wait for an upstream's response headers.
     pub response_timeout: Duration,
+    pub limits: limits::Limits,
 }
 
 impl Proxy {
@@ -89,6 +93,8 @@ impl Proxy {
             dialer,
             response_timeout: config.response_timeout,
             handshake_timeout: Duration::from_secs(10),
+            limits: config.limits,
+            connections: Arc::new(limits::ConnectionCounter::default()),
         }))
     }
 
@@ -107,9 +113,14 @@ impl Proxy {
         loop {
             tokio::select! {
                 accepted = listener.accept() => match accepted {
-                    Ok((stream, peer)) => {
-                        tokio::spawn(self.clone().connection(stream, peer));
-                    }
+                    Ok((stream, peer)) => match self.connections.acquire(peer.ip(), &self.limits) {
+                        Ok(slot) => {
+                            tokio::spawn(self.clone().connection(stream, peer, slot));
+                        }
+                        Err(why) => {
+                            tokio::spawn(self.clone().over_limit(stream, peer, why));
+                        }
+                    },
                     Err(e) => {
                         // Out of file descriptors and the like: back off instead of spinning.
                         tracing::warn!(error = %e, "accept failed");
@@ -121,9 +132,53 @@ impl Proxy {
         }
     }
 
+    /// Answers a connection over the caps with `503` and closes it.
+    async fn over_limit(self: Arc<Self>, mut stream: TcpStream, peer: SocketAddr, why: String) {
+        use tokio::io::AsyncWriteExt;
+        let reason = Reason::TooManyConnections;
+        let body = format!("latchkey: refused: {why}\n");
+        let head = format!(
+            "HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-type: text/plain; charset=utf-8\r\nx-latchkey-decision: deny\r\nx-latchkey-rule: none\r\nx-latchkey-reason: {}\r\nretry-after: 1\r\ncontent-length: {}\r\n\r\n{body}",
+            reason.code(),
+            body.len()
+        );
+        let mut entry = Entry::start(
+            self.audit.clone(),
+            peer,
+            IDENTITY_DEFAULT,
+            self.policy.digest(),
+        );
+        entry.outcome(reason, None, Some(503));
+        tracing::warn!(client.addr = %peer, why, "connection refused: over limit");
+        let _ =
+            tokio::time::timeout(Duration::from_secs(2), stream.write_all(head.as_bytes())).await;
+        let _ = stream.shutdown().await;
+        entry.finish();
+    }
+
     /// Serves one sandbox connection on the proxy hop (HTTP/1.1).
-    async fn connection(self: Arc<Self>, stream: TcpStream, peer: SocketAddr) {
+    async fn connection(
+        self: Arc<Self>,
+        stream: TcpStream,
+        peer: SocketAddr,
+        _slot: limits::ConnectionSlot,
+    ) {
         let _ = stream.set_nodelay(true);
+        // A second handle on the socket, so latchkey can still answer `408` after hyper gives up
+        // on a header block that never completed (hyper closes without a response).
+        let (stream, raw) = match stream
+            .into_std()
+            .and_then(|s| s.try_clone().map(|c| (s, c)))
+            .and_then(|(s, c)| TcpStream::from_std(s).map(|s| (s, c)))
+        {
+            Ok(pair) => pair,
+            Err(e) => {
+                tracing::warn!(client.addr = %peer, error = %e, "cannot set up connection");
+                return;
+            }
+        };
+        let io = limits::Idle::new(stream, self.limits.idle_timeout);
+        let partial = io.partial();
         let ctx = Arc::new(Ctx {
             client: peer,
             identity: Arc::from(IDENTITY_DEFAULT),
@@ -144,12 +199,46 @@ impl Proxy {
         let conn = hyper::server::conn::http1::Builder::new()
             .max_buf_size(MAX_HEADER_BYTES)
             .timer(TokioTimer::new())
-            .header_read_timeout(Duration::from_secs(30))
-            .serve_connection(TokioIo::new(stream), service)
+            .header_read_timeout(self.limits.header_timeout)
+            .serve_connection(TokioIo::new(io), service)
             .with_upgrades();
         if let Err(e) = conn.await {
+            if e.is_timeout() {
+                // An idle keep-alive connection simply closes; a half-sent request is slowloris.
+                if partial.load(std::sync::atomic::Ordering::Relaxed) {
+                    self.header_timeout(raw, peer);
+                }
+                return;
+            }
             self.connection_error(&e, peer);
         }
+    }
+
+    /// A client sent part of a request and stalled: `408`, an audit record, close.
+    fn header_timeout(&self, raw: std::net::TcpStream, peer: SocketAddr) {
+        use std::io::Write;
+        let reason = Reason::HeaderTimeout;
+        let body = format!(
+            "latchkey: refused: the request header block did not arrive within {}s\n",
+            self.limits.header_timeout.as_secs()
+        );
+        let head = format!(
+            "HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-type: text/plain; charset=utf-8\r\nx-latchkey-decision: deny\r\nx-latchkey-rule: none\r\nx-latchkey-reason: {}\r\ncontent-length: {}\r\n\r\n{body}",
+            reason.code(),
+            body.len()
+        );
+        // Non-blocking and best effort: the socket may already be gone.
+        let mut raw = raw;
+        let _ = raw.write(head.as_bytes());
+        let _ = raw.shutdown(std::net::Shutdown::Both);
+        let mut entry = Entry::start(
+            self.audit.clone(),
+            peer,
+            IDENTITY_DEFAULT,
+            self.policy.digest(),
+        );
+        entry.outcome(reason, None, Some(408));
+        entry.finish();
     }
 
     /// Audits what hyper refused before our service saw a request.

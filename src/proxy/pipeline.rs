@@ -84,7 +84,18 @@ pub async fn handle(
     );
     entry.update(|r| prefill(r, &ctx, &req));
 
-    // admit: what is being asked for, in one normal form.
+    // admit: what is being asked for, in one normal form, unambiguously framed.
+    if let Err((reason, msg)) = super::limits::check_framing(req.headers()) {
+        return Ok(refused(entry, reason, None, &msg));
+    }
+    if req.uri().to_string().len() > proxy.limits.max_uri_len {
+        let msg = format!(
+            "request target longer than {} bytes",
+            proxy.limits.max_uri_len
+        );
+        drain(req.into_body()).await;
+        return Ok(refused(entry, Reason::UriTooLong, None, &msg));
+    }
     if super::headers_too_large(req.headers()) {
         let msg = format!("request headers exceed {} bytes", super::MAX_HEADER_BYTES);
         drain(req.into_body()).await;

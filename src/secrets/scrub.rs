@@ -136,6 +136,12 @@ pub struct Scrubber {
     /// `[REDACTED:<name>]`, by index into `names`.
     replacements: Vec<Box<[u8]>>,
     max_pattern_len: usize,
+    /// Every variant, sorted, to tell whether a chunk's tail could still begin one: a stream
+    /// holds back only such a tail, so a server-sent event is not delayed by a full window.
+    /// Wiped on drop.
+    sorted: Vec<Zeroizing<Vec<u8>>>,
+    /// Bytes some variant starts with: most tail positions are ruled out by one lookup.
+    first_bytes: [bool; 256],
 }
 
 impl Scrubber {
@@ -177,6 +183,17 @@ impl Scrubber {
             .map_err(|e| ScrubError::Build(e.to_string()))?;
         let max_pattern_len = patterns.iter().map(|p| p.len()).max().unwrap_or(0);
         let sieve = Sieve::build(&patterns);
+        let mut sorted: Vec<Zeroizing<Vec<u8>>> = patterns
+            .iter()
+            .map(|p| Zeroizing::new(p.to_vec()))
+            .collect();
+        sorted.sort_by(|a, b| a.as_slice().cmp(b.as_slice()));
+        let mut first_bytes = [false; 256];
+        for p in &patterns {
+            if let Some(&b) = p.first() {
+                first_bytes[usize::from(b)] = true;
+            }
+        }
         // Our copies of the variants are wiped here, as `candidates` drops.
         drop(candidates);
 
@@ -191,7 +208,34 @@ impl Scrubber {
             names,
             replacements,
             max_pattern_len,
+            sorted,
+            first_bytes,
         })
+    }
+
+    /// Whether `tail` is a proper prefix of some variant (it could become one with more bytes).
+    fn could_start_variant(&self, tail: &[u8]) -> bool {
+        let Some(&first) = tail.first() else {
+            return false;
+        };
+        if !self.first_bytes[usize::from(first)] {
+            return false;
+        }
+        // Variants that extend `tail` sort right after every variant <= `tail` (a variant equal
+        // to `tail` included: it may also be the start of a longer one).
+        let i = self.sorted.partition_point(|p| p.as_slice() <= tail);
+        self.sorted.get(i).is_some_and(|p| p.starts_with(tail))
+    }
+
+    /// The first position of the last `max_pattern_len - 1` bytes from which the rest of
+    /// `haystack` could still grow into a variant; `haystack.len()` when none could.
+    fn unsettled_from(&self, haystack: &[u8]) -> usize {
+        let window = haystack
+            .len()
+            .saturating_sub(self.max_pattern_len.saturating_sub(1));
+        (window..haystack.len())
+            .find(|&q| self.could_start_variant(&haystack[q..]))
+            .unwrap_or(haystack.len())
     }
 
     /// Whether there is no secret to scrub (every input passes through unchanged).
@@ -259,7 +303,9 @@ impl Scrubber {
         // no later byte can change it; a byte before `settled` that no match covers is final.
         let settled = match flush {
             Flush::All => haystack.len(),
-            Flush::Settled => haystack.len().saturating_sub(self.max_pattern_len - 1),
+            // Only a tail that could still grow into a variant waits for more bytes: a match
+            // that could be extended is such a tail too, so leftmost-longest is preserved.
+            Flush::Settled => self.unsettled_from(haystack),
         };
         let mut cursor = 0;
         self.for_each_match(haystack, |found| {
