@@ -101,6 +101,15 @@ struct ServeArgs {
     /// Extra PEM bundle trusted for upstream TLS, besides the webpki roots.
     #[arg(long, env = "LATCHKEY_UPSTREAM_CA")]
     upstream_ca: Option<PathBuf>,
+    /// Open a non-public address range for every rule, e.g. 10.1.2.0/24 (repeatable). Cloud
+    /// metadata opens only with its exact address (169.254.169.254/32).
+    #[arg(
+        long = "allow-private",
+        env = "LATCHKEY_ALLOW_PRIVATE",
+        value_name = "CIDR",
+        value_delimiter = ','
+    )]
+    allow_private: Vec<String>,
     /// Pin a host name to an address, like curl's --resolve (repeatable).
     #[arg(
         long = "resolve",
@@ -215,6 +224,17 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let (host, ip) = parse_resolve(spec).map_err(anyhow::Error::msg)?;
         upstream.resolve.insert(host, ip);
     }
+    for cidr in &args.allow_private {
+        let c = latchkey::upstream::Cidr::parse(cidr)
+            .map_err(|e| anyhow::anyhow!("--allow-private {cidr:?}: {e}"))?;
+        upstream.allow_private.push(c);
+    }
+    // Bind before building the proxy, so the guard knows latchkey's real address (port 0 too).
+    let std_listener = std::net::TcpListener::bind(args.listen)
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    std_listener.set_nonblocking(true)?;
+    let local = std_listener.local_addr()?;
+    upstream.own.push(local);
     let (ca, outcome) = CertAuthority::load_or_create(&args.ca_dir)?;
     if outcome == InitOutcome::Created {
         tracing::info!(path = %ca.cert_path().display(), "created a new CA; sandboxes must trust it (latchkey env)");
@@ -242,9 +262,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .build()
         .context("cannot start the async runtime")?;
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let listener = tokio::net::TcpListener::from_std(std_listener)?;
         let addr = listener.local_addr()?;
         tracing::info!(listen.addr = %addr, policy.digest = %digest, policy.rules = rules, audit = %args.audit.display(), "proxy ready");
         // A fixed line for scripts and tests to wait on.

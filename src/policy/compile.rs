@@ -655,6 +655,18 @@ impl FileCx<'_> {
                 }
             }
         }
+        let mut allow_private = Vec::new();
+        if let Some(list) = raw.allow_private {
+            for (i, c) in list.into_inner().iter().enumerate() {
+                match crate::upstream::guard::Cidr::parse(c.get_ref()) {
+                    Ok(cidr) => allow_private.push(cidr),
+                    Err(e) => self.error(
+                        c.span(),
+                        format!("{}: {e}", at(&format!("allow_private[{i}]"))),
+                    ),
+                }
+            }
+        }
         let wildcard_ok = raw
             .dangerously_inject_into_wildcard
             .as_ref()
@@ -700,6 +712,7 @@ impl FileCx<'_> {
             bound,
             placeholders,
             keep_headers,
+            allow_private,
             origin: Origin {
                 file: self.file.to_path_buf(),
                 line: line_col(self.text, span.start).0,

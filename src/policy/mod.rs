@@ -33,6 +33,7 @@ pub use host::{normalize_host, HostError};
 use crate::reason::Reason;
 use crate::secrets::placeholder::Place;
 use crate::secrets::{SecretStore, Template};
+use crate::upstream::guard::Cidr;
 
 /// URL scheme of a request as policy sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -115,6 +116,8 @@ pub struct Rule {
     pub placeholders: Vec<Place>,
     /// Auth headers the sandbox may send that this rule does not strip.
     pub keep_headers: Vec<HeaderName>,
+    /// Non-public ranges this rule opens in the address guard, on top of `--allow-private`.
+    pub allow_private: Vec<Cidr>,
     pub origin: Origin,
 }
 

@@ -59,6 +59,9 @@ pub struct RawRule {
     /// Auth headers this rule does not strip (e.g. cookie).
     #[serde(default)]
     pub keep_headers: Option<Spanned<Vec<Spanned<String>>>>,
+    /// Non-public address ranges this rule may reach (e.g. an internal service).
+    #[serde(default)]
+    pub allow_private: Option<Spanned<Vec<Spanned<String>>>>,
     /// Required to bind a secret to a wildcard host: every matching host receives it.
     #[serde(default)]
     pub dangerously_inject_into_wildcard: Option<Spanned<bool>>,

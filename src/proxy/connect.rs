@@ -83,7 +83,7 @@ pub async fn handle(proxy: Arc<Proxy>, ctx: Arc<Ctx>, req: Request<Incoming>) ->
             let rule_name = rule.name.clone();
             entry.update(|r| r.rule = Some(rule_name.clone()));
             // Dial first, so an unreachable upstream is a 502 the client can see.
-            let dialed = match proxy.dialer.dial(&host, port).await {
+            let dialed = match proxy.dialer.dial(&host, port, &rule.allow_private).await {
                 Ok(d) => d,
                 Err(e) => return refused(entry, e.reason(), Some(&rule_name), &e.to_string()),
             };

@@ -62,11 +62,14 @@ pub struct Brokered {
     pub body: Body,
     /// Names of secrets injected or substituted.
     pub secrets: BTreeSet<String>,
+    /// Set when a streamed body was aborted for a leak: the client's error does not always
+    /// carry the cause (an h2 upstream sees only a stream reset).
+    pub refused: Arc<std::sync::OnceLock<BodyRefused>>,
 }
 
 /// A refusal raised while an over-limit body streams upstream; found in the client's error
 /// chain and turned into the refusal it carries.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[error("{message}")]
 pub struct BodyRefused {
     pub reason: Reason,
@@ -99,6 +102,7 @@ pub async fn apply(
         return Ok(Brokered {
             body: body::count_up(incoming, counters),
             secrets: used,
+            refused: Arc::default(),
         });
     }
     let scrubber = store.scrubber();
@@ -252,10 +256,11 @@ pub async fn apply(
         used.extend(password.secrets().map(str::to_string));
     }
 
+    let refused: Arc<std::sync::OnceLock<BodyRefused>> = Arc::default();
     let body = match rest {
         None => body::full(body_bytes),
         Some(rest) => {
-            let detector = Detector::new(scrubber, rule, host);
+            let detector = Detector::new(scrubber, rule, host, refused.clone());
             let stream = Prefixed {
                 prefix: Some(body_bytes),
                 inner: rest,
@@ -274,6 +279,7 @@ pub async fn apply(
     Ok(Brokered {
         body,
         secrets: used,
+        refused,
     })
 }
 
@@ -449,10 +455,16 @@ struct Detector {
     rule: String,
     tail: Vec<u8>,
     keep: usize,
+    slot: Arc<std::sync::OnceLock<BodyRefused>>,
 }
 
 impl Detector {
-    fn new(scrubber: Option<Arc<Scrubber>>, rule: &Rule, host: &str) -> Self {
+    fn new(
+        scrubber: Option<Arc<Scrubber>>,
+        rule: &Rule,
+        host: &str,
+        slot: Arc<std::sync::OnceLock<BodyRefused>>,
+    ) -> Self {
         let keep = scrubber
             .as_ref()
             .map_or(0, |s| s.max_pattern_len())
@@ -464,6 +476,7 @@ impl Detector {
             rule: rule.name.clone(),
             tail: Vec::new(),
             keep,
+            slot,
         }
     }
 
@@ -527,6 +540,7 @@ impl HttpBody for Prefixed {
             Some(Ok(frame)) => {
                 if let Some(data) = frame.data_ref() {
                     if let Err(refused) = this.detector.check(data) {
+                        let _ = this.detector.slot.set(refused.clone());
                         return Poll::Ready(Some(Err(Box::new(refused))));
                     }
                 }

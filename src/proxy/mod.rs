@@ -61,7 +61,11 @@ pub struct Proxy {
     policy: Arc<Policy>,
     ca: CertAuthority,
     audit: Arc<AuditLog>,
+    /// The pooled client for rules without their own `allow_private` ranges.
     client: Client,
+    /// One pooled client per distinct `allow_private` set, made on first use.
+    rule_clients: std::sync::Mutex<std::collections::HashMap<Vec<upstream::Cidr>, Client>>,
+    tls: Arc<rustls::ClientConfig>,
     dialer: Arc<Dialer>,
     response_timeout: Duration,
     handshake_timeout: Duration,
@@ -84,18 +88,40 @@ impl Proxy {
     pub fn new(config: ProxyConfig) -> Result<Arc<Self>, UpstreamError> {
         let tls = Arc::new(upstream::tls_config(config.upstream.extra_ca.as_deref())?);
         let dialer = Arc::new(Dialer::new(&config.upstream));
-        let client = upstream::client(Connector::new(dialer.clone(), tls));
+        let client = upstream::client(Connector::new(dialer.clone(), tls.clone(), Vec::new()));
         Ok(Arc::new(Self {
             policy: Arc::new(config.policy),
             ca: config.ca,
             audit: Arc::new(config.audit),
             client,
+            rule_clients: std::sync::Mutex::new(std::collections::HashMap::new()),
+            tls,
             dialer,
             response_timeout: config.response_timeout,
             handshake_timeout: Duration::from_secs(10),
             limits: config.limits,
             connections: Arc::new(limits::ConnectionCounter::default()),
         }))
+    }
+
+    /// The client whose connector opens exactly `extra` on top of `--allow-private`.
+    fn client_for(&self, extra: &[upstream::Cidr]) -> Client {
+        if extra.is_empty() {
+            return self.client.clone();
+        }
+        let mut map = self
+            .rule_clients
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        map.entry(extra.to_vec())
+            .or_insert_with(|| {
+                upstream::client(Connector::new(
+                    self.dialer.clone(),
+                    self.tls.clone(),
+                    extra.to_vec(),
+                ))
+            })
+            .clone()
     }
 
     /// The policy in force.

@@ -158,6 +158,7 @@ pub async fn handle(
         Err((reason, message)) => return Ok(refused(entry, reason, Some(&rule.name), &message)),
     };
     entry.update(|r| r.secrets = brokered.secrets.iter().cloned().collect());
+    let body_refused = brokered.refused.clone();
     // Responses on a rule that binds secrets are scanned for every value in force.
     let scan = if rule.bound.is_empty() {
         None
@@ -179,11 +180,12 @@ pub async fn handle(
     let upstream_req = Request::from_parts(parts, brokered.body);
 
     // upstream: guarded dial (pooled), response headers within the timeout.
-    let sent = tokio::time::timeout(proxy.response_timeout, proxy.client.request(upstream_req));
+    let client = proxy.client_for(&rule.allow_private);
+    let sent = tokio::time::timeout(proxy.response_timeout, client.request(upstream_req));
     let mut res = match sent.await {
         Ok(Ok(res)) => res,
         Ok(Err(e)) => {
-            if let Some(r) = find_body_refusal(&e) {
+            if let Some(r) = body_refused.get().or_else(|| find_body_refusal(&e)) {
                 return Ok(refused(entry, r.reason, Some(&rule.name), &r.message));
             }
             let (reason, why) = match find_upstream_error(&e) {

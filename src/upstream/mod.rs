@@ -26,6 +26,11 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
+pub mod guard;
+pub mod hostform;
+
+pub use guard::{AddressGuard, Cidr};
+
 use crate::policy::normalize_host;
 use crate::reason::Reason;
 
@@ -46,12 +51,13 @@ pub enum UpstreamError {
     },
     #[error("{host} resolved to no address")]
     NoAddress { host: String },
-    #[error("upstream address {addr} for {host} refused: {why}")]
+    #[error("{host} resolves to {refused}")]
     Refused {
         host: String,
-        addr: SocketAddr,
-        why: String,
+        refused: guard::Refused,
     },
+    #[error("invalid numeric host {host:?}: {why}")]
+    BadNumericHost { host: String, why: String },
     #[error("cannot connect to {host} at {addr}: {source}")]
     Connect {
         host: String,
@@ -77,29 +83,9 @@ impl UpstreamError {
         match self {
             UpstreamError::Tls { .. } => Reason::UpstreamTls,
             UpstreamError::ConnectTimeout { .. } => Reason::UpstreamTimeout,
+            UpstreamError::Refused { .. } => Reason::NonPublicAddress,
             _ => Reason::UpstreamUnreachable,
         }
-    }
-}
-
-/// Decides whether a resolved address may be dialed.
-///
-/// Today it refuses only the unspecified addresses (which connect to the local host); the
-/// non-public address classification (loopback, RFC 1918, metadata, mapped forms) slots in
-/// here, so every dial — requests, tunnels, token exchanges — gets it at once.
-#[derive(Debug, Clone, Default)]
-pub struct AddressGuard {}
-
-impl AddressGuard {
-    /// `Err(why)` when `addr` must not be dialed.
-    pub fn check(&self, addr: &SocketAddr) -> Result<(), String> {
-        if addr.ip().is_unspecified() {
-            return Err("the unspecified address reaches the proxy host itself".to_string());
-        }
-        if addr.port() == 0 {
-            return Err("port 0".to_string());
-        }
-        Ok(())
     }
 }
 
@@ -111,6 +97,10 @@ pub struct UpstreamConfig {
     /// Extra PEM bundle trusted for upstream TLS (`--upstream-ca`).
     pub extra_ca: Option<PathBuf>,
     pub connect_timeout: Duration,
+    /// Non-public ranges opened for every rule (`--allow-private`).
+    pub allow_private: Vec<Cidr>,
+    /// latchkey's own listen addresses: never dialed.
+    pub own: Vec<SocketAddr>,
 }
 
 impl Default for UpstreamConfig {
@@ -119,6 +109,8 @@ impl Default for UpstreamConfig {
             resolve: HashMap::new(),
             extra_ca: None,
             connect_timeout: Duration::from_secs(10),
+            allow_private: Vec::new(),
+            own: Vec::new(),
         }
     }
 }
@@ -138,6 +130,7 @@ pub fn parse_resolve(spec: &str) -> Result<(String, IpAddr), String> {
 }
 
 /// A connection to an upstream and the address it was made to (the address that was checked).
+#[derive(Debug)]
 pub struct Dialed {
     pub stream: TcpStream,
     pub addr: SocketAddr,
@@ -155,7 +148,7 @@ impl Dialer {
     pub fn new(config: &UpstreamConfig) -> Self {
         Self {
             resolve: config.resolve.clone(),
-            guard: AddressGuard::default(),
+            guard: AddressGuard::new(config.allow_private.clone(), config.own.clone()),
             connect_timeout: config.connect_timeout,
         }
     }
@@ -163,8 +156,19 @@ impl Dialer {
     /// Resolves `host` and returns every address, each passed through the guard. A name with any
     /// refused address is refused whole: a name that mixes public and private answers is a
     /// rebinding attempt or a misconfiguration either way.
-    pub async fn resolve(&self, host: &str, port: u16) -> Result<Vec<SocketAddr>, UpstreamError> {
-        let addrs: Vec<SocketAddr> = if let Ok(ip) = host.parse::<IpAddr>() {
+    pub async fn resolve(
+        &self,
+        host: &str,
+        port: u16,
+        extra: &[Cidr],
+    ) -> Result<Vec<SocketAddr>, UpstreamError> {
+        // Numeric hosts in any form libc accepts (2852039166, 0xA9FEA9FE, 127.1) are addresses,
+        // never names to look up: parse them here so the guard sees what would be dialed.
+        let numeric = hostform::parse_ip_host(host).map_err(|e| UpstreamError::BadNumericHost {
+            host: host.to_string(),
+            why: e.to_string(),
+        })?;
+        let addrs: Vec<SocketAddr> = if let Some(ip) = numeric {
             vec![SocketAddr::new(ip, port)]
         } else if let Some(ip) = self.resolve.get(host) {
             vec![SocketAddr::new(*ip, port)]
@@ -184,19 +188,23 @@ impl Dialer {
         }
         for addr in &addrs {
             self.guard
-                .check(addr)
-                .map_err(|why| UpstreamError::Refused {
+                .check(*addr, extra)
+                .map_err(|refused| UpstreamError::Refused {
                     host: host.to_string(),
-                    addr: *addr,
-                    why,
+                    refused,
                 })?;
         }
         Ok(addrs)
     }
 
     /// Connects to `host:port` through the guard, trying each checked address in turn.
-    pub async fn dial(&self, host: &str, port: u16) -> Result<Dialed, UpstreamError> {
-        let addrs = self.resolve(host, port).await?;
+    pub async fn dial(
+        &self,
+        host: &str,
+        port: u16,
+        extra: &[Cidr],
+    ) -> Result<Dialed, UpstreamError> {
+        let addrs = self.resolve(host, port, extra).await?;
         let mut last = None;
         for addr in addrs {
             // The one outbound connect in latchkey (see .clippy.toml).
@@ -270,13 +278,16 @@ pub struct UpstreamAddr(pub SocketAddr);
 pub struct Connector {
     dialer: Arc<Dialer>,
     tls: tokio_rustls::TlsConnector,
+    /// A rule's own `allow_private` ranges; each distinct set gets its own connector and pool.
+    extra: Arc<[Cidr]>,
 }
 
 impl Connector {
-    pub fn new(dialer: Arc<Dialer>, tls: Arc<rustls::ClientConfig>) -> Self {
+    pub fn new(dialer: Arc<Dialer>, tls: Arc<rustls::ClientConfig>, extra: Vec<Cidr>) -> Self {
         Self {
             dialer,
             tls: tokio_rustls::TlsConnector::from(tls),
+            extra: extra.into(),
         }
     }
 
@@ -288,7 +299,7 @@ impl Connector {
         })?;
         let https = uri.scheme() == Some(&http::uri::Scheme::HTTPS);
         let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
-        let dialed = self.dialer.dial(&host, port).await?;
+        let dialed = self.dialer.dial(&host, port, &self.extra).await?;
         if !https {
             return Ok(UpstreamConn::Plain {
                 io: TokioIo::new(dialed.stream),
@@ -439,9 +450,44 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn the_dialer_refuses_the_unspecified_address() {
+    async fn the_dialer_refuses_non_public_addresses_in_every_host_form() {
         let d = Dialer::new(&UpstreamConfig::default());
-        let e = d.dial("0.0.0.0", 80).await.err().expect("refused");
-        assert!(matches!(e, UpstreamError::Refused { .. }), "{e}");
+        for host in [
+            "0.0.0.0",
+            "127.0.0.1",
+            "2852039166",
+            "0xA9FEA9FE",
+            "::ffff:169.254.169.254",
+            "127.1",
+        ] {
+            let e = d.dial(host, 80, &[]).await.expect_err("refused");
+            assert!(matches!(e, UpstreamError::Refused { .. }), "{host}: {e}");
+            assert_eq!(e.reason(), Reason::NonPublicAddress);
+        }
+        let e = d.dial("256.1.1.1", 80, &[]).await.expect_err("refused");
+        assert!(matches!(e, UpstreamError::BadNumericHost { .. }), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_pinned_name_is_checked_like_a_resolved_one_and_a_rule_range_opens_it() {
+        let mut config = UpstreamConfig::default();
+        config
+            .resolve
+            .insert("internal.test".into(), "10.1.2.7".parse().expect("ip"));
+        let d = Dialer::new(&config);
+        let e = d
+            .resolve("internal.test", 443, &[])
+            .await
+            .expect_err("refused");
+        assert!(e.to_string().contains("10.1.2.7"), "{e}");
+        let extra = [Cidr::parse("10.1.2.0/24").expect("cidr")];
+        let addrs = d
+            .resolve("internal.test", 443, &extra)
+            .await
+            .expect("opened");
+        assert_eq!(
+            addrs,
+            vec!["10.1.2.7:443".parse::<SocketAddr>().expect("addr")]
+        );
     }
 }

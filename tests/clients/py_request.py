@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Send one request through latchkey with Python `requests`, as an agent's SDK would.
 
-Usage: py_request.py PROXY_URL CA_FILE METHOD URL ['Name: value' ...]
+Usage: py_request.py PROXY_URL CA_FILE METHOD URL ['Name: value' ...] [--data=BODY]
 
 Trusts only CA_FILE (latchkey's CA), ignores the environment's proxy and CA settings, and prints
 the response as JSON: {"status": int, "headers": [[name, value], ...], "body": str}.
@@ -16,7 +16,11 @@ import requests
 def main() -> int:
     proxy, ca_file, method, url, *header_args = sys.argv[1:]
     headers = {}
+    data = None
     for arg in header_args:
+        if arg.startswith("--data="):
+            data = arg[len("--data=") :].encode()
+            continue
         name, _, value = arg.partition(":")
         headers[name.strip()] = value.strip()
 
@@ -26,6 +30,7 @@ def main() -> int:
         method,
         url,
         headers=headers,
+        data=data,
         proxies={"http": proxy, "https": proxy},
         verify=ca_file,
         timeout=20,

@@ -20,6 +20,7 @@ fn valid() -> Value {
         "rule": "api",
         "reason": "allowed",
         "secrets": [],
+        "redactions": 0,
         "status": 200,
         "upstream": "127.0.0.1:443",
         "bytes_up": 10,
@@ -68,6 +69,11 @@ fn the_schema_check_rejects_wrong_values() {
         ("reason", json!("no_rule")), // with decision allow
         ("rule", json!(null)),        // with decision allow
         ("secrets", json!("openai")),
+        ("secrets", json!([1])),
+        ("redactions", json!(-1)),
+        ("redactions", json!("3")),
+        ("redactions", json!(1.5)),
+        ("redactions", json!(null)),
         ("status", json!(42)),
         ("upstream", json!("somewhere")),
         ("bytes_down", json!(-1)),
@@ -114,4 +120,30 @@ fn the_schema_check_allows_an_unknown_target_only_where_it_cannot_be_known() {
             "a no_rule denial with {field} = null passed"
         );
     }
+}
+
+#[test]
+fn the_schema_check_knows_the_secret_reasons_and_their_decisions() {
+    for (reason, decision) in [
+        ("placeholder_not_bound", "deny"),
+        ("secret_value_unbound", "deny"),
+        ("secret_unavailable", "deny"),
+        ("uninspectable_body", "allow"),
+    ] {
+        let mut record = valid();
+        record["reason"] = json!(reason);
+        record["decision"] = json!(decision);
+        check_record(&record).unwrap_or_else(|e| panic!("{reason} with decision {decision}: {e}"));
+        let other = if decision == "allow" { "deny" } else { "allow" };
+        record["decision"] = json!(other);
+        assert!(
+            check_record(&record).is_err(),
+            "{reason} with decision {other} passed"
+        );
+    }
+
+    let mut redacted = valid();
+    redacted["secrets"] = json!(["openai"]);
+    redacted["redactions"] = json!(7);
+    check_record(&redacted).expect("a record with injected secrets and redactions");
 }

@@ -2,8 +2,12 @@
 //!
 //! One JSON object per line with: `ts` (RFC 3339), `id`, `identity`, `client` (ip:port),
 //! `method`, `scheme`, `host`, `port`, `path` (query values redacted), `decision`, `rule`,
-//! `reason` (a known code), `secrets` (array), `status` (number or null), `upstream` (ip:port or
+//! `reason` (a known code), `secrets` (array of names), `redactions` (count of secret values
+//! replaced in the response, 0 when none), `status` (number or null), `upstream` (ip:port or
 //! null), `bytes_up`, `bytes_down`, `duration_ms`, `policy` (`sha256:` + hex).
+//!
+//! Decisions: `allow` goes with `allowed`, `tunnel` and the failures that happen after policy
+//! allowed the request ([`ALLOWED_BUT_FAILED`]); every other reason is a `deny`.
 
 use std::net::SocketAddr;
 
@@ -30,6 +34,20 @@ pub const REASONS: &[&str] = &[
     "upstream_tls",
     "upstream_error",
     "upstream_timeout",
+    "placeholder_not_bound",
+    "secret_value_unbound",
+    "secret_unavailable",
+    "uninspectable_body",
+];
+
+/// Reasons for requests that policy allowed but that failed afterwards: the upstream failed, or
+/// its response could not be inspected for secrets and was refused.
+pub const ALLOWED_BUT_FAILED: &[&str] = &[
+    "upstream_unreachable",
+    "upstream_tls",
+    "upstream_error",
+    "upstream_timeout",
+    "uninspectable_body",
 ];
 
 /// Target fields that may be `null` because the target is unknown for this reason: hyper rejected
@@ -117,24 +135,12 @@ pub fn check_record(record: &Value) -> Result<(), String> {
     }
 
     let decision = string("decision")?;
-    match (decision, reason) {
-        // Upstream failures happen after policy allowed the request.
-        ("allow", "allowed" | "tunnel")
-        | (
-            "allow",
-            "upstream_unreachable" | "upstream_tls" | "upstream_error" | "upstream_timeout",
-        ) => {}
-        ("allow", _) => return Err(format!("decision allow with reason {reason:?}")),
-        (
-            "deny",
-            "allowed"
-            | "tunnel"
-            | "upstream_unreachable"
-            | "upstream_tls"
-            | "upstream_error"
-            | "upstream_timeout",
-        ) => return Err(format!("decision deny with reason {reason:?}")),
-        ("deny", _) => {}
+    let allow_reason =
+        matches!(reason, "allowed" | "tunnel") || ALLOWED_BUT_FAILED.contains(&reason);
+    match decision {
+        "allow" if !allow_reason => return Err(format!("decision allow with reason {reason:?}")),
+        "deny" if allow_reason => return Err(format!("decision deny with reason {reason:?}")),
+        "allow" | "deny" => {}
         _ => return Err(format!("decision {decision:?} is neither allow nor deny")),
     }
     match get("rule")? {
@@ -147,6 +153,10 @@ pub fn check_record(record: &Value) -> Result<(), String> {
         .ok_or_else(|| "secrets is not an array".to_string())?;
     if secrets.iter().any(|s| !s.is_string()) {
         return Err("secrets holds something other than names".into());
+    }
+    match get("redactions")?.as_u64() {
+        Some(_) => {}
+        None => return Err("redactions is not a non-negative integer".into()),
     }
     match get("status")? {
         Value::Null => {}

@@ -15,11 +15,22 @@ use serde_json::Value;
 use super::latchkey::{wait_with_timeout, Latchkey, SCRUBBED_ENV};
 
 /// A response as a client saw it.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RawResponse {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+}
+
+/// The body as (lossy) text, so failure messages are readable.
+impl std::fmt::Debug for RawResponse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawResponse")
+            .field("status", &self.status)
+            .field("headers", &self.headers)
+            .field("body", &self.text())
+            .finish()
+    }
 }
 
 impl RawResponse {

@@ -2,8 +2,10 @@
 //!
 //! `latchkey()` writes policies into a temp dir and spawns
 //! `latchkey serve --policies DIR --listen 127.0.0.1:0 --ca-dir DIR --audit PATH`, then waits for
-//! the stderr line `latchkey: proxy listening on 127.0.0.1:PORT`. Stderr keeps being drained into
-//! a buffer (`stderr_text`). The child is killed when the handle drops.
+//! the stderr line `latchkey: proxy listening on 127.0.0.1:PORT`. Stderr and stdout keep being
+//! drained into buffers (`stderr_text`, `stdout_text`). The child gets this process's environment
+//! minus [`SCRUBBED_ENV`], plus what the test sets with `.env(..)` (secrets sourced from `env:`).
+//! The child is killed when the handle drops.
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
@@ -45,6 +47,10 @@ pub fn latchkey() -> LatchkeyBuilder {
         policies: Vec::new(),
         pins: Vec::new(),
         upstream_ca: None,
+        env: Vec::new(),
+        allow_loopback: true,
+        resolves: Vec::new(),
+        args: Vec::new(),
     }
 }
 
@@ -52,12 +58,51 @@ pub struct LatchkeyBuilder {
     policies: Vec<(String, String)>,
     pins: Vec<String>,
     upstream_ca: Option<PathBuf>,
+    /// `(name, Some(value))` sets a variable in latchkey's environment, `(name, None)` removes it.
+    env: Vec<(String, Option<String>)>,
+    /// Test upstreams live on loopback, which the address guard refuses: open 127.0.0.0/8 the
+    /// way an operator opens an internal range, unless a test checks the guard itself.
+    allow_loopback: bool,
+    /// `--resolve host=ip` pins to addresses other than 127.0.0.1.
+    resolves: Vec<(String, String)>,
+    /// Extra command-line arguments.
+    args: Vec<String>,
 }
 
 impl LatchkeyBuilder {
+    /// Sets `name=value` in latchkey's environment (for `env:` secret sources).
+    pub fn env(mut self, name: &str, value: &str) -> Self {
+        self.env.push((name.to_string(), Some(value.to_string())));
+        self
+    }
+
+    /// Makes sure `name` is not in latchkey's environment.
+    pub fn env_remove(mut self, name: &str) -> Self {
+        self.env.push((name.to_string(), None));
+        self
+    }
+
     /// Adds a policy file `name` (e.g. `"main.toml"`) with `contents`.
     pub fn policy(mut self, name: &str, contents: &str) -> Self {
         self.policies.push((name.to_string(), contents.to_string()));
+        self
+    }
+
+    /// Runs without `--allow-private 127.0.0.0/8`: the address guard at its defaults.
+    pub fn guarded(mut self) -> Self {
+        self.allow_loopback = false;
+        self
+    }
+
+    /// Pins `host` to `ip` (`--resolve host=ip`).
+    pub fn resolve(mut self, host: &str, ip: &str) -> Self {
+        self.resolves.push((host.to_string(), ip.to_string()));
+        self
+    }
+
+    /// Adds command-line arguments to `serve`.
+    pub fn arg(mut self, arg: &str) -> Self {
+        self.args.push(arg.to_string());
         self
     }
 
@@ -99,11 +144,24 @@ impl LatchkeyBuilder {
         for host in &self.pins {
             cmd.arg("--resolve").arg(format!("{host}=127.0.0.1"));
         }
+        for (host, ip) in &self.resolves {
+            cmd.arg("--resolve").arg(format!("{host}={ip}"));
+        }
+        if self.allow_loopback {
+            cmd.arg("--allow-private").arg("127.0.0.0/8");
+        }
+        cmd.args(&self.args);
         for var in SCRUBBED_ENV {
             cmd.env_remove(var);
         }
+        for (name, value) in &self.env {
+            match value {
+                Some(value) => cmd.env(name, value),
+                None => cmd.env_remove(name),
+            };
+        }
         cmd.stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         (dir, cmd)
     }
@@ -113,6 +171,20 @@ impl LatchkeyBuilder {
         let (dir, mut cmd) = self.prepare();
         let mut child = cmd.spawn().expect("spawn latchkey serve");
         let stderr = child.stderr.take().expect("latchkey stderr pipe");
+        let stdout_buffer = Arc::new(Mutex::new(String::new()));
+        let stdout = child.stdout.take().expect("latchkey stdout pipe");
+        let stdout_sink = stdout_buffer.clone();
+        thread::spawn(move || {
+            let mut reader = BufReader::new(stdout);
+            let mut line = Vec::new();
+            while matches!(reader.read_until(b'\n', &mut line), Ok(n) if n > 0) {
+                stdout_sink
+                    .lock()
+                    .expect("stdout buffer")
+                    .push_str(&String::from_utf8_lossy(&line));
+                line.clear();
+            }
+        });
         let buffer = Arc::new(Mutex::new(String::new()));
         let (tx, rx) = mpsc::channel();
         let sink = buffer.clone();
@@ -171,6 +243,7 @@ impl LatchkeyBuilder {
             child,
             proxy,
             stderr: buffer,
+            stdout: stdout_buffer,
         }
     }
 
@@ -193,6 +266,7 @@ pub struct Latchkey {
     child: Child,
     proxy: SocketAddr,
     stderr: Arc<Mutex<String>>,
+    stdout: Arc<Mutex<String>>,
 }
 
 impl Latchkey {
@@ -223,6 +297,30 @@ impl Latchkey {
     /// Everything latchkey wrote to stderr so far.
     pub fn stderr_text(&self) -> String {
         self.stderr.lock().expect("stderr buffer").clone()
+    }
+
+    /// Everything latchkey wrote to stdout so far.
+    pub fn stdout_text(&self) -> String {
+        self.stdout.lock().expect("stdout buffer").clone()
+    }
+
+    /// The audit file as written so far, unparsed.
+    pub fn audit_text(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("audit.jsonl")).unwrap_or_default()
+    }
+
+    /// Waits up to `timeout` for stderr to contain `needle`; returns whether it did.
+    pub fn wait_stderr_contains(&self, needle: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.stderr_text().contains(needle) {
+                return true;
+            }
+            if Instant::now() > deadline {
+                return false;
+            }
+            thread::sleep(Duration::from_millis(25));
+        }
     }
 
     /// The whole audit lines written so far, each parsed and checked against the record schema.

@@ -13,6 +13,8 @@ pub mod audit;
 pub mod ca;
 pub mod clients;
 pub mod latchkey;
+pub mod problems;
+pub mod secrets;
 pub mod upstream;
 
 pub use audit::{assert_record, check_record};
@@ -21,6 +23,7 @@ pub use clients::{
     assert_denial, connect_tunnel, curl, python_request, raw_request, read_response, tls_config,
 };
 pub use latchkey::{latchkey, policy_dir, run_cli, CliOutput, Latchkey};
+pub use problems::{assert_problem, problems_in};
 pub use upstream::{Echo, Upstream};
 
 /// The usual setup for HTTPS tests: a test CA, an HTTPS echo upstream signed by it, and latchkey

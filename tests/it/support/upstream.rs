@@ -1,16 +1,24 @@
-//! Echo upstreams: real HTTPS and plain HTTP servers on `127.0.0.1:0`.
+//! Upstreams: real HTTPS and plain HTTP servers on `127.0.0.1:0`.
 //!
-//! Each answers every request with a JSON description of exactly what it received (method, path
-//! with query, version, headers in order, body), so tests assert on what left the proxy. Each
+//! By default each answers every request with a JSON description of exactly what it received
+//! (method, path with query, version, headers in order, body), so tests assert on what left the
+//! proxy. A test may give its own [`Handler`] instead (`https_with`, `http_with`), for responses
+//! an echo cannot produce (reflected secrets, compressed or streamed bodies). Every upstream
 //! counts the TCP connections it accepted, so tests can assert that no upstream connection was
-//! made at all.
+//! made at all, and records every request it received ([`Upstream::received`]), so tests can see
+//! what left the proxy even when the response the client gets is redacted.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http_body::Frame;
+use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -19,9 +27,132 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use serde_json::{json, Value};
 use tokio::runtime::Runtime;
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 use super::ca::{TestCa, UPSTREAM_NAMES};
+
+/// The body type handlers answer with.
+pub type UpBody = BoxBody<Bytes, Infallible>;
+
+/// What an upstream does with each request it received.
+pub type Handler =
+    Arc<dyn Fn(Received) -> Pin<Box<dyn Future<Output = Response<UpBody>> + Send>> + Send + Sync>;
+
+/// Wraps an async function as a [`Handler`].
+pub fn handler<F, Fut>(f: F) -> Handler
+where
+    F: Fn(Received) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Response<UpBody>> + Send + 'static,
+{
+    Arc::new(move |req| Box::pin(f(req)))
+}
+
+/// A whole body with a known length (sent with `content-length`).
+pub fn full_body(bytes: impl Into<Bytes>) -> UpBody {
+    Full::new(bytes.into()).boxed()
+}
+
+/// A body of these pieces, each its own frame, with no length known up front (sent chunked
+/// over HTTP/1.1, as separate DATA frames over h2).
+pub fn chunked_body(pieces: Vec<Bytes>) -> UpBody {
+    let (tx, body) = channel_body(pieces.len().max(1));
+    for piece in pieces {
+        tx.try_send(piece).expect("chunk fits the channel");
+    }
+    body
+}
+
+/// A streamed body fed by the returned sender; it ends when the sender is dropped.
+pub fn channel_body(capacity: usize) -> (mpsc::Sender<Bytes>, UpBody) {
+    let (tx, rx) = mpsc::channel(capacity);
+    (tx, ChannelBody { rx }.boxed())
+}
+
+struct ChannelBody {
+    rx: mpsc::Receiver<Bytes>,
+}
+
+impl http_body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.rx
+            .poll_recv(cx)
+            .map(|piece| piece.map(|bytes| Ok(Frame::data(bytes))))
+    }
+}
+
+/// One request as an upstream received it.
+#[derive(Clone)]
+pub struct Received {
+    pub method: String,
+    /// Path and query, as sent.
+    pub path: String,
+    pub authority: Option<String>,
+    pub version: String,
+    /// Headers in order (values decoded lossily as UTF-8).
+    pub headers: Vec<(String, String)>,
+    /// The body; for an upload the proxy aborted, what arrived before the abort.
+    pub body: Vec<u8>,
+}
+
+impl std::fmt::Debug for Received {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Received")
+            .field("method", &self.method)
+            .field("path", &self.path)
+            .field("authority", &self.authority)
+            .field("version", &self.version)
+            .field("headers", &self.headers)
+            .field("body", &self.body_text())
+            .finish()
+    }
+}
+
+impl Received {
+    /// Every value of header `name` (case-insensitive), in order.
+    pub fn header_values(&self, name: &str) -> Vec<&str> {
+        self.headers
+            .iter()
+            .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+            .collect()
+    }
+
+    /// The first value of header `name`.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.header_values(name).first().copied()
+    }
+
+    /// The path without its query.
+    pub fn path_only(&self) -> &str {
+        self.path.split('?').next().unwrap_or_default()
+    }
+
+    /// The raw (still percent-encoded) value of every query parameter `name`.
+    pub fn query_values(&self, name: &str) -> Vec<&str> {
+        let Some((_, query)) = self.path.split_once('?') else {
+            return Vec::new();
+        };
+        query
+            .split('&')
+            .filter_map(|pair| {
+                let (n, v) = pair.split_once('=').unwrap_or((pair, ""));
+                (n == name).then_some(v)
+            })
+            .collect()
+    }
+
+    /// The body as text (lossy).
+    pub fn body_text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
 
 /// One runtime for every upstream of the test binary; tests themselves are synchronous.
 fn runtime() -> &'static Runtime {
@@ -38,6 +169,7 @@ fn runtime() -> &'static Runtime {
 pub struct Upstream {
     addr: SocketAddr,
     connections: Arc<AtomicUsize>,
+    received: Arc<Mutex<Vec<Received>>>,
     task: JoinHandle<()>,
 }
 
@@ -45,6 +177,11 @@ impl Upstream {
     /// An HTTPS echo server (http/1.1 and h2 via ALPN) whose certificate covers
     /// [`UPSTREAM_NAMES`] and is signed by `ca`.
     pub fn https(ca: &TestCa) -> Self {
+        Self::https_with(ca, handler(echo))
+    }
+
+    /// An HTTPS server like [`Upstream::https`] that answers with `handler`.
+    pub fn https_with(ca: &TestCa, handler: Handler) -> Self {
         let (chain, key) = ca.issue(UPSTREAM_NAMES);
         let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
             rustls::crypto::aws_lc_rs::default_provider(),
@@ -56,11 +193,11 @@ impl Upstream {
         .expect("upstream certificate");
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-        Self::start(move |tcp| {
+        Self::start(handler, move |tcp, service| {
             let acceptor = acceptor.clone();
             async move {
                 if let Ok(tls) = acceptor.accept(tcp).await {
-                    serve(TokioIo::new(tls)).await;
+                    serve(TokioIo::new(tls), service).await;
                 }
             }
         })
@@ -68,12 +205,19 @@ impl Upstream {
 
     /// A plain HTTP echo server.
     pub fn http() -> Self {
-        Self::start(|tcp| async move { serve(TokioIo::new(tcp)).await })
+        Self::http_with(handler(echo))
     }
 
-    fn start<F, Fut>(handle: F) -> Self
+    /// A plain HTTP server that answers with `handler`.
+    pub fn http_with(handler: Handler) -> Self {
+        Self::start(handler, |tcp, service| async move {
+            serve(TokioIo::new(tcp), service).await
+        })
+    }
+
+    fn start<F, Fut>(handler: Handler, handle: F) -> Self
     where
-        F: Fn(tokio::net::TcpStream) -> Fut + Send + 'static,
+        F: Fn(tokio::net::TcpStream, Service) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = ()> + Send + 'static,
     {
         let std_listener =
@@ -83,6 +227,11 @@ impl Upstream {
             .expect("non-blocking upstream listener");
         let addr = std_listener.local_addr().expect("upstream address");
         let connections = Arc::new(AtomicUsize::new(0));
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let service = Service {
+            handler,
+            received: received.clone(),
+        };
         let counter = connections.clone();
         let rt = runtime();
         let _guard = rt.enter();
@@ -94,12 +243,13 @@ impl Upstream {
                     continue;
                 };
                 counter.fetch_add(1, Ordering::SeqCst);
-                tokio::spawn(handle(tcp));
+                tokio::spawn(handle(tcp, service.clone()));
             }
         });
         Upstream {
             addr,
             connections,
+            received,
             task,
         }
     }
@@ -117,6 +267,11 @@ impl Upstream {
     pub fn connections(&self) -> usize {
         self.connections.load(Ordering::SeqCst)
     }
+
+    /// Every request received so far, in order of arrival.
+    pub fn received(&self) -> Vec<Received> {
+        self.received.lock().expect("received requests").clone()
+    }
 }
 
 impl Drop for Upstream {
@@ -125,40 +280,92 @@ impl Drop for Upstream {
     }
 }
 
-async fn serve<I>(io: TokioIo<I>)
+/// A connection's view of its upstream: the handler, and where to record requests.
+#[derive(Clone)]
+struct Service {
+    handler: Handler,
+    received: Arc<Mutex<Vec<Received>>>,
+}
+
+async fn serve<I>(io: TokioIo<I>, service: Service)
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let _ = auto::Builder::new(TokioExecutor::new())
-        .serve_connection(io, service_fn(echo))
+        .serve_connection(
+            io,
+            service_fn(move |req: Request<Incoming>| {
+                let service = service.clone();
+                async move {
+                    let received = receive(req, &service.received).await;
+                    Ok::<_, Infallible>((service.handler)(received).await)
+                }
+            }),
+        )
         .await;
 }
 
-async fn echo(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
-    let (parts, body) = req.into_parts();
-    let body = match body.collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(_) => Bytes::new(),
+/// Records the request as it arrives (head first, then each body frame), so that what arrived of
+/// an upload the proxy aborted is recorded too, then returns it whole.
+async fn receive(req: Request<Incoming>, log: &Mutex<Vec<Received>>) -> Received {
+    let (parts, mut body) = req.into_parts();
+    let head = Received {
+        method: parts.method.as_str().to_string(),
+        path: parts
+            .uri
+            .path_and_query()
+            .map(|p| p.as_str())
+            .unwrap_or("/")
+            .to_string(),
+        authority: parts.uri.authority().map(|a| a.as_str().to_string()),
+        version: format!("{:?}", parts.version),
+        headers: parts
+            .headers
+            .iter()
+            .map(|(name, value)| {
+                (
+                    name.as_str().to_string(),
+                    String::from_utf8_lossy(value.as_bytes()).into_owned(),
+                )
+            })
+            .collect(),
+        body: Vec::new(),
     };
-    let headers: Vec<Value> = parts
+    let index = {
+        let mut log = log.lock().expect("received requests");
+        log.push(head);
+        log.len() - 1
+    };
+    while let Some(Ok(frame)) = body.frame().await {
+        if let Ok(data) = frame.into_data() {
+            log.lock().expect("received requests")[index]
+                .body
+                .extend_from_slice(&data);
+        }
+    }
+    log.lock().expect("received requests")[index].clone()
+}
+
+/// The default handler: a JSON description of the request.
+pub async fn echo(req: Received) -> Response<UpBody> {
+    let headers: Vec<Value> = req
         .headers
         .iter()
-        .map(|(name, value)| json!([name.as_str(), String::from_utf8_lossy(value.as_bytes())]))
+        .map(|(name, value)| json!([name, value]))
         .collect();
     let description = json!({
-        "method": parts.method.as_str(),
-        "path": parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/"),
-        "authority": parts.uri.authority().map(|a| a.as_str()),
-        "version": format!("{:?}", parts.version),
+        "method": req.method,
+        "path": req.path,
+        "authority": req.authority,
+        "version": req.version,
         "headers": headers,
-        "body": String::from_utf8_lossy(&body),
+        "body": String::from_utf8_lossy(&req.body),
     });
-    let response = Response::builder()
+    Response::builder()
         .header("content-type", "application/json")
         .header("x-echo", "1")
-        .body(Full::new(Bytes::from(description.to_string())))
-        .expect("echo response");
-    Ok(response)
+        .body(full_body(description.to_string()))
+        .expect("echo response")
 }
 
 /// What an echo upstream received, parsed from its JSON answer.
