@@ -17,6 +17,7 @@ use std::time::{Instant, SystemTime};
 use serde::Serialize;
 
 use crate::reason::Reason;
+use crate::secrets::SecretStore;
 
 /// Failure to open the audit sink.
 #[derive(Debug, thiserror::Error)]
@@ -160,6 +161,20 @@ pub fn redact_query(path_and_query: &str) -> String {
     format!("{path}?{}", redacted.join("&"))
 }
 
+fn scrub_str(store: Option<&SecretStore>, text: &str) -> String {
+    match store.and_then(SecretStore::scrubber) {
+        Some(s) => {
+            let (out, names) = s.scrub(text.as_bytes());
+            if names.is_empty() {
+                text.to_string()
+            } else {
+                String::from_utf8_lossy(&out).into_owned()
+            }
+        }
+        None => text.to_string(),
+    }
+}
+
 /// Byte counters shared between body wrappers and the entry.
 #[derive(Debug, Default)]
 pub struct Counters {
@@ -175,6 +190,9 @@ pub struct Entry {
     record: Option<Record>,
     started: Instant,
     counters: Arc<Counters>,
+    /// Secrets whose values must never reach the record or the log, even when the sandbox put
+    /// one in a URL.
+    secrets: Option<Arc<SecretStore>>,
 }
 
 impl Entry {
@@ -206,7 +224,19 @@ impl Entry {
             }),
             started: Instant::now(),
             counters: Arc::new(Counters::default()),
+            secrets: None,
         }
+    }
+
+    /// Scrubs secret values out of the record's free-text fields when it is written.
+    pub fn scrub_with(&mut self, secrets: Arc<SecretStore>) {
+        self.secrets = Some(secrets);
+    }
+
+    /// `text` with every secret value in force replaced by `[REDACTED:name]`: for messages
+    /// that quote what the sandbox sent (a denial naming the URL).
+    pub fn scrub_text(&self, text: &str) -> String {
+        scrub_str(self.secrets.as_deref(), text)
     }
 
     /// Edits the pending record.
@@ -247,6 +277,13 @@ impl Entry {
 
     fn write(&mut self) {
         if let Some(mut r) = self.record.take() {
+            if let Some(store) = self.secrets.as_deref() {
+                for field in [&mut r.path, &mut r.host, &mut r.method] {
+                    if let Some(v) = field.as_mut() {
+                        *v = scrub_str(Some(store), v);
+                    }
+                }
+            }
             r.duration_ms = self.started.elapsed().as_millis() as u64;
             r.bytes_up = self.counters.up.load(Ordering::Relaxed);
             r.bytes_down = self.counters.down.load(Ordering::Relaxed);

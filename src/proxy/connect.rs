@@ -34,6 +34,7 @@ pub async fn handle(proxy: Arc<Proxy>, ctx: Arc<Ctx>, req: Request<Incoming>) ->
         &ctx.identity,
         policy.digest(),
     );
+    entry.scrub_with(policy.secrets().clone());
     entry.update(|r| {
         r.method = Some("CONNECT".to_string());
         r.scheme = Some("https".to_string());
@@ -120,7 +121,8 @@ pub async fn handle(proxy: Arc<Proxy>, ctx: Arc<Ctx>, req: Request<Incoming>) ->
 }
 
 fn refused(mut entry: Entry, reason: Reason, rule: Option<&str>, message: &str) -> Response<Body> {
-    let res = refuse(reason, rule, message, entry.id());
+    let message = entry.scrub_text(message);
+    let res = refuse(reason, rule, &message, entry.id());
     entry.outcome(reason, rule, Some(res.status().as_u16()));
     entry.finish();
     res

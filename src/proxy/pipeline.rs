@@ -82,6 +82,7 @@ pub async fn handle(
         &ctx.identity,
         policy.digest(),
     );
+    entry.scrub_with(policy.secrets().clone());
     entry.update(|r| prefill(r, &ctx, &req));
 
     // admit: what is being asked for, in one normal form, unambiguously framed.
@@ -194,6 +195,8 @@ pub async fn handle(
             };
             let url =
                 crate::policy::display_url(target.scheme, &target.host, target.port, target.path());
+            let why = entry.scrub_text(&why);
+            let url = entry.scrub_text(&url);
             tracing::warn!(audit.id = %entry.id(), url.host = %target.host, error = %why, "upstream failed");
             return Ok(refused(
                 entry,
@@ -366,7 +369,9 @@ async fn drain(mut body: Incoming) {
 
 /// Writes the record for a refusal and builds its response.
 fn refused(mut entry: Entry, reason: Reason, rule: Option<&str>, message: &str) -> Response<Body> {
-    let res = refuse(reason, rule, message, entry.id());
+    // A denial may quote the URL, and the URL may hold a secret the sandbox pasted into it.
+    let message = entry.scrub_text(message);
+    let res = refuse(reason, rule, &message, entry.id());
     entry.outcome(reason, rule, Some(res.status().as_u16()));
     entry.finish();
     res

@@ -1,6 +1,6 @@
 //! Exfiltration attempts: a real secret value (which a sandbox might have seen somehow) sent to a
-//! host whose rule does not bind it, raw or encoded, in a header, the query or the body (or the
-//! path), is refused (`secret_value_unbound`) and never forwarded; a secret-bound host cannot be reached
+//! host whose rule does not bind it, raw or encoded, in a header, the query, the body or the
+//! path, is refused (`secret_value_unbound`) and never forwarded; a secret-bound host cannot be reached
 //! under another Host.
 
 use base64::engine::general_purpose::STANDARD;
@@ -8,7 +8,7 @@ use base64::Engine as _;
 use serde_json::json;
 
 use crate::support::secrets::{
-    env_secrets_world, json_escaped, percent, SecretsWorld, OPENAI, WEIRD,
+    assert_no_leak, env_secrets_world, json_escaped, percent, SecretsWorld, OPENAI, WEIRD,
 };
 use crate::support::{assert_denial, assert_record};
 
@@ -102,10 +102,6 @@ fn a_secret_value_sent_to_a_host_that_does_not_bind_it_is_refused_in_every_place
         (
             "value as a basic-auth password",
             vec!["-u".into(), format!("user:{OPENAI}"), other("/x/8")],
-        ),
-        (
-            "raw value in the URL path",
-            vec![other(&format!("/x/10/{OPENAI}"))],
         ),
         (
             "value sent to a host whose rule binds another secret",
@@ -240,5 +236,93 @@ fn a_secret_value_in_a_body_over_8_mib_is_refused_and_never_reaches_the_upstream
             json!({"decision": "deny", "reason": "secret_value_unbound", "status": 403}),
         );
     }
+    w.sweep();
+}
+
+#[test]
+fn a_secret_value_in_the_url_is_refused_and_never_written_to_the_audit_or_the_log() {
+    let w = env_secrets_world(
+        &["openai"],
+        r#"
+[[rules]]
+name  = "openai"
+hosts = ["api.test"]
+ports = [PORT]
+[rules.inject.headers]
+authorization = "Bearer {{secret.openai}}"
+
+[[rules]]
+name    = "other"
+hosts   = ["other.test"]
+ports   = [PORT]
+methods = ["GET"]
+"#,
+    );
+    // (method, host, path, expected status, expected reason)
+    let cases = [
+        (
+            "GET",
+            "other.test",
+            format!("/u/1/{OPENAI}"),
+            403,
+            "secret_value_unbound",
+        ),
+        (
+            "GET",
+            "other.test",
+            format!("/u/2?{OPENAI}"),
+            403,
+            "secret_value_unbound",
+        ),
+        (
+            "GET",
+            "other.test",
+            format!("/u/3?k={OPENAI}"),
+            403,
+            "secret_value_unbound",
+        ),
+        // Refused by policy before any secret check: the record must not hold it either.
+        (
+            "POST",
+            "other.test",
+            format!("/u/4/{OPENAI}"),
+            403,
+            "method_not_allowed",
+        ),
+        // The host the value is bound to: forwarded, but not recorded.
+        ("GET", "api.test", format!("/u/5/{OPENAI}"), 200, "allowed"),
+    ];
+    for (method, host, path, status, reason) in &cases {
+        let out = w.curl(&["-X", method, &w.url(host, path)]);
+        assert_eq!(out.exit, Some(0), "{method} {host}{path}: {out:#?}");
+        assert_eq!(
+            out.response.status, *status,
+            "{method} {host}{path}: {out:#?}"
+        );
+        if *status != 200 {
+            assert_denial(&out.response, *status, None, reason);
+        }
+    }
+    assert!(
+        w.received("/u/")
+            .iter()
+            .all(|r| r.path.starts_with("/u/5/")),
+        "a refused request was forwarded: {:#?}",
+        w.received("/u/")
+    );
+    let records = w.lk.wait_audit(cases.len());
+    for (record, (method, host, _, status, reason)) in records.iter().zip(&cases) {
+        assert_record(
+            record,
+            json!({"method": method, "host": host, "status": status, "reason": reason}),
+        );
+    }
+    // Named separately so a failure says where the value went.
+    assert_no_leak("the audit file", w.lk.audit_text().as_bytes(), &w.tracked());
+    assert_no_leak(
+        "latchkey's stderr",
+        w.lk.stderr_text().as_bytes(),
+        &w.tracked(),
+    );
     w.sweep();
 }
