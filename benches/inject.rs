@@ -22,7 +22,7 @@ fn inject(c: &mut Criterion) {
     c.bench_function("inject/bearer_header", |b| {
         b.iter(|| {
             rt.block_on(async {
-                let v = template.render(&store).await.expect("render");
+                let v = template.render(&store, "default").await.expect("render");
                 let mut hv = HeaderValue::from_bytes(&v).expect("header");
                 hv.set_sensitive(true);
                 headers.insert(name.clone(), hv);

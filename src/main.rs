@@ -323,9 +323,27 @@ fn explain(
         Ok(p) => p,
         Err(code) => return Ok(code),
     };
-    if identity != "default" {
-        anyhow::bail!("unknown identity {identity:?}: the policy defines no identities, so every request is \"default\"");
-    }
+    let ident = if policy.identities().is_empty() {
+        if identity != "default" {
+            anyhow::bail!("unknown identity {identity:?}: the policy defines no identities, so every request is \"default\"");
+        }
+        None
+    } else {
+        match policy.identity(identity) {
+            Some(i) => Some(i),
+            None => {
+                let known: Vec<&str> = policy
+                    .identities()
+                    .iter()
+                    .map(|i| i.name.as_str())
+                    .collect();
+                anyhow::bail!(
+                    "unknown identity {identity:?}; the policy defines: {}",
+                    known.join(", ")
+                );
+            }
+        }
+    };
     let method = http::Method::from_bytes(method.as_bytes())
         .map_err(|_| anyhow::anyhow!("invalid method {method:?}"))?;
     let uri: http::Uri = url
@@ -352,7 +370,7 @@ fn explain(
         uri.path()
     };
 
-    let connect = (scheme == Scheme::Https).then(|| policy.decide_connect(&host, port));
+    let connect = (scheme == Scheme::Https).then(|| policy.decide_connect(&host, port, ident));
     let (reason, rule, message) = match connect {
         Some(ConnectDecision::Tunnel(rule)) => (
             Reason::Tunnel,
@@ -370,6 +388,7 @@ fn explain(
         ),
         _ => {
             let d = policy.decide(&Target {
+                identity: ident,
                 scheme,
                 host: &host,
                 port,

@@ -66,11 +66,15 @@ pub enum Reason {
     TooManyConnections,
     /// The upstream resolved to an address that is not public unicast (or is latchkey itself).
     NonPublicAddress,
+    /// Identities are configured and the client presented no known token or source address.
+    ProxyAuthRequired,
+    /// A rule would allow the request, but not for this identity.
+    IdentityNotAllowed,
 }
 
 impl Reason {
     /// Every reason, for registry tests and documentation.
-    pub const ALL: [Reason; 29] = [
+    pub const ALL: [Reason; 31] = [
         Reason::Allowed,
         Reason::Tunnel,
         Reason::NoRule,
@@ -100,6 +104,8 @@ impl Reason {
         Reason::HeaderTimeout,
         Reason::TooManyConnections,
         Reason::NonPublicAddress,
+        Reason::ProxyAuthRequired,
+        Reason::IdentityNotAllowed,
     ];
 
     /// The stable snake_case code used in headers, logs and audit records.
@@ -134,6 +140,8 @@ impl Reason {
             Reason::HeaderTimeout => "header_timeout",
             Reason::TooManyConnections => "too_many_connections",
             Reason::NonPublicAddress => "non_public_address",
+            Reason::ProxyAuthRequired => "proxy_auth_required",
+            Reason::IdentityNotAllowed => "identity_not_allowed",
         }
     }
 
@@ -149,7 +157,9 @@ impl Reason {
             | Reason::SniMismatch
             | Reason::PlaceholderNotBound
             | Reason::SecretValueUnbound
-            | Reason::NonPublicAddress => StatusCode::FORBIDDEN,
+            | Reason::NonPublicAddress
+            | Reason::IdentityNotAllowed => StatusCode::FORBIDDEN,
+            Reason::ProxyAuthRequired => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
             Reason::SecretUnavailable | Reason::TooManyConnections => {
                 StatusCode::SERVICE_UNAVAILABLE
             }

@@ -9,6 +9,7 @@ use globset::{GlobBuilder, GlobSetBuilder};
 use http::{HeaderName, Method};
 
 use super::host::normalize_host;
+use super::identity::{token_key, Identity, RuleSet, DEFAULT_IDENTITY};
 use super::schema::{RawPolicyFile, RawRule};
 use super::{HostPattern, Origin, PathMatcher, Policy, Rule};
 use crate::secrets::placeholder::Place;
@@ -233,6 +234,98 @@ pub fn compile_sources(sources: &[(&Path, &str)]) -> Result<Policy, Vec<PolicyEr
             }
         }
     }
+    // Phase 3b: identities, which name rules.
+    let mut identities: Vec<Identity> = Vec::new();
+    for (fi, (file, text, raw)) in parsed.iter_mut().enumerate() {
+        let mut cx = FileCx {
+            file,
+            text,
+            errors: &mut errors,
+        };
+        for (name, raw_id) in std::mem::take(&mut raw.identities) {
+            let name_span = name.span();
+            let name = name.into_inner();
+            let field = format!("identities.{name}");
+            if !crate::secrets::template::valid_name(&name) {
+                cx.error(
+                    name_span,
+                    format!("{field}: identity names use letters, digits, '-' and single '_'"),
+                );
+                continue;
+            }
+            if name == DEFAULT_IDENTITY || identities.iter().any(|i| i.name == name) {
+                cx.error(
+                    name_span,
+                    format!("{field}: identity {name:?} is defined twice or reserved"),
+                );
+                continue;
+            }
+            let raw_id = raw_id.into_inner();
+            let before = cx.errors.len();
+            let mut sources = Vec::new();
+            if let Some(list) = &raw_id.sources {
+                for (i, c) in list.get_ref().iter().enumerate() {
+                    match crate::upstream::guard::Cidr::parse(c.get_ref()) {
+                        Ok(cidr) => sources.push(cidr),
+                        Err(e) => cx.error(c.span(), format!("{field}.sources[{i}]: {e}")),
+                    }
+                }
+            }
+            if raw_id.token.is_none() && sources.is_empty() {
+                cx.error(
+                    name_span.clone(),
+                    format!("{field}: an identity needs a token, sources, or both"),
+                );
+            }
+            let rules_span = raw_id.rules.span();
+            let listed = raw_id.rules.into_inner();
+            let rule_set = if listed.len() == 1 && listed[0].get_ref() == "*" {
+                RuleSet::All
+            } else {
+                let mut set = BTreeSet::new();
+                for (i, r) in listed.iter().enumerate() {
+                    if names.contains_key(r.get_ref()) {
+                        set.insert(r.get_ref().clone());
+                    } else {
+                        cx.error(
+                            r.span(),
+                            format!("{field}.rules[{i}]: unknown rule {:?}", r.get_ref()),
+                        );
+                    }
+                }
+                if listed.is_empty() {
+                    cx.error(
+                        rules_span,
+                        format!("{field}.rules: list the rules this identity may use, or [\"*\"]"),
+                    );
+                }
+                RuleSet::Named(set)
+            };
+            if let Some(token) = &raw_id.token {
+                let d = std::time::Duration::from_secs(300);
+                match Source::parse(token.get_ref(), d, std::time::Duration::from_secs(10)) {
+                    Ok(source) => {
+                        let key = token_key(&name);
+                        let origin = Origin {
+                            file: file.to_path_buf(),
+                            line: line_col(text, name_span.start).0,
+                        };
+                        secret_at.insert(key.clone(), (fi, token.span(), origin));
+                        secret_sources.push((key, source));
+                    }
+                    Err(e) => cx.error(token.span(), format!("{field}.token: {e}")),
+                }
+            }
+            if cx.errors.len() == before {
+                identities.push(Identity {
+                    name,
+                    has_token: raw_id.token.is_some(),
+                    sources,
+                    rules: rule_set,
+                });
+            }
+        }
+    }
     if !errors.is_empty() {
         return Err(errors);
     }
@@ -249,7 +342,11 @@ pub fn compile_sources(sources: &[(&Path, &str)]) -> Result<Policy, Vec<PolicyEr
                         text,
                         errors: &mut errors,
                     };
-                    cx.error(span.clone(), format!("secrets.{name}.source: {why}"));
+                    let field = match name.strip_prefix("identity:") {
+                        Some(id) => format!("identities.{id}.token"),
+                        None => format!("secrets.{name}.source"),
+                    };
+                    cx.error(span.clone(), format!("{field}: {why}"));
                 }
             }
             return Err(errors);
@@ -260,6 +357,7 @@ pub fn compile_sources(sources: &[(&Path, &str)]) -> Result<Policy, Vec<PolicyEr
     let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
     Ok(index(
         rules,
+        identities,
         std::sync::Arc::new(store),
         format!("sha256:{hex}"),
         sources.iter().map(|(p, _)| p.to_path_buf()).collect(),
@@ -269,6 +367,7 @@ pub fn compile_sources(sources: &[(&Path, &str)]) -> Result<Policy, Vec<PolicyEr
 /// Builds the host index, ordering each host's rules by precedence (see the module docs).
 fn index(
     rules: Vec<Rule>,
+    identities: Vec<Identity>,
     secrets: std::sync::Arc<SecretStore>,
     digest: String,
     files: Vec<PathBuf>,
@@ -296,6 +395,7 @@ fn index(
     }
     Policy {
         rules,
+        identities,
         exact,
         wildcard,
         secrets,

@@ -16,6 +16,7 @@
 
 mod compile;
 mod host;
+pub mod identity;
 mod schema;
 
 use std::collections::HashMap;
@@ -29,6 +30,7 @@ use http::{HeaderName, Method};
 
 pub use compile::{load_dir, LoadError, PolicyError};
 pub use host::{normalize_host, HostError};
+pub use identity::{Identity, DEFAULT_IDENTITY};
 
 use crate::reason::Reason;
 use crate::secrets::placeholder::Place;
@@ -171,6 +173,7 @@ impl Rule {
 #[derive(Debug)]
 pub struct Policy {
     rules: Vec<Rule>,
+    identities: Vec<Identity>,
     exact: HashMap<String, Vec<usize>>,
     wildcard: HashMap<String, Vec<usize>>,
     secrets: Arc<SecretStore>,
@@ -188,6 +191,8 @@ pub struct Target<'a> {
     pub method: &'a Method,
     /// Path without the query.
     pub path: &'a str,
+    /// The identity asking; `None` when the policy defines none (every rule applies).
+    pub identity: Option<&'a Identity>,
 }
 
 /// A policy decision: which rule, and a human reason.
@@ -240,6 +245,16 @@ impl Policy {
         &self.rules
     }
 
+    /// The identities defined; empty means every client is `default` with every rule.
+    pub fn identities(&self) -> &[Identity] {
+        &self.identities
+    }
+
+    /// An identity by name (`None` for `default` or an unknown name).
+    pub fn identity(&self, name: &str) -> Option<&Identity> {
+        self.identities.iter().find(|i| i.name == name)
+    }
+
     /// The secrets this policy declares.
     pub fn secrets(&self) -> &Arc<SecretStore> {
         &self.secrets
@@ -284,7 +299,9 @@ impl Policy {
             }
         };
         for rule in self.candidates(t.host) {
-            if !rule.port_matches(t.scheme, t.port) {
+            if t.identity.is_some_and(|i| !i.rules.allows(&rule.name)) {
+                note(Reason::IdentityNotAllowed, rule);
+            } else if !rule.port_matches(t.scheme, t.port) {
                 note(Reason::PortNotAllowed, rule);
             } else if rule.tunnel {
                 // A tunnel rule allows raw CONNECT relays only; it says nothing about requests
@@ -313,6 +330,11 @@ impl Policy {
             };
         };
         let why = match reason {
+            Reason::IdentityNotAllowed => format!(
+                "identity '{}' may not use rule '{}'",
+                t.identity.map_or(DEFAULT_IDENTITY, |i| i.name.as_str()),
+                rule.name
+            ),
             Reason::PortNotAllowed => format!(
                 "rule '{}' allows host {} on port(s) {}",
                 rule.name,
@@ -343,9 +365,19 @@ impl Policy {
 
     /// Decides a `CONNECT host:port` before any TLS: refuse unless some rule could allow a
     /// request to this host and port.
-    pub fn decide_connect(&self, host: &str, port: u16) -> ConnectDecision<'_> {
+    pub fn decide_connect(
+        &self,
+        host: &str,
+        port: u16,
+        identity: Option<&Identity>,
+    ) -> ConnectDecision<'_> {
         let mut port_miss = None;
+        let mut identity_miss = None;
         for rule in self.candidates(host) {
+            if identity.is_some_and(|i| !i.rules.allows(&rule.name)) {
+                identity_miss.get_or_insert(rule);
+                continue;
+            }
             if !rule.port_matches(Scheme::Https, port) {
                 port_miss.get_or_insert(rule);
                 continue;
@@ -358,8 +390,17 @@ impl Policy {
             };
         }
         let target = display_authority(host, port);
-        ConnectDecision::Deny(match port_miss {
-            Some(rule) => Decision {
+        ConnectDecision::Deny(match (port_miss, identity_miss) {
+            (None, Some(rule)) => Decision {
+                reason: Reason::IdentityNotAllowed,
+                rule: Some(rule),
+                message: format!(
+                    "no rule allows CONNECT {target} for identity '{}': rule '{}' is not among its rules",
+                    identity.map_or(DEFAULT_IDENTITY, |i| i.name.as_str()),
+                    rule.name
+                ),
+            },
+            (Some(rule), _) => Decision {
                 reason: Reason::PortNotAllowed,
                 rule: Some(rule),
                 message: format!(
@@ -368,7 +409,7 @@ impl Policy {
                     join(rule.ports_for(Scheme::Https))
                 ),
             },
-            None => Decision {
+            (None, None) => Decision {
                 reason: Reason::NoRule,
                 rule: None,
                 message: format!("no rule allows CONNECT {target}: no rule names host {host}"),

@@ -16,6 +16,22 @@ pub struct RawPolicyFile {
     pub secrets: BTreeMap<Spanned<String>, Spanned<RawSecret>>,
     #[serde(default)]
     pub rules: Vec<Spanned<RawRule>>,
+    #[serde(default)]
+    pub identities: BTreeMap<Spanned<String>, Spanned<RawIdentity>>,
+}
+
+/// `[identities.NAME]`: how a sandbox is recognised and which rules it may use.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawIdentity {
+    /// A secret source; the sandbox sends it as `Proxy-Authorization`.
+    #[serde(default)]
+    pub token: Option<Spanned<String>>,
+    /// Client address ranges.
+    #[serde(default)]
+    pub sources: Option<Spanned<Vec<Spanned<String>>>>,
+    /// Rule names this identity may use; `["*"]` for all.
+    pub rules: Spanned<Vec<Spanned<String>>>,
 }
 
 /// `[secrets.NAME]`: where a secret's value comes from.

@@ -16,6 +16,7 @@ fn target<'a>(
         port,
         method,
         path,
+        identity: None,
     }
 }
 
@@ -177,14 +178,14 @@ fn deny_message_names_method_url_and_the_rule_that_could_allow_it() {
 fn connect_gate_refuses_unknown_hosts_and_ports_before_tls() {
     let p = compile_one(BASIC).expect("valid");
     assert!(matches!(
-        p.decide_connect("api.example.com", 443),
+        p.decide_connect("api.example.com", 443, None),
         ConnectDecision::Intercept
     ));
-    match p.decide_connect("evil.test", 443) {
+    match p.decide_connect("evil.test", 443, None) {
         ConnectDecision::Deny(d) => assert_eq!(d.reason, Reason::NoRule),
         other => panic!("{other:?}"),
     }
-    match p.decide_connect("api.example.com", 22) {
+    match p.decide_connect("api.example.com", 22, None) {
         ConnectDecision::Deny(d) => assert_eq!(d.reason, Reason::PortNotAllowed),
         other => panic!("{other:?}"),
     }
@@ -202,7 +203,7 @@ tunnel = true
     )
     .expect("valid");
     assert!(
-        matches!(p.decide_connect("git.example.com", 443), ConnectDecision::Tunnel(r) if r.name == "t")
+        matches!(p.decide_connect("git.example.com", 443, None), ConnectDecision::Tunnel(r) if r.name == "t")
     );
     assert_eq!(
         decide(&p, "GET", Scheme::Https, "git.example.com", 443, "/").0,
@@ -330,4 +331,64 @@ fn digest_changes_with_content() {
     let b = compile_one(&format!("{BASIC}\n# comment\n")).expect("valid");
     assert_ne!(a.digest(), b.digest());
     assert!(a.digest().starts_with("sha256:"));
+}
+
+#[test]
+fn identities_restrict_rules_and_say_so() {
+    let p = compile_one(
+        r#"
+[[rules]]
+name = "a"
+hosts = ["a.example.com"]
+
+[[rules]]
+name = "b"
+hosts = ["b.example.com"]
+
+[identities.ci]
+sources = ["10.77.0.0/24"]
+rules = ["a"]
+
+[identities.admin]
+sources = ["10.78.0.0/24"]
+rules = ["*"]
+"#,
+    )
+    .expect("valid");
+    let ci = p.identity("ci");
+    let m = Method::GET;
+    let mut t = target(&m, Scheme::Https, "b.example.com", 443, "/");
+    t.identity = ci;
+    let d = p.decide(&t);
+    assert_eq!(d.reason, Reason::IdentityNotAllowed);
+    assert!(
+        d.message.contains("identity 'ci' may not use rule 'b'"),
+        "{}",
+        d.message
+    );
+    t.host = "a.example.com";
+    assert_eq!(p.decide(&t).reason, Reason::Allowed);
+    t.host = "b.example.com";
+    t.identity = p.identity("admin");
+    assert_eq!(p.decide(&t).reason, Reason::Allowed);
+    assert!(matches!(
+        p.decide_connect("b.example.com", 443, ci),
+        ConnectDecision::Deny(d) if d.reason == Reason::IdentityNotAllowed
+    ));
+}
+
+#[test]
+fn identities_need_known_rules_and_a_way_to_be_recognised() {
+    let e = errors(
+        "[[rules]]\nname = \"a\"\nhosts = [\"a.com\"]\n[identities.x]\nrules = [\"nope\"]\n",
+    );
+    let joined = e.join("\n");
+    assert!(
+        joined.contains("identities.x: an identity needs a token, sources, or both"),
+        "{joined}"
+    );
+    assert!(
+        joined.contains("identities.x.rules[0]: unknown rule \"nope\""),
+        "{joined}"
+    );
 }

@@ -78,7 +78,21 @@ pub async fn handle(proxy: Arc<Proxy>, ctx: Arc<Ctx>, req: Request<Incoming>) ->
     });
 
     // gate: decided before any TLS and before any upstream connection.
-    match policy.decide_connect(&host, port) {
+    let identity = if policy.identities().is_empty() {
+        None
+    } else {
+        match policy.identity(&ctx.identity) {
+            Some(i) => Some(i),
+            None => {
+                let msg = format!(
+                    "identity '{}' is not defined by the policy in force",
+                    ctx.identity
+                );
+                return refused(entry, Reason::ProxyAuthRequired, None, &msg);
+            }
+        }
+    };
+    match policy.decide_connect(&host, port, identity) {
         ConnectDecision::Deny(d) => refused(entry, d.reason, d.rule_name(), &d.message),
         ConnectDecision::Tunnel(rule) => {
             let rule_name = rule.name.clone();

@@ -81,9 +81,11 @@ fn unavailable(e: SecretError) -> Refusal {
 }
 
 /// Runs steps 1–6 on the request parts and body.
+#[allow(clippy::too_many_arguments)]
 pub async fn apply(
     policy: &Policy,
     rule: &Rule,
+    identity: &str,
     host: &str,
     headers: &mut HeaderMap,
     path_and_query: &mut String,
@@ -96,7 +98,7 @@ pub async fn apply(
     // Without secrets there is nothing to protect or inject beyond literal headers: stream.
     if store.is_empty() {
         for (name, t) in &rule.inject_headers {
-            let v = t.render(&store).await.map_err(unavailable)?;
+            let v = t.render(&store, identity).await.map_err(unavailable)?;
             headers.insert(name.clone(), header_value(&v, name)?);
         }
         return Ok(Brokered {
@@ -211,7 +213,7 @@ pub async fn apply(
 
     // 6. inject, last.
     for (name, t) in &rule.inject_headers {
-        let v = t.render(&store).await.map_err(unavailable)?;
+        let v = t.render(&store, identity).await.map_err(unavailable)?;
         let mut hv = header_value(&v, name)?;
         hv.set_sensitive(true);
         headers.insert(name.clone(), hv);
@@ -233,7 +235,7 @@ pub async fn apply(
             })
             .unwrap_or_default();
         for (k, t) in &rule.inject_query {
-            let v = t.render(&store).await.map_err(unavailable)?;
+            let v = t.render(&store, identity).await.map_err(unavailable)?;
             pairs.push(format!(
                 "{}={}",
                 utf8_percent_encode(k, QUERY_VALUE),
@@ -244,10 +246,19 @@ pub async fn apply(
         *path_and_query = format!("{path}?{}", pairs.join("&"));
     }
     if let Some((user, password)) = &rule.inject_basic {
-        let mut creds =
-            zeroize::Zeroizing::new(user.render(&store).await.map_err(unavailable)?.to_vec());
+        let mut creds = zeroize::Zeroizing::new(
+            user.render(&store, identity)
+                .await
+                .map_err(unavailable)?
+                .to_vec(),
+        );
         creds.push(b':');
-        creds.extend_from_slice(&password.render(&store).await.map_err(unavailable)?);
+        creds.extend_from_slice(
+            &password
+                .render(&store, identity)
+                .await
+                .map_err(unavailable)?,
+        );
         let encoded =
             zeroize::Zeroizing::new(base64::engine::general_purpose::STANDARD.encode(&*creds));
         let mut hv = header_value(format!("Basic {}", &*encoded).as_bytes(), &AUTHORIZATION)?;

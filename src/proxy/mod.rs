@@ -215,8 +215,14 @@ impl Proxy {
             let proxy = proxy.clone();
             let ctx = ctx.clone();
             async move {
+                // identify: per request on the proxy hop (a CONNECT's identity then holds for
+                // every request inside it).
+                let ctx = match proxy.identify(&req, &ctx).await {
+                    Ok(ctx) => ctx,
+                    Err(res) => return Ok::<_, Infallible>(res),
+                };
                 if req.method() == Method::CONNECT {
-                    Ok::<_, Infallible>(connect::handle(proxy, ctx, req).await)
+                    Ok(connect::handle(proxy, ctx, req).await)
                 } else {
                     pipeline::handle(proxy, ctx, req).await
                 }
@@ -265,6 +271,56 @@ impl Proxy {
         );
         entry.outcome(reason, None, Some(408));
         entry.finish();
+    }
+
+    /// Works out which sandbox sent `req`; without identities in the policy, `default`.
+    /// An unknown token or an unidentified client gets `407` and an audit record.
+    async fn identify(
+        &self,
+        req: &Request<Incoming>,
+        ctx: &Arc<Ctx>,
+    ) -> Result<Arc<Ctx>, http::Response<upstream::Body>> {
+        let policy = self.policy();
+        if policy.identities().is_empty() {
+            return Ok(ctx.clone());
+        }
+        let auth = req
+            .headers()
+            .get(http::header::PROXY_AUTHORIZATION)
+            .map(|v| v.as_bytes());
+        match crate::policy::identity::identify(
+            policy.identities(),
+            policy.secrets(),
+            auth,
+            ctx.client.ip(),
+        )
+        .await
+        {
+            Ok(identity) => Ok(Arc::new(Ctx {
+                client: ctx.client,
+                identity: Arc::from(identity.name.as_str()),
+                connect: None,
+            })),
+            Err(e) => {
+                let mut entry = Entry::start(
+                    self.audit.clone(),
+                    ctx.client,
+                    "unidentified",
+                    policy.digest(),
+                );
+                let uri = req.uri();
+                entry.update(|r| {
+                    r.method = Some(req.method().to_string());
+                    r.host = uri.host().map(str::to_ascii_lowercase);
+                    r.port = uri.port_u16();
+                });
+                let reason = Reason::ProxyAuthRequired;
+                let res = respond::refuse(reason, None, &e.to_string(), entry.id());
+                entry.outcome(reason, None, Some(res.status().as_u16()));
+                entry.finish();
+                Err(res)
+            }
+        }
     }
 
     /// Audits what hyper refused before our service saw a request.

@@ -116,8 +116,27 @@ pub async fn handle(
         r.path = Some(redact_query(&target.path_and_query));
     });
 
+    // identify: inside a CONNECT the CONNECT's identity holds; it must still exist in the
+    // policy in force (a reload may have removed it: fail closed).
+    let identity = if policy.identities().is_empty() {
+        None
+    } else {
+        match policy.identity(&ctx.identity) {
+            Some(i) => Some(i),
+            None => {
+                let msg = format!(
+                    "identity '{}' is not defined by the policy in force",
+                    ctx.identity
+                );
+                drain(req.into_body()).await;
+                return Ok(refused(entry, Reason::ProxyAuthRequired, None, &msg));
+            }
+        }
+    };
+
     // decide: deny by default.
     let decision = policy.decide(&Target {
+        identity,
         scheme: target.scheme,
         host: &target.host,
         port: target.port,
@@ -147,6 +166,7 @@ pub async fn handle(
     let brokered = match credentials::apply(
         &policy,
         rule,
+        &ctx.identity,
         &target.host,
         &mut parts.headers,
         &mut path_and_query,

@@ -40,5 +40,11 @@ pub fn refuse(reason: Reason, rule: Option<&str>, message: &str, id: &str) -> Re
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    if reason == Reason::ProxyAuthRequired {
+        h.insert(
+            http::header::PROXY_AUTHENTICATE,
+            HeaderValue::from_static("Basic realm=\"latchkey\", charset=\"UTF-8\""),
+        );
+    }
     res
 }

@@ -7,7 +7,7 @@ use super::{SecretError, SecretStore};
 pub enum TemplateError {
     #[error("unclosed '{{{{' in template")]
     Unclosed,
-    #[error("unknown template {{{{{0}}}}}: only {{{{secret.NAME}}}} is supported")]
+    #[error("unknown template {{{{{0}}}}}: use {{{{secret.NAME}}}} or {{{{identity}}}}")]
     UnknownKind(String),
     #[error("invalid secret name {0:?} in template")]
     BadName(String),
@@ -17,6 +17,8 @@ pub enum TemplateError {
 enum Part {
     Lit(String),
     Secret(String),
+    /// The name of the identity making the request.
+    Identity,
 }
 
 /// A parsed template.
@@ -46,6 +48,11 @@ impl Template {
             let after = &rest[start + 2..];
             let end = after.find("}}").ok_or(TemplateError::Unclosed)?;
             let inner = after[..end].trim();
+            if inner == "identity" {
+                parts.push(Part::Identity);
+                rest = &after[end + 2..];
+                continue;
+            }
             let name = inner
                 .strip_prefix("secret.")
                 .ok_or_else(|| TemplateError::UnknownKind(inner.to_string()))?;
@@ -65,7 +72,7 @@ impl Template {
     pub fn secrets(&self) -> impl Iterator<Item = &str> {
         self.parts.iter().filter_map(|p| match p {
             Part::Secret(s) => Some(s.as_str()),
-            Part::Lit(_) => None,
+            Part::Lit(_) | Part::Identity => None,
         })
     }
 
@@ -73,12 +80,14 @@ impl Template {
     pub async fn render(
         &self,
         store: &SecretStore,
+        identity: &str,
     ) -> Result<zeroize::Zeroizing<Vec<u8>>, SecretError> {
         let mut out = zeroize::Zeroizing::new(Vec::new());
         for part in &self.parts {
             match part {
                 Part::Lit(l) => out.extend_from_slice(l.as_bytes()),
                 Part::Secret(name) => out.extend_from_slice(store.get(name).await?.expose()),
+                Part::Identity => out.extend_from_slice(identity.as_bytes()),
             }
         }
         Ok(out)
