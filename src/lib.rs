@@ -4,8 +4,11 @@
 //! [`audit::AuditLog`], build a [`proxy::Proxy`] and serve. See `DESIGN.md` for the request path
 //! and the invariants each module upholds.
 
+pub mod admin;
 pub mod audit;
+pub mod metrics;
 pub mod policy;
+pub mod policy_cli;
 pub mod proxy;
 pub mod reason;
 pub mod sandbox_env;

@@ -9,10 +9,10 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use latchkey::audit::AuditLog;
-use latchkey::policy::{self, ConnectDecision, LoadError, Scheme, Target};
+use latchkey::policy::{self, LoadError};
+use latchkey::policy_cli;
 use latchkey::proxy::limits::Limits;
 use latchkey::proxy::{CertAuthority, InitOutcome, Proxy, ProxyConfig};
-use latchkey::reason::Reason;
 use latchkey::sandbox_env;
 use latchkey::upstream::{parse_resolve, UpstreamConfig};
 
@@ -33,10 +33,26 @@ struct Cli {
 enum Command {
     /// Run the proxy.
     Serve(ServeArgs),
-    /// Validate policy files; print every problem as file:line:col: message.
+    /// Validate policy files; print every problem as file:line:col: message, and warnings
+    /// about risky constructs as file:line:col: warning: message.
     Check {
         #[arg(long, env = "LATCHKEY_POLICIES", default_value = "policies")]
         policies: PathBuf,
+        /// `json`: one object {ok, errors, warnings, rules, files, policy} for CI annotations.
+        #[arg(long, env = "LATCHKEY_FORMAT", value_enum, default_value = "text")]
+        format: latchkey::policy_cli::CheckFormat,
+        /// Validate secret sources without reading their values (CI machines without the keys).
+        #[arg(long)]
+        no_secrets: bool,
+    },
+    /// Run the policy test cases (DIR/tests/*.toml by default) against the policy; exit 1 on
+    /// any failure. Secret values are never read.
+    Test {
+        #[arg(long, env = "LATCHKEY_POLICIES", default_value = "policies")]
+        policies: PathBuf,
+        /// Directory of *.toml test files (default: POLICIES/tests).
+        #[arg(long, env = "LATCHKEY_TESTS")]
+        tests: Option<PathBuf>,
     },
     /// Show what policy decides for one request, and why.
     Explain {
@@ -140,6 +156,40 @@ struct ServeArgs {
         default_value_t = 256
     )]
     max_connections_per_client: usize,
+    /// Admin API address (health, status, metrics, reload, explain); `off` to disable.
+    #[arg(long, env = "LATCHKEY_ADMIN", default_value = "127.0.0.1:3129")]
+    admin: String,
+    /// Require `Authorization: Bearer TOKEN` on the admin API; TOKEN from `env:VAR` or `file:PATH`.
+    #[arg(long, env = "LATCHKEY_ADMIN_TOKEN", value_name = "SOURCE")]
+    admin_token: Option<String>,
+    /// `enforce` (default), or `report`: let policy denials through, audited with would_deny.
+    #[arg(long, env = "LATCHKEY_MODE", default_value = "enforce", value_parser = ["enforce", "report"])]
+    mode: String,
+    /// On SIGTERM/SIGINT, how long in-flight requests may take to finish.
+    #[arg(long, env = "LATCHKEY_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    shutdown_timeout: Duration,
+}
+
+/// Reads the admin token from `env:VAR` or `file:PATH` (never from the command line itself,
+/// where `ps` would show it).
+fn admin_token(spec: &str) -> anyhow::Result<latchkey::secrets::SecretValue> {
+    let bytes = match spec.split_once(':') {
+        Some(("env", var)) => std::env::var(var)
+            .map_err(|_| anyhow::anyhow!("--admin-token: env var {var} is not set"))?
+            .into_bytes(),
+        Some(("file", path)) => {
+            std::fs::read(path).with_context(|| format!("--admin-token: cannot read {path}"))?
+        }
+        _ => anyhow::bail!("--admin-token takes env:VAR or file:PATH, not the token itself"),
+    };
+    let text = String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("--admin-token: not UTF-8"))?;
+    let token = text.trim();
+    if token.len() < 16 {
+        anyhow::bail!("--admin-token: the token must be at least 16 characters");
+    }
+    Ok(latchkey::secrets::SecretValue::new(
+        token.as_bytes().to_vec(),
+    ))
 }
 
 fn main() -> ExitCode {
@@ -167,14 +217,26 @@ fn init_logging() {
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Serve(args) => serve(args),
-        Command::Check { policies } => Ok(check(&policies)),
+        Command::Check {
+            policies,
+            format,
+            no_secrets,
+        } => {
+            let secrets = if no_secrets {
+                policy::SecretLoading::Skip
+            } else {
+                policy::SecretLoading::Read
+            };
+            Ok(policy_cli::check(&policies, format, secrets))
+        }
+        Command::Test { policies, tests } => Ok(policy_cli::test(&policies, tests.as_deref())),
         Command::Explain {
             policies,
             identity,
             json,
             method,
             url,
-        } => explain(&policies, &identity, json, &method, &url),
+        } => policy_cli::explain(&policies, Some(&identity), json, &method, &url),
         Command::Ca { action } => ca(action),
         Command::Env {
             proxy,
@@ -235,6 +297,21 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     std_listener.set_nonblocking(true)?;
     let local = std_listener.local_addr()?;
     upstream.own.push(local);
+    let admin_listener = match args.admin.as_str() {
+        "off" => None,
+        addr => {
+            let addr: std::net::SocketAddr = addr
+                .parse()
+                .map_err(|_| anyhow::anyhow!("--admin {addr:?}: expected ADDR:PORT or off"))?;
+            let l = std::net::TcpListener::bind(addr)
+                .with_context(|| format!("cannot listen on --admin {addr}"))?;
+            l.set_nonblocking(true)?;
+            // The admin API is never reachable through the proxy itself.
+            upstream.own.push(l.local_addr()?);
+            Some(l)
+        }
+    };
+    let token = args.admin_token.as_deref().map(admin_token).transpose()?;
     let (ca, outcome) = CertAuthority::load_or_create(&args.ca_dir)?;
     if outcome == InitOutcome::Created {
         tracing::info!(path = %ca.cert_path().display(), "created a new CA; sandboxes must trust it (latchkey env)");
@@ -255,6 +332,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             idle_timeout: args.idle_timeout,
             ..Limits::default()
         },
+        policies_dir: args.policies.clone(),
+        report_all: args.mode == "report",
     })?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -267,8 +346,28 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         tracing::info!(listen.addr = %addr, policy.digest = %digest, policy.rules = rules, audit = %args.audit.display(), "proxy ready");
         // A fixed line for scripts and tests to wait on.
         eprintln!("latchkey: proxy listening on {addr}");
-        proxy.serve(listener, shutdown_signal()).await;
-        tracing::info!("shutting down");
+        if let Some(l) = admin_listener {
+            let l = tokio::net::TcpListener::from_std(l)?;
+            let admin = l.local_addr()?;
+            tracing::info!(admin.addr = %admin, "admin API ready");
+            eprintln!("latchkey: admin listening on {admin}");
+            tokio::spawn(latchkey::admin::serve(proxy.clone(), l, token));
+        }
+        if args.mode == "report" {
+            tracing::warn!("report-only mode: policy denials are let through and audited with would_deny");
+        }
+        tokio::spawn(proxy.clone().watch_policies());
+        let serving = tokio::spawn(proxy.clone().serve(listener));
+        shutdown_signal().await;
+        tracing::info!(deadline = ?args.shutdown_timeout, "shutting down: no new connections, finishing requests in flight");
+        proxy.begin_shutdown();
+        let _ = serving.await;
+        let left = proxy.drain(args.shutdown_timeout).await;
+        if left > 0 {
+            tracing::warn!(connections = left, "shutdown deadline passed; closing remaining connections");
+        } else {
+            tracing::info!("all connections finished");
+        }
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
@@ -295,169 +394,6 @@ async fn shutdown_signal() {
     {
         let _ = ctrl_c.await;
     }
-}
-
-fn check(dir: &Path) -> ExitCode {
-    match load_policy(dir) {
-        Ok(p) => {
-            println!(
-                "ok: {} rule(s) in {} file(s), policy {}",
-                p.rules().len(),
-                p.files().len(),
-                p.digest()
-            );
-            ExitCode::SUCCESS
-        }
-        Err(code) => code,
-    }
-}
-
-fn explain(
-    dir: &Path,
-    identity: &str,
-    json: bool,
-    method: &str,
-    url: &str,
-) -> anyhow::Result<ExitCode> {
-    let policy = match load_policy(dir) {
-        Ok(p) => p,
-        Err(code) => return Ok(code),
-    };
-    let ident = if policy.identities().is_empty() {
-        if identity != "default" {
-            anyhow::bail!("unknown identity {identity:?}: the policy defines no identities, so every request is \"default\"");
-        }
-        None
-    } else {
-        match policy.identity(identity) {
-            Some(i) => Some(i),
-            None => {
-                let known: Vec<&str> = policy
-                    .identities()
-                    .iter()
-                    .map(|i| i.name.as_str())
-                    .collect();
-                anyhow::bail!(
-                    "unknown identity {identity:?}; the policy defines: {}",
-                    known.join(", ")
-                );
-            }
-        }
-    };
-    let method = http::Method::from_bytes(method.as_bytes())
-        .map_err(|_| anyhow::anyhow!("invalid method {method:?}"))?;
-    let uri: http::Uri = url
-        .parse()
-        .with_context(|| format!("invalid URL {url:?}"))?;
-    let scheme = match uri.scheme_str() {
-        Some("http") => Scheme::Http,
-        Some("https") => Scheme::Https,
-        _ => anyhow::bail!("URL {url:?} must be absolute http:// or https://"),
-    };
-    let authority = uri
-        .authority()
-        .ok_or_else(|| anyhow::anyhow!("URL {url:?} has no host"))?;
-    if authority.as_str().contains('@') {
-        anyhow::bail!(
-            "URL {url:?} carries userinfo: latchkey refuses such requests (userinfo_in_url)"
-        );
-    }
-    let host = policy::normalize_host(authority.host())?;
-    let port = authority.port_u16().unwrap_or(scheme.default_port());
-    let path = if uri.path().is_empty() {
-        "/"
-    } else {
-        uri.path()
-    };
-
-    let connect = (scheme == Scheme::Https).then(|| policy.decide_connect(&host, port, ident));
-    let (reason, rule, message) = match connect {
-        Some(ConnectDecision::Tunnel(rule)) => (
-            Reason::Tunnel,
-            Some(rule),
-            format!(
-                "rule '{}' relays CONNECT {host}:{port} as a raw tunnel (no interception)",
-                rule.name
-            ),
-        ),
-        Some(ConnectDecision::Deny(d)) => (d.reason, d.rule, d.message),
-        _ if latchkey::proxy::is_ambiguous_path(path) => (
-            Reason::AmbiguousPath,
-            None,
-            format!("path {path:?} has dot segments or encoded slashes"),
-        ),
-        _ => {
-            let d = policy.decide(&Target {
-                identity: ident,
-                scheme,
-                host: &host,
-                port,
-                method: &method,
-                path,
-            });
-            (d.reason, d.rule, d.message)
-        }
-    };
-    let allowed = reason.is_allow();
-    let injects: Vec<String> = rule
-        .filter(|_| allowed)
-        .map(|r| {
-            let mut v: Vec<String> = r
-                .inject_headers
-                .iter()
-                .map(|(n, _)| n.to_string())
-                .collect();
-            v.extend(r.inject_query.iter().map(|(k, _)| format!("?{k}")));
-            if r.inject_basic.is_some() {
-                v.push("authorization (basic)".to_string());
-            }
-            v
-        })
-        .unwrap_or_default();
-    let secrets: Vec<String> = rule
-        .filter(|_| allowed)
-        .map(|r| r.bound.iter().cloned().collect())
-        .unwrap_or_default();
-    if json {
-        let v = serde_json::json!({
-            "decision": if allowed { "allow" } else { "deny" },
-            "reason": reason.code(),
-            "rule": rule.map(|r| r.name.clone()),
-            "rule_origin": rule.map(|r| r.origin.to_string()),
-            "message": message,
-            "identity": identity,
-            "injected_headers": injects,
-            "secrets": secrets,
-            "policy": policy.digest(),
-        });
-        println!("{v}");
-    } else {
-        println!("decision: {}", if allowed { "allow" } else { "deny" });
-        println!("reason:   {}", reason.code());
-        match rule {
-            Some(r) => println!("rule:     {} ({})", r.name, r.origin),
-            None => println!("rule:     none"),
-        }
-        if let Some(d) = rule.and_then(|r| r.description.as_deref()) {
-            println!("about:    {d}");
-        }
-        println!("why:      {message}");
-        if !injects.is_empty() {
-            println!("injects:  {} (names only)", injects.join(", "));
-        }
-        if !secrets.is_empty() {
-            println!(
-                "secrets:  {} (bound to this rule's hosts)",
-                secrets.join(", ")
-            );
-        }
-        println!("policy:   {}", policy.digest());
-    }
-    Ok(if allowed {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    })
 }
 
 fn ca(action: CaAction) -> anyhow::Result<ExitCode> {

@@ -182,6 +182,19 @@ impl Reason {
         }
     }
 
+    /// Denials that come from policy rules alone (and that report-only mode lets through):
+    /// never the address guard, secrets, framing or interception checks.
+    pub fn is_policy_denial(self) -> bool {
+        matches!(
+            self,
+            Reason::NoRule
+                | Reason::PortNotAllowed
+                | Reason::MethodNotAllowed
+                | Reason::PathNotAllowed
+                | Reason::IdentityNotAllowed
+        )
+    }
+
     /// Whether policy allowed the request: upstream failures happen after an allow.
     pub fn is_allow(self) -> bool {
         matches!(

@@ -16,6 +16,7 @@ use std::time::{Instant, SystemTime};
 
 use serde::Serialize;
 
+use crate::metrics::Metrics;
 use crate::reason::Reason;
 use crate::secrets::SecretStore;
 
@@ -52,6 +53,8 @@ pub struct Record {
     pub policy: String,
     /// Secret values replaced in the response (headers and body).
     pub redactions: u64,
+    /// Report-only mode let through a request that enforcement would deny (`reason` says why).
+    pub would_deny: bool,
 }
 
 enum Sink {
@@ -64,6 +67,7 @@ pub struct AuditLog {
     sink: Mutex<Sink>,
     written: AtomicU64,
     failed: AtomicU64,
+    metrics: Arc<Metrics>,
 }
 
 impl AuditLog {
@@ -85,11 +89,27 @@ impl AuditLog {
             sink: Mutex::new(sink),
             written: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            metrics: Arc::new(Metrics::default()),
         })
+    }
+
+    /// The metrics every record is counted in.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     /// Writes one record as one line.
     pub fn write(&self, record: &Record) {
+        self.metrics.request(
+            record.decision,
+            record.reason,
+            record.rule.as_deref().unwrap_or(""),
+            &record.identity,
+            record.would_deny,
+        );
+        self.metrics
+            .redactions
+            .fetch_add(record.redactions, Ordering::Relaxed);
         let mut line = match serde_json::to_vec(record) {
             Ok(l) => l,
             Err(e) => {
@@ -115,6 +135,9 @@ impl AuditLog {
             }
             Err(e) => {
                 self.failed.fetch_add(1, Ordering::Relaxed);
+                self.metrics
+                    .audit_write_errors
+                    .fetch_add(1, Ordering::Relaxed);
                 tracing::error!(error = %e, audit.id = %record.id, "cannot write audit record");
             }
         }
@@ -221,6 +244,7 @@ impl Entry {
                 duration_ms: 0,
                 policy: policy.to_string(),
                 redactions: 0,
+                would_deny: false,
             }),
             started: Instant::now(),
             counters: Arc::new(Counters::default()),
@@ -253,6 +277,17 @@ impl Entry {
             r.reason = reason.code();
             r.rule = rule.map(str::to_string);
             r.status = status;
+        });
+    }
+
+    /// Report-only: the request goes through although policy would deny it for `reason`.
+    pub fn outcome_report(&mut self, reason: Reason, rule: Option<&str>, status: Option<u16>) {
+        self.update(|r| {
+            r.decision = "allow";
+            r.reason = reason.code();
+            r.rule = rule.map(str::to_string);
+            r.status = status;
+            r.would_deny = true;
         });
     }
 

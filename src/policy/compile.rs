@@ -61,53 +61,106 @@ impl LoadError {
     }
 }
 
-/// Loads and compiles every `*.toml` file in `dir` (sorted by name; not recursive, so
-/// `policies/tests/` fixtures are not rules).
-pub fn load_dir(dir: &Path) -> Result<Policy, LoadError> {
-    let dir_err = |source| LoadError::Dir {
-        dir: dir.to_path_buf(),
-        source,
-    };
-    let mut paths = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(dir_err)? {
-        let path = entry.map_err(dir_err)?.path();
-        if path.extension().is_some_and(|e| e == "toml") && path.is_file() {
-            paths.push(path);
+/// Whether compiling reads the values of `env:` and `file:` secrets (and identity tokens).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SecretLoading {
+    /// Read every value now; a missing one is an error at its declaration. What `serve` uses.
+    Read,
+    /// Validate the sources' syntax only, read nothing: for evaluating decisions (`latchkey
+    /// test`, `check --no-secrets`) on a machine without the keys. The policy's secret store is
+    /// empty, so such a policy can decide but never inject: it must never serve traffic.
+    Skip,
+}
+
+/// The `*.toml` files of a policy directory, read but not yet compiled.
+#[derive(Debug)]
+pub struct PolicySources {
+    /// `(path, text)`, sorted by path.
+    pub files: Vec<(PathBuf, String)>,
+    /// Files that could not be read.
+    unreadable: Vec<PolicyError>,
+}
+
+impl PolicySources {
+    /// Reads every `*.toml` file in `dir` (sorted by name; not recursive, so `policies/tests/`
+    /// fixtures are not rules).
+    pub fn read_dir(dir: &Path) -> Result<Self, LoadError> {
+        let dir_err = |source| LoadError::Dir {
+            dir: dir.to_path_buf(),
+            source,
+        };
+        let mut paths = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(dir_err)? {
+            let path = entry.map_err(dir_err)?.path();
+            if path.extension().is_some_and(|e| e == "toml") && path.is_file() {
+                paths.push(path);
+            }
         }
-    }
-    paths.sort();
-    if paths.is_empty() {
-        return Err(LoadError::Empty(dir.to_path_buf()));
-    }
-    let mut sources = Vec::new();
-    let mut errors = Vec::new();
-    for path in paths {
-        match std::fs::read_to_string(&path) {
-            Ok(text) => sources.push((path, text)),
-            Err(e) => errors.push(PolicyError {
-                file: path,
-                line: 1,
-                col: 1,
-                message: format!("cannot read file: {e}"),
-            }),
+        paths.sort();
+        if paths.is_empty() {
+            return Err(LoadError::Empty(dir.to_path_buf()));
         }
+        let mut files = Vec::new();
+        let mut unreadable = Vec::new();
+        for path in paths {
+            match std::fs::read_to_string(&path) {
+                Ok(text) => files.push((path, text)),
+                Err(e) => unreadable.push(PolicyError {
+                    file: path,
+                    line: 1,
+                    col: 1,
+                    message: format!("cannot read file: {e}"),
+                }),
+            }
+        }
+        Ok(Self { files, unreadable })
     }
-    let refs: Vec<(&Path, &str)> = sources
-        .iter()
-        .map(|(p, t)| (p.as_path(), t.as_str()))
-        .collect();
-    match compile_sources(&refs) {
-        Ok(policy) if errors.is_empty() => Ok(policy),
-        Ok(_) => Err(LoadError::Invalid(errors)),
-        Err(mut more) => {
-            errors.append(&mut more);
-            Err(LoadError::Invalid(errors))
+
+    /// The files as `(path, text)` references, the shape [`compile_sources`] takes.
+    pub fn as_refs(&self) -> Vec<(&Path, &str)> {
+        self.files
+            .iter()
+            .map(|(p, t)| (p.as_path(), t.as_str()))
+            .collect()
+    }
+
+    /// Compiles the files read; reports unreadable files along with every other problem.
+    pub fn compile(&self, secrets: SecretLoading) -> Result<Policy, LoadError> {
+        let mut errors = self.unreadable.clone();
+        match compile_sources_with(&self.as_refs(), secrets) {
+            Ok(policy) if errors.is_empty() => Ok(policy),
+            Ok(_) => Err(LoadError::Invalid(errors)),
+            Err(mut more) => {
+                errors.append(&mut more);
+                Err(LoadError::Invalid(errors))
+            }
         }
     }
 }
 
-/// Compiles policy sources given as `(file name, text)`; used by [`load_dir`] and tests.
+/// Loads and compiles every `*.toml` file in `dir` (sorted by name; not recursive, so
+/// `policies/tests/` fixtures are not rules), reading every secret value.
+pub fn load_dir(dir: &Path) -> Result<Policy, LoadError> {
+    PolicySources::read_dir(dir)?.compile(SecretLoading::Read)
+}
+
+/// Like [`load_dir`], but reads no secret value (see [`SecretLoading::Skip`]): for evaluating
+/// decisions only, never for serving.
+pub fn load_dir_for_evaluation(dir: &Path) -> Result<Policy, LoadError> {
+    PolicySources::read_dir(dir)?.compile(SecretLoading::Skip)
+}
+
+/// Compiles policy sources given as `(file name, text)`, reading every secret value; used by
+/// [`load_dir`] and tests.
 pub fn compile_sources(sources: &[(&Path, &str)]) -> Result<Policy, Vec<PolicyError>> {
+    compile_sources_with(sources, SecretLoading::Read)
+}
+
+/// Compiles policy sources given as `(file name, text)`.
+pub fn compile_sources_with(
+    sources: &[(&Path, &str)],
+    loading: SecretLoading,
+) -> Result<Policy, Vec<PolicyError>> {
     let mut errors = Vec::new();
     let mut hasher = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
 
@@ -331,7 +384,11 @@ pub fn compile_sources(sources: &[(&Path, &str)]) -> Result<Policy, Vec<PolicyEr
     }
 
     // Phase 4: read env and file secrets now; a missing one is an error at its declaration.
-    let store = match SecretStore::load(secret_sources) {
+    let loaded = match loading {
+        SecretLoading::Read => SecretStore::load(secret_sources),
+        SecretLoading::Skip => Ok(SecretStore::empty()),
+    };
+    let store = match loaded {
         Ok(store) => store,
         Err(failures) => {
             for (name, why) in failures {
@@ -755,6 +812,23 @@ impl FileCx<'_> {
                 }
             }
         }
+        let report = match &raw.mode {
+            None => false,
+            Some(m) => match m.get_ref().as_str() {
+                "enforce" => false,
+                "report" => true,
+                other => {
+                    self.error(
+                        m.span(),
+                        format!(
+                            "{}: unknown mode {other:?}: use \"enforce\" or \"report\"",
+                            at("mode")
+                        ),
+                    );
+                    false
+                }
+            },
+        };
         let mut allow_private = Vec::new();
         if let Some(list) = raw.allow_private {
             for (i, c) in list.into_inner().iter().enumerate() {
@@ -813,6 +887,7 @@ impl FileCx<'_> {
             placeholders,
             keep_headers,
             allow_private,
+            report,
             origin: Origin {
                 file: self.file.to_path_buf(),
                 line: line_col(self.text, span.start).0,
@@ -878,7 +953,7 @@ fn parse_host_pattern(raw: &str) -> Result<HostPattern, String> {
 }
 
 /// 1-based line and column (in characters) of a byte offset.
-fn line_col(text: &str, offset: usize) -> (usize, usize) {
+pub(super) fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let offset = offset.min(text.len());
     let before = text.get(..offset).unwrap_or(text);
     let line = before.matches('\n').count() + 1;

@@ -14,9 +14,12 @@
 //!
 //! This module knows no sockets.
 
+pub mod cases;
 mod compile;
+pub mod explain;
 mod host;
 pub mod identity;
+pub mod lint;
 mod schema;
 
 use std::collections::HashMap;
@@ -28,7 +31,10 @@ use std::sync::Arc;
 
 use http::{HeaderName, Method};
 
-pub use compile::{load_dir, LoadError, PolicyError};
+pub use compile::{
+    compile_sources, compile_sources_with, load_dir, load_dir_for_evaluation, LoadError,
+    PolicyError, PolicySources, SecretLoading,
+};
 pub use host::{normalize_host, HostError};
 pub use identity::{Identity, DEFAULT_IDENTITY};
 
@@ -120,6 +126,8 @@ pub struct Rule {
     pub keep_headers: Vec<HeaderName>,
     /// Non-public ranges this rule opens in the address guard, on top of `--allow-private`.
     pub allow_private: Vec<Cidr>,
+    /// `mode = "report"`: what this rule would deny is let through and marked `would_deny`.
+    pub report: bool,
     pub origin: Origin,
 }
 
@@ -152,6 +160,33 @@ impl Rule {
 
     fn path_matches(&self, path: &str) -> bool {
         self.paths.as_ref().is_none_or(|p| p.is_match(path))
+    }
+
+    /// The empty rule report-only traffic runs under when no rule came close: it injects
+    /// nothing and binds no secret.
+    pub fn report_only() -> Rule {
+        Rule {
+            name: "report-only".to_string(),
+            description: None,
+            hosts: Vec::new(),
+            ports: None,
+            methods: None,
+            paths: None,
+            tunnel: false,
+            inject_headers: Vec::new(),
+            inject_query: Vec::new(),
+            inject_basic: None,
+            injected_names: Vec::new(),
+            bound: BTreeSet::new(),
+            placeholders: Vec::new(),
+            keep_headers: Vec::new(),
+            allow_private: Vec::new(),
+            report: true,
+            origin: Origin {
+                file: PathBuf::from("--mode report"),
+                line: 0,
+            },
+        }
     }
 
     /// Whether this rule adds anything to requests (and so strips the sandbox's own auth).

@@ -75,6 +75,10 @@ pub struct RawRule {
     /// Auth headers this rule does not strip (e.g. cookie).
     #[serde(default)]
     pub keep_headers: Option<Spanned<Vec<Spanned<String>>>>,
+    /// `enforce` (default) or `report`: a request this rule comes closest to but does not
+    /// allow goes through and is audited with `would_deny = true`.
+    #[serde(default)]
+    pub mode: Option<Spanned<String>>,
     /// Non-public address ranges this rule may reach (e.g. an internal service).
     #[serde(default)]
     pub allow_private: Option<Spanned<Vec<Spanned<String>>>>,

@@ -234,8 +234,17 @@ impl CertAuthority {
     /// A TLS server configuration presenting a leaf for `host` (normalised; IP literals get an IP
     /// SAN). Concurrent first requests for one host mint one leaf.
     pub fn server_config(&self, host: &str) -> Result<Arc<ServerConfig>, CaError> {
+        self.server_config_counted(host).map(|(c, _)| c)
+    }
+
+    /// Like [`server_config`](Self::server_config), also saying whether the leaf was cached.
+    pub fn server_config_counted(&self, host: &str) -> Result<(Arc<ServerConfig>, bool), CaError> {
+        if let Some(c) = self.leaves.get(host) {
+            return Ok((c, true));
+        }
         self.leaves
             .try_get_with(host.to_string(), || self.mint(host))
+            .map(|c| (c, false))
             .map_err(|e| CaError::Tls {
                 host: host.to_string(),
                 why: e.to_string(),

@@ -93,7 +93,12 @@ pub async fn handle(proxy: Arc<Proxy>, ctx: Arc<Ctx>, req: Request<Incoming>) ->
         }
     };
     match policy.decide_connect(&host, port, identity) {
-        ConnectDecision::Deny(d) => refused(entry, d.reason, d.rule_name(), &d.message),
+        ConnectDecision::Deny(d)
+            if !(d.reason.is_policy_denial()
+                && (proxy.report_all || d.rule.is_some_and(|r| r.report))) =>
+        {
+            refused(entry, d.reason, d.rule_name(), &d.message)
+        }
         ConnectDecision::Tunnel(rule) => {
             let rule_name = rule.name.clone();
             entry.update(|r| r.rule = Some(rule_name.clone()));
@@ -114,7 +119,8 @@ pub async fn handle(proxy: Arc<Proxy>, ctx: Arc<Ctx>, req: Request<Incoming>) ->
             });
             Response::new(body::empty())
         }
-        ConnectDecision::Intercept => {
+        // Report-only: intercept anyway, so each inner request is decided and marked.
+        ConnectDecision::Deny(_) | ConnectDecision::Intercept => {
             let ctx = Arc::new(Ctx {
                 client: ctx.client,
                 identity: ctx.identity.clone(),
@@ -167,7 +173,11 @@ async fn intercept(proxy: Arc<Proxy>, ctx: Arc<Ctx>, upgraded: Upgraded, entry: 
     let Some((host, _)) = ctx.connect.clone() else {
         return;
     };
+    let metrics = proxy.metrics().clone();
     let fail = |mut entry: Entry, reason: Reason, detail: &str| {
+        metrics
+            .tls_handshakes_failed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         entry.outcome(reason, None, None);
         tracing::info!(audit.id = %entry.id(), url.host = %host, reason = reason.code(), detail, "intercepted connection refused");
         entry.finish();
@@ -197,8 +207,16 @@ async fn intercept(proxy: Arc<Proxy>, ctx: Arc<Ctx>, upgraded: Upgraded, entry: 
         }
     }
 
-    let config = match proxy.ca.server_config(&host) {
-        Ok(c) => c,
+    let config = match proxy.ca.server_config_counted(&host) {
+        Ok((c, hit)) => {
+            let counter = if hit {
+                &metrics.cert_cache_hits
+            } else {
+                &metrics.cert_cache_misses
+            };
+            counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            c
+        }
         Err(e) => return fail(entry, Reason::TlsHandshakeFailed, &e.to_string()),
     };
     let tls = match tokio::time::timeout(proxy.handshake_timeout, start.into_stream(config)).await {
@@ -207,9 +225,13 @@ async fn intercept(proxy: Arc<Proxy>, ctx: Arc<Ctx>, upgraded: Upgraded, entry: 
         Err(_) => return fail(entry, Reason::TlsHandshakeFailed, "handshake timed out"),
     };
     // Interception succeeded: from here each inner request leaves its own record.
+    metrics
+        .tls_handshakes_ok
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     entry.dismiss();
 
     let (audit_proxy, client) = (proxy.clone(), ctx.client);
+    let mut shutdown = proxy.shutdown.subscribe();
     let service = service_fn(move |req| pipeline::handle(proxy.clone(), ctx.clone(), req));
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
@@ -221,7 +243,16 @@ async fn intercept(proxy: Arc<Proxy>, ctx: Arc<Ctx>, upgraded: Upgraded, entry: 
         .http2()
         .max_header_list_size(MAX_HEADER_BYTES as u32)
         .timer(TokioTimer::new());
-    if let Err(e) = builder.serve_connection(TokioIo::new(tls), service).await {
+    let conn = builder.serve_connection(TokioIo::new(tls), service);
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = shutdown.changed() => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
         match e.downcast_ref::<hyper::Error>() {
             Some(he) => audit_proxy.connection_error(he, client),
             None => tracing::debug!(error = %e, "intercepted connection closed with error"),

@@ -25,9 +25,11 @@ mod scrub_body;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
 use http::{Method, Request};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
@@ -58,7 +60,18 @@ fn headers_too_large(headers: &http::HeaderMap) -> bool {
 
 /// Everything a running proxy shares across connections.
 pub struct Proxy {
-    policy: Arc<Policy>,
+    /// The policy in force; a reload swaps it atomically, and requests already running keep
+    /// the one they started with (their audit record's `policy` digest says which).
+    policy: ArcSwap<Policy>,
+    policies_dir: PathBuf,
+    reload_state: std::sync::Mutex<ReloadState>,
+    reload_lock: tokio::sync::Mutex<()>,
+    /// `--mode report`: every policy denial is let through and marked `would_deny`.
+    report_all: bool,
+    /// An empty rule under which report-only traffic that matched no rule is forwarded.
+    report_rule: crate::policy::Rule,
+    started: std::time::Instant,
+    shutdown: tokio::sync::watch::Sender<bool>,
     ca: CertAuthority,
     audit: Arc<AuditLog>,
     /// The pooled client for rules without their own `allow_private` ranges.
@@ -82,6 +95,21 @@ pub struct ProxyConfig {
     /// How long to wait for an upstream's response headers.
     pub response_timeout: Duration,
     pub limits: limits::Limits,
+    /// Where the policy was loaded from, for reloads.
+    pub policies_dir: PathBuf,
+    /// `--mode report`.
+    pub report_all: bool,
+}
+
+/// The outcome of the last reload, for `/status`.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ReloadState {
+    /// RFC 3339 time of the last successful load.
+    pub last_ok: Option<String>,
+    /// The error of the last failed reload, cleared by a successful one.
+    pub last_error: Option<String>,
+    pub reloads: u64,
+    pub errors: u64,
 }
 
 impl Proxy {
@@ -89,8 +117,21 @@ impl Proxy {
         let tls = Arc::new(upstream::tls_config(config.upstream.extra_ca.as_deref())?);
         let dialer = Arc::new(Dialer::new(&config.upstream));
         let client = upstream::client(Connector::new(dialer.clone(), tls.clone(), Vec::new()));
+        let (shutdown, _) = tokio::sync::watch::channel(false);
         Ok(Arc::new(Self {
-            policy: Arc::new(config.policy),
+            policy: ArcSwap::from_pointee(config.policy),
+            policies_dir: config.policies_dir,
+            reload_state: std::sync::Mutex::new(ReloadState {
+                last_ok: Some(
+                    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+                ),
+                ..ReloadState::default()
+            }),
+            reload_lock: tokio::sync::Mutex::new(()),
+            report_all: config.report_all,
+            report_rule: crate::policy::Rule::report_only(),
+            started: std::time::Instant::now(),
+            shutdown,
             ca: config.ca,
             audit: Arc::new(config.audit),
             client,
@@ -126,16 +167,153 @@ impl Proxy {
 
     /// The policy in force.
     pub fn policy(&self) -> Arc<Policy> {
-        self.policy.clone()
+        self.policy.load_full()
     }
 
-    /// Accepts connections until `shutdown` resolves.
-    pub async fn serve(
-        self: Arc<Self>,
-        listener: TcpListener,
-        shutdown: impl std::future::Future<Output = ()>,
-    ) {
-        tokio::pin!(shutdown);
+    /// The metrics shared with the audit log.
+    pub fn metrics(&self) -> &Arc<crate::metrics::Metrics> {
+        self.audit.metrics()
+    }
+
+    /// Point-in-time gauges for `/metrics` and `/status`.
+    pub fn gauges(&self) -> crate::metrics::Gauges {
+        let policy = self.policy();
+        crate::metrics::Gauges {
+            connections_active: self.connections.open() as u64,
+            uptime_seconds: self.started.elapsed().as_secs_f64(),
+            policy_rules: policy.rules().len() as u64,
+            policy_info: policy.digest().to_string(),
+        }
+    }
+
+    /// The last reload's outcome.
+    pub fn reload_state(&self) -> ReloadState {
+        self.reload_state
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default()
+    }
+
+    /// Loads, validates and compiles the policy directory, then swaps it in. An invalid set
+    /// leaves the policy in force untouched; the error is kept for `/status` and counted.
+    /// Returns whether the policy changed.
+    pub async fn reload(&self, why: &str) -> Result<bool, String> {
+        let _one_at_a_time = self.reload_lock.lock().await;
+        let dir = self.policies_dir.clone();
+        let loaded = tokio::task::spawn_blocking(move || crate::policy::load_dir(&dir))
+            .await
+            .map_err(|e| format!("reload task failed: {e}"));
+        let result = match loaded {
+            Ok(Ok(policy)) => Ok(policy),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(e) => Err(e),
+        };
+        let metrics = self.metrics().clone();
+        let mut state = self
+            .reload_state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match result {
+            Ok(policy) => {
+                let old = self.policy.load();
+                let changed = old.digest() != policy.digest();
+                state.last_ok = Some(
+                    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+                );
+                state.last_error = None;
+                if changed {
+                    tracing::info!(why, policy.digest = %policy.digest(), policy.rules = policy.rules().len(), "policy reloaded");
+                    self.policy.store(Arc::new(policy));
+                    state.reloads += 1;
+                    metrics
+                        .policy_reloads
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                Ok(changed)
+            }
+            Err(e) => {
+                tracing::error!(why, error = %e, "policy reload refused; the policy in force stays");
+                state.last_error = Some(e.clone());
+                state.errors += 1;
+                metrics
+                    .policy_reload_errors
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Err(e)
+            }
+        }
+    }
+
+    /// Reloads on SIGHUP and whenever a policy file changes (polled each second, so editors'
+    /// rename-over saves and symlink swaps of mounted config are seen as well), until shutdown.
+    pub async fn watch_policies(self: Arc<Self>) {
+        let mut shutdown = self.shutdown.subscribe();
+        #[cfg(unix)]
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+        let mut last = dir_fingerprint(&self.policies_dir);
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            #[cfg(unix)]
+            let hup_fut = async {
+                match hup.as_mut() {
+                    Some(h) => {
+                        h.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            #[cfg(not(unix))]
+            let hup_fut = std::future::pending::<()>();
+            tokio::select! {
+                () = hup_fut => {
+                    let _ = self.reload("SIGHUP").await;
+                }
+                _ = tick.tick() => {
+                    let now = dir_fingerprint(&self.policies_dir);
+                    if now != last {
+                        // Debounce: wait until the directory stops changing.
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                        let settled = dir_fingerprint(&self.policies_dir);
+                        if settled == now {
+                            last = settled;
+                            let _ = self.reload("policy files changed").await;
+                        }
+                    }
+                }
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+
+    /// A receiver that changes when shutdown begins.
+    pub fn shutdown_signal(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.shutdown.subscribe()
+    }
+
+    /// Whether a graceful shutdown has begun.
+    pub fn is_shutting_down(&self) -> bool {
+        *self.shutdown.borrow()
+    }
+
+    /// Starts a graceful shutdown: stop accepting, let connections finish.
+    pub fn begin_shutdown(&self) {
+        let _ = self.shutdown.send(true);
+    }
+
+    /// Waits until every connection has closed, or `deadline` passes; returns how many remain.
+    pub async fn drain(&self, deadline: Duration) -> usize {
+        let until = tokio::time::Instant::now() + deadline;
+        loop {
+            let open = self.connections.open();
+            if open == 0 || tokio::time::Instant::now() >= until {
+                return open;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Accepts connections until shutdown begins.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener) {
+        let mut shutdown = self.shutdown.subscribe();
         loop {
             tokio::select! {
                 accepted = listener.accept() => match accepted {
@@ -153,7 +331,7 @@ impl Proxy {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 },
-                () = &mut shutdown => break,
+                _ = shutdown.changed() => break,
             }
         }
     }
@@ -172,7 +350,7 @@ impl Proxy {
             self.audit.clone(),
             peer,
             IDENTITY_DEFAULT,
-            self.policy.digest(),
+            self.policy.load().digest(),
         );
         entry.outcome(reason, None, Some(503));
         tracing::warn!(client.addr = %peer, why, "connection refused: over limit");
@@ -234,7 +412,17 @@ impl Proxy {
             .header_read_timeout(self.limits.header_timeout)
             .serve_connection(TokioIo::new(io), service)
             .with_upgrades();
-        if let Err(e) = conn.await {
+        tokio::pin!(conn);
+        let mut shutdown = self.shutdown.subscribe();
+        let result = tokio::select! {
+            r = conn.as_mut() => r,
+            _ = shutdown.changed() => {
+                // Finish the request in flight, then close instead of keeping alive.
+                conn.as_mut().graceful_shutdown();
+                conn.await
+            }
+        };
+        if let Err(e) = result {
             if e.is_timeout() {
                 // An idle keep-alive connection simply closes; a half-sent request is slowloris.
                 if partial.load(std::sync::atomic::Ordering::Relaxed) {
@@ -267,7 +455,7 @@ impl Proxy {
             self.audit.clone(),
             peer,
             IDENTITY_DEFAULT,
-            self.policy.digest(),
+            self.policy.load().digest(),
         );
         entry.outcome(reason, None, Some(408));
         entry.finish();
@@ -337,10 +525,28 @@ impl Proxy {
             self.audit.clone(),
             peer,
             IDENTITY_DEFAULT,
-            self.policy.digest(),
+            self.policy.load().digest(),
         );
         entry.outcome(reason, None, Some(reason.status().as_u16()));
         tracing::info!(client.addr = %peer, error = %e, "malformed request refused");
         entry.finish();
     }
+}
+
+/// A cheap fingerprint of the policy files: names, sizes and modification times.
+fn dir_fingerprint(dir: &Path) -> Vec<(PathBuf, u64, Option<std::time::SystemTime>)> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let path = e.path();
+            if path.extension().is_some_and(|x| x == "toml") {
+                // metadata() follows symlinks, so a swapped target shows up too.
+                if let Ok(m) = std::fs::metadata(&path) {
+                    out.push((path, m.len(), m.modified().ok()));
+                }
+            }
+        }
+    }
+    out.sort();
+    out
 }

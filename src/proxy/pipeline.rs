@@ -143,8 +143,19 @@ pub async fn handle(
         method: req.method(),
         path: target.path(),
     });
+    // report-only: a policy denial under `--mode report` or a rule in report mode goes through,
+    // marked `would_deny`, under an empty rule (no secrets ride on a would-be denial).
+    let mut report: Option<(Reason, Option<String>)> = None;
     let rule = match decision.rule {
         Some(rule) if decision.allowed() => rule,
+        closest
+            if decision.reason.is_policy_denial()
+                && (proxy.report_all || closest.is_some_and(|r| r.report)) =>
+        {
+            tracing::warn!(audit.id = %entry.id(), reason = decision.reason.code(), message = %entry.scrub_text(&decision.message), "report-only: would deny");
+            report = Some((decision.reason, decision.rule_name().map(str::to_string)));
+            &proxy.report_rule
+        }
         _ => {
             drain(req.into_body()).await;
             return Ok(refused(
@@ -155,7 +166,14 @@ pub async fn handle(
             ));
         }
     };
-    entry.update(|r| r.rule = Some(rule.name.clone()));
+    let record_rule = match &report {
+        Some((_, closest)) => closest.clone().unwrap_or_else(|| rule.name.clone()),
+        None => rule.name.clone(),
+    };
+    entry.update(|r| {
+        r.rule = Some(record_rule.clone());
+        r.would_deny = report.is_some();
+    });
 
     // credentials: check what the sandbox sent, strip its auth, replace placeholders, inject.
     let is_head = req.method() == http::Method::HEAD;
@@ -202,6 +220,7 @@ pub async fn handle(
 
     // upstream: guarded dial (pooled), response headers within the timeout.
     let client = proxy.client_for(&rule.allow_private);
+    let sent_at = std::time::Instant::now();
     let sent = tokio::time::timeout(proxy.response_timeout, client.request(upstream_req));
     let mut res = match sent.await {
         Ok(Ok(res)) => res,
@@ -239,10 +258,18 @@ pub async fn handle(
         }
     };
 
+    proxy
+        .metrics()
+        .upstream_latency
+        .observe(sent_at.elapsed().as_secs_f64());
+
     // response: record what came back, drop hop-by-hop headers, audit when the body ends.
     let upstream = res.extensions().get::<UpstreamAddr>().map(|a| a.0);
     let status = res.status().as_u16();
-    entry.outcome(Reason::Allowed, Some(&rule.name), Some(status));
+    match &report {
+        Some((reason, _)) => entry.outcome_report(*reason, Some(&record_rule), Some(status)),
+        None => entry.outcome(Reason::Allowed, Some(&rule.name), Some(status)),
+    }
     entry.update(|r| r.upstream = upstream.map(|a| a.to_string()));
     hop::strip(res.headers_mut());
     if let Ok(v) = HeaderValue::from_str(entry.id()) {

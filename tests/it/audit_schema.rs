@@ -27,6 +27,7 @@ fn valid() -> Value {
         "bytes_down": 20,
         "duration_ms": 3,
         "policy": format!("sha256:{}", "ab".repeat(32)),
+        "would_deny": false,
     })
 }
 
@@ -78,6 +79,9 @@ fn the_schema_check_rejects_wrong_values() {
         ("upstream", json!("somewhere")),
         ("bytes_down", json!(-1)),
         ("policy", json!("md5:abc")),
+        ("would_deny", json!("false")),
+        ("would_deny", json!(null)),
+        ("would_deny", json!(true)), // with reason allowed
     ];
     for (field, value) in cases {
         let mut record = valid();
@@ -146,4 +150,45 @@ fn the_schema_check_knows_the_secret_reasons_and_their_decisions() {
     redacted["secrets"] = json!(["openai"]);
     redacted["redactions"] = json!(7);
     check_record(&redacted).expect("a record with injected secrets and redactions");
+}
+
+#[test]
+fn the_schema_check_knows_identity_reasons_and_report_only_records() {
+    for (reason, status) in [("proxy_auth_required", 407), ("identity_not_allowed", 403)] {
+        let mut record = valid();
+        record["reason"] = json!(reason);
+        record["decision"] = json!("deny");
+        record["status"] = json!(status);
+        record["upstream"] = Value::Null;
+        check_record(&record).unwrap_or_else(|e| panic!("{reason} denial: {e}"));
+        record["decision"] = json!("allow");
+        assert!(check_record(&record).is_err(), "{reason} with allow passed");
+    }
+
+    // Report-only: allowed, marked, and the reason is the denial it would have been.
+    for reason in crate::support::audit::REPORTABLE {
+        let mut record = valid();
+        record["reason"] = json!(reason);
+        record["would_deny"] = json!(true);
+        check_record(&record).unwrap_or_else(|e| panic!("would_deny {reason}: {e}"));
+        record["decision"] = json!("deny");
+        assert!(
+            check_record(&record).is_err(),
+            "would_deny {reason} with decision deny passed"
+        );
+    }
+    for reason in [
+        "allowed",
+        "non_public_address",
+        "ambiguous_path",
+        "placeholder_not_bound",
+    ] {
+        let mut record = valid();
+        record["reason"] = json!(reason);
+        record["would_deny"] = json!(true);
+        assert!(
+            check_record(&record).is_err(),
+            "would_deny with reason {reason} passed"
+        );
+    }
 }

@@ -4,10 +4,12 @@
 //! `method`, `scheme`, `host`, `port`, `path` (query values redacted), `decision`, `rule`,
 //! `reason` (a known code), `secrets` (array of names), `redactions` (count of secret values
 //! replaced in the response, 0 when none), `status` (number or null), `upstream` (ip:port or
-//! null), `bytes_up`, `bytes_down`, `duration_ms`, `policy` (`sha256:` + hex).
+//! null), `bytes_up`, `bytes_down`, `duration_ms`, `policy` (`sha256:` + hex), `would_deny`.
 //!
 //! Decisions: `allow` goes with `allowed`, `tunnel` and the failures that happen after policy
-//! allowed the request ([`ALLOWED_BUT_FAILED`]); every other reason is a `deny`.
+//! allowed the request ([`ALLOWED_BUT_FAILED`]); every other reason is a `deny`. `would_deny`
+//! (boolean, always present) is true only on report-only records: `decision = "allow"` with the
+//! policy denial it would have been as `reason` ([`REPORTABLE`]).
 
 use std::net::SocketAddr;
 
@@ -38,6 +40,25 @@ pub const REASONS: &[&str] = &[
     "secret_value_unbound",
     "secret_unavailable",
     "uninspectable_body",
+    // Network safety: the address guard, resource limits and request framing.
+    "non_public_address",
+    "ambiguous_framing",
+    "uri_too_long",
+    "header_timeout",
+    "too_many_connections",
+    // Identities: an unknown or missing token, a rule the identity may not use.
+    "proxy_auth_required",
+    "identity_not_allowed",
+];
+
+/// Policy denials that report-only mode (`mode = "report"`, `--mode report`) lets through: such a
+/// record says `decision = "allow"`, `would_deny = true` and the denial it would have been.
+pub const REPORTABLE: &[&str] = &[
+    "no_rule",
+    "port_not_allowed",
+    "method_not_allowed",
+    "path_not_allowed",
+    "identity_not_allowed",
 ];
 
 /// Reasons for requests that policy allowed but that failed afterwards: the upstream failed, or
@@ -56,6 +77,9 @@ pub const ALLOWED_BUT_FAILED: &[&str] = &[
 fn nullable_target_fields(reason: &str) -> &'static [&'static str] {
     match reason {
         "bad_request" | "header_too_large" => &["method", "scheme", "host", "port", "path"],
+        // Refused before a request could be read: a stalled header block, a connection over
+        // the caps.
+        "header_timeout" | "too_many_connections" => &["method", "scheme", "host", "port", "path"],
         "not_a_proxy_request" => &["scheme", "host", "port"],
         "missing_port" => &["port"],
         _ => &[],
@@ -135,9 +159,20 @@ pub fn check_record(record: &Value) -> Result<(), String> {
     }
 
     let decision = string("decision")?;
+    let would_deny = get("would_deny")?
+        .as_bool()
+        .ok_or_else(|| "would_deny is not a boolean".to_string())?;
     let allow_reason =
         matches!(reason, "allowed" | "tunnel") || ALLOWED_BUT_FAILED.contains(&reason);
     match decision {
+        // Report-only: let through, and the reason is the denial it would have been.
+        "allow" if would_deny && !REPORTABLE.contains(&reason) => {
+            return Err(format!(
+                "would_deny with reason {reason:?}, which is not a reportable denial"
+            ))
+        }
+        "allow" if would_deny => {}
+        "deny" if would_deny => return Err("decision deny with would_deny true".into()),
         "allow" if !allow_reason => return Err(format!("decision allow with reason {reason:?}")),
         "deny" if allow_reason => return Err(format!("decision deny with reason {reason:?}")),
         "allow" | "deny" => {}

@@ -51,6 +51,8 @@ pub fn latchkey() -> LatchkeyBuilder {
         allow_loopback: true,
         resolves: Vec::new(),
         args: Vec::new(),
+        listen: None,
+        netns: None,
     }
 }
 
@@ -67,6 +69,10 @@ pub struct LatchkeyBuilder {
     resolves: Vec<(String, String)>,
     /// Extra command-line arguments.
     args: Vec<String>,
+    /// `--listen` other than `127.0.0.1:0`.
+    listen: Option<String>,
+    /// Run inside this network namespace (`ip netns exec NAME latchkey serve ...`).
+    netns: Option<String>,
 }
 
 impl LatchkeyBuilder {
@@ -106,6 +112,19 @@ impl LatchkeyBuilder {
         self
     }
 
+    /// Listens on `addr` (`--listen`) instead of `127.0.0.1:0`.
+    pub fn listen(mut self, addr: &str) -> Self {
+        self.listen = Some(addr.to_string());
+        self
+    }
+
+    /// Runs latchkey inside the network namespace `name` (`ip netns exec NAME latchkey ...`);
+    /// its listener is then reachable only from inside that namespace's network.
+    pub fn netns(mut self, name: &str) -> Self {
+        self.netns = Some(name.to_string());
+        self
+    }
+
     /// Pins `host` to 127.0.0.1 (`--resolve host=127.0.0.1`).
     pub fn pin(mut self, host: &str) -> Self {
         self.pins.push(host.to_string());
@@ -128,12 +147,19 @@ impl LatchkeyBuilder {
         for (name, contents) in &self.policies {
             std::fs::write(policies.join(name), contents).expect("write policy file");
         }
-        let mut cmd = Command::new(BIN);
+        let mut cmd = match &self.netns {
+            Some(ns) => {
+                let mut cmd = Command::new("ip");
+                cmd.args(["netns", "exec", ns.as_str(), BIN]);
+                cmd
+            }
+            None => Command::new(BIN),
+        };
         cmd.arg("serve")
             .arg("--policies")
             .arg(&policies)
             .arg("--listen")
-            .arg("127.0.0.1:0")
+            .arg(self.listen.as_deref().unwrap_or("127.0.0.1:0"))
             .arg("--ca-dir")
             .arg(dir.path().join("ca"))
             .arg("--audit")
@@ -151,6 +177,10 @@ impl LatchkeyBuilder {
             cmd.arg("--allow-private").arg("127.0.0.0/8");
         }
         cmd.args(&self.args);
+        // Tests run many latchkeys at once: never the fixed default admin port.
+        if !self.args.iter().any(|a| a == "--admin") {
+            cmd.arg("--admin").arg("127.0.0.1:0");
+        }
         for var in SCRUBBED_ENV {
             cmd.env_remove(var);
         }
@@ -169,6 +199,11 @@ impl LatchkeyBuilder {
     /// Spawns `latchkey serve` and waits until it is listening.
     pub fn run(self) -> Latchkey {
         let (dir, mut cmd) = self.prepare();
+        let listen_ip = self.listen.as_deref().map(|addr| {
+            addr.parse::<SocketAddr>()
+                .unwrap_or_else(|e| panic!("--listen {addr:?} is not ip:port: {e}"))
+                .ip()
+        });
         let mut child = cmd.spawn().expect("spawn latchkey serve");
         let stderr = child.stderr.take().expect("latchkey stderr pipe");
         let stdout_buffer = Arc::new(Mutex::new(String::new()));
@@ -234,10 +269,16 @@ impl LatchkeyBuilder {
         let proxy: SocketAddr = addr
             .parse()
             .unwrap_or_else(|e| panic!("listening address {addr:?} is not ip:port: {e}"));
-        assert!(
-            proxy.ip().is_loopback(),
-            "latchkey listens on {proxy}, not on loopback"
-        );
+        match listen_ip {
+            Some(ip) => assert!(
+                ip.is_unspecified() || proxy.ip() == ip,
+                "latchkey listens on {proxy}, not on {ip}"
+            ),
+            None => assert!(
+                proxy.ip().is_loopback(),
+                "latchkey listens on {proxy}, not on loopback"
+            ),
+        }
         Latchkey {
             dir,
             child,
@@ -305,6 +346,27 @@ impl Latchkey {
     }
 
     /// The audit file as written so far, unparsed.
+    /// The admin API address, from the `latchkey: admin listening on ADDR` line (waits 5 s).
+    pub fn admin_addr(&self) -> SocketAddr {
+        const ADMIN: &str = "latchkey: admin listening on ";
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            if let Some(addr) = self
+                .stderr_text()
+                .lines()
+                .find_map(|l| l.trim_end().strip_prefix(ADMIN).map(str::to_string))
+            {
+                return addr.parse().expect("admin address");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no admin line in stderr:\n{}",
+                self.stderr_text()
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn audit_text(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("audit.jsonl")).unwrap_or_default()
     }
@@ -381,6 +443,38 @@ impl Latchkey {
             "audit file ends in a torn line: {text:?}"
         );
         records
+    }
+}
+
+/// The process itself, for signal tests (reload on SIGHUP, graceful shutdown on SIGTERM/SIGINT).
+impl Latchkey {
+    /// The child's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `signal` (`"TERM"`, `"HUP"`, `"INT"`) to latchkey with `kill -SIGNAL PID`.
+    pub fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.pid().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{signal} {} failed", self.pid());
+    }
+
+    /// Waits up to `timeout` for latchkey to exit; `None` if it is still running.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("poll latchkey") {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            thread::sleep(Duration::from_millis(10));
+        }
     }
 }
 

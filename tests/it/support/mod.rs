@@ -9,10 +9,12 @@
 //!   its listening line, and reads (and schema-checks) its audit log.
 //! - [`clients`]: curl, Python `requests`, raw sockets and a rustls client.
 
+pub mod admin;
 pub mod audit;
 pub mod ca;
 pub mod clients;
 pub mod latchkey;
+pub mod netns;
 pub mod problems;
 pub mod secrets;
 pub mod upstream;

@@ -1,0 +1,226 @@
+//! The admin API, on its own listener (`--admin`, loopback by default). The address guard
+//! refuses it as one of latchkey's own addresses, so a sandbox can never reach it through the
+//! proxy.
+//!
+//! - `GET /healthz`: the process is up. `GET /readyz`: serving (503 while shutting down).
+//! - `GET /status`: policy digest, files, rules, identities, last reload, uptime, connections.
+//! - `GET /metrics`: Prometheus text format.
+//! - `POST /reload`: reload the policy now (422 with the errors if invalid; the old one stays).
+//! - `GET /explain?method=GET&url=...&identity=...`: the decision for one request, as JSON.
+//!
+//! With `--admin-token`, every endpoint but `/healthz` and `/readyz` needs
+//! `Authorization: Bearer TOKEN` (compared in constant time).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+
+use crate::proxy::Proxy;
+use crate::secrets::SecretValue;
+
+type Body = Full<Bytes>;
+
+fn respond(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Body> {
+    let mut res = Response::new(Full::new(body.into()));
+    *res.status_mut() = status;
+    if let Ok(v) = header::HeaderValue::from_str(content_type) {
+        res.headers_mut().insert(header::CONTENT_TYPE, v);
+    }
+    res.headers_mut().insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
+    res
+}
+
+fn json(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
+    let mut text = value.to_string();
+    text.push('\n');
+    respond(status, "application/json", text)
+}
+
+/// Serves the admin API until the proxy shuts down.
+pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener, token: Option<SecretValue>) {
+    let token = Arc::new(token);
+    let mut shutdown = proxy.shutdown_signal();
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "admin accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.changed() => return,
+        };
+        let proxy = proxy.clone();
+        let token = token.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let proxy = proxy.clone();
+                let token = token.clone();
+                async move { Ok::<_, Infallible>(route(&proxy, token.as_ref().as_ref(), req).await) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(std::time::Duration::from_secs(10))
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(e) = conn.await {
+                tracing::debug!(client.addr = %peer, error = %e, "admin connection error");
+            }
+        });
+    }
+}
+
+fn authorized(token: Option<&SecretValue>, req: &Request<Incoming>) -> bool {
+    let Some(token) = token else {
+        return true;
+    };
+    req.headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|presented| token.ct_eq(presented.trim().as_bytes()))
+}
+
+async fn route(
+    proxy: &Arc<Proxy>,
+    token: Option<&SecretValue>,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    match (req.method(), path.as_str()) {
+        (&Method::GET, "/healthz") => respond(StatusCode::OK, "text/plain", "ok\n"),
+        (&Method::GET, "/readyz") => {
+            if proxy.is_shutting_down() {
+                respond(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    "shutting down\n",
+                )
+            } else {
+                respond(StatusCode::OK, "text/plain", "ready\n")
+            }
+        }
+        _ if !authorized(token, &req) => {
+            let mut res = respond(
+                StatusCode::UNAUTHORIZED,
+                "text/plain",
+                "admin token required\n",
+            );
+            res.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer realm=\"latchkey-admin\""),
+            );
+            res
+        }
+        (&Method::GET, "/metrics") => respond(
+            StatusCode::OK,
+            "text/plain; version=0.0.4; charset=utf-8",
+            proxy.metrics().render(&proxy.gauges()),
+        ),
+        (&Method::GET, "/status") => json(StatusCode::OK, &status(proxy)),
+        (&Method::POST, "/reload") => {
+            // Drain any body; the reload takes no input.
+            let _ = req.into_body().collect().await;
+            match proxy.reload("POST /reload").await {
+                Ok(changed) => json(
+                    StatusCode::OK,
+                    &serde_json::json!({"changed": changed, "policy": proxy.policy().digest()}),
+                ),
+                Err(e) => json(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    &serde_json::json!({
+                        "error": e,
+                        "policy": proxy.policy().digest(),
+                        "note": "the policy in force was kept",
+                    }),
+                ),
+            }
+        }
+        (&Method::GET, "/explain") => explain(proxy, req.uri().query().unwrap_or_default()),
+        (_, "/healthz" | "/readyz" | "/metrics" | "/status" | "/reload" | "/explain") => respond(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "method not allowed\n",
+        ),
+        _ => respond(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found: try /status, /metrics, /reload, /explain, /healthz, /readyz\n",
+        ),
+    }
+}
+
+fn status(proxy: &Proxy) -> serde_json::Value {
+    let policy = proxy.policy();
+    let gauges = proxy.gauges();
+    let reload = proxy.reload_state();
+    serde_json::json!({
+        "policy": {
+            "digest": policy.digest(),
+            "files": policy.files().iter().map(|f| f.display().to_string()).collect::<Vec<_>>(),
+            "rules": policy.rules().len(),
+            "identities": policy.identities().iter().map(|i| i.name.clone()).collect::<Vec<_>>(),
+            "secrets": policy.secrets().names().map(str::to_string).filter(|n| !n.starts_with("identity:")).collect::<Vec<_>>(),
+        },
+        "reload": reload,
+        "uptime_seconds": gauges.uptime_seconds,
+        "connections_active": gauges.connections_active,
+        "shutting_down": proxy.is_shutting_down(),
+    })
+}
+
+fn explain(proxy: &Proxy, query: &str) -> Response<Body> {
+    let mut method = None;
+    let mut url = None;
+    let mut identity = None;
+    for (k, v) in query
+        .split('&')
+        .filter_map(|p| p.split_once('='))
+        .map(|(k, v)| {
+            (
+                k,
+                percent_encoding::percent_decode_str(v)
+                    .decode_utf8_lossy()
+                    .into_owned(),
+            )
+        })
+    {
+        match k {
+            "method" => method = Some(v),
+            "url" => url = Some(v),
+            "identity" => identity = Some(v),
+            _ => {}
+        }
+    }
+    let (Some(method), Some(url)) = (method, url) else {
+        return json(
+            StatusCode::BAD_REQUEST,
+            &serde_json::json!({"error": "give method and url, e.g. /explain?method=GET&url=https://api.github.com/zen"}),
+        );
+    };
+    let policy = proxy.policy();
+    match crate::policy::explain::explain(&policy, identity.as_deref(), &method, &url) {
+        Ok(e) => match serde_json::to_value(&e) {
+            Ok(v) => json(StatusCode::OK, &v),
+            Err(err) => json(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &serde_json::json!({"error": err.to_string()}),
+            ),
+        },
+        Err(err) => json(
+            StatusCode::BAD_REQUEST,
+            &serde_json::json!({"error": err.to_string()}),
+        ),
+    }
+}

@@ -1,0 +1,507 @@
+//! Policy test cases: `policies/tests/*.toml` files that pin what a policy decides, run by
+//! `latchkey test` in CI like any other test suite.
+//!
+//! ```toml
+//! [[cases]]
+//! name = "read the zen of GitHub"        # optional; defaults to "METHOD URL"
+//! identity = "ci-agent"                  # optional
+//! method = "GET"
+//! url = "https://api.github.com/zen"
+//! headers = { "x-foo" = "bar" }          # optional, informational for now
+//! expect = "allow"                       # allow | deny
+//! rule = "github-read"                   # optional: the deciding (or, on deny, closest) rule
+//! reason = "method_not_allowed"          # optional: the reason code
+//! secrets = ["openai"]                   # optional (allow only): bound by the deciding rule
+//! ```
+//!
+//! A case file is validated as strictly as a policy file (unknown keys, unknown rules, reasons
+//! and identities, malformed URLs are errors at `file:line:col`). A case runs through
+//! [`super::explain::explain`]: pure evaluation, no network, no secret value.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use super::compile::line_col;
+use super::explain::{explain, ExplainError, Explanation, Verdict};
+use super::{Policy, PolicyError};
+use crate::reason::Reason;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCaseFile {
+    #[serde(default)]
+    cases: Vec<Spanned<RawCase>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCase {
+    #[serde(default)]
+    name: Option<Spanned<String>>,
+    #[serde(default)]
+    identity: Option<Spanned<String>>,
+    method: Spanned<String>,
+    url: Spanned<String>,
+    #[serde(default)]
+    headers: BTreeMap<Spanned<String>, Spanned<String>>,
+    expect: Spanned<String>,
+    #[serde(default)]
+    rule: Option<Spanned<String>>,
+    #[serde(default)]
+    reason: Option<Spanned<String>>,
+    #[serde(default)]
+    secrets: Option<Spanned<Vec<Spanned<String>>>>,
+}
+
+/// One validated case.
+#[derive(Clone, Debug)]
+pub struct Case {
+    /// `name`, or `METHOD URL`.
+    pub name: String,
+    pub file: PathBuf,
+    pub line: usize,
+    pub col: usize,
+    pub identity: Option<String>,
+    pub method: String,
+    pub url: String,
+    /// Request headers (informational for now: decisions do not depend on headers).
+    pub headers: BTreeMap<String, String>,
+    pub expect: Verdict,
+    pub rule: Option<String>,
+    pub reason: Option<Reason>,
+    pub secrets: Option<Vec<String>>,
+}
+
+impl Case {
+    /// `file:line:col` of the case, for reports.
+    pub fn location(&self) -> String {
+        format!("{}:{}:{}", self.file.display(), self.line, self.col)
+    }
+}
+
+/// A case run: the explanation it got and every expectation that did not hold.
+#[derive(Debug)]
+pub struct CaseResult {
+    pub case: Case,
+    /// `None` only if the request could not be evaluated (see `failures`).
+    pub explanation: Option<Explanation>,
+    /// Empty: the case passed.
+    pub failures: Vec<String>,
+}
+
+impl CaseResult {
+    pub fn passed(&self) -> bool {
+        self.failures.is_empty()
+    }
+}
+
+/// Why a test directory could not be read at all.
+#[derive(Debug, thiserror::Error)]
+pub enum CasesError {
+    #[error("cannot read test directory {dir}: {source}")]
+    Dir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("no *.toml test files in {0}: write one (see policies/tests/example.toml)")]
+    Empty(PathBuf),
+}
+
+/// The cases of every `*.toml` file in `dir` (sorted by name), plus every problem in files
+/// that are invalid. A file with any problem contributes no case.
+pub fn load_cases_dir(
+    dir: &Path,
+    policy: &Policy,
+) -> Result<(Vec<Case>, Vec<PolicyError>), CasesError> {
+    let dir_err = |source| CasesError::Dir {
+        dir: dir.to_path_buf(),
+        source,
+    };
+    let mut paths = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(dir_err)? {
+        let path = entry.map_err(dir_err)?.path();
+        if path.extension().is_some_and(|e| e == "toml") && path.is_file() {
+            paths.push(path);
+        }
+    }
+    paths.sort();
+    if paths.is_empty() {
+        return Err(CasesError::Empty(dir.to_path_buf()));
+    }
+    let mut cases = Vec::new();
+    let mut errors = Vec::new();
+    for path in paths {
+        match std::fs::read_to_string(&path) {
+            Ok(text) => match parse_cases(&path, &text, policy) {
+                Ok(mut more) => cases.append(&mut more),
+                Err(mut more) => errors.append(&mut more),
+            },
+            Err(e) => errors.push(PolicyError {
+                file: path,
+                line: 1,
+                col: 1,
+                message: format!("cannot read file: {e}"),
+            }),
+        }
+    }
+    Ok((cases, errors))
+}
+
+struct Cx<'a> {
+    file: &'a Path,
+    text: &'a str,
+    errors: Vec<PolicyError>,
+}
+
+impl Cx<'_> {
+    fn error(&mut self, span: Range<usize>, message: String) {
+        let (line, col) = line_col(self.text, span.start);
+        self.errors.push(PolicyError {
+            file: self.file.to_path_buf(),
+            line,
+            col,
+            message,
+        });
+    }
+}
+
+/// Parses and validates one case file against `policy`: every problem, located.
+pub fn parse_cases(
+    file: &Path,
+    text: &str,
+    policy: &Policy,
+) -> Result<Vec<Case>, Vec<PolicyError>> {
+    let mut cx = Cx {
+        file,
+        text,
+        errors: Vec::new(),
+    };
+    let raw = match toml::from_str::<RawCaseFile>(text) {
+        Ok(raw) => raw,
+        Err(e) => {
+            cx.error(e.span().unwrap_or(0..0), e.message().to_string());
+            return Err(cx.errors);
+        }
+    };
+    if raw.cases.is_empty() {
+        cx.error(
+            0..0,
+            "no [[cases]] in this file: add at least one case (method, url, expect)".to_string(),
+        );
+    }
+    let mut cases = Vec::new();
+    for (i, raw_case) in raw.cases.into_iter().enumerate() {
+        let span = raw_case.span();
+        if let Some(case) = validate(&mut cx, i, span, raw_case.into_inner(), policy) {
+            cases.push(case);
+        }
+    }
+    if cx.errors.is_empty() {
+        Ok(cases)
+    } else {
+        Err(cx.errors)
+    }
+}
+
+fn validate(
+    cx: &mut Cx<'_>,
+    index: usize,
+    span: Range<usize>,
+    raw: RawCase,
+    policy: &Policy,
+) -> Option<Case> {
+    let before = cx.errors.len();
+    let at = |field: &str| format!("cases[{index}].{field}");
+    let expect = match raw.expect.get_ref().as_str() {
+        "allow" => Some(Verdict::Allow),
+        "deny" => Some(Verdict::Deny),
+        other => {
+            cx.error(
+                raw.expect.span(),
+                format!("{}: {other:?} is not \"allow\" or \"deny\"", at("expect")),
+            );
+            None
+        }
+    };
+    let reason = raw.reason.as_ref().and_then(|r| {
+        let found = Reason::ALL.iter().copied().find(|c| c.code() == r.get_ref());
+        if found.is_none() {
+            cx.error(
+                r.span(),
+                format!(
+                    "{}: unknown reason code {:?}; policy decisions use allowed, tunnel, no_rule, port_not_allowed, method_not_allowed, path_not_allowed, identity_not_allowed, proxy_auth_required, userinfo_in_url, ambiguous_path",
+                    at("reason"),
+                    r.get_ref()
+                ),
+            );
+        }
+        found
+    });
+    if let Some(r) = &raw.rule {
+        if !policy.rules().iter().any(|rule| &rule.name == r.get_ref()) {
+            cx.error(
+                r.span(),
+                format!("{}: unknown rule {:?}", at("rule"), r.get_ref()),
+            );
+        }
+    }
+    if let (Some(s), Some(Verdict::Deny)) = (&raw.secrets, expect) {
+        cx.error(
+            s.span(),
+            format!(
+                "{}: a denied request binds no secret; remove secrets or expect = \"allow\"",
+                at("secrets")
+            ),
+        );
+    }
+    let mut headers = BTreeMap::new();
+    for (k, v) in &raw.headers {
+        if http::HeaderName::from_bytes(k.get_ref().as_bytes()).is_err() {
+            cx.error(
+                k.span(),
+                format!(
+                    "{}: invalid header name {:?}",
+                    at(&format!("headers.{}", k.get_ref())),
+                    k.get_ref()
+                ),
+            );
+        } else {
+            headers.insert(k.get_ref().clone(), v.get_ref().clone());
+        }
+    }
+    // Evaluate once to validate identity, method and URL where they are written.
+    let identity = raw.identity.as_ref().map(|i| i.get_ref().as_str());
+    match explain(policy, identity, raw.method.get_ref(), raw.url.get_ref()) {
+        Ok(_) => {}
+        Err(e) => {
+            let (span, field) = match &e {
+                ExplainError::NoIdentities { .. } | ExplainError::UnknownIdentity { .. } => (
+                    raw.identity.as_ref().map_or(span.clone(), |i| i.span()),
+                    "identity",
+                ),
+                ExplainError::InvalidMethod(_) => (raw.method.span(), "method"),
+                ExplainError::InvalidUrl { .. } => (raw.url.span(), "url"),
+            };
+            cx.error(span, format!("{}: {e}", at(field)));
+        }
+    }
+    if cx.errors.len() > before {
+        return None;
+    }
+    let (line, col) = line_col(cx.text, span.start);
+    let method = raw.method.into_inner();
+    let url = raw.url.into_inner();
+    Some(Case {
+        name: raw
+            .name
+            .map(|n| n.into_inner())
+            .unwrap_or_else(|| format!("{method} {url}")),
+        file: cx.file.to_path_buf(),
+        line,
+        col,
+        identity: raw.identity.map(|i| i.into_inner()),
+        method,
+        url,
+        headers,
+        expect: expect?,
+        rule: raw.rule.map(|r| r.into_inner()),
+        reason,
+        secrets: raw
+            .secrets
+            .map(|s| s.into_inner().into_iter().map(|n| n.into_inner()).collect()),
+    })
+}
+
+/// Runs one case against `policy`.
+pub fn run_case(policy: &Policy, case: &Case) -> CaseResult {
+    let e = match explain(policy, case.identity.as_deref(), &case.method, &case.url) {
+        Ok(e) => e,
+        Err(err) => {
+            return CaseResult {
+                case: case.clone(),
+                explanation: None,
+                failures: vec![format!("cannot evaluate: {err}")],
+            }
+        }
+    };
+    let mut failures = Vec::new();
+    let got_rule = |e: &Explanation| match &e.rule {
+        Some(r) => format!("rule '{r}'"),
+        None => "no rule".to_string(),
+    };
+    if e.decision != case.expect {
+        failures.push(match e.decision {
+            Verdict::Deny => format!("expected allow, got deny ({}: {})", e.reason, e.message),
+            Verdict::Allow => format!("expected deny, got allow ({}: {})", got_rule(&e), e.message),
+        });
+    }
+    if let Some(want) = &case.rule {
+        if e.rule.as_deref() != Some(want.as_str()) {
+            failures.push(format!("expected rule '{want}', got {}", got_rule(&e)));
+        }
+    }
+    if let Some(want) = case.reason {
+        if want.code() != e.reason {
+            failures.push(format!(
+                "expected reason {}, got {} ({})",
+                want.code(),
+                e.reason,
+                e.message
+            ));
+        }
+    }
+    if let Some(want) = &case.secrets {
+        let missing: Vec<&String> = want.iter().filter(|s| !e.secrets.contains(s)).collect();
+        if !missing.is_empty() {
+            let bound = if e.secrets.is_empty() {
+                "none".to_string()
+            } else {
+                e.secrets.join(", ")
+            };
+            failures.push(format!(
+                "expected secret(s) {} bound, {} binds {bound}",
+                Names(&missing),
+                got_rule(&e)
+            ));
+        }
+    }
+    CaseResult {
+        case: case.clone(),
+        explanation: Some(e),
+        failures,
+    }
+}
+
+struct Names<'a>(&'a [&'a String]);
+
+impl fmt::Display for Names<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.0.iter().map(|s| s.as_str()).collect();
+        f.write_str(&names.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{compile_sources_with, SecretLoading};
+
+    const POLICY: &str = r#"
+[secrets.k]
+source = "env:LATCHKEY_CASES_TEST_UNSET"
+
+[[rules]]
+name = "read"
+hosts = ["api.test"]
+methods = ["GET"]
+[rules.inject.headers]
+authorization = "Bearer {{secret.k}}"
+"#;
+
+    fn policy() -> Policy {
+        compile_sources_with(&[(Path::new("p.toml"), POLICY)], SecretLoading::Skip)
+            .unwrap_or_else(|e| panic!("{e:?}"))
+    }
+
+    fn run(text: &str) -> Vec<CaseResult> {
+        let p = policy();
+        let cases = parse_cases(Path::new("t.toml"), text, &p).unwrap_or_else(|e| panic!("{e:?}"));
+        cases.iter().map(|c| run_case(&p, c)).collect()
+    }
+
+    fn errors(text: &str) -> Vec<String> {
+        match parse_cases(Path::new("t.toml"), text, &policy()) {
+            Ok(c) => panic!("expected errors, parsed {c:?}"),
+            Err(e) => e.iter().map(|e| e.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn cases_that_hold_pass_and_name_defaults_to_method_and_url() {
+        let r = run(
+            "[[cases]]\nmethod = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"allow\"\nrule = \"read\"\nsecrets = [\"k\"]\n\n[[cases]]\nname = \"no writes\"\nmethod = \"POST\"\nurl = \"https://api.test/\"\nexpect = \"deny\"\nrule = \"read\"\nreason = \"method_not_allowed\"\n",
+        );
+        assert!(r.iter().all(CaseResult::passed), "{r:#?}");
+        assert_eq!(r[0].case.name, "GET https://api.test/");
+        assert_eq!(r[1].case.name, "no writes");
+    }
+
+    #[test]
+    fn every_expectation_that_does_not_hold_is_a_failure() {
+        let r = run(
+            "[[cases]]\nmethod = \"POST\"\nurl = \"https://api.test/\"\nexpect = \"allow\"\nreason = \"path_not_allowed\"\n",
+        );
+        assert_eq!(r[0].failures.len(), 2, "{:?}", r[0].failures);
+        assert!(r[0].failures[0].starts_with("expected allow, got deny (method_not_allowed: "));
+        let r =
+            run("[[cases]]\nmethod = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"deny\"\n");
+        assert!(r[0].failures[0].starts_with("expected deny, got allow (rule 'read'"));
+        let r = run(
+            "[[cases]]\nmethod = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"allow\"\nsecrets = [\"other\"]\n",
+        );
+        assert_eq!(
+            r[0].failures,
+            vec!["expected secret(s) other bound, rule 'read' binds k"]
+        );
+    }
+
+    #[test]
+    fn a_malformed_case_file_reports_every_problem_with_line_and_column() {
+        let e = errors(
+            "[[cases]]\nmethod = \"GET\"\nurl = \"api.test\"\nexpect = \"maybe\"\nrule = \"nope\"\nreason = \"nope\"\n",
+        );
+        assert_eq!(e.len(), 4, "{e:?}");
+        assert!(
+            e.iter()
+                .any(|m| m.starts_with("t.toml:4:10: cases[0].expect")),
+            "{e:?}"
+        );
+        assert!(
+            e.iter().any(|m| m.starts_with("t.toml:5:8: cases[0].rule")),
+            "{e:?}"
+        );
+        assert!(
+            e.iter()
+                .any(|m| m.starts_with("t.toml:6:10: cases[0].reason")),
+            "{e:?}"
+        );
+        assert!(
+            e.iter().any(|m| m.starts_with("t.toml:3:7: cases[0].url")),
+            "{e:?}"
+        );
+        let e = errors("[[cases]]\nmethod = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"allow\"\ncolour = \"blue\"\n");
+        assert!(
+            e[0].starts_with("t.toml:5:1: unknown field `colour`"),
+            "{e:?}"
+        );
+        let e = errors("");
+        assert!(e[0].contains("no [[cases]]"), "{e:?}");
+    }
+}
+#[cfg(test)]
+mod tmp_shipped {
+    use super::*;
+    #[test]
+    fn tmp_shipped() {
+        for (p, t) in [
+            ("policies", "policies/tests"),
+            ("policies/presets", "policies/presets/tests"),
+        ] {
+            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+            let policy = crate::policy::load_dir_for_evaluation(&root.join(p)).unwrap();
+            let (cases, errs) = load_cases_dir(&root.join(t), &policy).unwrap();
+            for e in &errs {
+                println!("{e}");
+            }
+            for c in &cases {
+                let r = run_case(&policy, c);
+                println!("{} {} {:?}", r.passed(), c.name, r.failures);
+            }
+        }
+    }
+}

@@ -1,0 +1,472 @@
+//! `explain`: what policy decides for one request, why, and why every other candidate rule did
+//! not decide it. Used by `latchkey explain`, `latchkey test` and (later) the admin API.
+//!
+//! The decision is the proxy's own, step for step: an unidentified client when identities are
+//! configured is refused, a URL with userinfo is refused, an `https` URL first passes the CONNECT
+//! gate ([`Policy::decide_connect`]), a path with dot segments or encoded slashes is refused, then
+//! [`Policy::decide`]. Secrets and injected headers are listed by name only; values are never
+//! read (an explanation works on a policy loaded without them).
+//!
+//! ```text
+//! let e = explain(&policy, None, "POST", "https://api.github.com/zen")?;
+//! assert_eq!(e.decision, Verdict::Deny);
+//! assert_eq!(e.reason, "method_not_allowed");
+//! ```
+
+use http::{Method, Uri};
+use serde::Serialize;
+
+use super::identity::{Identity, DEFAULT_IDENTITY};
+use super::{display_url, normalize_host, ConnectDecision, Policy, Rule, Scheme, Target};
+use crate::reason::Reason;
+
+/// Allow or deny, as printed and serialised.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Allow,
+    Deny,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Allow => "allow",
+            Verdict::Deny => "deny",
+        }
+    }
+}
+
+/// The first check a candidate rule failed, or `Matched`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The identity asking may not use this rule.
+    Identity,
+    /// The rule does not allow this port.
+    Port,
+    /// A `tunnel = true` rule: it relays CONNECT bytes and never allows a request it can see.
+    Tunnel,
+    /// The rule does not allow this method.
+    Method,
+    /// No path glob of the rule matches.
+    Path,
+    /// Every check passed.
+    Matched,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Identity => "identity",
+            Outcome::Port => "port",
+            Outcome::Tunnel => "tunnel",
+            Outcome::Method => "method",
+            Outcome::Path => "path",
+            Outcome::Matched => "matched",
+        }
+    }
+}
+
+/// One rule whose host patterns match the request's host, in decision order.
+#[derive(Clone, Debug, Serialize)]
+pub struct Candidate {
+    pub rule: String,
+    /// `file:line` of the rule.
+    pub origin: String,
+    pub outcome: Outcome,
+    /// Whether this rule is the one that decided the request (the allowing rule, or the one a
+    /// denial names).
+    pub decides: bool,
+    /// What the rule allows for the failed check, e.g. `allows only GET, HEAD`.
+    pub detail: String,
+}
+
+/// Everything `explain` says about one request. Serialisable as is for `--json` and the admin
+/// API; names only, never a secret value.
+#[derive(Clone, Debug, Serialize)]
+pub struct Explanation {
+    pub decision: Verdict,
+    /// The stable reason code ([`Reason::code`]).
+    pub reason: &'static str,
+    /// The allowing rule, or on deny the rule that came closest.
+    pub rule: Option<String>,
+    pub rule_origin: Option<String>,
+    /// The rule's `description`.
+    pub description: Option<String>,
+    /// The sentence the deny body and logs carry.
+    pub message: String,
+    /// The identity asked about (`default` when the policy defines none).
+    pub identity: String,
+    pub method: String,
+    /// The normalised URL policy saw (default port omitted, no query).
+    pub url: String,
+    /// Every rule whose host patterns match the host, in decision order.
+    pub candidates: Vec<Candidate>,
+    /// Secrets the allowing rule binds (injects or lists), by name.
+    pub secrets: Vec<String>,
+    /// What the allowing rule sets: header names, `?param` for query parameters.
+    pub injected: Vec<String>,
+    /// The same list as `injected`, under the name the first release printed.
+    pub injected_headers: Vec<String>,
+    /// The denial would be let through and audited `would_deny = true`, because the rule it
+    /// names is in `mode = "report"` (`serve --mode report` does this for every denial).
+    pub report_only: bool,
+    /// Digest of the policy set that decided.
+    pub policy: String,
+}
+
+impl Explanation {
+    pub fn allowed(&self) -> bool {
+        self.decision == Verdict::Allow
+    }
+}
+
+/// A request `explain` cannot evaluate. Messages name the input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExplainError {
+    #[error("unknown identity {name:?}: the policy defines no identities, so every request is \"default\"")]
+    NoIdentities { name: String },
+    #[error("unknown identity {name:?}; the policy defines: {}", .known.join(", "))]
+    UnknownIdentity { name: String, known: Vec<String> },
+    #[error("invalid method {0:?}")]
+    InvalidMethod(String),
+    #[error("invalid URL {url:?}: {why}")]
+    InvalidUrl { url: String, why: String },
+}
+
+/// Explains what `policy` decides for `method url` asked by `identity` (`None` or `"default"`:
+/// no identity; refused when the policy defines identities, as the proxy refuses it).
+pub fn explain(
+    policy: &Policy,
+    identity: Option<&str>,
+    method: &str,
+    url: &str,
+) -> Result<Explanation, ExplainError> {
+    let asked = identity.filter(|n| *n != DEFAULT_IDENTITY);
+    let ident: Option<&Identity> = match asked {
+        None => None,
+        Some(name) if policy.identities().is_empty() => {
+            return Err(ExplainError::NoIdentities {
+                name: name.to_string(),
+            })
+        }
+        Some(name) => Some(
+            policy
+                .identity(name)
+                .ok_or_else(|| ExplainError::UnknownIdentity {
+                    name: name.to_string(),
+                    known: policy.identities().iter().map(|i| i.name.clone()).collect(),
+                })?,
+        ),
+    };
+    let unidentified = ident.is_none() && !policy.identities().is_empty();
+    let method_text = method;
+    let method = Method::from_bytes(method.as_bytes())
+        .map_err(|_| ExplainError::InvalidMethod(method.to_string()))?;
+    let bad_url = |why: &str| ExplainError::InvalidUrl {
+        url: url.to_string(),
+        why: why.to_string(),
+    };
+    let uri: Uri = url
+        .parse()
+        .map_err(|e: http::uri::InvalidUri| bad_url(&e.to_string()))?;
+    let scheme = match uri.scheme_str() {
+        Some("http") => Scheme::Http,
+        Some("https") => Scheme::Https,
+        _ => return Err(bad_url("use an absolute http:// or https:// URL")),
+    };
+    let authority = uri.authority().ok_or_else(|| bad_url("no host"))?;
+    let host = normalize_host(authority.host()).map_err(|e| bad_url(&e.to_string()))?;
+    let port = authority.port_u16().unwrap_or(scheme.default_port());
+    let path = if uri.path().is_empty() {
+        "/"
+    } else {
+        uri.path()
+    };
+    let shown = display_url(scheme, &host, port, path);
+
+    let target = Target {
+        identity: ident,
+        scheme,
+        host: &host,
+        port,
+        method: &method,
+        path,
+    };
+    let (reason, rule, message): (Reason, Option<&Rule>, String) = if unidentified {
+        let known: Vec<&str> = policy
+            .identities()
+            .iter()
+            .map(|i| i.name.as_str())
+            .collect();
+        (
+            Reason::ProxyAuthRequired,
+            None,
+            format!(
+                "the policy defines identities ({}) and this client has none: latchkey refuses it (407); explain with --identity NAME",
+                known.join(", ")
+            ),
+        )
+    } else if authority.as_str().contains('@') {
+        (
+            Reason::UserinfoInUrl,
+            None,
+            format!("URL {url:?} carries userinfo ('@'): latchkey refuses such requests"),
+        )
+    } else {
+        let connect = (scheme == Scheme::Https).then(|| policy.decide_connect(&host, port, ident));
+        match connect {
+            Some(ConnectDecision::Tunnel(rule)) => (
+                Reason::Tunnel,
+                Some(rule),
+                format!(
+                    "rule '{}' relays CONNECT {} as a raw tunnel (no interception)",
+                    rule.name,
+                    super::display_authority(&host, port)
+                ),
+            ),
+            Some(ConnectDecision::Deny(d)) => (d.reason, d.rule, d.message),
+            _ if crate::proxy::is_ambiguous_path(path) => (
+                Reason::AmbiguousPath,
+                None,
+                format!("path {path:?} has dot segments or encoded slashes"),
+            ),
+            _ => {
+                let d = policy.decide(&target);
+                (d.reason, d.rule, d.message)
+            }
+        }
+    };
+    let allowed = reason.is_allow();
+
+    let candidates = policy
+        .candidates(&host)
+        .map(|r| {
+            let (outcome, detail) = check(r, &target);
+            Candidate {
+                rule: r.name.clone(),
+                origin: r.origin.to_string(),
+                outcome,
+                decides: rule.is_some_and(|d| std::ptr::eq(d, r)),
+                detail,
+            }
+        })
+        .collect();
+
+    let deciding = rule.filter(|_| allowed);
+    let injected: Vec<String> = deciding
+        .map(|r| {
+            let mut v: Vec<String> = r
+                .inject_headers
+                .iter()
+                .map(|(n, _)| n.to_string())
+                .collect();
+            v.extend(r.inject_query.iter().map(|(k, _)| format!("?{k}")));
+            if r.inject_basic.is_some() {
+                v.push("authorization (basic)".to_string());
+            }
+            v
+        })
+        .unwrap_or_default();
+    let secrets = deciding
+        .map(|r| r.bound.iter().cloned().collect())
+        .unwrap_or_default();
+
+    Ok(Explanation {
+        decision: if allowed {
+            Verdict::Allow
+        } else {
+            Verdict::Deny
+        },
+        reason: reason.code(),
+        rule: rule.map(|r| r.name.clone()),
+        rule_origin: rule.map(|r| r.origin.to_string()),
+        description: rule.and_then(|r| r.description.clone()),
+        message,
+        identity: ident
+            .map_or(DEFAULT_IDENTITY, |i| i.name.as_str())
+            .to_string(),
+        method: method_text.to_string(),
+        url: shown,
+        candidates,
+        secrets,
+        injected_headers: injected.clone(),
+        injected,
+        report_only: !allowed && reason.is_policy_denial() && rule.is_some_and(|r| r.report),
+        policy: policy.digest().to_string(),
+    })
+}
+
+/// The first check `rule` fails for `t`, in the order [`Policy::decide`] checks them.
+fn check(rule: &Rule, t: &Target<'_>) -> (Outcome, String) {
+    if t.identity.is_some_and(|i| !i.rules.allows(&rule.name)) {
+        let who = t.identity.map_or(DEFAULT_IDENTITY, |i| i.name.as_str());
+        return (
+            Outcome::Identity,
+            format!("identity '{who}' may not use this rule"),
+        );
+    }
+    if !rule.port_matches(t.scheme, t.port) {
+        return (
+            Outcome::Port,
+            format!("allows port(s) {}", super::join(rule.ports_for(t.scheme))),
+        );
+    }
+    if rule.tunnel {
+        let detail = if t.scheme == Scheme::Https {
+            "relays CONNECT as a raw tunnel; it allows no request latchkey can see"
+        } else {
+            "relays CONNECT tunnels only; it never allows a plain http request"
+        };
+        return (Outcome::Tunnel, detail.to_string());
+    }
+    if !rule.method_matches(t.method) {
+        return (
+            Outcome::Method,
+            format!("allows only {}", super::join(rule.methods.iter().flatten())),
+        );
+    }
+    if !rule.path_matches(t.path) {
+        return (
+            Outcome::Path,
+            format!(
+                "allows only paths {}",
+                super::join(rule.paths.iter().flat_map(|p| p.globs.iter()))
+            ),
+        );
+    }
+    (Outcome::Matched, String::new())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{compile_sources_with, SecretLoading};
+    use std::path::Path;
+
+    const POLICY: &str = r#"
+[secrets.k]
+source = "env:LATCHKEY_EXPLAIN_TEST_UNSET"
+
+[[rules]]
+name = "read"
+hosts = ["api.corp.test"]
+methods = ["GET"]
+paths = ["/v1/**"]
+[rules.inject.headers]
+authorization = "Bearer {{secret.k}}"
+
+[[rules]]
+name = "write"
+hosts = ["api.corp.test"]
+methods = ["POST"]
+
+[[rules]]
+name = "alt-port"
+hosts = ["*.corp.test"]
+ports = [8443]
+"#;
+
+    fn policy(text: &str) -> Policy {
+        compile_sources_with(&[(Path::new("p.toml"), text)], SecretLoading::Skip)
+            .unwrap_or_else(|e| panic!("{e:?}"))
+    }
+
+    fn outcomes(e: &Explanation) -> Vec<(&str, Outcome, bool)> {
+        e.candidates
+            .iter()
+            .map(|c| (c.rule.as_str(), c.outcome, c.decides))
+            .collect()
+    }
+
+    #[test]
+    fn an_allowed_request_names_its_rule_secrets_and_headers_and_every_candidate() {
+        let p = policy(POLICY);
+        let e = explain(&p, None, "GET", "https://api.corp.test/v1/x?q=1").expect("explains");
+        assert_eq!(e.decision, Verdict::Allow);
+        assert_eq!(e.rule.as_deref(), Some("read"));
+        assert_eq!(e.secrets, vec!["k"]);
+        assert_eq!(e.injected, vec!["authorization"]);
+        assert_eq!(e.url, "https://api.corp.test/v1/x");
+        assert_eq!(
+            outcomes(&e),
+            vec![
+                ("read", Outcome::Matched, true),
+                ("write", Outcome::Method, false),
+                ("alt-port", Outcome::Port, false),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_denied_request_says_why_each_candidate_failed_and_binds_nothing() {
+        let p = policy(POLICY);
+        let e = explain(&p, None, "DELETE", "https://api.corp.test/v1/x").expect("explains");
+        assert_eq!(e.decision, Verdict::Deny);
+        assert_eq!(e.reason, "method_not_allowed");
+        assert!(e.secrets.is_empty() && e.injected.is_empty());
+        assert_eq!(e.candidates[0].detail, "allows only GET");
+        let e = explain(&p, None, "GET", "https://api.corp.test/v2").expect("explains");
+        assert_eq!(e.reason, "path_not_allowed", "read comes closest: {e:?}");
+        assert_eq!(e.candidates[0].outcome, Outcome::Path);
+    }
+
+    #[test]
+    fn a_host_no_rule_names_has_no_candidates() {
+        let p = policy(POLICY);
+        let e = explain(&p, None, "GET", "http://other.example/").expect("explains");
+        assert_eq!(e.reason, "no_rule");
+        assert!(e.candidates.is_empty());
+    }
+
+    #[test]
+    fn identities_gate_rules_and_an_unidentified_client_is_refused() {
+        let text = format!(
+            "{POLICY}\n[identities.ci]\nsources = [\"10.0.0.0/24\"]\nrules = [\"write\"]\n"
+        );
+        let p = policy(&text);
+        let e = explain(&p, Some("ci"), "GET", "https://api.corp.test/v1/x").expect("explains");
+        assert_eq!(e.reason, "method_not_allowed");
+        assert_eq!(e.candidates[0].outcome, Outcome::Identity);
+        assert_eq!(e.identity, "ci");
+        let e = explain(&p, None, "GET", "https://api.corp.test/v1/x").expect("explains");
+        assert_eq!(e.reason, "proxy_auth_required");
+        assert!(matches!(
+            explain(&p, Some("nobody"), "GET", "https://api.corp.test/"),
+            Err(ExplainError::UnknownIdentity { .. })
+        ));
+    }
+
+    #[test]
+    fn bad_input_is_an_error_and_odd_urls_are_refused_like_the_proxy_does() {
+        let p = policy(POLICY);
+        assert!(matches!(
+            explain(&p, None, "G ET", "https://api.corp.test/"),
+            Err(ExplainError::InvalidMethod(_))
+        ));
+        assert!(matches!(
+            explain(&p, None, "GET", "ftp://api.corp.test/"),
+            Err(ExplainError::InvalidUrl { .. })
+        ));
+        assert!(matches!(
+            explain(&p, Some("ci"), "GET", "https://api.corp.test/"),
+            Err(ExplainError::NoIdentities { .. })
+        ));
+        let e = explain(&p, None, "GET", "https://u:p@api.corp.test/v1/x").expect("explains");
+        assert_eq!(e.reason, "userinfo_in_url");
+        let e = explain(&p, None, "GET", "https://api.corp.test/v1/../admin").expect("explains");
+        assert_eq!(e.reason, "ambiguous_path");
+    }
+
+    #[test]
+    fn explanations_serialise_with_stable_field_names() {
+        let p = policy(POLICY);
+        let e = explain(&p, None, "GET", "https://api.corp.test/v1/x").expect("explains");
+        let v = serde_json::to_value(&e).expect("serialises");
+        assert_eq!(v["decision"], "allow");
+        assert_eq!(v["reason"], "allowed");
+        assert_eq!(v["candidates"][1]["outcome"], "method");
+        assert_eq!(v["policy"], p.digest());
+    }
+}

@@ -1,0 +1,470 @@
+//! Warnings about valid but risky policy: what `latchkey check` prints besides errors.
+//!
+//! A warning never stops a policy from loading; it points a reviewer at a construct that is
+//! allowed but deserves a second look:
+//!
+//! - `wildcard_secret`: a secret bound to a wildcard host (`dangerously_inject_into_wildcard`);
+//! - `secret_all_methods`: a rule that binds a secret and allows every method;
+//! - `unused_secret`: a declared secret no rule binds;
+//! - `shadowed_rule`: a rule that never decides for a host, because a rule before it in the
+//!   decision order (see [`super`]) allows the same ports, methods and paths;
+//! - `wide_identity`: an identity with every rule (`rules = ["*"]`), no token, and a source range
+//!   wider than an IPv4 /16 (IPv6 /48).
+//!
+//! Lint runs on a compiled [`Policy`] plus the source text it came from (for line:col spans), and
+//! reads no secret value.
+//!
+//! ```text
+//! policies/api.toml:12:1: warning: rule "openai" binds secret(s) "openai" and allows every method; list the methods it needs
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::compile::line_col;
+use super::identity::RuleSet;
+use super::schema::RawPolicyFile;
+use super::{HostPattern, Policy, Rule, Scheme};
+
+/// One warning, located like a [`super::PolicyError`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Warning {
+    #[serde(serialize_with = "display_path")]
+    pub file: PathBuf,
+    pub line: usize,
+    pub col: usize,
+    /// Stable snake_case code (see the module docs), for CI annotations and suppression.
+    pub code: &'static str,
+    pub message: String,
+}
+
+impl fmt::Display for Warning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}: warning: {}",
+            self.file.display(),
+            self.line,
+            self.col,
+            self.message
+        )
+    }
+}
+
+fn display_path<S: serde::Serializer>(path: &Path, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(&path.display())
+}
+
+/// Where things were written, from a second (cheap) parse of the sources.
+#[derive(Default)]
+struct Spans {
+    /// Rule name → (file, line, col) of its `name` value.
+    rules: HashMap<String, Loc>,
+    /// Rule name → location of its `dangerously_inject_into_wildcard` value.
+    wildcard_flags: HashMap<String, Loc>,
+    /// Secret name → location of its `[secrets.NAME]` key, in declaration order.
+    secrets: BTreeMap<String, Loc>,
+    /// Identity name → the location of each `sources` entry (by index).
+    identity_sources: HashMap<String, Vec<Loc>>,
+    /// Identity name → the location of its name.
+    identities: HashMap<String, Loc>,
+}
+
+#[derive(Clone)]
+struct Loc {
+    file: PathBuf,
+    line: usize,
+    col: usize,
+}
+
+impl Loc {
+    fn at(file: &Path, text: &str, span: Range<usize>) -> Loc {
+        let (line, col) = line_col(text, span.start);
+        Loc {
+            file: file.to_path_buf(),
+            line,
+            col,
+        }
+    }
+}
+
+impl fmt::Display for Loc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.file.display(), self.line)
+    }
+}
+
+fn spans(sources: &[(&Path, &str)]) -> Spans {
+    let mut out = Spans::default();
+    for (file, text) in sources {
+        // The policy compiled, so every file parses; a file that does not is simply skipped.
+        let Ok(raw) = toml::from_str::<RawPolicyFile>(text) else {
+            continue;
+        };
+        for rule in &raw.rules {
+            let rule = rule.get_ref();
+            let name = rule.name.get_ref().trim().to_string();
+            if let Some(flag) = &rule.dangerously_inject_into_wildcard {
+                out.wildcard_flags
+                    .insert(name.clone(), Loc::at(file, text, flag.span()));
+            }
+            out.rules
+                .insert(name, Loc::at(file, text, rule.name.span()));
+        }
+        for name in raw.secrets.keys() {
+            out.secrets
+                .insert(name.get_ref().clone(), Loc::at(file, text, name.span()));
+        }
+        for (name, id) in &raw.identities {
+            out.identities
+                .insert(name.get_ref().clone(), Loc::at(file, text, name.span()));
+            let locs = id
+                .get_ref()
+                .sources
+                .iter()
+                .flat_map(|list| list.get_ref().iter())
+                .map(|s| Loc::at(file, text, s.span()))
+                .collect();
+            out.identity_sources.insert(name.get_ref().clone(), locs);
+        }
+    }
+    out
+}
+
+/// Every warning for a compiled policy, ordered by file, line and column.
+///
+/// `sources` are the `(path, text)` pairs the policy was compiled from; they give each warning
+/// its line and column.
+pub fn lint(policy: &Policy, sources: &[(&Path, &str)]) -> Vec<Warning> {
+    let spans = spans(sources);
+    let fallback = |rule: &Rule| Loc {
+        file: rule.origin.file.clone(),
+        line: rule.origin.line,
+        col: 1,
+    };
+    let rule_loc = |rule: &Rule| {
+        spans
+            .rules
+            .get(&rule.name)
+            .cloned()
+            .unwrap_or_else(|| fallback(rule))
+    };
+    let mut out = Vec::new();
+    let mut warn = |loc: Loc, code: &'static str, message: String| {
+        out.push(Warning {
+            file: loc.file,
+            line: loc.line,
+            col: loc.col,
+            code,
+            message,
+        })
+    };
+
+    for rule in policy.rules() {
+        let secrets = quoted(rule.bound.iter());
+        let wildcards: Vec<String> = rule
+            .hosts
+            .iter()
+            .filter(|h| matches!(h, HostPattern::Wildcard(_)))
+            .map(|h| h.to_string())
+            .collect();
+        if !rule.bound.is_empty() && !wildcards.is_empty() {
+            let loc = spans
+                .wildcard_flags
+                .get(&rule.name)
+                .cloned()
+                .unwrap_or_else(|| rule_loc(rule));
+            warn(
+                loc,
+                "wildcard_secret",
+                format!(
+                    "rule {:?} sends secret(s) {secrets} to every host matching {} (dangerously_inject_into_wildcard = true); name the hosts if you can",
+                    rule.name,
+                    wildcards.join(", ")
+                ),
+            );
+        }
+        if !rule.bound.is_empty() && rule.methods.is_none() && !rule.tunnel {
+            warn(
+                rule_loc(rule),
+                "secret_all_methods",
+                format!(
+                    "rule {:?} binds secret(s) {secrets} and allows every method; list the methods it needs (methods = [\"GET\", \"POST\"])",
+                    rule.name
+                ),
+            );
+        }
+    }
+
+    for (name, loc) in &spans.secrets {
+        if !policy.rules().iter().any(|r| r.bound.contains(name)) {
+            warn(
+                loc.clone(),
+                "unused_secret",
+                format!(
+                    "secret {name:?} is declared but no rule binds it; remove it, or inject it ({{{{secret.{name}}}}}) or list it in a rule's secrets"
+                ),
+            );
+        }
+    }
+
+    for s in shadowed(policy) {
+        let by = rule_loc(s.by);
+        let hosts = s
+            .hosts
+            .iter()
+            .map(|h| h.to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let message = if s.hosts.len() == s.rule.hosts.len() {
+            format!(
+                "rule {:?} can never match: rule {:?} ({by}) comes first for {hosts} and allows the same ports, methods and paths; remove it, or narrow or reorder the rules",
+                s.rule.name, s.by.name
+            )
+        } else {
+            format!(
+                "rule {:?} never matches host(s) {hosts}: rule {:?} ({by}) comes first there and allows the same ports, methods and paths",
+                s.rule.name, s.by.name
+            )
+        };
+        warn(rule_loc(s.rule), "shadowed_rule", message);
+    }
+
+    for id in policy.identities() {
+        if id.has_token || id.rules != RuleSet::All {
+            continue;
+        }
+        let locs = spans.identity_sources.get(&id.name);
+        for (i, cidr) in id.sources.iter().enumerate() {
+            let wide = match cidr.addr() {
+                std::net::IpAddr::V4(_) => cidr.prefix() < 16,
+                std::net::IpAddr::V6(_) => cidr.prefix() < 48,
+            };
+            if !wide {
+                continue;
+            }
+            let loc = locs
+                .and_then(|l| l.get(i))
+                .or_else(|| spans.identities.get(&id.name))
+                .cloned()
+                .unwrap_or(Loc {
+                    file: PathBuf::new(),
+                    line: 0,
+                    col: 0,
+                });
+            warn(
+                loc,
+                "wide_identity",
+                format!(
+                    "identity {:?} may use every rule, needs no token, and takes every client in {}/{}; add a token or narrow the range",
+                    id.name,
+                    cidr.addr(),
+                    cidr.prefix()
+                ),
+            );
+        }
+    }
+
+    out.sort_by(|a, b| (&a.file, a.line, a.col).cmp(&(&b.file, b.line, b.col)));
+    out
+}
+
+/// A rule that never decides for some of its hosts.
+struct Shadow<'p> {
+    rule: &'p Rule,
+    /// The first rule found to come before it (for the first shadowed host).
+    by: &'p Rule,
+    hosts: Vec<&'p HostPattern>,
+}
+
+/// Rules that a rule earlier in the decision order makes unreachable, host pattern by host
+/// pattern. Only exact coverage counts (same host entry; ports, methods and paths each a
+/// superset; every identity that may use the later rule may use the earlier one), so every
+/// report is certain, never a guess.
+fn shadowed(policy: &Policy) -> Vec<Shadow<'_>> {
+    let rules = policy.rules();
+    // The decision order within one host entry (see `compile::index`): rules with paths first,
+    // then rules with methods, then file order.
+    let mut entries: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+    for (i, rule) in rules.iter().enumerate() {
+        for host in &rule.hosts {
+            let list = entries.entry(host.to_string()).or_default();
+            if !list.contains(&i) {
+                list.push(i);
+            }
+        }
+    }
+    let mut found: BTreeMap<usize, (usize, Vec<&HostPattern>)> = BTreeMap::new();
+    for (key, list) in entries.iter_mut() {
+        list.sort_by_key(|&i| (rules[i].paths.is_none(), rules[i].methods.is_none()));
+        for (j, &later) in list.iter().enumerate() {
+            let Some(&earlier) = list[..j]
+                .iter()
+                .find(|&&e| covers(policy, &rules[e], &rules[later]))
+            else {
+                continue;
+            };
+            let slot = found.entry(later).or_insert((earlier, Vec::new()));
+            if let Some(p) = rules[later].hosts.iter().find(|h| h.to_string() == *key) {
+                slot.1.push(p);
+            }
+        }
+    }
+    found
+        .into_iter()
+        .map(|(i, (by, hosts))| Shadow {
+            rule: &rules[i],
+            by: &rules[by],
+            hosts,
+        })
+        .collect()
+}
+
+/// Whether every request `later` could match on a shared host is matched by `earlier` first.
+fn covers(policy: &Policy, earlier: &Rule, later: &Rule) -> bool {
+    if earlier.tunnel != later.tunnel {
+        return false;
+    }
+    // An identity that may use `later` but not `earlier` still reaches `later`.
+    if policy
+        .identities()
+        .iter()
+        .any(|id| id.rules.allows(&later.name) && !id.rules.allows(&earlier.name))
+    {
+        return false;
+    }
+    let ports = [Scheme::Http, Scheme::Https].into_iter().all(|s| {
+        let wide = earlier.ports_for(s);
+        later.ports_for(s).iter().all(|p| wide.contains(p))
+    });
+    let methods = match (&earlier.methods, &later.methods) {
+        (None, _) => true,
+        (Some(_), None) => false,
+        (Some(wide), Some(narrow)) => narrow.iter().all(|m| wide.contains(m)),
+    };
+    let paths = match (&earlier.paths, &later.paths) {
+        (None, _) => true,
+        (Some(wide), _) if wide.globs.iter().any(|g| g == "/**") => true,
+        (Some(_), None) => false,
+        (Some(wide), Some(narrow)) => narrow.globs.iter().all(|g| wide.globs.contains(g)),
+    };
+    ports && methods && paths
+}
+
+fn quoted<'a>(names: impl Iterator<Item = &'a String>) -> String {
+    names
+        .map(|n| format!("{n:?}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{compile_sources_with, SecretLoading};
+
+    fn lint_text(text: &str) -> Vec<Warning> {
+        let file = Path::new("p.toml");
+        let sources = [(file, text)];
+        let policy = compile_sources_with(&sources, SecretLoading::Skip)
+            .unwrap_or_else(|e| panic!("policy does not compile: {e:?}"));
+        lint(&policy, &sources)
+    }
+
+    fn codes(w: &[Warning]) -> Vec<(&'static str, usize)> {
+        w.iter().map(|w| (w.code, w.line)).collect()
+    }
+
+    #[test]
+    fn a_clean_policy_has_no_warnings() {
+        let w = lint_text(
+            "[secrets.k]\nsource = \"env:K\"\n[[rules]]\nname = \"a\"\nhosts = [\"a.test\"]\nmethods = [\"GET\"]\n[rules.inject.headers]\nx-k = \"{{secret.k}}\"\n",
+        );
+        assert_eq!(w, vec![]);
+    }
+
+    #[test]
+    fn a_secret_on_a_wildcard_host_and_on_every_method_warns_at_the_rule() {
+        let w = lint_text(
+            "[secrets.k]\nsource = \"env:K\"\n[[rules]]\nname = \"a\"\nhosts = [\"*.a.test\"]\ndangerously_inject_into_wildcard = true\n[rules.inject.headers]\nx-k = \"{{secret.k}}\"\n",
+        );
+        assert_eq!(
+            codes(&w),
+            vec![("secret_all_methods", 4), ("wildcard_secret", 6)]
+        );
+        assert_eq!(w[1].col, 36);
+        assert!(w[1]
+            .to_string()
+            .starts_with("p.toml:6:36: warning: rule \"a\""));
+    }
+
+    #[test]
+    fn a_secret_no_rule_binds_warns_at_its_declaration() {
+        let w = lint_text(
+            "\n[secrets.unused]\nsource = \"env:K\"\n[[rules]]\nname = \"a\"\nhosts = [\"a.test\"]\n",
+        );
+        assert_eq!(codes(&w), vec![("unused_secret", 2)]);
+        assert_eq!(w[0].col, 10);
+    }
+
+    #[test]
+    fn a_rule_after_an_unrestricted_rule_for_the_same_host_is_shadowed() {
+        let w = lint_text(
+            "[[rules]]\nname = \"all\"\nhosts = [\"a.test\"]\nports = [80, 443]\n[[rules]]\nname = \"later\"\nhosts = [\"a.test\"]\n",
+        );
+        assert_eq!(codes(&w), vec![("shadowed_rule", 6)]);
+        assert!(w[0].message.contains("can never match"), "{}", w[0].message);
+    }
+
+    #[test]
+    fn a_rule_with_paths_comes_first_so_it_is_not_shadowed() {
+        // `narrow` restricts paths, so it is tried before `all` despite the file order; `all`
+        // still matches everything else.
+        let w = lint_text(
+            "[[rules]]\nname = \"all\"\nhosts = [\"a.test\"]\n[[rules]]\nname = \"narrow\"\nhosts = [\"a.test\"]\npaths = [\"/v1/**\"]\n",
+        );
+        assert_eq!(w, vec![]);
+    }
+
+    #[test]
+    fn a_rule_that_adds_a_port_or_a_method_is_not_shadowed() {
+        let w = lint_text(
+            "[[rules]]\nname = \"get\"\nhosts = [\"a.test\"]\nmethods = [\"GET\"]\n[[rules]]\nname = \"post\"\nhosts = [\"a.test\"]\nmethods = [\"POST\", \"GET\"]\n[[rules]]\nname = \"all\"\nhosts = [\"a.test\"]\nports = [8443]\n",
+        );
+        assert_eq!(w, vec![]);
+    }
+
+    #[test]
+    fn shadowing_on_one_host_of_two_names_that_host() {
+        let w = lint_text(
+            "[[rules]]\nname = \"a\"\nhosts = [\"a.test\"]\nmethods = [\"GET\", \"POST\"]\n[[rules]]\nname = \"b\"\nhosts = [\"a.test\", \"b.test\"]\nmethods = [\"GET\"]\n",
+        );
+        assert_eq!(codes(&w), vec![("shadowed_rule", 6)]);
+        assert!(
+            w[0].message.contains("never matches host(s) a.test"),
+            "{}",
+            w[0].message
+        );
+    }
+
+    #[test]
+    fn an_identity_that_may_use_only_the_later_rule_still_reaches_it() {
+        let w = lint_text(
+            "[[rules]]\nname = \"all\"\nhosts = [\"a.test\"]\n[[rules]]\nname = \"later\"\nhosts = [\"a.test\"]\n[identities.ci]\nsources = [\"10.0.0.0/24\"]\nrules = [\"later\"]\n",
+        );
+        assert_eq!(w, vec![]);
+    }
+
+    #[test]
+    fn a_tokenless_identity_with_every_rule_and_a_wide_range_warns_at_the_range() {
+        let w = lint_text(
+            "[[rules]]\nname = \"a\"\nhosts = [\"a.test\"]\n[identities.wide]\nsources = [\"10.1.0.0/24\", \"10.0.0.0/8\"]\nrules = [\"*\"]\n[identities.narrow]\nsources = [\"10.2.0.0/16\"]\nrules = [\"*\"]\n",
+        );
+        assert_eq!(codes(&w), vec![("wide_identity", 5)]);
+        assert_eq!(w[0].col, 27);
+    }
+}

@@ -1,0 +1,296 @@
+//! The policy commands a security team runs: `check`, `test` and `explain`.
+//!
+//! Each takes a policies directory, prints a report (text, or JSON for CI) and returns the exit
+//! code: 0 ok (or allow, for `explain`), 1 for errors, failing cases or a deny. Problems are
+//! printed as `file:line:col: message` on stderr, warnings as `file:line:col: warning: message`.
+//! `test` and `explain` never read secret values ([`SecretLoading::Skip`]); `check` reads them
+//! unless told not to (`--no-secrets`), so it also catches a missing key.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use serde_json::json;
+
+use crate::policy::cases::{load_cases_dir, run_case};
+use crate::policy::explain::{explain as explain_request, Explanation, Outcome};
+use crate::policy::lint::lint;
+use crate::policy::{LoadError, Policy, PolicySources, SecretLoading};
+
+/// How `check` prints its findings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum CheckFormat {
+    /// `file:line:col: message` lines and a summary.
+    Text,
+    /// One JSON object: `{ok, errors, warnings, rules, files, policy, secrets_read}`.
+    Json,
+}
+
+/// Prints every problem of a failed load on stderr, then a one-line summary.
+fn print_load_error(dir: &Path, e: &LoadError) {
+    match e {
+        LoadError::Invalid(problems) => {
+            for p in problems {
+                eprintln!("{p}");
+            }
+            eprintln!(
+                "latchkey: error: {} problem(s) in policy {}",
+                problems.len(),
+                dir.display()
+            );
+        }
+        other => eprintln!("latchkey: error: {other}"),
+    }
+}
+
+/// Loads a policy for evaluation only (no secret value read), printing problems on failure.
+fn load_for_evaluation(dir: &Path) -> Result<Policy, ExitCode> {
+    PolicySources::read_dir(dir)
+        .and_then(|s| s.compile(SecretLoading::Skip))
+        .map_err(|e| {
+            print_load_error(dir, &e);
+            ExitCode::from(1)
+        })
+}
+
+/// `latchkey check`: validate every file, report every error and warning. Exit 1 on any error;
+/// warnings alone exit 0.
+pub fn check(dir: &Path, format: CheckFormat, secrets: SecretLoading) -> ExitCode {
+    let secrets_read = secrets == SecretLoading::Read;
+    let sources = match PolicySources::read_dir(dir) {
+        Ok(s) => s,
+        Err(e) => return check_failed(dir, format, &e, 0, secrets_read),
+    };
+    let policy = match sources.compile(secrets) {
+        Ok(p) => p,
+        Err(e) => return check_failed(dir, format, &e, sources.files.len(), secrets_read),
+    };
+    let warnings = lint(&policy, &sources.as_refs());
+    match format {
+        CheckFormat::Json => {
+            let v = json!({
+                "ok": true,
+                "errors": [],
+                "warnings": warnings,
+                "rules": policy.rules().len(),
+                "files": policy.files().len(),
+                "policy": policy.digest(),
+                "secrets_read": secrets_read,
+            });
+            println!("{v}");
+        }
+        CheckFormat::Text => {
+            for w in &warnings {
+                eprintln!("{w}");
+            }
+            let mut line = format!(
+                "ok: {} rule(s) in {} file(s), policy {}",
+                policy.rules().len(),
+                policy.files().len(),
+                policy.digest()
+            );
+            if !warnings.is_empty() {
+                line.push_str(&format!(", {} warning(s)", warnings.len()));
+            }
+            if !secrets_read {
+                line.push_str(" (secret values not read)");
+            }
+            println!("{line}");
+        }
+    }
+    ExitCode::SUCCESS
+}
+
+/// Reports a policy that did not load, in `format`; always exit 1.
+fn check_failed(
+    dir: &Path,
+    format: CheckFormat,
+    e: &LoadError,
+    files: usize,
+    secrets_read: bool,
+) -> ExitCode {
+    match format {
+        CheckFormat::Text => print_load_error(dir, e),
+        CheckFormat::Json => {
+            let errors: Vec<serde_json::Value> = match e {
+                LoadError::Invalid(problems) => problems
+                    .iter()
+                    .map(|p| {
+                        json!({
+                            "file": p.file.display().to_string(),
+                            "line": p.line,
+                            "col": p.col,
+                            "message": p.message,
+                        })
+                    })
+                    .collect(),
+                // Not about a line of a file: the directory itself.
+                other => vec![json!({
+                    "file": dir.display().to_string(),
+                    "line": 0,
+                    "col": 0,
+                    "message": other.to_string(),
+                })],
+            };
+            let v = json!({
+                "ok": false,
+                "errors": errors,
+                "warnings": [],
+                "rules": 0,
+                "files": files,
+                "policy": null,
+                "secrets_read": secrets_read,
+            });
+            println!("{v}");
+        }
+    }
+    ExitCode::from(1)
+}
+
+/// `latchkey test`: run every case in `tests` (default `POLICIES/tests`) against the policy
+/// (loaded without secret values). Exit 1 on any failing case or invalid test file.
+pub fn test(policies: &Path, tests: Option<&Path>) -> ExitCode {
+    let policy = match load_for_evaluation(policies) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let default_dir = policies.join("tests");
+    let tests = tests.unwrap_or(&default_dir);
+    let (cases, problems) = match load_cases_dir(tests, &policy) {
+        Ok(found) => found,
+        Err(e) => {
+            eprintln!("latchkey: error: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    for p in &problems {
+        eprintln!("{p}");
+    }
+    println!(
+        "running {} case(s) from {} against policy {} ({} rule(s); secret values not read)",
+        cases.len(),
+        tests.display(),
+        policy.digest(),
+        policy.rules().len()
+    );
+    let mut passed = 0;
+    let mut failed = 0;
+    for case in &cases {
+        let result = run_case(&policy, case);
+        if result.passed() {
+            passed += 1;
+            println!("PASS {}", case.name);
+        } else {
+            failed += 1;
+            println!("FAIL {}: {}", case.name, result.failures.join("; "));
+            println!("     at {}", case.location());
+        }
+    }
+    let mut summary = format!("{passed} passed, {failed} failed");
+    if !problems.is_empty() {
+        summary.push_str(&format!(
+            ", {} problem(s) in test files (their cases did not run)",
+            problems.len()
+        ));
+    }
+    println!("{summary}");
+    if failed > 0 || !problems.is_empty() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// `latchkey explain`: the decision for one request, the rule, why every other candidate rule
+/// did not decide it, and the secrets and headers that would apply (names only). Exit 0 on
+/// allow, 1 on deny.
+pub fn explain(
+    dir: &Path,
+    identity: Option<&str>,
+    json: bool,
+    method: &str,
+    url: &str,
+) -> anyhow::Result<ExitCode> {
+    let policy = match load_for_evaluation(dir) {
+        Ok(p) => p,
+        Err(code) => return Ok(code),
+    };
+    let e = explain_request(&policy, identity, method, url)?;
+    if json {
+        println!("{}", serde_json::to_string(&e)?);
+    } else {
+        print!("{}", render(&e));
+    }
+    Ok(if e.allowed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// The text form of an explanation.
+fn render(e: &Explanation) -> String {
+    let mut out = String::new();
+    let mut line = |s: String| {
+        out.push_str(&s);
+        out.push('\n');
+    };
+    line(format!("decision: {}", e.decision.as_str()));
+    line(format!("reason:   {}", e.reason));
+    match (&e.rule, &e.rule_origin) {
+        (Some(r), Some(o)) => line(format!("rule:     {r} ({o})")),
+        (Some(r), None) => line(format!("rule:     {r}")),
+        _ => line("rule:     none".to_string()),
+    }
+    if let Some(d) = &e.description {
+        line(format!("about:    {d}"));
+    }
+    line(format!("why:      {}", e.message));
+    if e.report_only {
+        line(format!(
+            "note:     rule '{}' is in report mode: latchkey lets this request through and audits it with would_deny = true",
+            e.rule.as_deref().unwrap_or_default()
+        ));
+    }
+    if e.identity != crate::policy::DEFAULT_IDENTITY {
+        line(format!("identity: {}", e.identity));
+    }
+    if e.candidates.is_empty() {
+        line("rules:    none names this host".to_string());
+    } else {
+        line("rules:    (in decision order)".to_string());
+        let allowed = e.allowed();
+        let mut decided = false;
+        for c in &e.candidates {
+            let what = match c.outcome {
+                Outcome::Matched if c.decides => "matched: decides".to_string(),
+                Outcome::Matched if decided => {
+                    "matched, but not reached: an earlier rule decides".to_string()
+                }
+                Outcome::Matched => "matched".to_string(),
+                other => {
+                    let tag = if c.decides && !allowed {
+                        " (closest)"
+                    } else if c.decides {
+                        " (decides)"
+                    } else {
+                        ""
+                    };
+                    format!("{}: {}{tag}", other.as_str(), c.detail)
+                }
+            };
+            decided |= c.decides && allowed;
+            line(format!("  - {} ({}): {what}", c.rule, c.origin));
+        }
+    }
+    if !e.injected.is_empty() {
+        line(format!("injects:  {} (names only)", e.injected.join(", ")));
+    }
+    if !e.secrets.is_empty() {
+        line(format!(
+            "secrets:  {} (bound to this rule's hosts)",
+            e.secrets.join(", ")
+        ));
+    }
+    line(format!("policy:   {}", e.policy));
+    out
+}
