@@ -174,7 +174,12 @@ pub fn test(policies: &Path, tests: Option<&Path>) -> ExitCode {
     );
     let mut passed = 0;
     let mut failed = 0;
+    let mut file = None;
     for case in &cases {
+        if file != Some(&case.file) {
+            file = Some(&case.file);
+            println!("{}", case.file.display());
+        }
         let result = run_case(&policy, case);
         if result.passed() {
             passed += 1;

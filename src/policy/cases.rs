@@ -483,25 +483,3 @@ authorization = "Bearer {{secret.k}}"
         assert!(e[0].contains("no [[cases]]"), "{e:?}");
     }
 }
-#[cfg(test)]
-mod tmp_shipped {
-    use super::*;
-    #[test]
-    fn tmp_shipped() {
-        for (p, t) in [
-            ("policies", "policies/tests"),
-            ("policies/presets", "policies/presets/tests"),
-        ] {
-            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-            let policy = crate::policy::load_dir_for_evaluation(&root.join(p)).unwrap();
-            let (cases, errs) = load_cases_dir(&root.join(t), &policy).unwrap();
-            for e in &errs {
-                println!("{e}");
-            }
-            for c in &cases {
-                let r = run_case(&policy, c);
-                println!("{} {} {:?}", r.passed(), c.name, r.failures);
-            }
-        }
-    }
-}

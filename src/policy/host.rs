@@ -19,12 +19,21 @@ pub enum HostError {
     BadChar { host: String, ch: char },
     #[error("host {0:?} is a bracketed address that is not IPv6")]
     BadBracket(String),
+    #[error("{0}")]
+    BadNumeric(String),
 }
 
 /// Normalises a host: lower-case, one trailing dot removed, IPv6 without brackets and in
 /// canonical form, IPv4 dotted-quad kept as is. Anything that is not a plain DNS name or IP
 /// literal is an error: a proxy must not guess what an odd host form means.
 pub fn normalize_host(raw: &str) -> Result<String, HostError> {
+    // Numeric forms libc and browsers accept (2852039166, 0xA9FEA9FE, 127.1, ::ffff:a.b.c.d)
+    // are addresses: compare and audit them in canonical form; invalid ones are refused.
+    match crate::upstream::hostform::parse_ip_host(raw) {
+        Ok(Some(ip)) => return Ok(ip.to_string()),
+        Ok(None) => {}
+        Err(e) => return Err(HostError::BadNumeric(e.to_string())),
+    }
     if let Some(inner) = raw.strip_prefix('[') {
         let inner = inner
             .strip_suffix(']')
@@ -81,6 +90,18 @@ mod tests {
         assert_eq!(normalize_host("[::1]").as_deref(), Ok("::1"));
         assert_eq!(normalize_host("[0:0::1]").as_deref(), Ok("::1"));
         assert_eq!(normalize_host("127.0.0.1").as_deref(), Ok("127.0.0.1"));
+        assert_eq!(
+            normalize_host("2852039166").as_deref(),
+            Ok("169.254.169.254")
+        );
+        assert_eq!(
+            normalize_host("0xA9FEA9FE").as_deref(),
+            Ok("169.254.169.254")
+        );
+        assert_eq!(
+            normalize_host("[::ffff:169.254.169.254]").as_deref(),
+            Ok("::ffff:169.254.169.254")
+        );
     }
 
     #[test]
@@ -93,6 +114,8 @@ mod tests {
         assert!(normalize_host("user@host").is_err());
         assert!(normalize_host("bücher.de").is_err());
         assert!(normalize_host("[127.0.0.1]").is_err());
+        assert!(normalize_host("256.1.1.1").is_err());
+        assert!(normalize_host("1.2.3.4.5").is_err());
         assert!(normalize_host(&"a".repeat(64)).is_err());
     }
 }

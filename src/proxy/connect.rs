@@ -125,6 +125,7 @@ pub async fn handle(proxy: Arc<Proxy>, ctx: Arc<Ctx>, req: Request<Incoming>) ->
                 client: ctx.client,
                 identity: ctx.identity.clone(),
                 connect: Some((host, port)),
+                heads: None,
             });
             tokio::spawn(async move {
                 match hyper::upgrade::on(req).await {
@@ -230,7 +231,14 @@ async fn intercept(proxy: Arc<Proxy>, ctx: Arc<Ctx>, upgraded: Upgraded, entry: 
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     entry.dismiss();
 
+    // The inner connection gets its own idle timeout and raw-head view (HTTP/1 inside TLS).
+    let io = super::limits::Idle::new(tls, proxy.limits.idle_timeout);
+    let ctx = Arc::new(Ctx {
+        heads: Some(io.heads()),
+        ..(*ctx).clone()
+    });
     let (audit_proxy, client) = (proxy.clone(), ctx.client);
+    let header_timeout = proxy.limits.header_timeout;
     let mut shutdown = proxy.shutdown.subscribe();
     let service = service_fn(move |req| pipeline::handle(proxy.clone(), ctx.clone(), req));
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
@@ -238,24 +246,92 @@ async fn intercept(proxy: Arc<Proxy>, ctx: Arc<Ctx>, upgraded: Upgraded, entry: 
         .http1()
         .max_buf_size(MAX_HEADER_BYTES)
         .timer(TokioTimer::new())
-        .header_read_timeout(std::time::Duration::from_secs(30));
+        .header_read_timeout(header_timeout);
     builder
         .http2()
         .max_header_list_size(MAX_HEADER_BYTES as u32)
         .timer(TokioTimer::new());
-    let conn = builder.serve_connection(TokioIo::new(tls), service);
-    tokio::pin!(conn);
-    let result = tokio::select! {
-        r = conn.as_mut() => r,
-        _ = shutdown.changed() => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
+    // hyper closes a stalled header block without answering; keeping a second handle on the
+    // stream lets latchkey still send the `408` once hyper has let go of it.
+    let partial = io.partial();
+    let shared = Arc::new(std::sync::Mutex::new(io));
+    let result = {
+        let conn = builder.serve_connection(TokioIo::new(Shared(shared.clone())), service);
+        tokio::pin!(conn);
+        tokio::select! {
+            r = conn.as_mut() => r,
+            _ = shutdown.changed() => {
+                conn.as_mut().graceful_shutdown();
+                conn.await
+            }
         }
     };
+    let timed_out = result
+        .as_ref()
+        .err()
+        .and_then(|e| e.downcast_ref::<hyper::Error>())
+        .is_some_and(|e| e.is_timeout());
+    if timed_out {
+        if partial.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Ok(m) = Arc::try_unwrap(shared) {
+                let io = m
+                    .into_inner()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                audit_proxy.header_timeout_tls(io, client).await;
+            }
+        }
+        return;
+    }
     if let Err(e) = result {
         match e.downcast_ref::<hyper::Error>() {
             Some(he) => audit_proxy.connection_error(he, client),
             None => tracing::debug!(error = %e, "intercepted connection closed with error"),
         }
+    }
+}
+
+/// A stream shared between hyper and latchkey (only one uses it at a time: hyper while it
+/// serves, latchkey after hyper has given up on a stalled request).
+struct Shared<T>(Arc<std::sync::Mutex<T>>);
+
+impl<T> Shared<T> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, T> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Shared<T> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut *self.lock()).poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Shared<T> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        std::pin::Pin::new(&mut *self.lock()).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut *self.lock()).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut *self.lock()).poll_shutdown(cx)
     }
 }

@@ -161,6 +161,87 @@ pub struct Idle<T> {
     sleep: Pin<Box<Sleep>>,
     timeout: Duration,
     partial: Arc<AtomicBool>,
+    heads: Arc<HeadSniff>,
+}
+
+/// The raw bytes of the request head latchkey is answering, as the client sent them.
+///
+/// hyper resolves ambiguous framing the RFC way before a service sees the request (drops
+/// `Content-Length` next to `Transfer-Encoding`, merges equal `Content-Length`s), which hides
+/// a smuggling attempt. The connection's reader keeps the bytes read since latchkey last
+/// wrote, which for a client that waits for each answer begin with the current request's
+/// head; [`HeadSniff::framing_of`] finds that head and checks it raw.
+#[derive(Debug, Default)]
+pub struct HeadSniff {
+    inner: Mutex<(Vec<u8>, bool)>,
+}
+
+/// Bytes kept per request: the largest head latchkey accepts, plus a request line.
+const SNIFF_LIMIT: usize = 64 * 1024 + 8 * 1024;
+
+impl HeadSniff {
+    fn on_read(&self, bytes: &[u8]) {
+        let mut g = self
+            .inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (buf, reset) = &mut *g;
+        if *reset {
+            buf.clear();
+            *reset = false;
+        }
+        let room = SNIFF_LIMIT.saturating_sub(buf.len());
+        buf.extend_from_slice(&bytes[..bytes.len().min(room)]);
+    }
+
+    fn on_write(&self) {
+        let mut g = self
+            .inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        g.1 = true;
+    }
+
+    /// Checks the raw framing headers of the request whose line is `METHOD TARGET`. `None` when
+    /// that head is not in view (a pipelining client): hyper's checks then stand alone.
+    pub fn framing_of(&self, method: &str, target: &str) -> Option<Result<(), (Reason, String)>> {
+        let g = self
+            .inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let buf = &g.0;
+        let line = format!("{method} {target} HTTP/1.");
+        let start = if buf.starts_with(line.as_bytes()) {
+            0
+        } else {
+            let needle = format!("\r\n{line}");
+            find(buf, needle.as_bytes())? + 2
+        };
+        let head_end = find(&buf[start..], b"\r\n\r\n")? + start;
+        let head = &buf[start..head_end];
+        let mut cl = 0usize;
+        let mut te = 0usize;
+        for line in head.split(|&b| b == b'\n').skip(1) {
+            let name = line.split(|&b| b == b':').next().unwrap_or_default();
+            if name.eq_ignore_ascii_case(b"content-length") {
+                cl += 1;
+            } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+                te += 1;
+            }
+        }
+        let refuse = |m: &str| Some(Err((Reason::AmbiguousFraming, m.to_string())));
+        if cl > 0 && te > 0 {
+            return refuse("request has both Content-Length and Transfer-Encoding");
+        }
+        if cl > 1 {
+            return refuse("request has more than one Content-Length");
+        }
+        Some(Ok(()))
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
 }
 
 impl<T> Idle<T> {
@@ -170,7 +251,13 @@ impl<T> Idle<T> {
             sleep: Box::pin(tokio::time::sleep(timeout)),
             timeout,
             partial: Arc::new(AtomicBool::new(false)),
+            heads: Arc::new(HeadSniff::default()),
         }
+    }
+
+    /// The raw request heads seen on this connection.
+    pub fn heads(&self) -> Arc<HeadSniff> {
+        self.heads.clone()
     }
 
     /// True while the client has sent bytes that latchkey has not answered yet.
@@ -205,6 +292,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for Idle<T> {
                 if buf.filled().len() > before {
                     this.touch();
                     this.partial.store(true, Ordering::Relaxed);
+                    this.heads.on_read(&buf.filled()[before..]);
                 }
                 Poll::Ready(r)
             }
@@ -226,6 +314,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Idle<T> {
                 if n > 0 {
                     this.touch();
                     this.partial.store(false, Ordering::Relaxed);
+                    this.heads.on_write();
                 }
                 Poll::Ready(Ok(n))
             }
@@ -279,6 +368,31 @@ mod tests {
         ] {
             assert!(check_framing(&h).is_ok(), "{h:?}");
         }
+    }
+
+    #[test]
+    fn raw_heads_reveal_what_hyper_normalises_away() {
+        let sniff = HeadSniff::default();
+        sniff.on_read(b"POST http://a.test/x HTTP/1.1\r\nHost: a.test\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n");
+        assert!(matches!(
+            sniff.framing_of("POST", "http://a.test/x"),
+            Some(Err(_))
+        ));
+        sniff.on_write();
+        sniff.on_read(
+            b"GET http://a.test/y HTTP/1.1\r\nContent-Length: 0\r\ncontent-length: 0\r\n\r\n",
+        );
+        assert!(matches!(
+            sniff.framing_of("GET", "http://a.test/y"),
+            Some(Err(_))
+        ));
+        sniff.on_write();
+        sniff.on_read(b"GET http://a.test/z HTTP/1.1\r\nHost: a.test\r\n\r\n");
+        assert!(matches!(
+            sniff.framing_of("GET", "http://a.test/z"),
+            Some(Ok(()))
+        ));
+        assert!(sniff.framing_of("GET", "http://a.test/other").is_none());
     }
 
     #[test]

@@ -387,6 +387,7 @@ impl Proxy {
             client: peer,
             identity: Arc::from(IDENTITY_DEFAULT),
             connect: None,
+            heads: Some(io.heads()),
         });
         let proxy = self.clone();
         let service = service_fn(move |req: Request<Incoming>| {
@@ -434,19 +435,47 @@ impl Proxy {
         }
     }
 
-    /// A client sent part of a request and stalled: `408`, an audit record, close.
-    fn header_timeout(&self, raw: std::net::TcpStream, peer: SocketAddr) {
-        use std::io::Write;
-        let reason = Reason::HeaderTimeout;
+    /// The `408` answer to a stalled header block.
+    fn header_timeout_response(&self) -> String {
         let body = format!(
             "latchkey: refused: the request header block did not arrive within {}s\n",
             self.limits.header_timeout.as_secs()
         );
-        let head = format!(
+        format!(
             "HTTP/1.1 408 Request Timeout\r\nconnection: close\r\ncontent-type: text/plain; charset=utf-8\r\nx-latchkey-decision: deny\r\nx-latchkey-rule: none\r\nx-latchkey-reason: {}\r\ncontent-length: {}\r\n\r\n{body}",
-            reason.code(),
+            Reason::HeaderTimeout.code(),
             body.len()
+        )
+    }
+
+    /// A stalled header block inside an intercepted connection: `408` over TLS, a record.
+    async fn header_timeout_tls<T: tokio::io::AsyncWrite + Unpin>(
+        &self,
+        mut io: T,
+        peer: SocketAddr,
+    ) {
+        use tokio::io::AsyncWriteExt;
+        let head = self.header_timeout_response();
+        let _ = tokio::time::timeout(Duration::from_secs(2), async {
+            let _ = io.write_all(head.as_bytes()).await;
+            let _ = io.shutdown().await;
+        })
+        .await;
+        let mut entry = Entry::start(
+            self.audit.clone(),
+            peer,
+            IDENTITY_DEFAULT,
+            self.policy.load().digest(),
         );
+        entry.outcome(Reason::HeaderTimeout, None, Some(408));
+        entry.finish();
+    }
+
+    /// A client sent part of a request and stalled: `408`, an audit record, close.
+    fn header_timeout(&self, raw: std::net::TcpStream, peer: SocketAddr) {
+        use std::io::Write;
+        let reason = Reason::HeaderTimeout;
+        let head = self.header_timeout_response();
         // Non-blocking and best effort: the socket may already be gone.
         let mut raw = raw;
         let _ = raw.write(head.as_bytes());
@@ -488,6 +517,7 @@ impl Proxy {
                 client: ctx.client,
                 identity: Arc::from(identity.name.as_str()),
                 connect: None,
+                heads: ctx.heads.clone(),
             })),
             Err(e) => {
                 let mut entry = Entry::start(

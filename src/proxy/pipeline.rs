@@ -30,6 +30,8 @@ pub struct Ctx {
     /// Inside an intercepted CONNECT: the host and port the CONNECT gate checked. Every inner
     /// request must be for exactly this authority.
     pub connect: Option<(String, u16)>,
+    /// Raw request heads on this HTTP/1 connection, to catch framing hyper normalises away.
+    pub heads: Option<Arc<super::limits::HeadSniff>>,
 }
 
 /// A request target after admission: normalised, unambiguous, ready for policy.
@@ -88,6 +90,16 @@ pub async fn handle(
     // admit: what is being asked for, in one normal form, unambiguously framed.
     if let Err((reason, msg)) = super::limits::check_framing(req.headers()) {
         return Ok(refused(entry, reason, None, &msg));
+    }
+    if let Some(heads) = ctx
+        .heads
+        .as_ref()
+        .filter(|_| req.version() < Version::HTTP_2)
+    {
+        let target = req.uri().to_string();
+        if let Some(Err((reason, msg))) = heads.framing_of(req.method().as_str(), &target) {
+            return Ok(refused(entry, reason, None, &msg));
+        }
     }
     if req.uri().to_string().len() > proxy.limits.max_uri_len {
         let msg = format!(

@@ -637,7 +637,8 @@ impl AddressGuard {
                     // Dialing 0.0.0.0 or :: connects to the local host.
                     || ip.is_unspecified()
                     || (ip.is_loopback() && (own_ip.is_loopback() || own_ip.is_unspecified()))
-                    || (own_ip.is_unspecified() && self.local_ips.contains(&ip)))
+                    || (own_ip.is_unspecified()
+                        && (self.local_ips.contains(&ip) || is_local_address(ip))))
         })
     }
 }
@@ -706,3 +707,9 @@ fn detail(class: &AddrClass, via: &Option<Embedded>, addr: &SocketAddr) -> Strin
 #[cfg(test)]
 #[path = "guard_tests.rs"]
 mod tests;
+
+/// Whether `ip` is assigned to this host: binding a socket to it succeeds only then. Used when
+/// latchkey listens on a wildcard address, which makes every local address one of its own.
+fn is_local_address(ip: IpAddr) -> bool {
+    std::net::UdpSocket::bind(SocketAddr::new(ip, 0)).is_ok()
+}

@@ -51,7 +51,7 @@ pub enum UpstreamError {
     },
     #[error("{host} resolved to no address")]
     NoAddress { host: String },
-    #[error("{host} resolves to {refused}")]
+    #[error("{host}: {refused}")]
     Refused {
         host: String,
         refused: guard::Refused,

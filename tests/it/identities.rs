@@ -5,14 +5,15 @@
 //! identity is the one that counts; a source-address identity needs no token, and one with both
 //! a token and sources needs both.
 
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
+use std::io::Write;
+use std::process::Command;
 
 use base64::Engine;
 use serde_json::{json, Value};
 
 use crate::support::clients::{dial, read_response, RawResponse};
 use crate::support::latchkey::SCRUBBED_ENV;
+use crate::support::session::PySession;
 use crate::support::{
     assert_denial, assert_record, curl, latchkey, policy_dir, raw_request, run_cli, Echo,
     Latchkey, TestCa, Upstream, PINNED,
@@ -132,6 +133,16 @@ fn assert_token_kept_in(lk: &Latchkey, token: &str) {
     );
 }
 
+/// `403 identity_not_allowed` naming the identity and the rule it may not use.
+fn assert_identity_denial(resp: &RawResponse, identity: &str, rule: &str) {
+    assert_denial(resp, 403, Some(rule), "identity_not_allowed");
+    let sentence = format!("identity '{identity}' may not use rule '{rule}'");
+    assert!(
+        resp.text().contains(&sentence),
+        "the denial should say {sentence:?}: {resp:#?}"
+    );
+}
+
 fn assert_no_proxy_authorization(echo: &Echo) {
     assert!(
         !echo.has_header("proxy-authorization"),
@@ -221,11 +232,7 @@ fn one_sandbox_cannot_use_the_other_sandboxs_rule_at_the_connect_gate_or_in_plai
         &format!("other.test:{port}"),
         &[("Proxy-Authorization", &basic(&format!("ci:{TOKEN_CI}")))],
     );
-    assert_denial(&resp, 403, Some("other"), "identity_not_allowed");
-    assert!(
-        resp.text().contains("identity 'ci' may not use rule 'other'"),
-        "the denial should say which identity may not use which rule: {resp:#?}"
-    );
+    assert_identity_denial(&resp, "ci", "other");
 
     // ci in plain HTTP.
     let resp = plain_get(
@@ -233,11 +240,7 @@ fn one_sandbox_cannot_use_the_other_sandboxs_rule_at_the_connect_gate_or_in_plai
         &format!("http://other.test:{http_port}/x"),
         &[("Proxy-Authorization", &format!("Bearer {TOKEN_CI}"))],
     );
-    assert_denial(&resp, 403, Some("other"), "identity_not_allowed");
-    assert!(
-        resp.text().contains("identity 'ci' may not use rule 'other'"),
-        "{resp:#?}"
-    );
+    assert_identity_denial(&resp, "ci", "other");
 
     // And lab may not use ci's rule.
     let resp = plain_get(
@@ -245,11 +248,7 @@ fn one_sandbox_cannot_use_the_other_sandboxs_rule_at_the_connect_gate_or_in_plai
         &format!("http://api.test:{http_port}/v1/x"),
         &[("Proxy-Authorization", &basic(&format!("lab:{TOKEN_LAB}")))],
     );
-    assert_denial(&resp, 403, Some("api"), "identity_not_allowed");
-    assert!(
-        resp.text().contains("identity 'lab' may not use rule 'api'"),
-        "{resp:#?}"
-    );
+    assert_identity_denial(&resp, "lab", "api");
 
     assert_eq!(w.https.connections(), 0, "a refused identity was dialed");
     assert_eq!(w.http.connections(), 0, "a refused identity was forwarded");
@@ -364,38 +363,15 @@ fn inside_an_intercepted_connect_the_connect_identity_applies_to_every_inner_req
     // Python requests with credentials in the proxy URL: one CONNECT carries them, then two
     // requests on the kept-alive tunnel carry none.
     let proxy = format!("http://ci:{TOKEN_CI}@{}", w.lk.addr());
-    let mut child = Command::new("python3")
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/clients/py_session.py"
-        ))
-        .arg(&proxy)
-        .arg(w.lk.ca_pem_path())
-        .envs(std::iter::empty::<(&str, &str)>())
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn py_session.py");
-    {
-        let mut stdin = child.stdin.take().expect("stdin");
-        writeln!(stdin, "GET https://api.test:{port}/v1/one").expect("write");
-        writeln!(stdin, "GET https://api.test:{port}/v1/two").expect("write");
-    }
-    let stdout = BufReader::new(child.stdout.take().expect("stdout"));
-    let answers: Vec<Value> = stdout
-        .lines()
-        .map(|l| serde_json::from_str(&l.expect("line")).expect("JSON line"))
-        .collect();
-    assert!(child.wait().expect("wait").success());
-    assert_eq!(answers.len(), 2, "{answers:#?}");
-    for answer in &answers {
-        assert_eq!(answer["status"], 200, "{answer:#}");
-        let echo = Echo::parse(answer["body"].as_str().expect("body"));
+    let mut session = PySession::start(&w.lk, Some(&proxy));
+    for path in ["/v1/one", "/v1/two"] {
+        let resp = session.request("GET", &format!("https://api.test:{port}{path}"));
+        assert_eq!(resp.status, 200, "{resp:#?}");
+        let echo = Echo::parse(&resp.text());
         assert_eq!(echo.header_values("x-agent"), ["ci"], "{echo:#?}");
         assert_no_proxy_authorization(&echo);
     }
+    drop(session);
 
     // A Proxy-Authorization header sent *inside* the tunnel (curl -H goes to the origin, not
     // the proxy) neither switches the identity nor reaches the upstream.
@@ -474,7 +450,7 @@ rules   = ["*"]
 
     // lab may not use api.
     let resp = plain_get(&w.lk, &format!("http://api.test:{http_port}/x"), &[]);
-    assert_denial(&resp, 403, Some("api"), "identity_not_allowed");
+    assert_identity_denial(&resp, "lab", "api");
 
     // ci's token is right but 127.0.0.1 is outside ci's sources: both are needed.
     let resp = plain_get(
@@ -582,8 +558,8 @@ rules = ["api"]
         "explain should give the reason: {out:#?}"
     );
     assert!(
-        out.stdout.contains("identity 'ci' may not use rule 'other'"),
-        "{out:#?}"
+        out.stdout.contains("'ci'") && out.stdout.contains("other"),
+        "explain should name the identity and the rule: {out:#?}"
     );
 
     // The same question through run_cli's defaults, as JSON.

@@ -327,7 +327,9 @@ fn an_invalid_numeric_host_is_refused_as_a_bad_request_and_never_resolved_as_a_n
         "08.1.1.1",
         "1.256.0.0",
     ];
-    let hosts: Vec<String> = forms.iter().map(|f| f.to_string()).collect();
+    // No rule can name them (policy validation refuses them too, see
+    // `a_policy_naming_an_invalid_numeric_host_is_refused_at_load`), so a valid rule stands by.
+    let hosts = vec!["api.test".to_string()];
     let lk = latchkey()
         .guarded()
         .policy("main.toml", &rule("invalid", &hosts, ""))
@@ -774,4 +776,18 @@ fn a_pooled_connection_opened_under_one_rules_range_is_not_reused_by_a_rule_with
     let paths: Vec<String> = upstream.received().iter().map(|r| r.path.clone()).collect();
     assert_eq!(paths, ["/open/1", "/open/2"]);
     lk.wait_audit(3);
+}
+
+#[test]
+fn a_policy_naming_an_invalid_numeric_host_is_refused_at_load() {
+    let hosts = vec!["256.1.1.1".to_string()];
+    let out = latchkey()
+        .policy("main.toml", &rule("invalid", &hosts, ""))
+        .run_expecting_failure();
+    assert_eq!(out.code(), Some(1));
+    assert!(
+        out.stderr.contains("main.toml:") && out.stderr.contains("\"256\" is larger than 255"),
+        "{}",
+        out.stderr
+    );
 }

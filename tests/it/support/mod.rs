@@ -17,6 +17,7 @@ pub mod latchkey;
 pub mod netns;
 pub mod problems;
 pub mod secrets;
+pub mod session;
 pub mod upstream;
 
 pub use audit::{assert_record, check_record};
