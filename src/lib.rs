@@ -13,4 +13,5 @@ pub mod proxy;
 pub mod reason;
 pub mod sandbox_env;
 pub mod secrets;
+pub mod signing;
 pub mod upstream;

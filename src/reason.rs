@@ -70,11 +70,15 @@ pub enum Reason {
     ProxyAuthRequired,
     /// A rule would allow the request, but not for this identity.
     IdentityNotAllowed,
+    /// A credential could not be applied: a token endpoint failed, key material is unusable.
+    CredentialFailed,
+    /// Presigned query authentication sent by the sandbox on a credentialed rule.
+    PresignedQuery,
 }
 
 impl Reason {
     /// Every reason, for registry tests and documentation.
-    pub const ALL: [Reason; 31] = [
+    pub const ALL: [Reason; 33] = [
         Reason::Allowed,
         Reason::Tunnel,
         Reason::NoRule,
@@ -106,6 +110,8 @@ impl Reason {
         Reason::NonPublicAddress,
         Reason::ProxyAuthRequired,
         Reason::IdentityNotAllowed,
+        Reason::CredentialFailed,
+        Reason::PresignedQuery,
     ];
 
     /// The stable snake_case code used in headers, logs and audit records.
@@ -142,6 +148,8 @@ impl Reason {
             Reason::NonPublicAddress => "non_public_address",
             Reason::ProxyAuthRequired => "proxy_auth_required",
             Reason::IdentityNotAllowed => "identity_not_allowed",
+            Reason::CredentialFailed => "credential_failed",
+            Reason::PresignedQuery => "presigned_query",
         }
     }
 
@@ -158,7 +166,8 @@ impl Reason {
             | Reason::PlaceholderNotBound
             | Reason::SecretValueUnbound
             | Reason::NonPublicAddress
-            | Reason::IdentityNotAllowed => StatusCode::FORBIDDEN,
+            | Reason::IdentityNotAllowed
+            | Reason::PresignedQuery => StatusCode::FORBIDDEN,
             Reason::ProxyAuthRequired => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
             Reason::SecretUnavailable | Reason::TooManyConnections => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -177,7 +186,8 @@ impl Reason {
             Reason::UpstreamUnreachable
             | Reason::UpstreamTls
             | Reason::UpstreamError
-            | Reason::UninspectableBody => StatusCode::BAD_GATEWAY,
+            | Reason::UninspectableBody
+            | Reason::CredentialFailed => StatusCode::BAD_GATEWAY,
             Reason::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
         }
     }
@@ -206,6 +216,7 @@ impl Reason {
                 | Reason::UpstreamError
                 | Reason::UpstreamTimeout
                 | Reason::UninspectableBody
+                | Reason::CredentialFailed
         )
     }
 }

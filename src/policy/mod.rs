@@ -128,6 +128,8 @@ pub struct Rule {
     pub allow_private: Vec<Cidr>,
     /// `mode = "report"`: what this rule would deny is let through and marked `would_deny`.
     pub report: bool,
+    /// The credential that signs or authenticates this rule's requests.
+    pub credential: Option<String>,
     pub origin: Origin,
 }
 
@@ -182,6 +184,7 @@ impl Rule {
             keep_headers: Vec::new(),
             allow_private: Vec::new(),
             report: true,
+            credential: None,
             origin: Origin {
                 file: PathBuf::from("--mode report"),
                 line: 0,
@@ -209,6 +212,9 @@ impl Rule {
 pub struct Policy {
     rules: Vec<Rule>,
     identities: Vec<Identity>,
+    credentials: std::collections::HashMap<String, Arc<crate::signing::Credential>>,
+    /// Minted tokens, per policy generation.
+    tokens: Arc<crate::signing::TokenCache>,
     exact: HashMap<String, Vec<usize>>,
     wildcard: HashMap<String, Vec<usize>>,
     secrets: Arc<SecretStore>,
@@ -278,6 +284,21 @@ pub fn display_url(scheme: Scheme, host: &str, port: u16, path: &str) -> String 
 impl Policy {
     pub fn rules(&self) -> &[Rule] {
         &self.rules
+    }
+
+    /// A credential by name.
+    pub fn credential(&self, name: &str) -> Option<&Arc<crate::signing::Credential>> {
+        self.credentials.get(name)
+    }
+
+    /// Every credential.
+    pub fn credentials(&self) -> impl Iterator<Item = &Arc<crate::signing::Credential>> {
+        self.credentials.values()
+    }
+
+    /// The token cache of this policy.
+    pub fn tokens(&self) -> &Arc<crate::signing::TokenCache> {
+        &self.tokens
     }
 
     /// The identities defined; empty means every client is `default` with every rule.

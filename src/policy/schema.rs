@@ -18,6 +18,45 @@ pub struct RawPolicyFile {
     pub rules: Vec<Spanned<RawRule>>,
     #[serde(default)]
     pub identities: BTreeMap<Spanned<String>, Spanned<RawIdentity>>,
+    #[serde(default)]
+    pub credentials: BTreeMap<Spanned<String>, Spanned<RawCredential>>,
+}
+
+/// `[credentials.NAME]`: a signing or token-minting credential. Which keys apply depends on
+/// `kind`; compile rejects keys that do not belong to it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCredential {
+    pub kind: Spanned<String>,
+    // aws_sigv4
+    pub access_key_id: Option<Spanned<String>>,
+    pub secret_access_key: Option<Spanned<String>>,
+    pub session_token: Option<Spanned<String>>,
+    pub region: Option<Spanned<String>>,
+    pub service: Option<Spanned<String>>,
+    pub max_signed_body: Option<Spanned<i64>>,
+    // github_app
+    pub app_id: Option<Spanned<String>>,
+    pub installation_id: Option<Spanned<String>>,
+    pub private_key: Option<Spanned<String>>,
+    pub api: Option<Spanned<String>>,
+    pub permissions: Option<Spanned<BTreeMap<String, String>>>,
+    pub repositories: Option<Spanned<Vec<String>>>,
+    // google_service_account
+    pub key: Option<Spanned<String>>,
+    pub scopes: Option<Spanned<Vec<String>>>,
+    pub token_uri: Option<Spanned<String>>,
+    // oauth2_client_credentials
+    pub token_url: Option<Spanned<String>>,
+    pub client_id: Option<Spanned<String>>,
+    pub client_secret: Option<Spanned<String>>,
+    pub scope: Option<Spanned<String>>,
+    pub audience: Option<Spanned<String>>,
+    // jwt
+    pub alg: Option<Spanned<String>>,
+    pub ttl: Option<Spanned<String>>,
+    pub header: Option<Spanned<String>>,
+    pub claims: Option<Spanned<BTreeMap<String, toml::Value>>>,
 }
 
 /// `[identities.NAME]`: how a sandbox is recognised and which rules it may use.
@@ -75,6 +114,9 @@ pub struct RawRule {
     /// Auth headers this rule does not strip (e.g. cookie).
     #[serde(default)]
     pub keep_headers: Option<Spanned<Vec<Spanned<String>>>>,
+    /// A `[credentials.NAME]` that signs or authenticates this rule's requests.
+    #[serde(default)]
+    pub credential: Option<Spanned<String>>,
     /// `enforce` (default) or `report`: a request this rule comes closest to but does not
     /// allow goes through and is audited with `would_deny = true`.
     #[serde(default)]

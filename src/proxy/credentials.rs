@@ -32,6 +32,7 @@ use crate::reason::Reason;
 use crate::secrets::placeholder::{self, Place, PREFIX};
 use crate::secrets::scrub::Scrubber;
 use crate::secrets::{SecretError, SecretValue};
+use crate::signing;
 use crate::upstream::{Body, BoxError};
 
 /// Request bodies up to this size are buffered and inspected whole (and may carry body
@@ -56,6 +57,17 @@ const QUERY_VALUE: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'~');
 
 pub type Refusal = (Reason, String);
+
+/// The request the credentials step works on, as latchkey will send it.
+pub struct RequestCx<'a> {
+    pub method: &'a str,
+    pub scheme: &'a str,
+    pub host: &'a str,
+    pub port: u16,
+    pub identity: &'a str,
+    /// Reaches token endpoints through the guarded, audited client.
+    pub exchanger: &'a signing::Exchanger,
+}
 
 /// What the credentials step produced.
 pub struct Brokered {
@@ -85,13 +97,13 @@ fn unavailable(e: SecretError) -> Refusal {
 pub async fn apply(
     policy: &Policy,
     rule: &Rule,
-    identity: &str,
-    host: &str,
+    req: &RequestCx<'_>,
     headers: &mut HeaderMap,
     path_and_query: &mut String,
     incoming: Incoming,
     counters: Arc<Counters>,
 ) -> Result<Brokered, Refusal> {
+    let (identity, host) = (req.identity, req.host);
     let store = policy.secrets().clone();
     let mut used = BTreeSet::new();
 
@@ -176,7 +188,22 @@ pub async fn apply(
         check(&buffered)?;
     }
 
+    let credential = match &rule.credential {
+        Some(name) => Some(policy.credential(name).ok_or_else(|| {
+            (
+                Reason::CredentialFailed,
+                format!("credential '{name}' is not defined"),
+            )
+        })?),
+        None => None,
+    };
+
     // 4. strip the sandbox's own credentials on an injecting rule.
+    if let Some(c) = credential {
+        for h in signing::stripped_headers(&c.kind) {
+            headers.remove(*h);
+        }
+    }
     if rule.injects() {
         for h in AUTH_HEADERS {
             if !rule.keep_headers.iter().any(|k| k == h) {
@@ -266,6 +293,39 @@ pub async fn apply(
         headers.insert(AUTHORIZATION, hv);
         used.extend(user.secrets().map(str::to_string));
         used.extend(password.secrets().map(str::to_string));
+    }
+
+    // 7. sign or attach a minted token: last, over the final URI, headers and body.
+    if let Some(c) = credential {
+        let sign_body = match rest {
+            None => signing::SignBody::Whole(&body_bytes),
+            Some(_) => signing::SignBody::Streamed,
+        };
+        let target = signing::Target {
+            method: req.method,
+            scheme: req.scheme,
+            host,
+            port: req.port,
+            identity,
+        };
+        signing::apply(
+            c,
+            &store,
+            policy.tokens(),
+            req.exchanger,
+            &target,
+            headers,
+            path_and_query,
+            sign_body,
+        )
+        .await
+        .map_err(|e| match e {
+            signing::CredentialError::PresignedQuery { .. } => {
+                (Reason::PresignedQuery, e.to_string())
+            }
+            other => (Reason::CredentialFailed, other.to_string()),
+        })?;
+        used.insert(signing::token_name(&c.name));
     }
 
     let refused: Arc<std::sync::OnceLock<BodyRefused>> = Arc::default();

@@ -193,11 +193,20 @@ pub async fn handle(
     hop::strip(&mut parts.headers);
     parts.headers.remove(HOST);
     let mut path_and_query = target.path_and_query.clone();
+    let exchanger = proxy.exchanger(ctx.client, ctx.identity.clone());
+    let method = parts.method.to_string();
+    let request_cx = credentials::RequestCx {
+        method: &method,
+        scheme: target.scheme.as_str(),
+        host: &target.host,
+        port: target.port,
+        identity: &ctx.identity,
+        exchanger: &*exchanger,
+    };
     let brokered = match credentials::apply(
         &policy,
         rule,
-        &ctx.identity,
-        &target.host,
+        &request_cx,
         &mut parts.headers,
         &mut path_and_query,
         incoming,

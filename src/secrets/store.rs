@@ -100,6 +100,12 @@ fn file_stamp(path: &Path) -> Option<(SystemTime, u64)> {
 }
 
 #[derive(Default)]
+struct MintedValues {
+    current: Option<SecretValue>,
+    retired: Vec<(SecretValue, Instant)>,
+}
+
+#[derive(Default)]
 struct State {
     current: Option<SecretValue>,
     fetched: Option<Instant>,
@@ -119,6 +125,9 @@ struct Slot {
 /// All secrets of a policy, by name.
 pub struct SecretStore {
     slots: HashMap<String, Arc<Slot>>,
+    /// Values latchkey made itself (minted tokens, keys unpacked from a key file): redacted
+    /// like any secret, with the same retirement window.
+    minted: Mutex<HashMap<String, MintedValues>>,
     /// Bumped whenever a value changes, so the scrubber is rebuilt.
     generation: Arc<AtomicU64>,
     scrubber: Mutex<Option<(u64, Arc<Scrubber>)>>,
@@ -139,6 +148,7 @@ impl SecretStore {
     pub fn empty() -> Self {
         Self {
             slots: HashMap::new(),
+            minted: Mutex::new(HashMap::new()),
             generation: Arc::new(AtomicU64::new(0)),
             scrubber: Mutex::new(None),
         }
@@ -189,6 +199,7 @@ impl SecretStore {
         }
         Ok(Self {
             slots,
+            minted: Mutex::new(HashMap::new()),
             generation: Arc::new(AtomicU64::new(1)),
             scrubber: Mutex::new(None),
         })
@@ -288,6 +299,28 @@ impl SecretStore {
         Some(value)
     }
 
+    /// Records a value latchkey made (a minted token) so it is redacted like a secret. Values
+    /// shorter than [`MIN_SECRET_LEN`] are not tracked (they would match noise).
+    pub fn set_minted(&self, name: &str, value: &SecretValue) {
+        if value.len() < MIN_SECRET_LEN {
+            return;
+        }
+        let mut minted = self
+            .minted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let entry = minted.entry(name.to_string()).or_default();
+        if entry.current.as_ref() == Some(value) {
+            return;
+        }
+        if let Some(old) = entry.current.take() {
+            entry.retired.push((old, Instant::now()));
+        }
+        entry.current = Some(value.clone());
+        drop(minted);
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
     /// The scrubber over every value in force: current values and those retired within
     /// [`RETIRED_KEEP`]. `None` when no value is loaded.
     pub fn scrubber(&self) -> Option<Arc<Scrubber>> {
@@ -308,6 +341,14 @@ impl SecretStore {
             }
             for (v, _) in &st.retired {
                 values.push((slot.name.clone(), v.clone()));
+            }
+        }
+        if let Ok(mut minted) = self.minted.lock() {
+            for (name, m) in minted.iter_mut() {
+                m.retired.retain(|(_, at)| at.elapsed() < RETIRED_KEEP);
+                for v in m.current.iter().chain(m.retired.iter().map(|(v, _)| v)) {
+                    values.push((name.clone(), v.clone()));
+                }
             }
         }
         if values.is_empty() {

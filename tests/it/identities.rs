@@ -11,12 +11,13 @@ use std::process::Command;
 use base64::Engine;
 use serde_json::{json, Value};
 
+use crate::support::admin::{metrics, status};
 use crate::support::clients::{dial, read_response, RawResponse};
 use crate::support::latchkey::SCRUBBED_ENV;
 use crate::support::session::PySession;
 use crate::support::{
-    assert_denial, assert_record, curl, latchkey, policy_dir, raw_request, run_cli, Echo,
-    Latchkey, TestCa, Upstream, PINNED,
+    assert_denial, assert_record, curl, latchkey, policy_dir, raw_request, run_cli, Echo, Latchkey,
+    TestCa, Upstream, PINNED,
 };
 
 const TOKEN_CI: &str = "tok-ci-7f3a9c2e5b1d4086e2";
@@ -218,6 +219,29 @@ fn two_sandboxes_with_their_own_tokens_each_reach_their_own_rule_and_the_upstrea
     );
     assert_token_kept_in(&w.lk, TOKEN_CI);
     assert_token_kept_in(&w.lk, TOKEN_LAB);
+
+    // Metrics count by identity; /status lists the identities; neither holds a token.
+    let m = metrics(&w.lk);
+    let requests = "latchkey_requests_total";
+    let allowed = |rule, identity| {
+        m.value(
+            requests,
+            &[
+                ("decision", "allow"),
+                ("reason", "allowed"),
+                ("rule", rule),
+                ("identity", identity),
+            ],
+        )
+    };
+    assert_eq!(allowed("api", "ci"), 2.0, "{}", m.text);
+    assert_eq!(allowed("other", "lab"), 1.0, "{}", m.text);
+    let s = status(&w.lk);
+    assert_eq!(s["policy"]["identities"], json!(["ci", "lab"]), "{s:#}");
+    for token in [TOKEN_CI, TOKEN_LAB] {
+        assert!(!m.text.contains(token), "a token in /metrics");
+        assert!(!s.to_string().contains(token), "a token in /status: {s:#}");
+    }
 }
 
 #[test]
@@ -392,7 +416,8 @@ fn inside_an_intercepted_connect_the_connect_identity_applies_to_every_inner_req
     let seen = w.https.received();
     assert_eq!(seen.len(), 3, "{seen:#?}");
     assert!(
-        seen.iter().all(|r| r.header("proxy-authorization").is_none()),
+        seen.iter()
+            .all(|r| r.header("proxy-authorization").is_none()),
         "{seen:#?}"
     );
 

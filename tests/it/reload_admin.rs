@@ -327,7 +327,10 @@ fn a_request_in_flight_during_a_reload_is_recorded_under_the_policy_it_started_w
     });
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while upstream.received().is_empty() {
-        assert!(std::time::Instant::now() < deadline, "the slow request never arrived");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the slow request never arrived"
+        );
         thread::sleep(Duration::from_millis(10));
     }
 
@@ -344,7 +347,10 @@ fn a_request_in_flight_during_a_reload_is_recorded_under_the_policy_it_started_w
     );
     assert_eq!(resp.status, 200, "{resp:#?}");
     let resp = slow.join().expect("slow request");
-    assert_eq!(resp.status, 200, "the reload broke a request in flight: {resp:#?}");
+    assert_eq!(
+        resp.status, 200,
+        "the reload broke a request in flight: {resp:#?}"
+    );
 
     let records = lk.wait_audit(2);
     let by_path = |p: &str| {
@@ -437,7 +443,12 @@ fn metrics_parse_with_prometheus_client_and_count_each_audited_request_once() {
     assert_eq!(
         m.value(
             requests,
-            &[("decision", "allow"), ("reason", "allowed"), ("rule", "api"), ("identity", "default")]
+            &[
+                ("decision", "allow"),
+                ("reason", "allowed"),
+                ("rule", "api"),
+                ("identity", "default")
+            ]
         ),
         1.0,
         "{}",
@@ -446,7 +457,12 @@ fn metrics_parse_with_prometheus_client_and_count_each_audited_request_once() {
     assert_eq!(
         m.value(
             requests,
-            &[("decision", "deny"), ("reason", "method_not_allowed"), ("rule", "api"), ("identity", "default")]
+            &[
+                ("decision", "deny"),
+                ("reason", "method_not_allowed"),
+                ("rule", "api"),
+                ("identity", "default")
+            ]
         ),
         1.0,
         "{}",
@@ -480,7 +496,11 @@ fn metrics_parse_with_prometheus_client_and_count_each_audited_request_once() {
         "{}",
         m.text
     );
-    assert!(m.sum("latchkey_tls_handshakes_total", &[]) >= 2.0, "{}", m.text);
+    assert!(
+        m.sum("latchkey_tls_handshakes_total", &[]) >= 2.0,
+        "{}",
+        m.text
+    );
     assert!(
         m.samples("latchkey_cert_cache_total", &[])
             .iter()
@@ -563,7 +583,11 @@ fn admin_explain_gives_the_decision_rule_and_reason_for_a_request() {
     assert_eq!(code, 200, "{v:#}");
     assert_eq!(
         (&v["decision"], &v["reason"], &v["rule"]),
-        (&json!("deny"), &json!("identity_not_allowed"), &json!("other")),
+        (
+            &json!("deny"),
+            &json!("identity_not_allowed"),
+            &json!("other")
+        ),
         "{v:#}"
     );
 
@@ -605,7 +629,11 @@ tunnel = true
         )
         .run();
     assert_eq!(lk.admin_addr().port(), admin_port);
-    assert_eq!(admin_get(&lk, "/healthz").status, 200, "the admin API is up");
+    assert_eq!(
+        admin_get(&lk, "/healthz").status,
+        200,
+        "the admin API is up"
+    );
 
     for url in [
         format!("http://127.0.0.1:{admin_port}/status"),
@@ -658,11 +686,17 @@ fn an_admin_token_guards_every_endpoint_but_health_and_readiness() {
             vec![("Authorization", TOKEN)],
         ] {
             let resp = admin_request(addr, method, path, &headers);
-            assert_eq!(resp.status, 401, "{method} {path} with {headers:?}: {resp:#?}");
+            assert_eq!(
+                resp.status, 401,
+                "{method} {path} with {headers:?}: {resp:#?}"
+            );
             assert!(!resp.text().contains(TOKEN), "{resp:#?}");
         }
         let resp = admin_request(addr, method, path, &[("Authorization", &bearer)]);
-        assert_eq!(resp.status, 200, "{method} {path} with the token: {resp:#?}");
+        assert_eq!(
+            resp.status, 200,
+            "{method} {path} with the token: {resp:#?}"
+        );
     }
     let m = metrics_with(&lk, &[("Authorization", &bearer)]);
     assert_eq!(m.value("latchkey_policy_rules", &[]), 2.0);

@@ -49,6 +49,10 @@ pub const REASONS: &[&str] = &[
     // Identities: an unknown or missing token, a rule the identity may not use.
     "proxy_auth_required",
     "identity_not_allowed",
+    // Credentials: a token exchange or signing failed after policy allowed the request; a
+    // presigned-URL query on a rule whose credential latchkey signs.
+    "credential_failed",
+    "presigned_query",
 ];
 
 /// Policy denials that report-only mode (`mode = "report"`, `--mode report`) lets through: such a
@@ -69,6 +73,7 @@ pub const ALLOWED_BUT_FAILED: &[&str] = &[
     "upstream_error",
     "upstream_timeout",
     "uninspectable_body",
+    "credential_failed",
 ];
 
 /// Target fields that may be `null` because the target is unknown for this reason: hyper rejected

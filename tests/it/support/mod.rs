@@ -13,6 +13,7 @@ pub mod admin;
 pub mod audit;
 pub mod ca;
 pub mod clients;
+pub mod credentials;
 pub mod latchkey;
 pub mod netns;
 pub mod problems;

@@ -1,0 +1,575 @@
+//! Credentials that are not a static key: AWS SigV4 request signing, and tokens latchkey mints
+//! or exchanges itself (GitHub App installation tokens, Google service-account access tokens,
+//! OAuth2 client credentials, generic JWTs).
+//!
+//! Key material comes only from secret sources; minted tokens are cached per credential (and
+//! per identity/host where a JWT's claims use them) with single flight, refreshed five minutes
+//! before they expire, and registered with the secret store so responses that reflect them are
+//! redacted. This module knows no sockets: token endpoints are reached through an
+//! [`Exchanger`] the proxy provides (its guarded, audited client).
+
+mod jwt;
+mod sigv4;
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use base64::Engine;
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, AUTHORIZATION};
+use http::HeaderMap;
+
+use crate::secrets::{SecretError, SecretStore, SecretValue};
+
+pub use jwt::{JwtAlg, JwtClaim};
+pub use sigv4::derive_region_service;
+
+/// Refresh a cached token this long before it expires.
+pub const REFRESH_MARGIN: Duration = Duration::from_secs(300);
+
+/// The store key of a credential's key-material field (not a valid secret name: no clash).
+pub fn field_key(credential: &str, field: &str) -> String {
+    format!("credential:{credential}:{field}")
+}
+
+/// The name minted tokens of a credential are redacted under.
+pub fn token_name(credential: &str) -> String {
+    format!("credential:{credential}")
+}
+
+/// A compiled credential.
+#[derive(Debug, Clone)]
+pub struct Credential {
+    pub name: String,
+    pub kind: Kind,
+}
+
+/// What a credential does.
+#[derive(Debug, Clone)]
+pub enum Kind {
+    AwsSigV4 {
+        region: Option<String>,
+        service: Option<String>,
+        has_session_token: bool,
+        max_signed_body: usize,
+    },
+    GithubApp {
+        app_id: String,
+        installation_id: String,
+        api: String,
+        permissions: Option<BTreeMap<String, String>>,
+        repositories: Option<Vec<String>>,
+    },
+    GoogleServiceAccount {
+        scopes: Vec<String>,
+        token_uri: Option<String>,
+    },
+    OAuth2ClientCredentials {
+        token_url: String,
+        client_id: String,
+        scope: Option<String>,
+        audience: Option<String>,
+    },
+    Jwt {
+        alg: JwtAlg,
+        ttl: Option<Duration>,
+        header: HeaderName,
+        claims: Vec<(String, JwtClaim)>,
+    },
+}
+
+impl Kind {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Kind::AwsSigV4 { .. } => "aws_sigv4",
+            Kind::GithubApp { .. } => "github_app",
+            Kind::GoogleServiceAccount { .. } => "google_service_account",
+            Kind::OAuth2ClientCredentials { .. } => "oauth2_client_credentials",
+            Kind::Jwt { .. } => "jwt",
+        }
+    }
+}
+
+/// A credential could not be applied. Messages name the credential, never a token or key.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CredentialError {
+    #[error("credential '{name}': {why}")]
+    Failed { name: String, why: String },
+    #[error("credential '{name}': presigned query authentication (X-Amz-Signature) is refused on credentialed rules; send the request unsigned and latchkey signs it")]
+    PresignedQuery { name: String },
+    #[error("credential '{name}': {source}")]
+    Secret { name: String, source: SecretError },
+}
+
+/// One HTTP exchange with a token endpoint.
+#[derive(Debug)]
+pub struct Exchange {
+    pub credential: String,
+    pub url: String,
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    pub body: Bytes,
+}
+
+/// How token endpoints are reached: the proxy's guarded, audited client. Returns the status
+/// and body, or a reason the exchange failed (never containing a token).
+pub type Exchanger = dyn Fn(Exchange) -> Pin<Box<dyn Future<Output = Result<(u16, Bytes), String>> + Send>>
+    + Send
+    + Sync;
+
+/// A cached token.
+#[derive(Clone)]
+struct Token {
+    value: SecretValue,
+    refresh_at: Instant,
+}
+
+/// Tokens by credential (and identity/host for JWTs whose claims use them), single flight.
+#[derive(Default)]
+pub struct TokenCache {
+    slots: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<Token>>>>>,
+    exchanges: std::sync::atomic::AtomicU64,
+}
+
+impl std::fmt::Debug for TokenCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenCache").finish_non_exhaustive()
+    }
+}
+
+impl TokenCache {
+    fn slot(&self, key: &str) -> Arc<tokio::sync::Mutex<Option<Token>>> {
+        let mut slots = self
+            .slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        slots.entry(key.to_string()).or_default().clone()
+    }
+
+    /// Token exchanges (and JWT signings) made so far.
+    pub fn exchanges(&self) -> u64 {
+        self.exchanges.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The cached token for `key`, or a fresh one from `mint` (run once for concurrent callers).
+    async fn get<F, Fut>(&self, key: &str, mint: F) -> Result<SecretValue, CredentialError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<(SecretValue, Duration), CredentialError>>,
+    {
+        let slot = self.slot(key);
+        let mut guard = slot.lock().await;
+        if let Some(t) = guard.as_ref() {
+            if Instant::now() < t.refresh_at {
+                return Ok(t.value.clone());
+            }
+        }
+        let (value, lifetime) = mint().await?;
+        self.exchanges
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        // Used until five minutes before expiry; a shorter-lived token is used for one request.
+        let refresh_at = Instant::now() + lifetime.saturating_sub(REFRESH_MARGIN);
+        *guard = Some(Token {
+            value: value.clone(),
+            refresh_at,
+        });
+        Ok(value)
+    }
+}
+
+/// What the request looks like when the credential is applied (after every other edit).
+pub struct Target<'a> {
+    pub method: &'a str,
+    pub scheme: &'a str,
+    pub host: &'a str,
+    pub port: u16,
+    pub identity: &'a str,
+}
+
+/// The body as the signer sees it.
+pub enum SignBody<'a> {
+    /// The whole body, buffered.
+    Whole(&'a [u8]),
+    /// Too large or streamed: signed as `UNSIGNED-PAYLOAD`.
+    Streamed,
+}
+
+/// Headers the sandbox may have set that a credentialed request must not carry.
+pub fn stripped_headers(kind: &Kind) -> &'static [&'static str] {
+    match kind {
+        Kind::AwsSigV4 { .. } => &[
+            "authorization",
+            "x-amz-date",
+            "x-amz-security-token",
+            "x-amz-content-sha256",
+        ],
+        _ => &["authorization"],
+    }
+}
+
+fn failed(name: &str, why: impl Into<String>) -> CredentialError {
+    CredentialError::Failed {
+        name: name.to_string(),
+        why: why.into(),
+    }
+}
+
+async fn secret(
+    store: &SecretStore,
+    cred: &str,
+    field: &str,
+) -> Result<SecretValue, CredentialError> {
+    store
+        .get(&field_key(cred, field))
+        .await
+        .map_err(|source| CredentialError::Secret {
+            name: cred.to_string(),
+            source,
+        })
+}
+
+fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default()
+}
+
+/// Applies a credential to a request: signs it (SigV4) or attaches a token, last.
+#[allow(clippy::too_many_arguments)]
+pub async fn apply(
+    cred: &Credential,
+    store: &SecretStore,
+    cache: &TokenCache,
+    exchanger: &Exchanger,
+    t: &Target<'_>,
+    headers: &mut HeaderMap,
+    path_and_query: &str,
+    body: SignBody<'_>,
+) -> Result<(), CredentialError> {
+    let name = cred.name.as_str();
+    match &cred.kind {
+        Kind::AwsSigV4 {
+            region,
+            service,
+            has_session_token,
+            max_signed_body,
+        } => {
+            if path_and_query
+                .split_once('?')
+                .is_some_and(|(_, q)| q.to_ascii_lowercase().contains("x-amz-signature="))
+            {
+                return Err(CredentialError::PresignedQuery {
+                    name: name.to_string(),
+                });
+            }
+            let (region, service) = match (region, service) {
+                (Some(r), Some(s)) => (r.clone(), s.clone()),
+                _ => {
+                    let (dr, ds) = derive_region_service(t.host).ok_or_else(|| {
+                        failed(name, format!("cannot derive region and service from host {}: set region and service", t.host))
+                    })?;
+                    (region.clone().unwrap_or(dr), service.clone().unwrap_or(ds))
+                }
+            };
+            let akid = secret(store, name, "access_key_id").await?;
+            let secret_key = secret(store, name, "secret_access_key").await?;
+            let token = if *has_session_token {
+                Some(secret(store, name, "session_token").await?)
+            } else {
+                None
+            };
+            let body = match body {
+                SignBody::Whole(b) if b.len() <= *max_signed_body => Some(b),
+                _ => None,
+            };
+            sigv4::sign(
+                &sigv4::Keys {
+                    akid: &akid,
+                    secret: &secret_key,
+                    token: token.as_ref(),
+                },
+                &region,
+                &service,
+                t,
+                headers,
+                path_and_query,
+                body,
+            )
+            .map_err(|why| failed(name, why))
+        }
+        Kind::GithubApp {
+            app_id,
+            installation_id,
+            api,
+            permissions,
+            repositories,
+        } => {
+            let token = cache
+                .get(name, || async {
+                    let key = secret(store, name, "private_key").await?;
+                    let now = now_unix();
+                    let claims = serde_json::json!({"iat": now.saturating_sub(60), "exp": now + 540, "iss": app_id});
+                    let app_jwt = jwt::sign(JwtAlg::Rs256, key.expose(), None, &claims)
+                        .map_err(|e| failed(name, format!("cannot sign the app JWT: {e}")))?;
+                    let mut body = serde_json::Map::new();
+                    if let Some(p) = permissions {
+                        body.insert("permissions".into(), serde_json::json!(p));
+                    }
+                    if let Some(r) = repositories {
+                        body.insert("repositories".into(), serde_json::json!(r));
+                    }
+                    let url = format!(
+                        "{}/app/installations/{installation_id}/access_tokens",
+                        api.trim_end_matches('/')
+                    );
+                    let headers = vec![
+                        (AUTHORIZATION, sensitive(format!("Bearer {app_jwt}"))?),
+                        (http::header::ACCEPT, HeaderValue::from_static("application/vnd.github+json")),
+                        (http::header::CONTENT_TYPE, HeaderValue::from_static("application/json")),
+                        (http::header::USER_AGENT, HeaderValue::from_static("latchkey")),
+                        (HeaderName::from_static("x-github-api-version"), HeaderValue::from_static("2022-11-28")),
+                    ];
+                    let json = exchange_json(exchanger, name, url, headers, serde_json::Value::Object(body).to_string().into()).await?;
+                    let token = json_str(&json, "token").ok_or_else(|| failed(name, "token endpoint answered without a token"))?;
+                    let expires = json_str(&json, "expires_at")
+                        .and_then(|s| humantime::parse_rfc3339_weak(&s).ok())
+                        .and_then(|t| t.duration_since(SystemTime::now()).ok())
+                        .unwrap_or(Duration::from_secs(3600));
+                    Ok((SecretValue::new(token.into_bytes()), expires))
+                })
+                .await?;
+            store.set_minted(&token_name(name), &token);
+            let api_host = http::Uri::try_from(api.as_str())
+                .ok()
+                .and_then(|u| u.host().map(str::to_ascii_lowercase));
+            if api_host.as_deref() == Some(t.host) {
+                set_bearer(headers, &AUTHORIZATION, &token, true)
+            } else {
+                // git over HTTPS (github.com): installation tokens go in Basic auth.
+                let mut raw = b"x-access-token:".to_vec();
+                raw.extend_from_slice(token.expose());
+                let enc =
+                    zeroize::Zeroizing::new(base64::engine::general_purpose::STANDARD.encode(&raw));
+                let mut hv = sensitive(format!("Basic {}", &*enc))?;
+                hv.set_sensitive(true);
+                headers.insert(AUTHORIZATION, hv);
+                Ok(())
+            }
+        }
+        Kind::GoogleServiceAccount { scopes, token_uri } => {
+            let token = cache
+                .get(name, || async {
+                    let key = secret(store, name, "key").await?;
+                    let sa: serde_json::Value = serde_json::from_slice(key.expose())
+                        .map_err(|e| failed(name, format!("key is not a service-account JSON file: {e}")))?;
+                    let field = |f: &str| {
+                        json_str(&sa, f).ok_or_else(|| failed(name, format!("service-account key has no {f}")))
+                    };
+                    let email = field("client_email")?;
+                    let pem = SecretValue::new(field("private_key")?.into_bytes());
+                    store.set_minted(&field_key(name, "private_key"), &pem);
+                    let kid = json_str(&sa, "private_key_id");
+                    let uri = match token_uri {
+                        Some(u) => u.clone(),
+                        None => field("token_uri")?,
+                    };
+                    let now = now_unix();
+                    let claims = serde_json::json!({
+                        "iss": email, "scope": scopes.join(" "), "aud": uri, "iat": now, "exp": now + 3600,
+                    });
+                    let assertion = jwt::sign(JwtAlg::Rs256, pem.expose(), kid.as_deref(), &claims)
+                        .map_err(|e| failed(name, format!("cannot sign the assertion: {e}")))?;
+                    let form = format!(
+                        "grant_type={}&assertion={}",
+                        form_encode("urn:ietf:params:oauth:grant-type:jwt-bearer"),
+                        form_encode(&assertion)
+                    );
+                    let json = exchange_json(exchanger, name, uri, form_headers(), form.into()).await?;
+                    access_token(name, &json)
+                })
+                .await?;
+            store.set_minted(&token_name(name), &token);
+            set_bearer(headers, &AUTHORIZATION, &token, true)
+        }
+        Kind::OAuth2ClientCredentials {
+            token_url,
+            client_id,
+            scope,
+            audience,
+        } => {
+            let token = cache
+                .get(name, || async {
+                    let client_secret = secret(store, name, "client_secret").await?;
+                    let secret_text = std::str::from_utf8(client_secret.expose())
+                        .map_err(|_| failed(name, "client_secret is not UTF-8"))?;
+                    let mut form = format!(
+                        "grant_type=client_credentials&client_id={}&client_secret={}",
+                        form_encode(client_id),
+                        form_encode(secret_text)
+                    );
+                    if let Some(s) = scope {
+                        form.push_str(&format!("&scope={}", form_encode(s)));
+                    }
+                    if let Some(a) = audience {
+                        form.push_str(&format!("&audience={}", form_encode(a)));
+                    }
+                    let body = Bytes::from(zeroize::Zeroizing::new(form).as_bytes().to_vec());
+                    let json =
+                        exchange_json(exchanger, name, token_url.clone(), form_headers(), body)
+                            .await?;
+                    access_token(name, &json)
+                })
+                .await?;
+            store.set_minted(&token_name(name), &token);
+            set_bearer(headers, &AUTHORIZATION, &token, true)
+        }
+        Kind::Jwt {
+            alg,
+            ttl,
+            header,
+            claims,
+        } => {
+            let per_identity = claims.iter().any(|(_, c)| c.uses_identity());
+            let per_host = claims.iter().any(|(_, c)| c.uses_host());
+            let key_id = format!(
+                "{name}\u{0}{}\u{0}{}",
+                if per_identity { t.identity } else { "" },
+                if per_host { t.host } else { "" }
+            );
+            let mint = || async {
+                let key = secret(store, name, "key").await?;
+                let now = now_unix();
+                let mut map = serde_json::Map::new();
+                for (k, c) in claims {
+                    map.insert(k.clone(), c.render(now, t.identity, t.host));
+                }
+                if let Some(ttl) = ttl {
+                    map.entry("iat").or_insert(serde_json::json!(now));
+                    map.entry("exp")
+                        .or_insert(serde_json::json!(now + ttl.as_secs()));
+                }
+                let token = jwt::sign(*alg, key.expose(), None, &serde_json::Value::Object(map))
+                    .map_err(|e| failed(name, format!("cannot sign the JWT: {e}")))?;
+                Ok((
+                    SecretValue::new(token.into_bytes()),
+                    ttl.unwrap_or_default(),
+                ))
+            };
+            let token = match ttl {
+                // Cached until five minutes before its exp (a TTL under that: per request).
+                Some(_) => cache.get(&key_id, mint).await?,
+                None => mint().await?.0,
+            };
+            store.set_minted(&token_name(name), &token);
+            let bearer = *header == AUTHORIZATION;
+            set_bearer(headers, header, &token, bearer)
+        }
+    }
+}
+
+fn sensitive(v: String) -> Result<HeaderValue, CredentialError> {
+    let mut hv = HeaderValue::from_str(&v).map_err(|_| CredentialError::Failed {
+        name: String::new(),
+        why: "a token is not valid in a header".to_string(),
+    })?;
+    hv.set_sensitive(true);
+    Ok(hv)
+}
+
+fn set_bearer(
+    headers: &mut HeaderMap,
+    name: &HeaderName,
+    token: &SecretValue,
+    bearer: bool,
+) -> Result<(), CredentialError> {
+    let mut raw = if bearer {
+        b"Bearer ".to_vec()
+    } else {
+        Vec::new()
+    };
+    raw.extend_from_slice(token.expose());
+    let raw = zeroize::Zeroizing::new(raw);
+    let mut hv = HeaderValue::from_bytes(&raw).map_err(|_| CredentialError::Failed {
+        name: String::new(),
+        why: "a minted token is not valid in a header".to_string(),
+    })?;
+    hv.set_sensitive(true);
+    headers.insert(name.clone(), hv);
+    Ok(())
+}
+
+fn form_headers() -> Vec<(HeaderName, HeaderValue)> {
+    vec![
+        (
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/x-www-form-urlencoded"),
+        ),
+        (
+            http::header::ACCEPT,
+            HeaderValue::from_static("application/json"),
+        ),
+        (
+            http::header::USER_AGENT,
+            HeaderValue::from_static("latchkey"),
+        ),
+    ]
+}
+
+fn form_encode(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
+fn json_str(v: &serde_json::Value, key: &str) -> Option<String> {
+    v.get(key).and_then(|x| x.as_str()).map(str::to_string)
+}
+
+fn access_token(
+    name: &str,
+    json: &serde_json::Value,
+) -> Result<(SecretValue, Duration), CredentialError> {
+    let token = json_str(json, "access_token")
+        .ok_or_else(|| failed(name, "token endpoint answered without an access_token"))?;
+    let expires_in = json
+        .get("expires_in")
+        .and_then(|v| {
+            v.as_u64()
+                .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+        })
+        .unwrap_or(3600);
+    Ok((
+        SecretValue::new(token.into_bytes()),
+        Duration::from_secs(expires_in),
+    ))
+}
+
+async fn exchange_json(
+    exchanger: &Exchanger,
+    name: &str,
+    url: String,
+    headers: Vec<(HeaderName, HeaderValue)>,
+    body: Bytes,
+) -> Result<serde_json::Value, CredentialError> {
+    let (status, bytes) = exchanger(Exchange {
+        credential: name.to_string(),
+        url: url.clone(),
+        headers,
+        body,
+    })
+    .await
+    .map_err(|why| failed(name, format!("token endpoint {url}: {why}")))?;
+    if !(200..300).contains(&status) {
+        return Err(failed(
+            name,
+            format!("token endpoint {url} answered {status}"),
+        ));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| {
+        failed(
+            name,
+            format!("token endpoint {url} answered invalid JSON: {e}"),
+        )
+    })
+}

@@ -1,0 +1,451 @@
+#!/usr/bin/env python3
+"""Fake token issuers, and APIs that check the tokens they issued, over HTTPS, for latchkey's
+credential tests. Every JWT is verified with PyJWT against a public key (or the shared HMAC key)
+the test gave this server, never against anything latchkey says.
+
+Usage: fake_issuers.py --tls CERT KEY
+
+Configuration (environment; a route whose configuration is missing answers 500):
+  FAKE_DELAY_MS            delay before answering a token exchange, so concurrent requests overlap
+  GitHub App:  FAKE_GH_APP_ID, FAKE_GH_INSTALLATION_ID, FAKE_GH_PUBLIC_KEY (PEM file),
+               FAKE_GH_TTL (seconds until the token's expires_at; default 3600)
+  Google SA:   FAKE_GSA_PUBLIC_KEY (PEM file), FAKE_GSA_EMAIL, FAKE_GSA_KID, FAKE_GSA_SCOPE
+  OAuth2 CC:   FAKE_CC_CLIENT_ID, FAKE_CC_SECRET, FAKE_CC_SCOPE, FAKE_CC_TTL (expires_in, s)
+  Generic JWT: FAKE_JWT_HS_KEY (HMAC secret), FAKE_JWT_ES_PUBLIC_KEY (PEM file)
+
+Routes:
+  POST /app/installations/{id}/access_tokens   GitHub: the app JWT in `Authorization: Bearer`
+      (RS256, iss = app id, iat not in the future, exp after now, exp - iat <= 600) → 201
+      {"token": "ghs_…", "expires_at": RFC 3339 (now + FAKE_GH_TTL), …}; 401 otherwise.
+  GET  /{owner}/{repo}.git/info/refs           git smart HTTP: `Basic x-access-token:<token>` with
+      a live installation token → a ref advertisement; 401 with a Basic challenge otherwise.
+  POST /google/…                               Google: form grant_type = jwt-bearer, assertion
+      RS256 with kid, iss, scope, aud = this URL (https://HOST/PATH), exp - iat = 3600 →
+      {"access_token": "ya29.…", "expires_in": 3599, "token_type": "Bearer"}; 400 otherwise.
+  POST /oauth/token                            OAuth2 client credentials: client id and secret in
+      the form (or Basic), scope → {"access_token": "cc-…", "expires_in": FAKE_CC_TTL}; 401.
+  POST /oauth/fail500, /oauth/badjson          a token endpoint failing: 500; 200 with HTML.
+  ANY  /jwt/hs256, /jwt/es256                  a JWT in `Authorization: Bearer`, or with
+       /jwt/{alg}/bare/{header} the bare JWT in that header: verified (HS256 with the shared key,
+       ES256 with the public key), aud = the request's host (no port), numeric iat within 60 s of
+       now, exp after now if present → 200 {"valid": true, "claims"}; 401 {"valid": false}.
+  anything else                                the GitHub API: `Authorization: Bearer <token>` with
+       a live installation token → 200 {"ok": true, "token_index": N}; 401 otherwise.
+
+Prints "listening on 127.0.0.1:PORT", then one JSON line per request: {"event": KIND, "ok",
+"error", "minted" (a token it issued), "presented" (the JWT or token it was given), …}. Those
+values go to the test only (so it can look for leaks); responses never carry a presented value.
+"""
+
+import base64
+import datetime
+import http.server
+import json
+import os
+import re
+import secrets
+import ssl
+import sys
+import threading
+import time
+import urllib.parse
+
+import jwt
+
+LOCK = threading.Lock()
+STATE = {"gh_tokens": []}  # [(token, expiry epoch)]
+
+
+def emit(event):
+    with LOCK:
+        print(json.dumps(event, sort_keys=True), flush=True)
+
+
+def env(name, default=None):
+    value = os.environ.get(name)
+    return value if value else default
+
+
+def read_file(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def rfc3339(epoch):
+    return datetime.datetime.fromtimestamp(int(epoch), datetime.timezone.utc).strftime(
+        "%Y-%m-%dT%H:%M:%SZ"
+    )
+
+
+def delay():
+    ms = int(env("FAKE_DELAY_MS", "0"))
+    if ms:
+        time.sleep(ms / 1000)
+
+
+def bearer(headers):
+    auth = headers.get("authorization") or ""
+    scheme, _, value = auth.partition(" ")
+    return value.strip() if scheme.lower() == "bearer" else None
+
+
+def live_gh_token(token):
+    now = time.time()
+    with LOCK:
+        for i, (t, expiry) in enumerate(STATE["gh_tokens"]):
+            if t == token:
+                return i if now < expiry else None
+    return None
+
+
+class Reject(Exception):
+    def __init__(self, status, error):
+        super().__init__(error)
+        self.status = status
+        self.error = error
+
+
+# ---------------------------------------------------------------------------------------------
+# GitHub
+
+
+def github_access_token(handler, installation, body):
+    event = {
+        "event": "github_exchange",
+        "installation": installation,
+        "user_agent": handler.headers.get("user-agent"),
+        "accept": handler.headers.get("accept"),
+    }
+    try:
+        app_id = env("FAKE_GH_APP_ID")
+        if not app_id:
+            raise Reject(500, "FAKE_GH_APP_ID not configured")
+        app_jwt = bearer(handler.headers)
+        event["presented"] = app_jwt
+        if not app_jwt:
+            raise Reject(401, "no Bearer app JWT")
+        header = jwt.get_unverified_header(app_jwt)
+        event["jwt_header"] = header
+        claims = jwt.decode(
+            app_jwt,
+            read_file(env("FAKE_GH_PUBLIC_KEY")),
+            algorithms=["RS256"],
+            options={"require": ["iat", "exp", "iss"], "verify_iat": False},
+        )
+        event["claims"] = claims
+        now = time.time()
+        if str(claims["iss"]) != app_id:
+            raise Reject(401, f"iss {claims['iss']!r} is not the app id")
+        if not isinstance(claims["iat"], int) or claims["iat"] > now + 5:
+            raise Reject(401, "iat is in the future or not an integer")
+        if claims["exp"] - claims["iat"] > 600:
+            raise Reject(401, "exp - iat is over 10 minutes")
+        if installation != env("FAKE_GH_INSTALLATION_ID"):
+            raise Reject(404, f"no installation {installation}")
+        requested = json.loads(body) if body.strip() else None
+        event["body"] = requested
+        ttl = int(env("FAKE_GH_TTL", "3600"))
+        token = "ghs_" + secrets.token_hex(18)
+        expiry = int(now) + ttl
+        with LOCK:
+            STATE["gh_tokens"].append((token, expiry))
+            index = len(STATE["gh_tokens"]) - 1
+        event.update(ok=True, minted=token, index=index, expires_at=rfc3339(expiry))
+        delay()
+        emit(event)
+        return 201, {
+            "token": token,
+            "expires_at": rfc3339(expiry),
+            "permissions": (requested or {}).get("permissions", {"contents": "read", "metadata": "read"}),
+            "repository_selection": "selected" if (requested or {}).get("repositories") else "all",
+        }
+    except (Reject, jwt.PyJWTError, ValueError) as e:
+        status = e.status if isinstance(e, Reject) else 401
+        event.update(ok=False, error=str(e))
+        delay()
+        emit(event)
+        return status, {"message": "A JSON web token could not be decoded", "status": str(status)}
+
+
+def git_info_refs(handler):
+    event = {"event": "git", "path": handler.path}
+    auth = handler.headers.get("authorization") or ""
+    scheme, _, value = auth.partition(" ")
+    ok = False
+    if scheme.lower() == "basic":
+        try:
+            user, _, password = base64.b64decode(value.strip()).decode().partition(":")
+        except ValueError:
+            user, password = "", ""
+        event.update(user=user, presented=password, scheme="Basic")
+        index = live_gh_token(password)
+        ok = user == "x-access-token" and index is not None
+        event["token_index"] = index
+    else:
+        event["scheme"] = scheme or None
+    event["ok"] = ok
+    emit(event)
+    if not ok:
+        return handler.reply(
+            401,
+            b"authentication required\n",
+            "text/plain",
+            [("www-authenticate", 'Basic realm="GitHub"')],
+        )
+    sha = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
+
+    def pkt(line):
+        data = line.encode()
+        return f"{len(data) + 4:04x}".encode() + data
+
+    body = (
+        pkt("# service=git-upload-pack\n")
+        + b"0000"
+        + pkt(f"{sha} HEAD\0symref=HEAD:refs/heads/main agent=fake-issuers/1\n")
+        + pkt(f"{sha} refs/heads/main\n")
+        + b"0000"
+    )
+    handler.reply(200, body, "application/x-git-upload-pack-advertisement")
+
+
+def github_api(handler):
+    token = bearer(handler.headers)
+    index = live_gh_token(token) if token else None
+    ok = index is not None
+    emit({"event": "api", "ok": ok, "path": handler.path, "token_index": index, "presented": token,
+          "authorization_scheme": (handler.headers.get("authorization") or " ").split(" ")[0] or None})
+    if ok:
+        handler.reply_json(200, {"ok": True, "token_index": index})
+    else:
+        handler.reply_json(401, {"message": "Bad credentials"})
+
+
+# ---------------------------------------------------------------------------------------------
+# Google service account
+
+
+def google_token(handler, body):
+    event = {"event": "google_exchange", "content_type": handler.headers.get("content-type")}
+    try:
+        form = dict(urllib.parse.parse_qsl(body.decode(), keep_blank_values=True))
+        if form.get("grant_type") != "urn:ietf:params:oauth:grant-type:jwt-bearer":
+            raise Reject(400, f"grant_type {form.get('grant_type')!r}")
+        assertion = form.get("assertion")
+        event["presented"] = assertion
+        if not assertion:
+            raise Reject(400, "no assertion")
+        header = jwt.get_unverified_header(assertion)
+        event["jwt_header"] = header
+        if header.get("kid") != env("FAKE_GSA_KID"):
+            raise Reject(400, f"kid {header.get('kid')!r} is not the key's private_key_id")
+        audience = f"https://{handler.headers.get('host')}{handler.path.split('?')[0]}"
+        event["expected_aud"] = audience
+        claims = jwt.decode(
+            assertion,
+            read_file(env("FAKE_GSA_PUBLIC_KEY")),
+            algorithms=["RS256"],
+            audience=audience,
+            issuer=env("FAKE_GSA_EMAIL"),
+            options={"require": ["iat", "exp", "iss", "aud", "scope"]},
+            leeway=60,
+        )
+        event["claims"] = claims
+        if claims["scope"] != env("FAKE_GSA_SCOPE"):
+            raise Reject(400, f"scope {claims['scope']!r}")
+        if claims["exp"] - claims["iat"] != 3600:
+            raise Reject(400, "exp - iat is not 3600")
+        if abs(claims["iat"] - time.time()) > 60:
+            raise Reject(400, "iat is not now")
+        token = "ya29.test-" + secrets.token_hex(20)
+        event.update(ok=True, minted=token)
+        delay()
+        emit(event)
+        return 200, {"access_token": token, "expires_in": 3599, "token_type": "Bearer"}
+    except (Reject, jwt.PyJWTError, ValueError) as e:
+        event.update(ok=False, error=str(e))
+        delay()
+        emit(event)
+        return (e.status if isinstance(e, Reject) else 400), {
+            "error": "invalid_grant",
+            "error_description": "Invalid JWT Signature.",
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# OAuth2 client credentials
+
+
+def client_credentials(handler, body):
+    event = {"event": "cc_exchange", "content_type": handler.headers.get("content-type")}
+    form = dict(urllib.parse.parse_qsl(body.decode(errors="replace"), keep_blank_values=True))
+    client_id, secret = form.get("client_id"), form.get("client_secret")
+    event["client_auth"] = "form"
+    auth = handler.headers.get("authorization") or ""
+    if auth.lower().startswith("basic "):
+        try:
+            user, _, password = base64.b64decode(auth[6:].strip()).decode().partition(":")
+            client_id, secret = urllib.parse.unquote(user), urllib.parse.unquote(password)
+            event["client_auth"] = "basic"
+        except ValueError:
+            pass
+    event.update(grant_type=form.get("grant_type"), client_id=client_id, scope=form.get("scope"))
+    event["presented"] = secret
+    errors = []
+    if form.get("grant_type") != "client_credentials":
+        errors.append("grant_type is not client_credentials")
+    if client_id != env("FAKE_CC_CLIENT_ID") or secret != env("FAKE_CC_SECRET"):
+        errors.append("client id or secret is wrong")
+    if env("FAKE_CC_SCOPE") and form.get("scope") != env("FAKE_CC_SCOPE"):
+        errors.append(f"scope {form.get('scope')!r}")
+    delay()
+    if errors:
+        event.update(ok=False, error="; ".join(errors))
+        emit(event)
+        return 401, {"error": "invalid_client"}
+    token = "cc-test-" + secrets.token_hex(20)
+    ttl = int(env("FAKE_CC_TTL", "3600"))
+    event.update(ok=True, minted=token, expires_in=ttl)
+    emit(event)
+    return 200, {"access_token": token, "expires_in": ttl, "token_type": "Bearer"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Generic JWT
+
+
+def jwt_check(handler, alg, bare_header):
+    if bare_header:
+        token = handler.headers.get(bare_header)
+    else:
+        token = bearer(handler.headers)
+    host = (handler.headers.get("host") or "").rsplit(":", 1)[0]
+    event = {
+        "event": "jwt",
+        "alg": alg,
+        "presented": token,
+        "host": host,
+        "header_name": bare_header or "authorization",
+        "authorization": handler.headers.get("authorization"),
+    }
+    try:
+        if not token:
+            raise Reject(401, "no token")
+        if alg == "hs256":
+            key, algorithms = env("FAKE_JWT_HS_KEY"), ["HS256"]
+        else:
+            key, algorithms = read_file(env("FAKE_JWT_ES_PUBLIC_KEY")), ["ES256"]
+        event["jwt_header"] = jwt.get_unverified_header(token)
+        claims = jwt.decode(
+            token, key, algorithms=algorithms, audience=host, options={"require": ["iat"]}
+        )
+        event["claims"] = claims
+        if not isinstance(claims["iat"], int) or isinstance(claims["iat"], bool):
+            raise Reject(401, "iat is not a number")
+        if abs(claims["iat"] - time.time()) > 60:
+            raise Reject(401, "iat is not now")
+        event["ok"] = True
+        emit(event)
+        handler.reply_json(200, {"valid": True, "claims": claims})
+    except (Reject, jwt.PyJWTError, ValueError) as e:
+        if "claims" not in event and token:
+            try:
+                event["claims"] = jwt.decode(token, options={"verify_signature": False})
+            except jwt.PyJWTError:
+                pass
+        event.update(ok=False, error=str(e))
+        emit(event)
+        handler.reply_json(401, {"valid": False, "error": str(e)})
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def read_body(handler):
+    if handler.headers.get("transfer-encoding", "").lower() == "chunked":
+        body = b""
+        while True:
+            size = int(handler.rfile.readline().split(b";")[0].strip(), 16)
+            if size == 0:
+                while handler.rfile.readline() not in (b"\r\n", b"\n", b""):
+                    pass
+                return body
+            body += handler.rfile.read(size)
+            handler.rfile.readline()
+    length = int(handler.headers.get("content-length") or 0)
+    return handler.rfile.read(length) if length else b""
+
+
+GH_TOKENS = re.compile(r"^/app/installations/([^/]+)/access_tokens$")
+JWT_ROUTE = re.compile(r"^/jwt/(hs256|es256)(?:/bare/([A-Za-z0-9-]+))?$")
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def reply(self, status, data, content_type, extra=()):
+        self.send_response(status)
+        self.send_header("content-type", content_type)
+        for name, value in extra:
+            self.send_header(name, value)
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def reply_json(self, status, value):
+        self.reply(status, json.dumps(value).encode(), "application/json")
+
+    def answer(self):
+        body = read_body(self)
+        path = self.path.split("?")[0]
+        m = GH_TOKENS.match(path)
+        if m and self.command == "POST":
+            status, value = github_access_token(self, m.group(1), body)
+            return self.reply_json(status, value)
+        if path.endswith(".git/info/refs"):
+            return git_info_refs(self)
+        if path.startswith("/google/") and self.command == "POST":
+            return self.reply_json(*google_token(self, body))
+        if path == "/oauth/token" and self.command == "POST":
+            return self.reply_json(*client_credentials(self, body))
+        if path == "/oauth/fail500":
+            emit({"event": "cc_exchange", "ok": False, "error": "configured to fail (500)"})
+            return self.reply(500, b"internal error\n", "text/plain")
+        if path == "/oauth/badjson":
+            emit({"event": "cc_exchange", "ok": False, "error": "configured to fail (bad JSON)"})
+            return self.reply(200, b"<html>not json</html>", "text/html")
+        m = JWT_ROUTE.match(path)
+        if m:
+            return jwt_check(self, m.group(1), m.group(2))
+        return github_api(self)
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = answer
+
+    def log_message(self, *_args):
+        pass
+
+
+class Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 128
+
+
+def main():
+    args = sys.argv[1:]
+    if len(args) != 3 or args[0] != "--tls":
+        print(__doc__, file=sys.stderr)
+        return 2
+    server = Server(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(args[1], args[2])
+    context.set_alpn_protocols(["http/1.1"])
+    server.socket = context.wrap_socket(
+        server.socket, server_side=True, do_handshake_on_connect=False
+    )
+    host, port = server.socket.getsockname()[:2]
+    print(f"listening on {host}:{port}", flush=True)
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
