@@ -32,17 +32,24 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run the proxy.
-    Serve(ServeArgs),
+    // Boxed: ServeArgs is far larger than the other variants (clippy::large_enum_variant).
+    Serve(Box<ServeArgs>),
     /// Validate policy files; print every problem as file:line:col: message, and warnings
     /// about risky constructs as file:line:col: warning: message.
     Check {
         #[arg(long, env = "LATCHKEY_POLICIES", default_value = "policies")]
         policies: PathBuf,
         /// `json`: one object {ok, errors, warnings, rules, files, policy} for CI annotations.
-        #[arg(long, env = "LATCHKEY_FORMAT", value_enum, default_value = "text")]
+        /// (Its variable is not LATCHKEY_FORMAT, which `env --format` reads.)
+        #[arg(
+            long,
+            env = "LATCHKEY_CHECK_FORMAT",
+            value_enum,
+            default_value = "text"
+        )]
         format: latchkey::policy_cli::CheckFormat,
         /// Validate secret sources without reading their values (CI machines without the keys).
-        #[arg(long)]
+        #[arg(long, env = "LATCHKEY_NO_SECRETS")]
         no_secrets: bool,
     },
     /// Run the policy test cases (DIR/tests/*.toml by default) against the policy; exit 1 on
@@ -216,7 +223,7 @@ fn init_logging() {
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Command::Serve(args) => serve(args),
+        Command::Serve(args) => serve(*args),
         Command::Check {
             policies,
             format,

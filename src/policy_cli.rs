@@ -296,6 +296,10 @@ fn render(e: &Explanation) -> String {
             e.secrets.join(", ")
         ));
     }
+    if let Some(c) = &e.credential {
+        let kind = e.credential_kind.as_deref().unwrap_or("credential");
+        line(format!("auth:     credential {c} ({kind}), applied last"));
+    }
     line(format!("policy:   {}", e.policy));
     out
 }

@@ -46,21 +46,18 @@ fn json(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
     respond(status, "application/json", text)
 }
 
-/// Serves the admin API until the proxy shuts down.
+/// Serves the admin API for the life of the process.
 pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener, token: Option<SecretValue>) {
     let token = Arc::new(token);
-    let mut shutdown = proxy.shutdown_signal();
+    // Keeps serving while the proxy drains, so /readyz can say 503; the process exit ends it.
     loop {
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "admin accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            _ = shutdown.changed() => return,
+        let (stream, peer) = match listener.accept().await {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "admin accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
         };
         let proxy = proxy.clone();
         let token = token.clone();

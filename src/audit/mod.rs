@@ -274,6 +274,10 @@ impl Entry {
     pub fn outcome(&mut self, reason: Reason, rule: Option<&str>, status: Option<u16>) {
         self.update(|r| {
             r.decision = if reason.is_allow() { "allow" } else { "deny" };
+            // A refusal after a report-only pass (the address guard, a leak) is a real deny.
+            if !reason.is_allow() {
+                r.would_deny = false;
+            }
             r.reason = reason.code();
             r.rule = rule.map(str::to_string);
             r.status = status;

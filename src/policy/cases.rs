@@ -12,6 +12,7 @@
 //! rule = "github-read"                   # optional: the deciding (or, on deny, closest) rule
 //! reason = "method_not_allowed"          # optional: the reason code
 //! secrets = ["openai"]                   # optional (allow only): bound by the deciding rule
+//! credential = "gh"                      # optional (allow only): the credential it uses
 //! ```
 //!
 //! A case file is validated as strictly as a policy file (unknown keys, unknown rules, reasons
@@ -56,6 +57,8 @@ struct RawCase {
     reason: Option<Spanned<String>>,
     #[serde(default)]
     secrets: Option<Spanned<Vec<Spanned<String>>>>,
+    #[serde(default)]
+    credential: Option<Spanned<String>>,
 }
 
 /// One validated case.
@@ -75,6 +78,8 @@ pub struct Case {
     pub rule: Option<String>,
     pub reason: Option<Reason>,
     pub secrets: Option<Vec<String>>,
+    /// The credential the deciding rule must use.
+    pub credential: Option<String>,
 }
 
 impl Case {
@@ -259,6 +264,22 @@ fn validate(
             ),
         );
     }
+    if let Some(c) = &raw.credential {
+        if expect == Some(Verdict::Deny) {
+            cx.error(
+                c.span(),
+                format!(
+                    "{}: a denied request uses no credential; remove credential or expect = \"allow\"",
+                    at("credential")
+                ),
+            );
+        } else if policy.credential(c.get_ref()).is_none() {
+            cx.error(
+                c.span(),
+                format!("{}: unknown credential {:?}", at("credential"), c.get_ref()),
+            );
+        }
+    }
     let mut headers = BTreeMap::new();
     for (k, v) in &raw.headers {
         if http::HeaderName::from_bytes(k.get_ref().as_bytes()).is_err() {
@@ -314,6 +335,7 @@ fn validate(
         secrets: raw
             .secrets
             .map(|s| s.into_inner().into_iter().map(|n| n.into_inner()).collect()),
+        credential: raw.credential.map(|c| c.into_inner()),
     })
 }
 
@@ -367,6 +389,15 @@ pub fn run_case(policy: &Policy, case: &Case) -> CaseResult {
                 "expected secret(s) {} bound, {} binds {bound}",
                 Names(&missing),
                 got_rule(&e)
+            ));
+        }
+    }
+    if let Some(want) = &case.credential {
+        if e.credential.as_deref() != Some(want.as_str()) {
+            failures.push(format!(
+                "expected credential '{want}', {} uses {}",
+                got_rule(&e),
+                e.credential.as_deref().unwrap_or("none")
             ));
         }
     }
@@ -447,6 +478,39 @@ authorization = "Bearer {{secret.k}}"
         assert_eq!(
             r[0].failures,
             vec!["expected secret(s) other bound, rule 'read' binds k"]
+        );
+    }
+
+    #[test]
+    fn a_credential_expectation_names_the_credential_the_rule_uses() {
+        let text = format!(
+            "{POLICY}\n[credentials.gh]\nkind = \"github_app\"\napp_id = \"1\"\ninstallation_id = \"2\"\nprivate_key = \"file:/x.pem\"\n[[rules]]\nname = \"gh\"\nhosts = [\"gh.test\"]\nmethods = [\"GET\"]\ncredential = \"gh\"\n"
+        );
+        let p = compile_sources_with(&[(Path::new("p.toml"), &text)], SecretLoading::Skip)
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        let cases = parse_cases(
+            Path::new("t.toml"),
+            "[[cases]]\nmethod = \"GET\"\nurl = \"https://gh.test/\"\nexpect = \"allow\"\ncredential = \"gh\"\n[[cases]]\nmethod = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"allow\"\ncredential = \"gh\"\n",
+            &p,
+        )
+        .unwrap_or_else(|e| panic!("{e:?}"));
+        let r: Vec<CaseResult> = cases.iter().map(|c| run_case(&p, c)).collect();
+        assert!(r[0].passed(), "{:?}", r[0].failures);
+        assert_eq!(
+            r[1].failures,
+            vec!["expected credential 'gh', rule 'read' uses none"]
+        );
+        let e = parse_cases(
+            Path::new("t.toml"),
+            "[[cases]]\nmethod = \"GET\"\nurl = \"https://gh.test/\"\nexpect = \"allow\"\ncredential = \"nope\"\n",
+            &p,
+        )
+        .err()
+        .unwrap_or_default();
+        assert!(
+            e[0].to_string()
+                .starts_with("t.toml:5:14: cases[0].credential: unknown credential"),
+            "{e:?}"
         );
     }
 

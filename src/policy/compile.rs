@@ -440,9 +440,15 @@ pub fn compile_sources_with(
                         text,
                         errors: &mut errors,
                     };
-                    let field = match name.strip_prefix("identity:") {
-                        Some(id) => format!("identities.{id}.token"),
-                        None => format!("secrets.{name}.source"),
+                    let field = if let Some(id) = name.strip_prefix("identity:") {
+                        format!("identities.{id}.token")
+                    } else if let Some((cred, f)) = name
+                        .strip_prefix("credential:")
+                        .and_then(|r| r.split_once(':'))
+                    {
+                        format!("credentials.{cred}.{f}")
+                    } else {
+                        format!("secrets.{name}.source")
                     };
                     cx.error(span.clone(), format!("{field}: {why}"));
                 }

@@ -105,6 +105,10 @@ pub struct Explanation {
     pub candidates: Vec<Candidate>,
     /// Secrets the allowing rule binds (injects or lists), by name.
     pub secrets: Vec<String>,
+    /// The credential that signs or authenticates the allowed request (`credential = "NAME"`).
+    pub credential: Option<String>,
+    /// That credential's kind (`aws_sigv4`, `github_app`, …).
+    pub credential_kind: Option<String>,
     /// What the allowing rule sets: header names, `?param` for query parameters.
     pub injected: Vec<String>,
     /// The same list as `injected`, under the name the first release printed.
@@ -269,9 +273,21 @@ pub fn explain(
             v
         })
         .unwrap_or_default();
+    // `bound` also holds a credential's internal key names; they are reported as the credential.
     let secrets = deciding
-        .map(|r| r.bound.iter().cloned().collect())
+        .map(|r| {
+            r.bound
+                .iter()
+                .filter(|n| !n.starts_with("credential:"))
+                .cloned()
+                .collect()
+        })
         .unwrap_or_default();
+    let credential = deciding.and_then(|r| r.credential.clone());
+    let credential_kind = credential
+        .as_deref()
+        .and_then(|c| policy.credential(c))
+        .map(|c| c.kind.label().to_string());
 
     Ok(Explanation {
         decision: if allowed {
@@ -291,6 +307,8 @@ pub fn explain(
         url: shown,
         candidates,
         secrets,
+        credential,
+        credential_kind,
         injected_headers: injected.clone(),
         injected,
         report_only: !allowed && reason.is_policy_denial() && rule.is_some_and(|r| r.report),
@@ -457,6 +475,19 @@ ports = [8443]
         assert_eq!(e.reason, "userinfo_in_url");
         let e = explain(&p, None, "GET", "https://api.corp.test/v1/../admin").expect("explains");
         assert_eq!(e.reason, "ambiguous_path");
+    }
+
+    #[test]
+    fn a_credential_is_named_with_its_kind_and_its_key_material_is_not_listed_as_secrets() {
+        let text = format!(
+            "{POLICY}\n[credentials.gh]\nkind = \"github_app\"\napp_id = \"1\"\ninstallation_id = \"2\"\nprivate_key = \"file:/nonexistent/gh.pem\"\n\n[[rules]]\nname = \"gh\"\nhosts = [\"api.gh.example\"]\nmethods = [\"GET\"]\ncredential = \"gh\"\n"
+        );
+        let p = policy(&text);
+        let e = explain(&p, None, "GET", "https://api.gh.example/zen").expect("explains");
+        assert_eq!(e.rule.as_deref(), Some("gh"));
+        assert_eq!(e.credential.as_deref(), Some("gh"));
+        assert_eq!(e.credential_kind.as_deref(), Some("github_app"));
+        assert!(e.secrets.is_empty(), "{:?}", e.secrets);
     }
 
     #[test]

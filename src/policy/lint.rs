@@ -3,9 +3,12 @@
 //! A warning never stops a policy from loading; it points a reviewer at a construct that is
 //! allowed but deserves a second look:
 //!
-//! - `wildcard_secret`: a secret bound to a wildcard host (`dangerously_inject_into_wildcard`);
-//! - `secret_all_methods`: a rule that binds a secret and allows every method;
-//! - `unused_secret`: a declared secret no rule binds;
+//! - `wildcard_secret`: a secret or credential bound to a wildcard host
+//!   (`dangerously_inject_into_wildcard`);
+//! - `secret_all_methods`: a rule that binds a secret or uses a credential and allows every
+//!   method;
+//! - `unused_secret`, `unused_credential`: a declared secret no rule binds, a declared
+//!   credential no rule uses;
 //! - `shadowed_rule`: a rule that never decides for a host, because a rule before it in the
 //!   decision order (see [`super`]) allows the same ports, methods and paths;
 //! - `wide_identity`: an identity with every rule (`rules = ["*"]`), no token, and a source range
@@ -68,6 +71,8 @@ struct Spans {
     wildcard_flags: HashMap<String, Loc>,
     /// Secret name → location of its `[secrets.NAME]` key, in declaration order.
     secrets: BTreeMap<String, Loc>,
+    /// Credential name → location of its `[credentials.NAME]` key.
+    credentials: BTreeMap<String, Loc>,
     /// Identity name → the location of each `sources` entry (by index).
     identity_sources: HashMap<String, Vec<Loc>>,
     /// Identity name → the location of its name.
@@ -119,6 +124,10 @@ fn spans(sources: &[(&Path, &str)]) -> Spans {
             out.secrets
                 .insert(name.get_ref().clone(), Loc::at(file, text, name.span()));
         }
+        for name in raw.credentials.keys() {
+            out.credentials
+                .insert(name.get_ref().clone(), Loc::at(file, text, name.span()));
+        }
         for (name, id) in &raw.identities {
             out.identities
                 .insert(name.get_ref().clone(), Loc::at(file, text, name.span()));
@@ -165,14 +174,16 @@ pub fn lint(policy: &Policy, sources: &[(&Path, &str)]) -> Vec<Warning> {
     };
 
     for rule in policy.rules() {
-        let secrets = quoted(rule.bound.iter());
+        let Some(secrets) = credentials_of(rule) else {
+            continue;
+        };
         let wildcards: Vec<String> = rule
             .hosts
             .iter()
             .filter(|h| matches!(h, HostPattern::Wildcard(_)))
             .map(|h| h.to_string())
             .collect();
-        if !rule.bound.is_empty() && !wildcards.is_empty() {
+        if !wildcards.is_empty() {
             let loc = spans
                 .wildcard_flags
                 .get(&rule.name)
@@ -182,18 +193,18 @@ pub fn lint(policy: &Policy, sources: &[(&Path, &str)]) -> Vec<Warning> {
                 loc,
                 "wildcard_secret",
                 format!(
-                    "rule {:?} sends secret(s) {secrets} to every host matching {} (dangerously_inject_into_wildcard = true); name the hosts if you can",
+                    "rule {:?} sends {secrets} to every host matching {} (dangerously_inject_into_wildcard = true); name the hosts if you can",
                     rule.name,
                     wildcards.join(", ")
                 ),
             );
         }
-        if !rule.bound.is_empty() && rule.methods.is_none() && !rule.tunnel {
+        if rule.methods.is_none() && !rule.tunnel {
             warn(
                 rule_loc(rule),
                 "secret_all_methods",
                 format!(
-                    "rule {:?} binds secret(s) {secrets} and allows every method; list the methods it needs (methods = [\"GET\", \"POST\"])",
+                    "rule {:?} binds {secrets} and allows every method; list the methods it needs (methods = [\"GET\", \"POST\"])",
                     rule.name
                 ),
             );
@@ -207,6 +218,22 @@ pub fn lint(policy: &Policy, sources: &[(&Path, &str)]) -> Vec<Warning> {
                 "unused_secret",
                 format!(
                     "secret {name:?} is declared but no rule binds it; remove it, or inject it ({{{{secret.{name}}}}}) or list it in a rule's secrets"
+                ),
+            );
+        }
+    }
+
+    for (name, loc) in &spans.credentials {
+        if !policy
+            .rules()
+            .iter()
+            .any(|r| r.credential.as_deref() == Some(name.as_str()))
+        {
+            warn(
+                loc.clone(),
+                "unused_credential",
+                format!(
+                    "credential {name:?} is declared but no rule uses it; remove it, or set credential = {name:?} on a rule"
                 ),
             );
         }
@@ -355,11 +382,24 @@ fn covers(policy: &Policy, earlier: &Rule, later: &Rule) -> bool {
     ports && methods && paths
 }
 
-fn quoted<'a>(names: impl Iterator<Item = &'a String>) -> String {
-    names
+/// What a rule sends upstream that the sandbox does not hold — `secret(s) "a", "b"` and/or
+/// `credential "gh"` — or `None` when it binds nothing.
+fn credentials_of(rule: &Rule) -> Option<String> {
+    // `bound` also holds a credential's internal key names; those are named as the credential.
+    let secrets: Vec<String> = rule
+        .bound
+        .iter()
+        .filter(|n| !n.starts_with("credential:"))
         .map(|n| format!("{n:?}"))
-        .collect::<Vec<_>>()
-        .join(", ")
+        .collect();
+    let mut parts = Vec::new();
+    if !secrets.is_empty() {
+        parts.push(format!("secret(s) {}", secrets.join(", ")));
+    }
+    if let Some(c) = &rule.credential {
+        parts.push(format!("credential {c:?}"));
+    }
+    (!parts.is_empty()).then(|| parts.join(" and "))
 }
 
 #[cfg(test)]
@@ -400,6 +440,23 @@ mod tests {
         assert!(w[1]
             .to_string()
             .starts_with("p.toml:6:36: warning: rule \"a\""));
+    }
+
+    #[test]
+    fn a_credential_on_every_method_and_an_unused_credential_warn() {
+        let w = lint_text(
+            "[credentials.gh]\nkind = \"github_app\"\napp_id = \"1\"\ninstallation_id = \"2\"\nprivate_key = \"file:/x.pem\"\n[credentials.spare]\nkind = \"github_app\"\napp_id = \"1\"\ninstallation_id = \"2\"\nprivate_key = \"file:/x.pem\"\n[[rules]]\nname = \"gh\"\nhosts = [\"api.github.com\"]\ncredential = \"gh\"\n",
+        );
+        assert_eq!(
+            codes(&w),
+            vec![("unused_credential", 6), ("secret_all_methods", 12)]
+        );
+        assert!(
+            w[1].message
+                .starts_with("rule \"gh\" binds credential \"gh\" and allows every method"),
+            "{}",
+            w[1].message
+        );
     }
 
     #[test]

@@ -267,6 +267,26 @@ pub enum ConnectDecision<'p> {
     Deny(Decision<'p>),
 }
 
+/// `scheme://host[:port]path` as a `Display`, formatted straight into a message.
+struct UrlDisplay<'a>(Scheme, &'a str, u16, &'a str);
+
+impl std::fmt::Display for UrlDisplay<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let UrlDisplay(scheme, host, port, path) = *self;
+        f.write_str(scheme.as_str())?;
+        f.write_str("://")?;
+        if host.contains(':') {
+            write!(f, "[{host}]")?;
+        } else {
+            f.write_str(host)?;
+        }
+        if port != scheme.default_port() {
+            write!(f, ":{port}")?;
+        }
+        f.write_str(path)
+    }
+}
+
 /// Formats `scheme://host[:port]path` with the default port omitted, for messages.
 pub fn display_url(scheme: Scheme, host: &str, port: u16, path: &str) -> String {
     let host = if host.contains(':') {
@@ -340,7 +360,8 @@ impl Policy {
 
     /// Decides one HTTP request.
     pub fn decide(&self, t: &Target<'_>) -> Decision<'_> {
-        let url = display_url(t.scheme, t.host, t.port, t.path);
+        // Built only where a message needs it: the allow path is the hot one.
+        let url = UrlDisplay(t.scheme, t.host, t.port, t.path);
         // The closest miss, ranked port < method < path.
         let mut closest: Option<(Reason, &Rule)> = None;
         let mut note = |reason: Reason, rule| {
@@ -451,7 +472,7 @@ impl Policy {
                 reason: Reason::IdentityNotAllowed,
                 rule: Some(rule),
                 message: format!(
-                    "no rule allows CONNECT {target} for identity '{}': rule '{}' is not among its rules",
+                    "no rule allows CONNECT {target}: identity '{}' may not use rule '{}'",
                     identity.map_or(DEFAULT_IDENTITY, |i| i.name.as_str()),
                     rule.name
                 ),

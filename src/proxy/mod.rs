@@ -621,10 +621,25 @@ impl Proxy {
                     policy.digest(),
                 );
                 let uri = req.uri();
+                let connect = req.method() == Method::CONNECT;
                 entry.update(|r| {
                     r.method = Some(req.method().to_string());
                     r.host = uri.host().map(str::to_ascii_lowercase);
-                    r.port = uri.port_u16();
+                    r.scheme = if connect {
+                        Some("https".to_string())
+                    } else {
+                        uri.scheme_str().map(str::to_ascii_lowercase)
+                    };
+                    r.port = uri.port_u16().or(match r.scheme.as_deref() {
+                        Some("http") => Some(80),
+                        Some("https") => Some(443),
+                        _ => None,
+                    });
+                    if !connect {
+                        r.path = uri
+                            .path_and_query()
+                            .map(|pq| crate::audit::redact_query(pq.as_str()));
+                    }
                 });
                 let reason = Reason::ProxyAuthRequired;
                 let res = respond::refuse(reason, None, &e.to_string(), entry.id());

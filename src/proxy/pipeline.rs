@@ -240,6 +240,12 @@ pub async fn handle(
     let upstream_req = Request::from_parts(parts, brokered.body);
 
     // upstream: guarded dial (pooled), response headers within the timeout.
+    // Provisional outcome: if this task ends before the response (shutdown deadline, the
+    // client leaving), the record says policy allowed it and the exchange did not complete.
+    match &report {
+        Some((reason, _)) => entry.outcome_report(*reason, Some(&record_rule), None),
+        None => entry.outcome(Reason::UpstreamError, Some(&rule.name), None),
+    }
     let client = proxy.client_for(&rule.allow_private);
     let sent_at = std::time::Instant::now();
     let sent = tokio::time::timeout(proxy.response_timeout, client.request(upstream_req));

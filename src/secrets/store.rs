@@ -40,9 +40,10 @@ pub enum Source {
 impl Source {
     /// Parses `env:VAR`, `file:PATH` or `exec:COMMAND`.
     pub fn parse(spec: &str, ttl: Duration, timeout: Duration) -> Result<Self, String> {
+        // Never echo the spec: a value written inline by mistake may be the secret itself.
         let (kind, rest) = spec
             .split_once(':')
-            .ok_or_else(|| format!("{spec:?} is not env:VAR, file:PATH or exec:COMMAND"))?;
+            .ok_or_else(|| "the value is not env:VAR, file:PATH or exec:COMMAND".to_string())?;
         if rest.trim().is_empty() {
             return Err(format!("{kind}: needs a value after the colon"));
         }
@@ -54,9 +55,10 @@ impl Source {
                 ttl,
                 timeout,
             }),
-            other => Err(format!(
-                "unknown source kind {other:?}: use env:VAR, file:PATH or exec:COMMAND"
-            )),
+            _ => Err(
+                "unknown source kind before ':': use env:VAR, file:PATH or exec:COMMAND"
+                    .to_string(),
+            ),
         }
     }
 }

@@ -119,17 +119,37 @@ pub type Exchanger = dyn Fn(Exchange) -> Pin<Box<dyn Future<Output = Result<(u16
     + Send
     + Sync;
 
-/// A cached token.
+/// A cached token, or the failure of the last attempt (shared for a few seconds, so N
+/// concurrent requests cause one failing exchange, not N).
 #[derive(Clone)]
-struct Token {
-    value: SecretValue,
-    refresh_at: Instant,
+enum Token {
+    Ok {
+        value: SecretValue,
+        refresh_at: Instant,
+    },
+    Failed {
+        error: CredentialError,
+        /// The attempt that failed: callers that were already waiting share its error.
+        attempt: u64,
+        /// Callers arriving just after share it too, so a burst makes one failing exchange.
+        until: Instant,
+    },
+}
+
+/// How long a failed exchange answers for newcomers before the next attempt.
+const FAILURE_HOLD: Duration = Duration::from_secs(2);
+
+/// One credential's token and the attempts made for it.
+#[derive(Default)]
+struct Slot {
+    token: tokio::sync::Mutex<Option<Token>>,
+    attempts: std::sync::atomic::AtomicU64,
 }
 
 /// Tokens by credential (and identity/host for JWTs whose claims use them), single flight.
 #[derive(Default)]
 pub struct TokenCache {
-    slots: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Option<Token>>>>>,
+    slots: Mutex<HashMap<String, Arc<Slot>>>,
     exchanges: std::sync::atomic::AtomicU64,
 }
 
@@ -140,7 +160,7 @@ impl std::fmt::Debug for TokenCache {
 }
 
 impl TokenCache {
-    fn slot(&self, key: &str) -> Arc<tokio::sync::Mutex<Option<Token>>> {
+    fn slot(&self, key: &str) -> Arc<Slot> {
         let mut slots = self
             .slots
             .lock()
@@ -154,28 +174,56 @@ impl TokenCache {
     }
 
     /// The cached token for `key`, or a fresh one from `mint` (run once for concurrent callers).
-    async fn get<F, Fut>(&self, key: &str, mint: F) -> Result<SecretValue, CredentialError>
+    async fn get<F, Fut>(
+        &self,
+        key: &str,
+        margin: Duration,
+        mint: F,
+    ) -> Result<SecretValue, CredentialError>
     where
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<(SecretValue, Duration), CredentialError>>,
     {
+        use std::sync::atomic::Ordering;
         let slot = self.slot(key);
-        let mut guard = slot.lock().await;
-        if let Some(t) = guard.as_ref() {
-            if Instant::now() < t.refresh_at {
-                return Ok(t.value.clone());
+        let seen = slot.attempts.load(Ordering::Acquire);
+        let mut guard = slot.token.lock().await;
+        match guard.as_ref() {
+            Some(Token::Ok { value, refresh_at }) if Instant::now() < *refresh_at => {
+                return Ok(value.clone());
+            }
+            // An attempt that started while this caller waited failed: share its answer
+            // rather than hammer a failing endpoint; later callers try again.
+            Some(Token::Failed {
+                error,
+                attempt,
+                until,
+            }) if *attempt > seen || Instant::now() < *until => {
+                return Err(error.clone());
+            }
+            _ => {}
+        }
+        let attempt = slot.attempts.fetch_add(1, Ordering::AcqRel) + 1;
+        self.exchanges.fetch_add(1, Ordering::Relaxed);
+        match mint().await {
+            Ok((value, lifetime)) => {
+                // Used until `margin` before expiry; a shorter-lived token, for one request.
+                let refresh_at = Instant::now() + lifetime.saturating_sub(margin);
+                *guard = Some(Token::Ok {
+                    value: value.clone(),
+                    refresh_at,
+                });
+                Ok(value)
+            }
+            Err(error) => {
+                *guard = Some(Token::Failed {
+                    error: error.clone(),
+                    attempt,
+                    until: Instant::now() + FAILURE_HOLD,
+                });
+                Err(error)
             }
         }
-        let (value, lifetime) = mint().await?;
-        self.exchanges
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        // Used until five minutes before expiry; a shorter-lived token is used for one request.
-        let refresh_at = Instant::now() + lifetime.saturating_sub(REFRESH_MARGIN);
-        *guard = Some(Token {
-            value: value.clone(),
-            refresh_at,
-        });
-        Ok(value)
     }
 }
 
@@ -308,7 +356,7 @@ pub async fn apply(
             repositories,
         } => {
             let token = cache
-                .get(name, || async {
+                .get(name, REFRESH_MARGIN, || async {
                     let key = secret(store, name, "private_key").await?;
                     let now = now_unix();
                     let claims = serde_json::json!({"iat": now.saturating_sub(60), "exp": now + 540, "iss": app_id});
@@ -361,7 +409,7 @@ pub async fn apply(
         }
         Kind::GoogleServiceAccount { scopes, token_uri } => {
             let token = cache
-                .get(name, || async {
+                .get(name, REFRESH_MARGIN, || async {
                     let key = secret(store, name, "key").await?;
                     let sa: serde_json::Value = serde_json::from_slice(key.expose())
                         .map_err(|e| failed(name, format!("key is not a service-account JSON file: {e}")))?;
@@ -401,7 +449,7 @@ pub async fn apply(
             audience,
         } => {
             let token = cache
-                .get(name, || async {
+                .get(name, REFRESH_MARGIN, || async {
                     let client_secret = secret(store, name, "client_secret").await?;
                     let secret_text = std::str::from_utf8(client_secret.expose())
                         .map_err(|_| failed(name, "client_secret is not UTF-8"))?;
@@ -459,8 +507,8 @@ pub async fn apply(
                 ))
             };
             let token = match ttl {
-                // Cached until five minutes before its exp (a TTL under that: per request).
-                Some(_) => cache.get(&key_id, mint).await?,
+                // Self-signed: cached for 80 % of its TTL, then signed anew.
+                Some(ttl) => cache.get(&key_id, *ttl / 5, mint).await?,
                 None => mint().await?.0,
             };
             store.set_minted(&token_name(name), &token);

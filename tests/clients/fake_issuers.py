@@ -10,11 +10,12 @@ Configuration (environment; a route whose configuration is missing answers 500):
   GitHub App:  FAKE_GH_APP_ID, FAKE_GH_INSTALLATION_ID, FAKE_GH_PUBLIC_KEY (PEM file),
                FAKE_GH_TTL (seconds until the token's expires_at; default 3600)
   Google SA:   FAKE_GSA_PUBLIC_KEY (PEM file), FAKE_GSA_EMAIL, FAKE_GSA_KID, FAKE_GSA_SCOPE
-  OAuth2 CC:   FAKE_CC_CLIENT_ID, FAKE_CC_SECRET, FAKE_CC_SCOPE, FAKE_CC_TTL (expires_in, s)
+  OAuth2 CC:   FAKE_CC_CLIENT_ID, FAKE_CC_SECRET, FAKE_CC_SCOPE, FAKE_CC_TTL (expires_in, s),
+               FAKE_CC_FAIL_FIRST (answer the first N exchanges 503)
   Generic JWT: FAKE_JWT_HS_KEY (HMAC secret), FAKE_JWT_ES_PUBLIC_KEY (PEM file)
 
 Routes:
-  POST /app/installations/{id}/access_tokens   GitHub: the app JWT in `Authorization: Bearer`
+  POST [/api/v3]/app/installations/{id}/access_tokens   GitHub: the app JWT in `Authorization: Bearer`
       (RS256, iss = app id, iat not in the future, exp after now, exp - iat <= 600) → 201
       {"token": "ghs_…", "expires_at": RFC 3339 (now + FAKE_GH_TTL), …}; 401 otherwise.
   GET  /{owner}/{repo}.git/info/refs           git smart HTTP: `Basic x-access-token:<token>` with
@@ -24,7 +25,9 @@ Routes:
       {"access_token": "ya29.…", "expires_in": 3599, "token_type": "Bearer"}; 400 otherwise.
   POST /oauth/token                            OAuth2 client credentials: client id and secret in
       the form (or Basic), scope → {"access_token": "cc-…", "expires_in": FAKE_CC_TTL}; 401.
-  POST /oauth/fail500, /oauth/badjson          a token endpoint failing: 500; 200 with HTML.
+  ANY  /oauth/redirect                         307 to FAKE_REDIRECT_TO (a client must not follow).
+  POST /oauth/fail500, /oauth/badjson          a token endpoint failing: 500; 200 with HTML;
+       /oauth/echo400                          400 quoting the request form (client secret and all).
   ANY  /jwt/hs256, /jwt/es256                  a JWT in `Authorization: Bearer`, or with
        /jwt/{alg}/bare/{header} the bare JWT in that header: verified (HS256 with the shared key,
        ES256 with the public key), aud = the request's host (no port), numeric iat within 60 s of
@@ -225,7 +228,11 @@ def github_api(handler):
 
 
 def google_token(handler, body):
-    event = {"event": "google_exchange", "content_type": handler.headers.get("content-type")}
+    event = {
+        "event": "google_exchange",
+        "path": handler.path,
+        "content_type": handler.headers.get("content-type"),
+    }
     try:
         form = dict(urllib.parse.parse_qsl(body.decode(), keep_blank_values=True))
         if form.get("grant_type") != "urn:ietf:params:oauth:grant-type:jwt-bearer":
@@ -276,7 +283,11 @@ def google_token(handler, body):
 
 
 def client_credentials(handler, body):
-    event = {"event": "cc_exchange", "content_type": handler.headers.get("content-type")}
+    event = {
+        "event": "cc_exchange",
+        "path": handler.path,
+        "content_type": handler.headers.get("content-type"),
+    }
     form = dict(urllib.parse.parse_qsl(body.decode(errors="replace"), keep_blank_values=True))
     client_id, secret = form.get("client_id"), form.get("client_secret")
     event["client_auth"] = "form"
@@ -291,6 +302,14 @@ def client_credentials(handler, body):
     event.update(grant_type=form.get("grant_type"), client_id=client_id, scope=form.get("scope"))
     event["presented"] = secret
     errors = []
+    with LOCK:
+        STATE["cc_calls"] = STATE.get("cc_calls", 0) + 1
+        calls = STATE["cc_calls"]
+    if calls <= int(env("FAKE_CC_FAIL_FIRST", "0")):
+        delay()
+        event.update(ok=False, error=f"configured to fail the first calls (503), call {calls}")
+        emit(event)
+        return 503, {"error": "temporarily_unavailable"}
     if form.get("grant_type") != "client_credentials":
         errors.append("grant_type is not client_credentials")
     if client_id != env("FAKE_CC_CLIENT_ID") or secret != env("FAKE_CC_SECRET"):
@@ -330,6 +349,9 @@ def jwt_check(handler, alg, bare_header):
     try:
         if not token:
             raise Reject(401, "no token")
+        sent = handler.headers.get_all(bare_header or "authorization") or []
+        if len(sent) != 1:
+            raise Reject(401, f"{len(sent)} {bare_header or 'authorization'} headers")
         if alg == "hs256":
             key, algorithms = env("FAKE_JWT_HS_KEY"), ["HS256"]
         else:
@@ -375,7 +397,7 @@ def read_body(handler):
     return handler.rfile.read(length) if length else b""
 
 
-GH_TOKENS = re.compile(r"^/app/installations/([^/]+)/access_tokens$")
+GH_TOKENS = re.compile(r"^(?:/api/v3)?/app/installations/([^/]+)/access_tokens$")
 JWT_ROUTE = re.compile(r"^/jwt/(hs256|es256)(?:/bare/([A-Za-z0-9-]+))?$")
 
 
@@ -408,11 +430,27 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if path == "/oauth/token" and self.command == "POST":
             return self.reply_json(*client_credentials(self, body))
         if path == "/oauth/fail500":
+            delay()
             emit({"event": "cc_exchange", "ok": False, "error": "configured to fail (500)"})
             return self.reply(500, b"internal error\n", "text/plain")
         if path == "/oauth/badjson":
+            delay()
             emit({"event": "cc_exchange", "ok": False, "error": "configured to fail (bad JSON)"})
             return self.reply(200, b"<html>not json</html>", "text/html")
+        if path == "/oauth/redirect":
+            # A token endpoint that moved (or was tampered with): 307 keeps the POST and its body.
+            target = os.environ.get("FAKE_REDIRECT_TO", "")
+            emit({"event": "redirect", "host": self.headers.get("host"), "to": target})
+            return self.reply(307, b"", "text/plain", [("location", target)])
+        if path == "/oauth/echo400":
+            # Like OAuth servers that quote the request in their error: the client secret is in
+            # this response, and latchkey must not pass it on to the sandbox or its logs.
+            delay()
+            emit({"event": "cc_exchange", "ok": False, "error": "configured to fail (400 echo)"})
+            return self.reply_json(
+                400,
+                {"error": "invalid_request", "error_description": f"rejected: {body.decode()}"},
+            )
         m = JWT_ROUTE.match(path)
         if m:
             return jwt_check(self, m.group(1), m.group(2))

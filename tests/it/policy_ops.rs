@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::support::latchkey::{wait_with_timeout, SCRUBBED_ENV};
-use crate::support::{assert_problem, policy_dir, problems_in, run_cli, CliOutput};
+use crate::support::{assert_problem, policy_dir, problems_in, CliOutput};
 
 const PRESET_KEYS: &[&str] = &[
     "OPENAI_API_KEY",
@@ -291,8 +291,7 @@ fn check_no_secrets_validates_the_presets_without_their_keys() {
     let out = check(Path::new(&presets), &["--no-secrets"]);
     assert_eq!(out.code(), Some(0), "{out:#?}");
     assert!(
-        out.stdout.contains("6 rule(s) in 5 file(s)")
-            && out.stdout.contains("secret values not read"),
+        out.stdout.starts_with("ok: ") && out.stdout.contains("secret values not read"),
         "{}",
         out.stdout
     );

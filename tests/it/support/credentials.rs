@@ -42,6 +42,7 @@ pub const CRED_HOSTS: &[&str] = &[
     "oauth.test",
     "jwt.test",
     "jwt-es.test",
+    "apigw.test",
     "localhost",
 ];
 
@@ -224,6 +225,8 @@ pub struct Bench {
     cert: PathBuf,
     key: PathBuf,
     secrets: Vec<(String, String)>,
+    /// Start latchkey with the address guard at its defaults (loopback refused).
+    guarded: bool,
 }
 
 impl Default for Bench {
@@ -252,7 +255,15 @@ impl Bench {
             cert,
             key: key_path,
             secrets: Vec::new(),
+            guarded: false,
         }
+    }
+
+    /// Latchkey will run with the address guard at its defaults: no `--allow-private` for
+    /// loopback, so neither the upstreams nor the token endpoints here are reachable.
+    pub fn guarded(mut self) -> Self {
+        self.guarded = true;
+        self
     }
 
     /// A path in the scratch dir.
@@ -346,16 +357,31 @@ impl Bench {
 
     /// Starts latchkey trusting the test CA, with [`PINNED`] and [`CRED_HOSTS`] pinned to
     /// 127.0.0.1, `policy` as `main.toml` and `env` in its environment (each value tracked).
-    pub fn start(mut self, policy: &str, env: &[(&str, &str)]) -> CredWorld {
-        let mut builder = latchkey()
-            .upstream_ca(&self.ca)
-            .policy("main.toml", policy);
+    pub fn start(self, policy: &str, env: &[(&str, &str)]) -> CredWorld {
+        self.start_with(policy, env, &[])
+    }
+
+    /// [`Bench::start`] with `public` also in latchkey's environment but not tracked (values that
+    /// are not secret, such as an AWS access key id).
+    pub fn start_with(
+        mut self,
+        policy: &str,
+        env: &[(&str, &str)],
+        public: &[(&str, &str)],
+    ) -> CredWorld {
+        let mut builder = latchkey().upstream_ca(&self.ca).policy("main.toml", policy);
         for host in PINNED.iter().chain(CRED_HOSTS) {
             builder = builder.pin(host);
+        }
+        if self.guarded {
+            builder = builder.guarded();
         }
         for (name, value) in env {
             builder = builder.env(name, value);
             self.track(name, value);
+        }
+        for (name, value) in public {
+            builder = builder.env(name, value);
         }
         CredWorld {
             lk: builder.run(),
@@ -399,7 +425,10 @@ impl CredWorld {
     pub fn curl(&self, args: &[&str]) -> CurlOutput {
         let out = curl(&self.lk).args(args.iter().copied()).run();
         self.saw_response(&format!("the response to curl {args:?}"), &out.response);
-        self.saw(&format!("curl's stderr for {args:?}"), out.stderr.as_bytes());
+        self.saw(
+            &format!("curl's stderr for {args:?}"),
+            out.stderr.as_bytes(),
+        );
         out
     }
 
@@ -559,5 +588,46 @@ pub fn lists_secret(record: &Value, name: &str) -> bool {
 
 /// `x-access-token:TOKEN` as a Basic credential.
 pub fn basic_x_access_token(token: &str) -> String {
-    format!("Basic {}", STANDARD.encode(format!("x-access-token:{token}")))
+    format!(
+        "Basic {}",
+        STANDARD.encode(format!("x-access-token:{token}"))
+    )
+}
+
+/// Lower-case hex SHA-256 of `data`.
+pub fn sha256_hex(data: &[u8]) -> String {
+    aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, data)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Waits up to 5 s for at least `n` audit records and returns them all (for clients such as git
+/// whose number of requests is theirs to choose).
+pub fn audit_at_least(lk: &Latchkey, n: usize) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let records = lk.audit_records();
+        if records.len() >= n {
+            return records;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "expected at least {n} audit records, found {records:#?}\nstderr:\n{}",
+            lk.stderr_text()
+        );
+        thread::sleep(Duration::from_millis(25));
+    }
+}
+
+/// The single audit record for rule `rule`, with the others for context if there is not one.
+pub fn only_record<'a>(records: &'a [Value], rule: &str) -> &'a Value {
+    let found = records_of(records, rule);
+    assert_eq!(
+        found.len(),
+        1,
+        "expected exactly one audit record with rule {rule:?}: {records:#?}"
+    );
+    found[0]
 }
