@@ -25,7 +25,12 @@ const TOKEN: &str = "IQoJb3JpZ2luX2VjELATCHKEY//////////test+session/tokenQ4w8==
 /// Auth a sandbox (or an SDK in it holding dummy keys) may send; all of it must be replaced.
 const SANDBOX_AUTH: &[&str] = &[
     "-H",
-    "Authorization: AWS4-HMAC-SHA256 Credential=AKIDSANDBOXDUMMY0000/20200101/us-east-1/s3/aws4_request, SignedHeaders=host;x-amz-date, Signature=0000000000000000000000000000000000000000000000000000000000000000",
+    concat!(
+        "Authorization: AWS4-HMAC-SHA256 ",
+        "Credential=AKIDSANDBOXDUMMY0000/20200101/us-east-1/s3/aws4_request, ",
+        "SignedHeaders=host;x-amz-date, ",
+        "Signature=0000000000000000000000000000000000000000000000000000000000000000"
+    ),
     "-H",
     "X-Amz-Date: 20200101T000000Z",
     "-H",
