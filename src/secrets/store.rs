@@ -55,6 +55,11 @@ impl Source {
                 ttl,
                 timeout,
             }),
+            // Name the kind only when it looks like one (a short lowercase word), so an inline
+            // value such as `user:password` is never echoed even in part.
+            k if k.len() <= 12 && k.bytes().all(|b| b.is_ascii_lowercase()) => Err(format!(
+                "unknown source kind {k:?}: use env:VAR, file:PATH or exec:COMMAND"
+            )),
             _ => Err(
                 "unknown source kind before ':': use env:VAR, file:PATH or exec:COMMAND"
                     .to_string(),
