@@ -172,6 +172,9 @@ struct ServeArgs {
     /// `enforce` (default), or `report`: let policy denials through, audited with would_deny.
     #[arg(long, env = "LATCHKEY_MODE", default_value = "enforce", value_parser = ["enforce", "report"])]
     mode: String,
+    /// Runtime worker threads (default: one per core).
+    #[arg(long, env = "LATCHKEY_WORKERS")]
+    workers: Option<usize>,
     /// On SIGTERM/SIGINT, how long in-flight requests may take to finish.
     #[arg(long, env = "LATCHKEY_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     shutdown_timeout: Duration,
@@ -343,10 +346,13 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         report_all: args.mode == "report",
     })?;
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    if let Some(n) = args.workers {
+        anyhow::ensure!(n > 0, "--workers must be at least 1");
+        builder.worker_threads(n);
+    }
+    let runtime = builder.build().context("cannot start the async runtime")?;
     runtime.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(std_listener)?;
         let addr = listener.local_addr()?;
