@@ -1129,7 +1129,55 @@ impl FileCx<'_> {
                         }
                     },
                 };
+                let assume_role = raw.assume_role.map(|a| {
+                    let span = a.span();
+                    let a = a.into_inner();
+                    if !a.role_arn.starts_with("arn:") {
+                        self.error(
+                            span.clone(),
+                            format!(
+                                "{}: role_arn {:?} is not an ARN",
+                                field("assume_role"),
+                                a.role_arn
+                            ),
+                        );
+                    }
+                    let duration = match a.duration.as_deref().map(humantime::parse_duration) {
+                        None => std::time::Duration::from_secs(3600),
+                        Some(Ok(d)) if (900..=43200).contains(&d.as_secs()) => d,
+                        Some(_) => {
+                            self.error(
+                                span.clone(),
+                                format!("{}: duration must be 15m to 12h", field("assume_role")),
+                            );
+                            std::time::Duration::from_secs(3600)
+                        }
+                    };
+                    let endpoint = a
+                        .sts_endpoint
+                        .unwrap_or_else(|| "https://sts.amazonaws.com".to_string());
+                    if http::Uri::try_from(endpoint.as_str()).map_or(true, |u| {
+                        u.scheme_str() != Some("https") || u.host().is_none()
+                    }) {
+                        self.error(
+                            span.clone(),
+                            format!(
+                                "{}: sts_endpoint {endpoint:?} is not an https:// URL",
+                                field("assume_role")
+                            ),
+                        );
+                    }
+                    crate::signing::AssumeRole {
+                        role_arn: a.role_arn,
+                        session_name: a.session_name.unwrap_or_else(|| "latchkey".to_string()),
+                        duration,
+                        external_id: a.external_id,
+                        sts_endpoint: endpoint,
+                        sts_region: a.sts_region.unwrap_or_else(|| "us-east-1".to_string()),
+                    }
+                });
                 CredentialKind::AwsSigV4 {
+                    assume_role,
                     region: raw.region.map(|r| r.into_inner()),
                     service: raw.service.map(|r| r.into_inner()),
                     has_session_token: raw.session_token.is_some(),

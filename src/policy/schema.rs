@@ -22,6 +22,24 @@ pub struct RawPolicyFile {
     pub credentials: BTreeMap<Spanned<String>, Spanned<RawCredential>>,
 }
 
+/// `[credentials.NAME.assume_role]`: trade the base keys for a role's temporary keys.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAssumeRole {
+    pub role_arn: String,
+    #[serde(default)]
+    pub session_name: Option<String>,
+    #[serde(default)]
+    pub duration: Option<String>,
+    #[serde(default)]
+    pub external_id: Option<String>,
+    /// Default `https://sts.amazonaws.com` (region us-east-1).
+    #[serde(default)]
+    pub sts_endpoint: Option<String>,
+    #[serde(default)]
+    pub sts_region: Option<String>,
+}
+
 /// `[credentials.NAME]`: a signing or token-minting credential. Which keys apply depends on
 /// `kind`; compile rejects keys that do not belong to it.
 #[derive(Debug, Deserialize)]
@@ -35,6 +53,7 @@ pub struct RawCredential {
     pub region: Option<Spanned<String>>,
     pub service: Option<Spanned<String>>,
     pub max_signed_body: Option<Spanned<i64>>,
+    pub assume_role: Option<Spanned<RawAssumeRole>>,
     // github_app
     pub app_id: Option<Spanned<String>>,
     pub installation_id: Option<Spanned<String>>,

@@ -47,10 +47,23 @@ pub struct Credential {
     pub kind: Kind,
 }
 
+/// STS AssumeRole settings.
+#[derive(Debug, Clone)]
+pub struct AssumeRole {
+    pub role_arn: String,
+    pub session_name: String,
+    pub duration: Duration,
+    pub external_id: Option<String>,
+    pub sts_endpoint: String,
+    pub sts_region: String,
+}
+
 /// What a credential does.
 #[derive(Debug, Clone)]
 pub enum Kind {
     AwsSigV4 {
+        /// Sign with a role's temporary keys, fetched with the base keys.
+        assume_role: Option<AssumeRole>,
         region: Option<String>,
         service: Option<String>,
         has_session_token: bool,
@@ -300,6 +313,7 @@ pub async fn apply(
     let name = cred.name.as_str();
     match &cred.kind {
         Kind::AwsSigV4 {
+            assume_role,
             region,
             service,
             has_session_token,
@@ -322,12 +336,31 @@ pub async fn apply(
                     (region.clone().unwrap_or(dr), service.clone().unwrap_or(ds))
                 }
             };
-            let akid = secret(store, name, "access_key_id").await?;
-            let secret_key = secret(store, name, "secret_access_key").await?;
-            let token = if *has_session_token {
+            let base_akid = secret(store, name, "access_key_id").await?;
+            let base_secret = secret(store, name, "secret_access_key").await?;
+            let base_token = if *has_session_token {
                 Some(secret(store, name, "session_token").await?)
             } else {
                 None
+            };
+            let (akid, secret_key, token) = match assume_role {
+                None => (base_akid, base_secret, base_token),
+                Some(role) => {
+                    let keys = sigv4::Keys {
+                        akid: &base_akid,
+                        secret: &base_secret,
+                        token: base_token.as_ref(),
+                    };
+                    let packed = cache
+                        .get(name, REFRESH_MARGIN, || {
+                            assume(name, role, &keys, exchanger)
+                        })
+                        .await?;
+                    let (a, s, t) = unpack_keys(name, &packed)?;
+                    store.set_minted(&field_key(name, "assumed_secret_access_key"), &s);
+                    store.set_minted(&field_key(name, "assumed_session_token"), &t);
+                    (a, s, Some(t))
+                }
             };
             let body = match body {
                 SignBody::Whole(b) if b.len() <= *max_signed_body => Some(b),
@@ -515,6 +548,109 @@ pub async fn apply(
             let bearer = *header == AUTHORIZATION;
             set_bearer(headers, header, &token, bearer)
         }
+    }
+}
+
+/// Calls STS AssumeRole with the base keys; the three temporary values come back packed in
+/// one secret (`akid\nsecret\ntoken`) for the token cache.
+async fn assume(
+    name: &str,
+    role: &AssumeRole,
+    keys: &sigv4::Keys<'_>,
+    exchanger: &Exchanger,
+) -> Result<(SecretValue, Duration), CredentialError> {
+    let uri: http::Uri = role
+        .sts_endpoint
+        .parse()
+        .map_err(|e| failed(name, format!("sts_endpoint: {e}")))?;
+    let host = uri.host().unwrap_or_default().to_ascii_lowercase();
+    let port = uri.port_u16().unwrap_or(443);
+    let path = match uri.path() {
+        "" => "/",
+        p => p,
+    };
+    let mut form = format!(
+        "Action=AssumeRole&Version=2011-06-15&RoleArn={}&RoleSessionName={}&DurationSeconds={}",
+        form_encode(&role.role_arn),
+        form_encode(&role.session_name),
+        role.duration.as_secs()
+    );
+    if let Some(x) = &role.external_id {
+        form.push_str(&format!("&ExternalId={}", form_encode(x)));
+    }
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-www-form-urlencoded; charset=utf-8"),
+    );
+    let target = Target {
+        method: "POST",
+        scheme: "https",
+        host: &host,
+        port,
+        identity: "",
+    };
+    sigv4::sign(
+        keys,
+        &role.sts_region,
+        "sts",
+        &target,
+        &mut headers,
+        path,
+        Some(form.as_bytes()),
+    )
+    .map_err(|why| failed(name, format!("cannot sign AssumeRole: {why}")))?;
+    let (status, body) = exchanger(Exchange {
+        credential: name.to_string(),
+        url: role.sts_endpoint.clone(),
+        headers: headers
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        body: Bytes::from(form),
+    })
+    .await
+    .map_err(|why| failed(name, format!("STS {}: {why}", role.sts_endpoint)))?;
+    if !(200..300).contains(&status) {
+        return Err(failed(name, format!("STS AssumeRole answered {status}")));
+    }
+    let text = String::from_utf8_lossy(&body);
+    let tag = |t: &str| -> Option<String> {
+        let open = format!("<{t}>");
+        let close = format!("</{t}>");
+        let start = text.find(&open)? + open.len();
+        let end = text[start..].find(&close)? + start;
+        Some(text[start..end].trim().to_string())
+    };
+    let (Some(a), Some(s), Some(t)) = (
+        tag("AccessKeyId"),
+        tag("SecretAccessKey"),
+        tag("SessionToken"),
+    ) else {
+        return Err(failed(name, "STS AssumeRole answered without credentials"));
+    };
+    let lifetime = tag("Expiration")
+        .and_then(|e| humantime::parse_rfc3339_weak(&e).ok())
+        .and_then(|e| e.duration_since(SystemTime::now()).ok())
+        .unwrap_or(role.duration);
+    Ok((
+        SecretValue::new(format!("{a}\n{s}\n{t}").into_bytes()),
+        lifetime,
+    ))
+}
+
+fn unpack_keys(
+    name: &str,
+    packed: &SecretValue,
+) -> Result<(SecretValue, SecretValue, SecretValue), CredentialError> {
+    let mut parts = packed.expose().split(|&b| b == b'\n');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(a), Some(s), Some(t)) => Ok((
+            SecretValue::new(a.to_vec()),
+            SecretValue::new(s.to_vec()),
+            SecretValue::new(t.to_vec()),
+        )),
+        _ => Err(failed(name, "cached role keys are malformed")),
     }
 }
 

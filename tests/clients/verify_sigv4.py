@@ -47,6 +47,8 @@ from botocore.credentials import Credentials
 AKID = os.environ["VERIFY_AKID"]
 SECRET = os.environ["VERIFY_SECRET"]
 TOKEN = os.environ.get("VERIFY_TOKEN") or None
+# STS mode: "AKID:SECRET:TOKEN" of the temporary keys a valid AssumeRole call receives.
+STS_ISSUE = os.environ.get("VERIFY_STS_ISSUE") or None
 
 PRINT_LOCK = threading.Lock()
 
@@ -229,6 +231,29 @@ class Handler(http.server.BaseHTTPRequestHandler):
         facts, errors, canonical = verify(self.command, self.path, self.headers.items(), body)
         valid = not errors
         emit({"event": "verify", "valid": valid, "errors": errors, **facts})
+        if STS_ISSUE and valid and self.command == "POST":
+            form = urllib.parse.parse_qs(body.decode())
+            if form.get("Action") == ["AssumeRole"]:
+                akid, secret, token = STS_ISSUE.split(":")
+                expires = (datetime.datetime.now(datetime.timezone.utc)
+                           + datetime.timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+                emit({"event": "assume_role", "role_arn": form.get("RoleArn", [""])[0],
+                      "session_name": form.get("RoleSessionName", [""])[0],
+                      "duration": form.get("DurationSeconds", [""])[0],
+                      "service": facts.get("service"), "region": facts.get("region")})
+                xml = (
+                    "<AssumeRoleResponse xmlns=\"https://sts.amazonaws.com/doc/2011-06-15/\">"
+                    "<AssumeRoleResult><Credentials>"
+                    f"<AccessKeyId>{akid}</AccessKeyId><SecretAccessKey>{secret}</SecretAccessKey>"
+                    f"<SessionToken>{token}</SessionToken><Expiration>{expires}</Expiration>"
+                    "</Credentials></AssumeRoleResult></AssumeRoleResponse>"
+                ).encode()
+                self.send_response(200)
+                self.send_header("content-type", "text/xml")
+                self.send_header("content-length", str(len(xml)))
+                self.end_headers()
+                self.wfile.write(xml)
+                return
         # The access key id stays out of the response (events only): the sandbox has no need for it.
         payload = {"valid": valid, **{k: v for k, v in facts.items() if k != "access_key"}}
         if not valid:

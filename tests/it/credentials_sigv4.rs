@@ -14,7 +14,9 @@ use serde_json::{json, Value};
 
 use crate::support::assert_denial;
 use crate::support::assert_record;
-use crate::support::credentials::{lists_secret, sha256_hex, Bench, CredWorld, PyServer};
+use crate::support::credentials::{
+    lists_secret, records_of, sha256_hex, Bench, CredWorld, PyServer,
+};
 use crate::support::latchkey::{wait_with_timeout, SCRUBBED_ENV};
 use crate::support::secrets::assert_refusal;
 
@@ -634,6 +636,95 @@ credential = "aws_missing"
         &records[0],
         json!({"rule": "s3", "decision": "allow", "reason": "credential_failed", "status": 502,
                "upstream": null}),
+    );
+    w.sweep();
+}
+
+#[test]
+fn assume_role_trades_the_base_keys_at_sts_and_signs_with_the_role_keys_once() {
+    const ROLE_AKID: &str = "ASIAROLEKEYFORLATCHKEY";
+    const ROLE_SECRET: &str = "role/secret+Key0123456789abcdefghijklmn";
+    const ROLE_TOKEN: &str = "IQoJroleSessionTokenForLatchkeyTests0123456789";
+    let mut bench = Bench::new();
+    // STS verifies the AssumeRole call with the base keys and hands out the role's keys ...
+    let sts = bench.server(
+        "verify_sigv4.py",
+        &[
+            ("VERIFY_AKID", AKID),
+            ("VERIFY_SECRET", SECRET),
+            (
+                "VERIFY_STS_ISSUE",
+                &format!("{ROLE_AKID}:{ROLE_SECRET}:{ROLE_TOKEN}"),
+            ),
+        ],
+    );
+    // ... and the service accepts only requests signed with those role keys.
+    let service = bench.server(
+        "verify_sigv4.py",
+        &[
+            ("VERIFY_AKID", ROLE_AKID),
+            ("VERIFY_SECRET", ROLE_SECRET),
+            ("VERIFY_TOKEN", ROLE_TOKEN),
+        ],
+    );
+    bench.track("role secret", ROLE_SECRET);
+    bench.track("role token", ROLE_TOKEN);
+    let policy = format!(
+        r#"
+[credentials.role]
+kind = "aws_sigv4"
+access_key_id = "env:TEST_AWS_AKID"
+secret_access_key = "env:TEST_AWS_SECRET"
+region = "us-west-2"
+service = "s3"
+[credentials.role.assume_role]
+role_arn = "arn:aws:iam::123456789012:role/agent"
+session_name = "latchkey-test"
+duration = "1h"
+sts_endpoint = "https://sts.test:{sts}/"
+
+[[rules]]
+name = "s3-role"
+hosts = ["s3.test"]
+ports = [{svc}]
+credential = "role"
+"#,
+        sts = sts.port(),
+        svc = service.port()
+    );
+    let w = bench.start_with(
+        &policy,
+        &[("TEST_AWS_SECRET", SECRET)],
+        &[("TEST_AWS_AKID", AKID)],
+    );
+    for i in 0..3 {
+        let resp = w.curl_ok(&[&format!("https://s3.test:{}/bucket/obj{i}", service.port())]);
+        assert_eq!(
+            resp.status, 200,
+            "request {i} signed with the role keys: {resp:#?}"
+        );
+    }
+    let verdicts = service.wait_events("verify", 3);
+    for v in &verdicts {
+        assert_eq!(v["valid"], true, "{v:#}");
+        assert_eq!(v["access_key"], ROLE_AKID, "{v:#}");
+        assert_eq!(v["token_sent"], true, "{v:#}");
+    }
+    // One AssumeRole for three requests, signed with the base keys for sts/us-east-1.
+    let calls = sts.wait_events("assume_role", 1);
+    assert_eq!(calls.len(), 1, "{calls:#?}");
+    assert_eq!(calls[0]["role_arn"], "arn:aws:iam::123456789012:role/agent");
+    assert_eq!(calls[0]["session_name"], "latchkey-test");
+    assert_eq!(calls[0]["duration"], "3600");
+    assert_eq!(calls[0]["service"], "sts");
+    let sts_verdicts = sts.wait_events("verify", 1);
+    assert_eq!(sts_verdicts[0]["valid"], true, "{:#}", sts_verdicts[0]);
+    assert_eq!(sts_verdicts[0]["access_key"], AKID);
+    let records = w.lk.wait_audit(4);
+    assert_eq!(
+        records_of(&records, "credential:role").len(),
+        1,
+        "{records:#?}"
     );
     w.sweep();
 }

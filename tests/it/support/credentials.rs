@@ -43,6 +43,7 @@ pub const CRED_HOSTS: &[&str] = &[
     "jwt.test",
     "jwt-es.test",
     "apigw.test",
+    "sts.test",
     "localhost",
 ];
 
