@@ -214,7 +214,9 @@ cpu_ticks() { # utime+stime (fields 14, 15) of a pid
 run_one() { # pass scenario proxy -> appends to runs.jsonl, echoes rps
   local pass=$1 s=$2 proxy=$3 host url args=() pid="" t0=0 t1=0 ca
   host=127.0.0.1
-  [[ "$proxy" == latchkey* ]] && host=${S_LKHOST[$s]}
+  # latchkey (--resolve) and Squid (hosts_file) use the bench names; Envoy, mitmdump and the
+  # direct control use the address (their resolvers cannot be pointed at a hosts file).
+  case "$proxy" in latchkey*|squid) host=${S_LKHOST[$s]} ;; esac
   url="${S_SCHEME[$s]}://$host:${S_PORT[$s]}${S_PATH[$s]}"
   args=(--no-tui "${OHA_JSON[@]}" -c "${S_CONNS[$s]}")
   [ -n "${S_FLAGS[$s]}" ] && args+=(${S_FLAGS[$s]})

@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use latchkey::audit::AuditLog;
-use latchkey::policy::{self, LoadError};
+use latchkey::policy;
 use latchkey::policy_cli;
 use latchkey::proxy::limits::Limits;
 use latchkey::proxy::{CertAuthority, InitOutcome, Proxy, ProxyConfig};
@@ -264,19 +264,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 /// Loads a policy directory, printing each problem on its own line.
 fn load_policy(dir: &Path) -> Result<policy::Policy, ExitCode> {
     policy::load_dir(dir).map_err(|e| {
-        match &e {
-            LoadError::Invalid(problems) => {
-                for p in problems {
-                    eprintln!("{p}");
-                }
-                eprintln!(
-                    "latchkey: error: {} problem(s) in policy {}",
-                    problems.len(),
-                    dir.display()
-                );
-            }
-            other => eprintln!("latchkey: error: {other}"),
-        }
+        latchkey::policy_cli::print_load_error(dir, &e);
         ExitCode::from(1)
     })
 }

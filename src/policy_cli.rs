@@ -26,7 +26,7 @@ pub enum CheckFormat {
 }
 
 /// Prints every problem of a failed load on stderr, then a one-line summary.
-fn print_load_error(dir: &Path, e: &LoadError) {
+pub fn print_load_error(dir: &Path, e: &LoadError) {
     match e {
         LoadError::Invalid(problems) => {
             for p in problems {

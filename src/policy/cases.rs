@@ -123,18 +123,10 @@ pub fn load_cases_dir(
     dir: &Path,
     policy: &Policy,
 ) -> Result<(Vec<Case>, Vec<PolicyError>), CasesError> {
-    let dir_err = |source| CasesError::Dir {
+    let paths = super::toml_files(dir).map_err(|source| CasesError::Dir {
         dir: dir.to_path_buf(),
         source,
-    };
-    let mut paths = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(dir_err)? {
-        let path = entry.map_err(dir_err)?.path();
-        if path.extension().is_some_and(|e| e == "toml") && path.is_file() {
-            paths.push(path);
-        }
-    }
-    paths.sort();
+    })?;
     if paths.is_empty() {
         return Err(CasesError::Empty(dir.to_path_buf()));
     }

@@ -87,18 +87,10 @@ impl PolicySources {
     /// Reads every `*.toml` file in `dir` (sorted by name; not recursive, so `policies/tests/`
     /// fixtures are not rules).
     pub fn read_dir(dir: &Path) -> Result<Self, LoadError> {
-        let dir_err = |source| LoadError::Dir {
+        let paths = super::toml_files(dir).map_err(|source| LoadError::Dir {
             dir: dir.to_path_buf(),
             source,
-        };
-        let mut paths = Vec::new();
-        for entry in std::fs::read_dir(dir).map_err(dir_err)? {
-            let path = entry.map_err(dir_err)?.path();
-            if path.extension().is_some_and(|e| e == "toml") && path.is_file() {
-                paths.push(path);
-            }
-        }
-        paths.sort();
+        })?;
         if paths.is_empty() {
             return Err(LoadError::Empty(dir.to_path_buf()));
         }

@@ -43,6 +43,19 @@ use crate::secrets::placeholder::Place;
 use crate::secrets::{SecretStore, Template};
 use crate::upstream::guard::Cidr;
 
+/// The `*.toml` files directly in `dir`, sorted by name (not recursive: `tests/` holds cases).
+pub(crate) fn toml_files(dir: &std::path::Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut paths = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "toml") && path.is_file() {
+            paths.push(path);
+        }
+    }
+    paths.sort();
+    Ok(paths)
+}
+
 /// URL scheme of a request as policy sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scheme {
