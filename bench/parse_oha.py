@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Turn one oha JSON result into one JSON line: rps, p50/p99, requests, proxy CPU µs/request."""
-import json, sys
+import json, os, sys
 
 path, pas, scen, proxy, ticks, clk, url = sys.argv[1:8]
-rec = {"pass": int(pas), "scenario": int(scen), "proxy": proxy, "url": url,
+rec = {"run": os.environ.get("BENCH_RUN_ID", ""), "pass": int(pas), "scenario": int(scen), "proxy": proxy, "url": url,
        "rps": 0.0, "p50_ms": 0.0, "p99_ms": 0.0, "ok": 0, "errors": 0,
        "cpu_us_per_req": None, "cpu_s": int(ticks) / int(clk) if proxy != "direct" else None}
 try:
@@ -12,11 +12,13 @@ try:
     codes = d.get("statusCodeDistribution", {}) or {}
     ok = sum(v for k, v in codes.items() if str(k).startswith("2"))
     total = sum(codes.values())
-    errs = sum((d.get("errorDistribution") or {}).values()) + (total - ok)
+    # requests cut off when -z expires are not failures
+    errd = {k: v for k, v in (d.get("errorDistribution") or {}).items() if "deadline" not in k}
+    errs = sum(errd.values()) + (total - ok)
     lp = d.get("latencyPercentiles", {}) or {}
     rec.update(rps=ok / s["total"] if s.get("total") else 0.0,
                p50_ms=(lp.get("p50") or 0) * 1000, p99_ms=(lp.get("p99") or 0) * 1000,
-               ok=ok, errors=errs, error_kinds=d.get("errorDistribution") or {},
+               ok=ok, errors=errs, error_kinds=errd,
                status=codes)
     if proxy != "direct" and ok:
         rec["cpu_us_per_req"] = round(int(ticks) / int(clk) * 1e6 / ok, 1)

@@ -7,6 +7,8 @@
 #   bench/run.sh --smoke         CI smoke (~20 s): 1 pass, 1 s + 2 s, scenario 1, latchkey only
 #   options: --reps N --duration S --warmup S --peers LIST --scenarios LIST --no-install
 #            --no-build --no-extras (skip startup / idle RSS) --idle-conns N --scrub (run cargo bench)
+#            --report PATH (default bench/results.md; --smoke writes bench/out/results-smoke.md)
+#            --keep (re-measure some peers/scenarios and merge into the previous run's data)
 #   peers:     latchkey-1w,latchkey,envoy,squid,mitmproxy   (direct always runs as the control)
 #   scenarios: 1..5 (see below)
 #
@@ -22,11 +24,14 @@ CONF="$HERE/conf"
 REPS=3 DURATION=10 WARMUP=2
 PEERS="latchkey-1w,latchkey,envoy,squid,mitmproxy"
 SCENARIOS="1,2,3,4,5"
-INSTALL=1 BUILD=1 EXTRAS=1 SCRUB=0 IDLE_CONNS=10000 MODE=full
+INSTALL=1 BUILD=1 EXTRAS=1 SCRUB=0 IDLE_CONNS=10000 MODE=full KEEP=0
+REPORT="$HERE/results.md"
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) REPS=1 DURATION=5 WARMUP=1 MODE=quick ;;
-    --smoke) REPS=1 DURATION=2 WARMUP=1 PEERS=latchkey-1w SCENARIOS=1 EXTRAS=0 MODE=smoke ;;
+    --smoke) REPS=1 DURATION=2 WARMUP=1 PEERS=latchkey-1w SCENARIOS=1 EXTRAS=0 MODE=smoke
+             REPORT="$HERE/out/results-smoke.md" ;;  # never overwrites bench/results.md
+    --report) REPORT="$2"; shift ;;
     --reps) REPS="$2"; shift ;;
     --duration) DURATION="$2"; shift ;;
     --warmup) WARMUP="$2"; shift ;;
@@ -37,7 +42,8 @@ while [ $# -gt 0 ]; do
     --no-extras) EXTRAS=0 ;;
     --idle-conns) IDLE_CONNS="$2"; shift ;;
     --scrub) SCRUB=1 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    --keep) KEEP=1 ;;  # merge into the previous bench/out/runs.jsonl (replacing rows of the selected peers+scenarios)
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -61,7 +67,8 @@ cleanup() {
   exit $rc
 }
 trap cleanup EXIT
-trap 'exit 130' INT TERM
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 log() { echo "[bench $(date +%H:%M:%S)] $*" >&2; }
 has_peer() { [[ ",$PEERS," == *",$1,"* ]]; }
@@ -75,8 +82,19 @@ wait_port() { # port [seconds]
 }
 
 mkdir -p "$OUT"
-rm -f "$OUT/runs.jsonl" "$OUT/failures.txt"
-: > "$OUT/failures.txt"
+if [ "$KEEP" = 1 ] && [ -f "$OUT/runs.jsonl" ]; then
+  python3 - "$OUT/runs.jsonl" "$PEERS" "$SCENARIOS" <<'EOF'
+import json, sys
+p, peers, scen = sys.argv[1], sys.argv[2].split(","), [int(x) for x in sys.argv[3].split(",")]
+rows = [json.loads(l) for l in open(p) if l.strip()]
+keep = [r for r in rows if not (r["proxy"] in peers and r["scenario"] in scen)]
+open(p, "w").writelines(json.dumps(r) + "\n" for r in keep)
+EOF
+  touch "$OUT/failures.txt"
+else
+  rm -f "$OUT/runs.jsonl" "$OUT/runs.jsonl.discarded" "$OUT/failures.txt" "$OUT/extras.json"
+  : > "$OUT/failures.txt"
+fi
 fail_note() { echo "$*" >> "$OUT/failures.txt"; log "SKIP: $*"; }
 
 # ---------------------------------------------------------------- install
@@ -124,7 +142,7 @@ render() { sed "s#@OUT@#$OUT#g" "$1" > "$2"; }
 
 # ---------------------------------------------------------------- start upstream + peers
 render "$CONF/nginx.conf.tmpl" "$OUT/nginx.conf"
-pin_load nginx -p "$OUT" -c "$OUT/nginx.conf" 2>"$OUT/nginx.stderr" &
+taskset -c "$CPU_LOAD" nginx -p "$OUT" -c "$OUT/nginx.conf" 2>"$OUT/nginx.stderr" &
 PIDS+=($!)
 wait_port $P_HTTP && wait_port $P_HTTPS || { cat "$OUT/nginx.stderr" "$OUT/nginx-error.log" >&2; exit 1; }
 log "nginx up"
@@ -135,9 +153,8 @@ declare -A PROXY_PID PROXY_PORT PROXY_CA
 start_latchkey() { # name port workers-args...
   local name=$1 port=$2; shift 2
   mkdir -p "$OUT/$name-ca"
-  pin_proxy "$LATCHKEY" serve --policies "$CONF/policies" --listen "127.0.0.1:$port" --admin off \
+  taskset -c "$CPU_PROXY" "$LATCHKEY" serve --policies "$CONF/policies" --listen "127.0.0.1:$port" --admin off \
     --ca-dir "$OUT/$name-ca" --audit "$OUT/$name-audit.jsonl" --upstream-ca "$OUT/ca.pem" \
-    --resolve bench.test=127.0.0.1 --resolve tunnel.test=127.0.0.1 --resolve plain.test=127.0.0.1 \
     --allow-private 127.0.0.0/8 "$@" 2>"$OUT/$name.stderr" &
   local pid=$!; PIDS+=($pid)
   if wait_port "$port" 20; then
@@ -154,7 +171,7 @@ if has_peer envoy; then
   ENVOY_BIN=$(python3 -c 'import envoy._bin,os;print(os.path.join(os.path.dirname(envoy._bin.__file__),"envoy"))' 2>/dev/null || command -v envoy || true)
   if [ -n "$ENVOY_BIN" ] && [ -x "$ENVOY_BIN" ]; then
     render "$CONF/envoy.yaml.tmpl" "$OUT/envoy.yaml"
-    pin_proxy "$ENVOY_BIN" -c "$OUT/envoy.yaml" --concurrency 1 --log-level warn \
+    taskset -c "$CPU_PROXY" "$ENVOY_BIN" -c "$OUT/envoy.yaml" --concurrency 1 --log-level warn \
       --base-id 7 2>"$OUT/envoy.stderr" &
     pid=$!; PIDS+=($pid)
     if wait_port $P_ENVOY 30; then PROXY_PID[envoy]=$pid PROXY_PORT[envoy]=$P_ENVOY PROXY_CA[envoy]=""; log "envoy up";
@@ -171,7 +188,7 @@ if has_peer squid; then
   render "$CONF/squid.conf.tmpl" "$OUT/squid.conf"
   chown -R proxy:proxy "$OUT/squid" 2>/dev/null || true
   chmod a+rx "$OUT" "$HERE"; chmod a+r "$OUT/ca.pem" "$OUT/hosts"
-  pin_proxy squid -N -f "$OUT/squid.conf" 2>"$OUT/squid.stderr" &
+  taskset -c "$CPU_PROXY" squid -N -f "$OUT/squid.conf" 2>"$OUT/squid.stderr" &
   pid=$!; PIDS+=($pid)
   if wait_port $P_SQUID 30; then PROXY_PID[squid]=$pid PROXY_PORT[squid]=$P_SQUID PROXY_CA[squid]="$OUT/squid/ca.pem"; log "squid up";
   else fail_note "squid: did not start: $(tail -n 3 "$OUT/squid.stderr" "$OUT/squid/cache.log" 2>/dev/null | tr '\n' ' ')"; fi
@@ -181,7 +198,7 @@ if has_peer mitmproxy; then
   MITM_BIN=$( (pyenv which mitmdump 2>/dev/null) || command -v mitmdump || true)
   if [ -n "$MITM_BIN" ]; then
     mkdir -p "$OUT/mitmproxy"
-    pin_proxy "$MITM_BIN" -q --listen-host 127.0.0.1 -p $P_MITM --set confdir="$OUT/mitmproxy" \
+    taskset -c "$CPU_PROXY" "$MITM_BIN" -q --listen-host 127.0.0.1 -p $P_MITM --set confdir="$OUT/mitmproxy" \
       --set ssl_verify_upstream_trusted_ca="$OUT/ca.pem" --set ignore_hosts=':18444$' \
       2>"$OUT/mitmproxy.stderr" >/dev/null &
     pid=$!; PIDS+=($pid)
@@ -207,16 +224,16 @@ supports() { # proxy scenario
 }
 
 CLK_TCK=$(getconf CLK_TCK)
+export BENCH_RUN_ID="$(date +%s)-$$"  # rows of this invocation (a --keep merge only discards its own)
 cpu_ticks() { # utime+stime (fields 14, 15) of a pid
   sed 's/^.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'
 }
 
 run_one() { # pass scenario proxy -> appends to runs.jsonl, echoes rps
   local pass=$1 s=$2 proxy=$3 host url args=() pid="" t0=0 t1=0 ca
+  # Every client names the upstream by address: oha resolves the target name itself even through
+  # a proxy, so bench names would need /etc/hosts; latchkey's rules name 127.0.0.1 (by port).
   host=127.0.0.1
-  # latchkey (--resolve) and Squid (hosts_file) use the bench names; Envoy, mitmdump and the
-  # direct control use the address (their resolvers cannot be pointed at a hosts file).
-  case "$proxy" in latchkey*|squid) host=${S_LKHOST[$s]} ;; esac
   url="${S_SCHEME[$s]}://$host:${S_PORT[$s]}${S_PATH[$s]}"
   args=(--no-tui "${OHA_JSON[@]}" -c "${S_CONNS[$s]}")
   [ -n "${S_FLAGS[$s]}" ] && args+=(${S_FLAGS[$s]})
@@ -227,7 +244,11 @@ run_one() { # pass scenario proxy -> appends to runs.jsonl, echoes rps
   if [ "${S_SCHEME[$s]}" = https ]; then
     ca="$OUT/ca.pem"
     [ "${S_MITM[$s]}" = 1 ] && [ "$proxy" != direct ] && ca=${PROXY_CA[$proxy]}
-    args+=(--cacert "$ca")
+    if [ "$proxy" = squid ] && [ "${S_MITM[$s]}" = 1 ]; then
+      args+=(--insecure)  # Squid's generated leaf for an IP target has no IP SAN; the client skips verification
+    else
+      args+=(--cacert "$ca")
+    fi
   fi
   local f="$OUT/raw/p${pass}-s${s}-${proxy}-$(date +%s%N).json"
   mkdir -p "$OUT/raw"
@@ -271,7 +292,7 @@ done
 
 # ---------------------------------------------------------------- extras
 EXTRA_JSON="$OUT/extras.json"
-echo '{}' > "$EXTRA_JSON"
+[ -f "$EXTRA_JSON" ] || echo '{}' > "$EXTRA_JSON"
 setx() { python3 - "$EXTRA_JSON" "$1" "$2" <<'EOF'
 import json, sys
 p, k, v = sys.argv[1:]
@@ -279,6 +300,7 @@ d = json.load(open(p)); d[k] = v; json.dump(d, open(p, "w"), indent=1)
 EOF
 }
 if [ "$EXTRAS" = 1 ]; then
+  echo '{}' > "$EXTRA_JSON"
   # Startup: spawn -> "latchkey: proxy listening on" on stderr (CA already exists).
   mkdir -p "$OUT/startup-ca"
   times=()
@@ -287,7 +309,7 @@ if [ "$EXTRAS" = 1 ]; then
     t0=$(date +%s%N)
     "$LATCHKEY" serve --policies "$CONF/policies" --listen 127.0.0.1:0 --admin off --ca-dir "$OUT/startup-ca" \
       --audit "$OUT/startup-audit.jsonl" --upstream-ca "$OUT/ca.pem" --allow-private 127.0.0.0/8 \
-      --resolve bench.test=127.0.0.1 2>"$OUT/startup.stderr" &
+      2>"$OUT/startup.stderr" &
     spid=$!; PIDS+=($spid)
     t1=""
     for _ in $(seq 1 2000); do
@@ -305,12 +327,12 @@ if [ "$EXTRAS" = 1 ]; then
   mkdir -p "$OUT/idle-ca"
   "$LATCHKEY" serve --policies "$CONF/policies" --listen "127.0.0.1:$P_LKIDLE" --admin off --ca-dir "$OUT/idle-ca" \
     --audit "$OUT/idle-audit.jsonl" --upstream-ca "$OUT/ca.pem" --allow-private 127.0.0.0/8 \
-    --resolve bench.test=127.0.0.1 --max-connections 30000 --max-connections-per-client 30000 \
+    --max-connections 30000 --max-connections-per-client 30000 \
     --idle-timeout 600s --header-timeout 600s 2>"$OUT/idle.stderr" &
   ipid=$!; PIDS+=($ipid)
   if wait_port $P_LKIDLE 20; then
     rss0=$(awk '/VmRSS/{print $2}' "/proc/$ipid/status")
-    python3 "$HERE/idle_conns.py" --port $P_LKIDLE --host bench.test --target-port $P_HTTPS \
+    python3 "$HERE/idle_conns.py" --port $P_LKIDLE --host 127.0.0.1 --target-port $P_HTTPS \
       --cafile "$OUT/idle-ca/latchkey-ca.pem" -n "$IDLE_CONNS" --ready "$OUT/idle.ready" 2>"$OUT/idle_py.stderr" &
     ppid=$!; PIDS+=($ppid)
     for _ in $(seq 1 1800); do [ -f "$OUT/idle.ready" ] && break; kill -0 $ppid 2>/dev/null || break; sleep 0.1; done
@@ -344,5 +366,5 @@ fi
   echo "audit_lines_latchkey-1w=$(wc -l < "$OUT/latchkey-1w-audit.jsonl" 2>/dev/null || echo 0)"
   echo "audit_lines_latchkey=$(wc -l < "$OUT/latchkey-audit.jsonl" 2>/dev/null || echo 0)"
 } > "$OUT/env.txt"
-python3 "$HERE/summarize.py" report "$OUT" > "$HERE/results.md"
-log "wrote $HERE/results.md"
+python3 "$HERE/summarize.py" report "$OUT" > "$REPORT"
+log "wrote $REPORT"

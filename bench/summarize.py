@@ -25,11 +25,13 @@ def f(x, fmt="{:,.0f}"):
 if sys.argv[1] == "discard":
     path, p, s = sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     rows = load(path)
-    keep = [r for r in rows if not (r["pass"] == p and r["scenario"] == s)]
+    run = os.environ.get("BENCH_RUN_ID", "")
+    drop = lambda r: r["pass"] == p and r["scenario"] == s and r.get("run", "") == run
+    keep = [r for r in rows if not drop(r)]
     with open(path, "w") as fh:
         fh.writelines(json.dumps(r) + "\n" for r in keep)
     with open(path + ".discarded", "a") as fh:
-        fh.writelines(json.dumps(r) + "\n" for r in rows if r["pass"] == p and r["scenario"] == s)
+        fh.writelines(json.dumps(r) + "\n" for r in rows if drop(r))
     sys.exit(0)
 
 out = sys.argv[2]
