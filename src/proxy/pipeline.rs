@@ -91,17 +91,18 @@ pub async fn handle(
     if let Err((reason, msg)) = super::limits::check_framing(req.headers()) {
         return Ok(refused(entry, reason, None, &msg));
     }
+    // The request target as sent, formatted once for both checks below.
+    let target_text = req.uri().to_string();
     if let Some(heads) = ctx
         .heads
         .as_ref()
         .filter(|_| req.version() < Version::HTTP_2)
     {
-        let target = req.uri().to_string();
-        if let Some(Err((reason, msg))) = heads.framing_of(req.method().as_str(), &target) {
+        if let Some(Err((reason, msg))) = heads.framing_of(req.method().as_str(), &target_text) {
             return Ok(refused(entry, reason, None, &msg));
         }
     }
-    if req.uri().to_string().len() > proxy.limits.max_uri_len {
+    if target_text.len() > proxy.limits.max_uri_len {
         let msg = format!(
             "request target longer than {} bytes",
             proxy.limits.max_uri_len
