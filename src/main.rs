@@ -341,7 +341,8 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         builder.worker_threads(n);
     }
     let runtime = builder.build().context("cannot start the async runtime")?;
-    runtime.block_on(async move {
+    let audit = proxy.audit().clone();
+    let served = runtime.block_on(async move {
         let listener = tokio::net::TcpListener::from_std(std_listener)?;
         let addr = listener.local_addr()?;
         tracing::info!(listen.addr = %addr, policy.digest = %digest, policy.rules = rules, audit = %args.audit.display(), "proxy ready");
@@ -370,7 +371,13 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             tracing::info!("all connections finished");
         }
         anyhow::Ok(())
-    })?;
+    });
+    // Tasks still holding records write them as they are dropped; then the queue is drained.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    if !audit.flush(std::time::Duration::from_secs(10)) {
+        tracing::error!("the audit writer did not finish in time; records may be missing");
+    }
+    served?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -36,13 +36,15 @@ impl Histogram {
     }
 }
 
-/// Label set of a request count.
-type RequestKey = (&'static str, &'static str, String, String);
+/// Request counts by (decision, reason), then rule, then identity: nested so that counting a
+/// label set seen before looks it up by `&str` and allocates nothing.
+type RequestCounts =
+    BTreeMap<(&'static str, &'static str), BTreeMap<String, BTreeMap<String, u64>>>;
 
 /// Every metric latchkey exports.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    requests: Mutex<BTreeMap<RequestKey, u64>>,
+    requests: Mutex<RequestCounts>,
     would_deny: AtomicU64,
     pub upstream_latency: Histogram,
     pub tls_handshakes_ok: AtomicU64,
@@ -53,6 +55,8 @@ pub struct Metrics {
     pub policy_reloads: AtomicU64,
     pub policy_reload_errors: AtomicU64,
     pub audit_write_errors: AtomicU64,
+    /// Requests that waited because the audit queue was full.
+    pub audit_queue_waits: AtomicU64,
     pub secret_fetches: AtomicU64,
 }
 
@@ -63,6 +67,8 @@ pub struct Gauges {
     pub uptime_seconds: f64,
     pub policy_rules: u64,
     pub policy_info: String,
+    /// Whether the audit log's last write succeeded (traffic is refused while it is not).
+    pub audit_healthy: bool,
 }
 
 impl Metrics {
@@ -76,8 +82,17 @@ impl Metrics {
         would_deny: bool,
     ) {
         if let Ok(mut m) = self.requests.lock() {
-            *m.entry((decision, reason, rule.to_string(), identity.to_string()))
-                .or_insert(0) += 1;
+            let by_rule = m.entry((decision, reason)).or_default();
+            let by_identity = match by_rule.get_mut(rule) {
+                Some(b) => b,
+                None => by_rule.entry(rule.to_string()).or_default(),
+            };
+            match by_identity.get_mut(identity) {
+                Some(n) => *n += 1,
+                None => {
+                    by_identity.insert(identity.to_string(), 1);
+                }
+            }
         }
         if would_deny {
             self.would_deny.fetch_add(1, Ordering::Relaxed);
@@ -98,13 +113,17 @@ impl Metrics {
             "# HELP latchkey_requests_total Requests and refused connections, by decision, reason, rule and identity.\n# TYPE latchkey_requests_total counter"
         );
         if let Ok(m) = self.requests.lock() {
-            for ((decision, reason, rule, identity), v) in m.iter() {
-                let _ = writeln!(
-                    out,
-                    "latchkey_requests_total{{decision=\"{decision}\",reason=\"{reason}\",rule=\"{}\",identity=\"{}\"}} {v}",
-                    escape(rule),
-                    escape(identity)
-                );
+            for ((decision, reason), by_rule) in m.iter() {
+                for (rule, by_identity) in by_rule {
+                    for (identity, v) in by_identity {
+                        let _ = writeln!(
+                            out,
+                            "latchkey_requests_total{{decision=\"{decision}\",reason=\"{reason}\",rule=\"{}\",identity=\"{}\"}} {v}",
+                            escape(rule),
+                            escape(identity)
+                        );
+                    }
+                }
             }
         }
         counter(
@@ -166,6 +185,17 @@ impl Metrics {
             "latchkey_audit_write_errors_total",
             "Audit records that could not be written.",
             self.audit_write_errors.load(Ordering::Relaxed),
+        );
+        counter(
+            &mut out,
+            "latchkey_audit_queue_waits_total",
+            "Requests that waited for the audit writer because its queue was full.",
+            self.audit_queue_waits.load(Ordering::Relaxed),
+        );
+        let _ = writeln!(
+            out,
+            "# HELP latchkey_audit_healthy 1 while the audit log can be written; 0 while traffic is refused because it cannot.\n# TYPE latchkey_audit_healthy gauge\nlatchkey_audit_healthy {}",
+            u8::from(g.audit_healthy)
         );
         counter(
             &mut out,

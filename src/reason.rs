@@ -74,11 +74,14 @@ pub enum Reason {
     CredentialFailed,
     /// Presigned query authentication sent by the sandbox on a credentialed rule.
     PresignedQuery,
+    /// The audit log cannot be written (disk full, sink gone): latchkey refuses traffic rather
+    /// than let requests through unrecorded.
+    AuditUnavailable,
 }
 
 impl Reason {
     /// Every reason, for registry tests and documentation.
-    pub const ALL: [Reason; 33] = [
+    pub const ALL: [Reason; 34] = [
         Reason::Allowed,
         Reason::Tunnel,
         Reason::NoRule,
@@ -112,6 +115,7 @@ impl Reason {
         Reason::IdentityNotAllowed,
         Reason::CredentialFailed,
         Reason::PresignedQuery,
+        Reason::AuditUnavailable,
     ];
 
     /// The stable snake_case code used in headers, logs and audit records.
@@ -150,6 +154,7 @@ impl Reason {
             Reason::IdentityNotAllowed => "identity_not_allowed",
             Reason::CredentialFailed => "credential_failed",
             Reason::PresignedQuery => "presigned_query",
+            Reason::AuditUnavailable => "audit_unavailable",
         }
     }
 
@@ -169,7 +174,7 @@ impl Reason {
             | Reason::IdentityNotAllowed
             | Reason::PresignedQuery => StatusCode::FORBIDDEN,
             Reason::ProxyAuthRequired => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
-            Reason::SecretUnavailable | Reason::TooManyConnections => {
+            Reason::SecretUnavailable | Reason::TooManyConnections | Reason::AuditUnavailable => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             Reason::UriTooLong => StatusCode::URI_TOO_LONG,
@@ -242,7 +247,10 @@ mod tests {
             let s = r.status();
             if r.is_allow() && !matches!(r, Reason::Allowed | Reason::Tunnel) {
                 assert!(s.is_server_error(), "{code}");
-            } else if matches!(r, Reason::SecretUnavailable | Reason::TooManyConnections) {
+            } else if matches!(
+                r,
+                Reason::SecretUnavailable | Reason::TooManyConnections | Reason::AuditUnavailable
+            ) {
                 assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
             } else if !r.is_allow() {
                 assert!(s.is_client_error(), "{code}");

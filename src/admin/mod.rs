@@ -2,7 +2,8 @@
 //! refuses it as one of latchkey's own addresses, so a sandbox can never reach it through the
 //! proxy.
 //!
-//! - `GET /healthz`: the process is up. `GET /readyz`: serving (503 while shutting down).
+//! - `GET /healthz`: the process is up. `GET /readyz`: serving (503 while shutting down or
+//!   while the audit log cannot be written).
 //! - `GET /status`: policy digest, files, rules, identities, last reload, uptime, connections.
 //! - `GET /metrics`: Prometheus text format.
 //! - `POST /reload`: reload the policy now (422 with the errors if invalid; the old one stays).
@@ -104,6 +105,12 @@ async fn route(
                     "text/plain",
                     "shutting down\n",
                 )
+            } else if !proxy.audit().is_healthy() {
+                respond(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    "audit log cannot be written\n",
+                )
             } else {
                 respond(StatusCode::OK, "text/plain", "ready\n")
             }
@@ -174,6 +181,11 @@ fn status(proxy: &Proxy) -> serde_json::Value {
         "uptime_seconds": gauges.uptime_seconds,
         "connections_active": gauges.connections_active,
         "shutting_down": proxy.is_shutting_down(),
+        "audit": {
+            "healthy": proxy.audit().is_healthy(),
+            "written": proxy.audit().written(),
+            "failed": proxy.audit().failed(),
+        },
     })
 }
 

@@ -1,37 +1,55 @@
 //! Audit: one JSON line per request or refused connection, allowed or denied.
 //!
-//! An [`Entry`] is opened when a request arrives and written exactly once: explicitly with
+//! An [`Entry`] is opened when a request arrives and handed over exactly once: explicitly with
 //! [`Entry::finish`], or by its `Drop` when a body ends, a connection dies or a task is
-//! cancelled (pingora's "final hook that always runs"). Each line goes to the sink in a single
-//! `write` on an `O_APPEND` file, so concurrent writers never interleave and a crash leaves no
-//! torn line. Records carry secret *names* only, never values.
+//! cancelled (pingora's "final hook that always runs"). The request path only moves the record
+//! into a bounded queue; one writer thread serialises what has queued up and appends it with a
+//! single `write` on an `O_APPEND` file, so lines never interleave and a crash leaves no torn
+//! line. A full queue makes the request wait (back-pressure) rather than drop a record.
+//!
+//! Fail closed: when a write fails (disk full, sink gone) the log turns unhealthy and the proxy
+//! refuses traffic with `audit_unavailable` until a later write succeeds. Records carry secret
+//! *names* only, never values.
 
-use std::fs::{File, OpenOptions};
+use std::fs::OpenOptions;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime};
 
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 
 use crate::metrics::Metrics;
 use crate::reason::Reason;
 use crate::secrets::SecretStore;
 
+/// Records the queue holds before a request has to wait for the writer.
+const QUEUE: usize = 16 * 1024;
+/// The writer appends at most this much in one `write`.
+const BATCH_BYTES: usize = 256 * 1024;
+
 /// Failure to open the audit sink.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot open audit log {path}: {source}")]
-pub struct AuditError {
-    path: PathBuf,
-    source: std::io::Error,
+pub enum AuditError {
+    #[error("cannot open audit log {path}: {source}")]
+    Open {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot start the audit writer thread: {0}")]
+    Thread(std::io::Error),
 }
 
 /// One audit record (DESIGN.md §5). Field names are a contract.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Record {
-    pub ts: String,
+    /// When the request arrived; RFC 3339 UTC with milliseconds.
+    #[serde(serialize_with = "rfc3339_millis")]
+    pub ts: SystemTime,
     pub id: String,
     pub identity: String,
     pub client: String,
@@ -57,105 +75,240 @@ pub struct Record {
     pub would_deny: bool,
 }
 
-enum Sink {
-    File(File),
-    Stdout,
+fn rfc3339_millis<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(&humantime::format_rfc3339_millis(*t))
+}
+
+/// What the writer thread is asked to do.
+enum Msg {
+    Record(Box<Record>),
+    /// Answer once everything queued before this is written (or has failed).
+    Flush(mpsc::Sender<()>),
+}
+
+/// State shared by the request side and the writer thread.
+struct Shared {
+    written: AtomicU64,
+    failed: AtomicU64,
+    /// Whether the last write succeeded. Traffic is refused while it is false.
+    healthy: AtomicBool,
+    metrics: Arc<Metrics>,
+}
+
+/// Standard output, locked and flushed per batch.
+struct Stdout;
+
+impl Write for Stdout {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        std::io::stdout().lock().write(buf)
+    }
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        let mut out = std::io::stdout().lock();
+        out.write_all(buf)?;
+        out.flush()
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stdout().lock().flush()
+    }
 }
 
 /// The audit sink shared by every connection.
 pub struct AuditLog {
-    sink: Mutex<Sink>,
-    written: AtomicU64,
-    failed: AtomicU64,
-    metrics: Arc<Metrics>,
+    /// `None` only while dropping, to let the writer see the end of the queue.
+    tx: Option<SyncSender<Msg>>,
+    shared: Arc<Shared>,
+    writer: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl AuditLog {
     /// Opens `path` for appending (created with mode 0600), or stdout for `-`.
     pub fn open(path: &Path) -> Result<Self, AuditError> {
-        let sink = if path == Path::new("-") {
-            Sink::Stdout
+        let sink: Box<dyn Write + Send> = if path == Path::new("-") {
+            Box::new(Stdout)
         } else {
             let mut opts = OpenOptions::new();
             opts.create(true).append(true);
             #[cfg(unix)]
             std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
-            Sink::File(opts.open(path).map_err(|source| AuditError {
+            Box::new(opts.open(path).map_err(|source| AuditError::Open {
                 path: path.to_path_buf(),
                 source,
             })?)
         };
-        Ok(Self {
-            sink: Mutex::new(sink),
+        Self::with_sink(sink)
+    }
+
+    /// A log over any writer (each batch goes to it in one `write_all`).
+    pub fn with_sink(sink: Box<dyn Write + Send>) -> Result<Self, AuditError> {
+        let shared = Arc::new(Shared {
             written: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            healthy: AtomicBool::new(true),
             metrics: Arc::new(Metrics::default()),
+        });
+        let (tx, rx) = mpsc::sync_channel(QUEUE);
+        let writer = {
+            let shared = shared.clone();
+            std::thread::Builder::new()
+                .name("latchkey-audit".into())
+                .spawn(move || run_writer(&rx, sink, &shared))
+                .map_err(AuditError::Thread)?
+        };
+        Ok(Self {
+            tx: Some(tx),
+            shared,
+            writer: Mutex::new(Some(writer)),
         })
     }
 
     /// The metrics every record is counted in.
     pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.metrics
+        &self.shared.metrics
     }
 
-    /// Writes one record as one line.
-    pub fn write(&self, record: &Record) {
-        self.metrics.request(
+    /// Queues one record; it is written as one line.
+    pub fn write(&self, record: Record) {
+        self.shared.metrics.request(
             record.decision,
             record.reason,
             record.rule.as_deref().unwrap_or(""),
             &record.identity,
             record.would_deny,
         );
-        self.metrics
+        self.shared
+            .metrics
             .redactions
             .fetch_add(record.redactions, Ordering::Relaxed);
-        let mut line = match serde_json::to_vec(record) {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot serialise audit record");
-                self.failed.fetch_add(1, Ordering::Relaxed);
-                return;
-            }
-        };
-        line.push(b'\n');
-        let result = match self.sink.lock() {
-            Ok(mut sink) => match &mut *sink {
-                Sink::File(f) => f.write_all(&line),
-                Sink::Stdout => {
-                    let mut out = std::io::stdout().lock();
-                    out.write_all(&line).and_then(|()| out.flush())
-                }
-            },
-            Err(_) => Err(std::io::Error::other("audit sink lock poisoned")),
-        };
-        match result {
-            Ok(()) => {
-                self.written.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(e) => {
-                self.failed.fetch_add(1, Ordering::Relaxed);
-                self.metrics
-                    .audit_write_errors
+        let Some(tx) = &self.tx else { return };
+        let msg = Msg::Record(Box::new(record));
+        let sent = match tx.try_send(msg) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(msg)) => {
+                // The writer is behind (slow disk): wait rather than lose the record.
+                self.shared
+                    .metrics
+                    .audit_queue_waits
                     .fetch_add(1, Ordering::Relaxed);
-                tracing::error!(error = %e, audit.id = %record.id, "cannot write audit record");
+                tx.send(msg).map_err(|_| ())
             }
+            Err(TrySendError::Disconnected(_)) => Err(()),
+        };
+        if sent.is_err() {
+            // Only if the writer thread is gone: nothing can be recorded any more.
+            self.shared.failed.fetch_add(1, Ordering::Relaxed);
+            self.shared.healthy.store(false, Ordering::Release);
+            tracing::error!("the audit writer has stopped; record lost");
         }
+    }
+
+    /// Waits (up to `timeout`) until every record queued so far is written or has failed.
+    /// Returns whether the writer answered in time.
+    pub fn flush(&self, timeout: Duration) -> bool {
+        let Some(tx) = &self.tx else { return false };
+        let (ack, done) = mpsc::channel();
+        if tx.send(Msg::Flush(ack)).is_err() {
+            return false;
+        }
+        done.recv_timeout(timeout).is_ok()
+    }
+
+    /// Whether the last write to the sink succeeded. While it is false, traffic is refused.
+    pub fn is_healthy(&self) -> bool {
+        self.shared.healthy.load(Ordering::Acquire)
     }
 
     /// Records written so far.
     pub fn written(&self) -> u64 {
-        self.written.load(Ordering::Relaxed)
+        self.shared.written.load(Ordering::Relaxed)
     }
 
     /// Records that could not be written.
     pub fn failed(&self) -> u64 {
-        self.failed.load(Ordering::Relaxed)
+        self.shared.failed.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for AuditLog {
+    /// Closes the queue and waits for the writer to write what is left.
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        let writer = match self.writer.get_mut() {
+            Ok(w) => w.take(),
+            Err(poisoned) => poisoned.into_inner().take(),
+        };
+        if let Some(w) = writer {
+            let _ = w.join();
+        }
+    }
+}
+
+/// The writer thread: takes whatever has queued up, appends it in one write, repeats until the
+/// queue is closed.
+fn run_writer(rx: &Receiver<Msg>, mut sink: Box<dyn Write + Send>, shared: &Shared) {
+    let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
+    let mut acks: Vec<mpsc::Sender<()>> = Vec::new();
+    while let Ok(first) = rx.recv() {
+        let mut lines = 0u64;
+        let mut next = Some(first);
+        while let Some(msg) = next.take() {
+            match msg {
+                Msg::Record(record) => {
+                    let mark = buf.len();
+                    match serde_json::to_writer(&mut buf, &*record) {
+                        Ok(()) => {
+                            buf.push(b'\n');
+                            lines += 1;
+                        }
+                        Err(e) => {
+                            buf.truncate(mark);
+                            shared.failed.fetch_add(1, Ordering::Relaxed);
+                            tracing::error!(error = %e, audit.id = %record.id, "cannot serialise audit record");
+                        }
+                    }
+                }
+                Msg::Flush(ack) => acks.push(ack),
+            }
+            if buf.len() >= BATCH_BYTES {
+                break;
+            }
+            // Empty or closed: write what there is.
+            next = rx.try_recv().ok();
+        }
+        if lines > 0 {
+            match sink.write_all(&buf).and_then(|()| sink.flush()) {
+                Ok(()) => {
+                    shared.written.fetch_add(lines, Ordering::Relaxed);
+                    if !shared.healthy.swap(true, Ordering::AcqRel) {
+                        tracing::warn!("the audit log is writable again; traffic resumes");
+                    }
+                }
+                Err(e) => {
+                    shared.failed.fetch_add(lines, Ordering::Relaxed);
+                    shared
+                        .metrics
+                        .audit_write_errors
+                        .fetch_add(lines, Ordering::Relaxed);
+                    if shared.healthy.swap(false, Ordering::AcqRel) {
+                        tracing::error!(error = %e, records = lines, "cannot write the audit log; refusing traffic until it can be written");
+                    } else {
+                        tracing::error!(error = %e, records = lines, "cannot write the audit log");
+                    }
+                }
+            }
+            buf.clear();
+            if buf.capacity() > 4 * BATCH_BYTES {
+                buf.shrink_to(64 * 1024);
+            }
+        }
+        for ack in acks.drain(..) {
+            let _ = ack.send(());
+        }
     }
 }
 
 /// A random 16-hex-digit request id.
 pub fn new_id() -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut b = [0u8; 8];
     if aws_lc_rs::rand::fill(&mut b).is_err() {
         // The id is a correlation handle, not a secret: fall back to the clock.
@@ -165,7 +318,12 @@ pub fn new_id() -> String {
             .unwrap_or_default();
         b = (nanos as u64).to_be_bytes();
     }
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    let mut id = String::with_capacity(16);
+    for x in b {
+        id.push(char::from(HEX[usize::from(x >> 4)]));
+        id.push(char::from(HEX[usize::from(x & 0xf)]));
+    }
+    id
 }
 
 /// Replaces every query value with `REDACTED`, keeping parameter names for reviewers.
@@ -185,8 +343,11 @@ pub fn redact_query(path_and_query: &str) -> String {
 }
 
 fn scrub_str(store: Option<&SecretStore>, text: &str) -> String {
-    match store.and_then(SecretStore::scrubber) {
-        Some(s) => {
+    let Some(store) = store else {
+        return text.to_string();
+    };
+    match store.scrubber() {
+        Ok(Some(s)) => {
             let (out, names) = s.scrub(text.as_bytes());
             if names.is_empty() {
                 text.to_string()
@@ -194,7 +355,9 @@ fn scrub_str(store: Option<&SecretStore>, text: &str) -> String {
                 String::from_utf8_lossy(&out).into_owned()
             }
         }
-        None => text.to_string(),
+        Ok(None) => text.to_string(),
+        // Cannot tell whether it holds a secret: keep none of it.
+        Err(_) => "[REDACTED:unscannable]".to_string(),
     }
 }
 
@@ -224,7 +387,7 @@ impl Entry {
         Self {
             log,
             record: Some(Record {
-                ts: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+                ts: SystemTime::now(),
                 id: new_id(),
                 identity: identity.to_string(),
                 client: client.to_string(),
@@ -342,7 +505,7 @@ impl Entry {
                 upstream.addr = r.upstream.as_deref().unwrap_or("-"),
                 "decision"
             );
-            self.log.write(&r);
+            self.log.write(r);
         }
     }
 }
@@ -376,6 +539,7 @@ mod tests {
         e.outcome(Reason::NoRule, None, Some(403));
         drop(e);
         Entry::start(log.clone(), client, "default", "sha256:x").finish();
+        assert!(log.flush(Duration::from_secs(5)));
         let text = std::fs::read_to_string(&path).expect("read");
         let lines: Vec<serde_json::Value> = text
             .lines()
@@ -391,5 +555,114 @@ mod tests {
             let mode = std::fs::metadata(&path).expect("meta").permissions().mode();
             assert_eq!(mode & 0o777, 0o600);
         }
+    }
+
+    /// A sink that fails while `broken` is set, and keeps what it was given otherwise.
+    #[derive(Clone, Default)]
+    struct Flaky {
+        broken: Arc<AtomicBool>,
+        got: Arc<Mutex<Vec<u8>>>,
+        writes: Arc<AtomicU64>,
+    }
+
+    impl Write for Flaky {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if self.broken.load(Ordering::SeqCst) {
+                return Err(std::io::Error::other("No space left on device"));
+            }
+            self.writes.fetch_add(1, Ordering::SeqCst);
+            self.got.lock().expect("lock").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn record(log: &Arc<AuditLog>, n: u16) {
+        let client: SocketAddr = "127.0.0.1:9".parse().expect("addr");
+        let mut e = Entry::start(log.clone(), client, "default", "sha256:x");
+        e.outcome(Reason::Allowed, Some("r"), Some(n));
+        e.finish();
+    }
+
+    #[test]
+    fn a_failing_sink_turns_the_log_unhealthy_and_a_later_success_heals_it() {
+        let sink = Flaky::default();
+        let log = Arc::new(AuditLog::with_sink(Box::new(sink.clone())).expect("log"));
+        assert!(log.is_healthy());
+        record(&log, 200);
+        assert!(log.flush(Duration::from_secs(5)));
+        assert!(log.is_healthy());
+        assert_eq!(log.written(), 1);
+
+        sink.broken.store(true, Ordering::SeqCst);
+        record(&log, 201);
+        assert!(log.flush(Duration::from_secs(5)));
+        assert!(
+            !log.is_healthy(),
+            "a failed write must turn the log unhealthy"
+        );
+        assert_eq!(log.failed(), 1);
+        assert_eq!(log.metrics().audit_write_errors.load(Ordering::Relaxed), 1);
+
+        sink.broken.store(false, Ordering::SeqCst);
+        record(&log, 202);
+        assert!(log.flush(Duration::from_secs(5)));
+        assert!(log.is_healthy(), "a successful write heals the log");
+        let text = String::from_utf8(sink.got.lock().expect("lock").clone()).expect("utf8");
+        let statuses: Vec<u64> = text
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).expect("json")["status"]
+                    .as_u64()
+                    .expect("status")
+            })
+            .collect();
+        assert_eq!(statuses, vec![200, 202]);
+    }
+
+    #[test]
+    fn records_from_many_threads_are_whole_lines_batched_and_none_is_lost() {
+        let sink = Flaky::default();
+        let log = Arc::new(AuditLog::with_sink(Box::new(sink.clone())).expect("log"));
+        let threads: Vec<_> = (0..8)
+            .map(|t| {
+                let log = log.clone();
+                std::thread::spawn(move || {
+                    for i in 0..2_000u16 {
+                        record(&log, t * 2_000 + i);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().expect("join");
+        }
+        // Dropping the last handle drains the queue.
+        let log = Arc::try_unwrap(log).ok().expect("sole owner");
+        drop(log);
+        let text = String::from_utf8(sink.got.lock().expect("lock").clone()).expect("utf8");
+        let mut seen = std::collections::HashSet::new();
+        for line in text.lines() {
+            let v: serde_json::Value = serde_json::from_str(line).expect("whole JSON line");
+            assert!(seen.insert(v["status"].as_u64().expect("status")));
+            assert!(v["ts"].as_str().expect("ts").ends_with('Z'));
+        }
+        assert_eq!(seen.len(), 16_000);
+        assert!(
+            sink.writes.load(Ordering::SeqCst) < 16_000,
+            "records are appended in batches"
+        );
+    }
+
+    #[test]
+    fn ids_are_16_hex_digits_and_differ() {
+        let a = new_id();
+        assert_eq!(a.len(), 16);
+        assert!(a
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert_ne!(a, new_id());
     }
 }

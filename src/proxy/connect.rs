@@ -76,6 +76,10 @@ pub async fn handle(proxy: Arc<Proxy>, ctx: Arc<Ctx>, req: Request<Incoming>) ->
         r.host = Some(host.clone());
         r.port = Some(port);
     });
+    // fail closed: nothing goes through while its record cannot be written.
+    if !proxy.audit.is_healthy() {
+        return refused(entry, Reason::AuditUnavailable, None, super::AUDIT_DOWN);
+    }
 
     // gate: decided before any TLS and before any upstream connection.
     let identity = if policy.identities().is_empty() {

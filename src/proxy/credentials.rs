@@ -107,19 +107,14 @@ pub async fn apply(
     let store = policy.secrets().clone();
     let mut used = BTreeSet::new();
 
-    // Without secrets there is nothing to protect or inject beyond literal headers: stream.
-    if store.is_empty() {
-        for (name, t) in &rule.inject_headers {
-            let v = t.render(&store, identity).await.map_err(unavailable)?;
-            headers.insert(name.clone(), header_value(&v, name)?);
-        }
-        return Ok(Brokered {
-            body: body::count_up(incoming, counters),
-            secrets: used,
-            refused: Arc::default(),
-        });
-    }
-    let scrubber = store.scrubber();
+    // Even without any secret declared, a placeholder is refused below (it names a secret that
+    // does not exist) rather than forwarded.
+    let scrubber = store.scrubber().map_err(|e| {
+        (
+            Reason::SecretUnavailable,
+            format!("cannot search the request for secret values: {e}"),
+        )
+    })?;
 
     // 1. body
     let (buffered, rest) = read_prefix(incoming, SCAN_LIMIT).await?;

@@ -59,6 +59,10 @@ fn headers_too_large(headers: &http::HeaderMap) -> bool {
     len > MAX_HEADER_BYTES
 }
 
+/// The denial message while the audit log cannot be written.
+const AUDIT_DOWN: &str =
+    "the audit log cannot be written; latchkey refuses traffic until it can (see its log)";
+
 /// Everything a running proxy shares across connections.
 pub struct Proxy {
     /// The policy in force; a reload swaps it atomically, and requests already running keep
@@ -277,7 +281,13 @@ impl Proxy {
             uptime_seconds: self.started.elapsed().as_secs_f64(),
             policy_rules: policy.rules().len() as u64,
             policy_info: policy.digest().to_string(),
+            audit_healthy: self.audit.is_healthy(),
         }
+    }
+
+    /// The audit log every record goes to.
+    pub fn audit(&self) -> &Arc<AuditLog> {
+        &self.audit
     }
 
     /// The last reload's outcome.

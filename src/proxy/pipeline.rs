@@ -86,6 +86,16 @@ pub async fn handle(
     );
     entry.scrub_with(policy.secrets().clone());
     entry.update(|r| prefill(r, &ctx, &req));
+    // fail closed: nothing goes through while its record cannot be written.
+    if !proxy.audit.is_healthy() {
+        drain(req.into_body()).await;
+        return Ok(refused(
+            entry,
+            Reason::AuditUnavailable,
+            None,
+            super::AUDIT_DOWN,
+        ));
+    }
 
     // admit: what is being asked for, in one normal form, unambiguously framed.
     if let Err((reason, msg)) = super::limits::check_framing(req.headers()) {
@@ -224,7 +234,18 @@ pub async fn handle(
     let scan = if rule.bound.is_empty() {
         None
     } else {
-        policy.secrets().scrubber()
+        match policy.secrets().scrubber() {
+            Ok(s) => s,
+            Err(e) => {
+                let msg = format!("cannot inspect the response for secret values: {e}");
+                return Ok(refused(
+                    entry,
+                    Reason::SecretUnavailable,
+                    Some(&rule.name),
+                    &msg,
+                ));
+            }
+        }
     };
     if scan.is_some() {
         narrow_accept_encoding(&mut parts.headers);

@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::scrub::{ScrubSecret, Scrubber};
+use super::scrub::{ScrubError, ScrubSecret, Scrubber};
 use super::SecretValue;
 
 /// How long a rotated-out value is still redacted.
@@ -329,13 +329,14 @@ impl SecretStore {
     }
 
     /// The scrubber over every value in force: current values and those retired within
-    /// [`RETIRED_KEEP`]. `None` when no value is loaded.
-    pub fn scrubber(&self) -> Option<Arc<Scrubber>> {
+    /// [`RETIRED_KEEP`]. `Ok(None)` when no value is loaded. An error means values are loaded
+    /// but cannot be searched for: callers must refuse rather than pass data unscanned.
+    pub fn scrubber(&self) -> Result<Option<Arc<Scrubber>>, ScrubError> {
         let generation = self.generation.load(Ordering::Acquire);
         if let Ok(cache) = self.scrubber.lock() {
             if let Some((g, s)) = cache.as_ref() {
                 if *g == generation {
-                    return Some(s.clone());
+                    return Ok(Some(s.clone()));
                 }
             }
         }
@@ -359,7 +360,7 @@ impl SecretStore {
             }
         }
         if values.is_empty() {
-            return None;
+            return Ok(None);
         }
         let secrets: Vec<ScrubSecret<'_>> = values
             .iter()
@@ -368,23 +369,15 @@ impl SecretStore {
                 value: v.expose(),
             })
             .collect();
-        let scrubber = match Scrubber::new(&secrets) {
-            Ok(s) => Arc::new(s),
-            Err(e) => {
-                // Values are length-checked on load, so this is a bug; fail loudly in logs and
-                // keep the previous scrubber rather than none.
-                tracing::error!(error = %e, "cannot build the redaction scanner");
-                return self
-                    .scrubber
-                    .lock()
-                    .ok()
-                    .and_then(|c| c.as_ref().map(|(_, s)| s.clone()));
-            }
-        };
+        // Values are length-checked on load, so a failure here is a bug: report it, and let the
+        // caller refuse (never fall back to a scanner that misses the newest values).
+        let scrubber = Arc::new(Scrubber::new(&secrets).inspect_err(|e| {
+            tracing::error!(error = %e, "cannot build the redaction scanner");
+        })?);
         if let Ok(mut cache) = self.scrubber.lock() {
             *cache = Some((generation, scrubber.clone()));
         }
-        Some(scrubber)
+        Ok(Some(scrubber))
     }
 }
 
@@ -521,7 +514,7 @@ mod tests {
             .await
             .expect("value")
             .ct_eq(b"sk-test-rotated-value-99"));
-        let s = store.scrubber().expect("scrubber");
+        let s = store.scrubber().expect("scrubber").expect("values");
         let (out, names) = s.scrub(format!("old {SECRET} new sk-test-rotated-value-99").as_bytes());
         assert_eq!(names.len(), 2);
         assert!(!String::from_utf8_lossy(&out).contains("sk-test"));

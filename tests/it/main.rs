@@ -9,6 +9,7 @@
 mod support;
 
 mod audit_schema;
+mod audit_sink;
 mod bad_input;
 mod ca_and_env;
 mod connect_gate;

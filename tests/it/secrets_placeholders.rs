@@ -368,3 +368,57 @@ fn a_placeholder_in_a_body_over_8_mib_is_refused_even_where_bodies_are_enabled()
     );
     w.sweep();
 }
+
+#[test]
+fn a_placeholder_is_refused_even_when_the_policy_declares_no_secret_at_all() {
+    use crate::support::clients::raw_request;
+    use crate::support::{latchkey, Upstream};
+
+    let upstream = Upstream::http();
+    let port = upstream.port();
+    let lk = latchkey()
+        .pin("api.test")
+        .policy(
+            "main.toml",
+            &format!("[[rules]]\nname = \"api\"\nhosts = [\"api.test\"]\nports = [{port}]\nmethods = [\"GET\", \"POST\"]\n"),
+        )
+        .run();
+    let head = |extra: &str, path: &str, body: &str| {
+        format!(
+            "POST http://api.test:{port}{path} HTTP/1.1\r\nHost: api.test:{port}\r\n{extra}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let cases = [
+        head(
+            &format!("Authorization: Bearer {PLACEHOLDER}\r\n"),
+            "/h",
+            "",
+        ),
+        head("", &format!("/q?key={PLACEHOLDER_PCT}"), ""),
+        head("", "/b", &format!("{{\"key\":\"{PLACEHOLDER}\"}}")),
+    ];
+    for req in &cases {
+        let resp = raw_request(lk.addr(), req.as_bytes());
+        assert_denial(&resp, 403, Some("api"), "placeholder_not_bound");
+        assert!(
+            resp.text().contains("openai"),
+            "the denial names the placeholder's secret: {resp:#?}"
+        );
+    }
+    assert!(
+        upstream.received().is_empty(),
+        "a placeholder was forwarded: {:#?}",
+        upstream.received()
+    );
+    let records = lk.wait_audit(cases.len());
+    for r in &records {
+        assert_record(
+            r,
+            json!({"decision": "deny", "reason": "placeholder_not_bound", "rule": "api", "status": 403}),
+        );
+    }
+    // Without placeholders the same policy forwards.
+    let ok = raw_request(lk.addr(), head("", "/plain", "{}").as_bytes());
+    assert_eq!(ok.status, 200, "{ok:#?}");
+}

@@ -53,6 +53,8 @@ pub const REASONS: &[&str] = &[
     // presigned-URL query on a rule whose credential latchkey signs.
     "credential_failed",
     "presigned_query",
+    // The audit log cannot be written: traffic is refused until it can.
+    "audit_unavailable",
 ];
 
 /// Policy denials that report-only mode (`mode = "report"`, `--mode report`) lets through: such a

@@ -53,6 +53,7 @@ pub fn latchkey() -> LatchkeyBuilder {
         args: Vec::new(),
         listen: None,
         netns: None,
+        audit: None,
     }
 }
 
@@ -73,6 +74,8 @@ pub struct LatchkeyBuilder {
     listen: Option<String>,
     /// Run inside this network namespace (`ip netns exec NAME latchkey serve ...`).
     netns: Option<String>,
+    /// `--audit` other than `audit.jsonl` in the scratch directory.
+    audit: Option<PathBuf>,
 }
 
 impl LatchkeyBuilder {
@@ -107,6 +110,12 @@ impl LatchkeyBuilder {
     }
 
     /// Adds command-line arguments to `serve`.
+    /// Writes the audit log to `path` instead of the scratch directory's `audit.jsonl`.
+    pub fn audit_to(mut self, path: &Path) -> Self {
+        self.audit = Some(path.to_path_buf());
+        self
+    }
+
     pub fn arg(mut self, arg: &str) -> Self {
         self.args.push(arg.to_string());
         self
@@ -163,7 +172,11 @@ impl LatchkeyBuilder {
             .arg("--ca-dir")
             .arg(dir.path().join("ca"))
             .arg("--audit")
-            .arg(dir.path().join("audit.jsonl"));
+            .arg(
+                self.audit
+                    .clone()
+                    .unwrap_or_else(|| dir.path().join("audit.jsonl")),
+            );
         if let Some(ca) = &self.upstream_ca {
             cmd.arg("--upstream-ca").arg(ca);
         }
