@@ -9,6 +9,7 @@
 #            --no-build --no-extras (skip startup / idle RSS) --idle-conns N --scrub (run cargo bench)
 #            --report PATH (default bench/results.md; --smoke writes bench/out/results-smoke.md)
 #            --keep (re-measure some peers/scenarios and merge into the previous run's data)
+#            --profile (perf record latchkey-1w's measured runs; reports in bench/out/profile-sN.txt)
 #   peers:     latchkey-1w,latchkey,envoy,squid,mitmproxy   (direct always runs as the control)
 #   scenarios: 1..5 (see below)
 #
@@ -24,7 +25,7 @@ CONF="$HERE/conf"
 REPS=3 DURATION=10 WARMUP=2
 PEERS="latchkey-1w,latchkey,envoy,squid,mitmproxy"
 SCENARIOS="1,2,3,4,5"
-INSTALL=1 BUILD=1 EXTRAS=1 SCRUB=0 IDLE_CONNS=10000 MODE=full KEEP=0
+INSTALL=1 BUILD=1 EXTRAS=1 SCRUB=0 IDLE_CONNS=10000 MODE=full KEEP=0 PROFILE=0
 REPORT="$HERE/results.md"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -42,8 +43,9 @@ while [ $# -gt 0 ]; do
     --no-extras) EXTRAS=0 ;;
     --idle-conns) IDLE_CONNS="$2"; shift ;;
     --scrub) SCRUB=1 ;;
-    --keep) KEEP=1 ;;  # merge into the previous bench/out/runs.jsonl (replacing rows of the selected peers+scenarios)
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    --keep) KEEP=1 ;;
+    --profile) PROFILE=1 ;;  # merge into the previous bench/out/runs.jsonl (replacing rows of the selected peers+scenarios)
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -259,9 +261,23 @@ run_one() { # pass scenario proxy -> appends to runs.jsonl, echoes rps
   local f="$OUT/raw/p${pass}-s${s}-${proxy}-$(date +%s%N).json"
   mkdir -p "$OUT/raw"
   pin_load oha -z "${WARMUP}s" "${args[@]}" "$url" >/dev/null 2>&1 || true
+  local perf_pid=""
+  if [ "$PROFILE" = 1 ] && [ "$proxy" = latchkey-1w ]; then
+    # Software clock sampling works where hardware counters are not exposed (VMs).
+    perf record -e cpu-clock -F 499 --call-graph dwarf,16384 -p "$pid" -o "$OUT/perf-s$s.data" >/dev/null 2>&1 &
+    perf_pid=$!; PIDS+=($perf_pid); sleep 0.3
+  fi
   [ -n "$pid" ] && t0=$(cpu_ticks "$pid")
   pin_load oha -z "${DURATION}s" "${args[@]}" "$url" > "$f" 2>"$f.err" || true
   [ -n "$pid" ] && t1=$(cpu_ticks "$pid")
+  if [ -n "$perf_pid" ]; then
+    kill -INT "$perf_pid" 2>/dev/null || true; wait "$perf_pid" 2>/dev/null || true
+    perf report -i "$OUT/perf-s$s.data" --no-children --sort symbol --stdio 2>/dev/null \
+      | grep -v '^$' | head -n 120 > "$OUT/profile-s$s.txt" || true
+    perf report -i "$OUT/perf-s$s.data" --children --sort symbol --stdio -g none 2>/dev/null \
+      | grep -v '^$' | head -n 150 > "$OUT/profile-s$s-inclusive.txt" || true
+    log "profile of scenario $s: $OUT/profile-s$s.txt"
+  fi
   python3 "$HERE/parse_oha.py" "$f" "$pass" "$s" "$proxy" "$(( t1 - t0 ))" "$CLK_TCK" "$url" >> "$OUT/runs.jsonl"
   tail -n 1 "$OUT/runs.jsonl" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); print(r["rps"]); print("  %-12s s%s %9.0f rps p50 %.2f ms p99 %.2f ms cpu/req %s us ok %s err %s" % (r["proxy"], r["scenario"], r["rps"], r["p50_ms"], r["p99_ms"], r["cpu_us_per_req"], r["ok"], r["errors"]), file=sys.stderr)'
 }
@@ -369,8 +385,10 @@ fi
   echo "envoy=$([ -n "${ENVOY_BIN:-}" ] && "$ENVOY_BIN" --version 2>/dev/null | grep -o 'version: [^ ]*' | head -n 1)"
   echo "mitmproxy=$([ -n "${MITM_BIN:-}" ] && "$MITM_BIN" --version 2>/dev/null | head -n 1)"
   echo "mode=$MODE reps=$REPS warmup=${WARMUP}s duration=${DURATION}s peers=$PEERS scenarios=$SCENARIOS"
-  echo "audit_lines_latchkey-1w=$(wc -l < "$OUT/latchkey-1w-audit.jsonl" 2>/dev/null || echo 0)"
-  echo "audit_lines_latchkey=$(wc -l < "$OUT/latchkey-audit.jsonl" 2>/dev/null || echo 0)"
+  for n in latchkey-1w latchkey; do
+    f="$OUT/$n-audit.jsonl"
+    echo "audit_lines_$n=$( [ -f "$f" ] && wc -l < "$f" || echo 0)"
+  done
 } > "$OUT/env.txt"
 python3 "$HERE/summarize.py" report "$OUT" > "$REPORT"
 log "wrote $REPORT"

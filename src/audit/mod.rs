@@ -3,9 +3,10 @@
 //! An [`Entry`] is opened when a request arrives and handed over exactly once: explicitly with
 //! [`Entry::finish`], or by its `Drop` when a body ends, a connection dies or a task is
 //! cancelled (pingora's "final hook that always runs"). The request path only moves the record
-//! into a bounded queue; one writer thread serialises what has queued up and appends it with a
-//! single `write` on an `O_APPEND` file, so lines never interleave and a crash leaves no torn
-//! line. A full queue makes the request wait (back-pressure) rather than drop a record.
+//! into a bounded queue; one writer thread lets a batch gather for a couple of milliseconds,
+//! serialises it and appends it with a single `write` on an `O_APPEND` file, so lines never
+//! interleave, a crash leaves no torn line, and a busy proxy pays one wake-up per batch rather
+//! than per request. A full queue makes requests wait (back-pressure) rather than drop a record.
 //!
 //! Fail closed: when a write fails (disk full, sink gone) the log turns unhealthy and the proxy
 //! refuses traffic with `audit_unavailable` until a later write succeeds. Records carry secret
@@ -16,8 +17,8 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -29,8 +30,11 @@ use crate::secrets::SecretStore;
 
 /// Records the queue holds before a request has to wait for the writer.
 const QUEUE: usize = 16 * 1024;
-/// The writer appends at most this much in one `write`.
-const BATCH_BYTES: usize = 256 * 1024;
+/// How long the writer lets a batch gather after its first record: a bound on how late a
+/// record reaches the file, and what keeps the writer from waking once per request.
+const LINGER: Duration = Duration::from_millis(2);
+/// The writer appends at most this many records in one `write`.
+const BATCH_RECORDS: usize = 1024;
 
 /// Failure to open the audit sink.
 #[derive(Debug, thiserror::Error)]
@@ -79,20 +83,37 @@ fn rfc3339_millis<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error
     s.collect_str(&humantime::format_rfc3339_millis(*t))
 }
 
-/// What the writer thread is asked to do.
-enum Msg {
-    Record(Box<Record>),
-    /// Answer once everything queued before this is written (or has failed).
-    Flush(mpsc::Sender<()>),
+/// Records handed over by requests and not yet taken by the writer.
+#[derive(Default)]
+struct Queue {
+    records: Vec<Record>,
+    /// Flush requests, answered once everything queued before them is written.
+    flushes: Vec<mpsc::Sender<()>>,
+    /// Set when the log is dropped: the writer writes what is left and stops.
+    closing: bool,
+    /// Set by the writer thread as it ends (also by a panic): nothing can be written any more.
+    writer_gone: bool,
 }
 
 /// State shared by the request side and the writer thread.
 struct Shared {
+    queue: Mutex<Queue>,
+    /// Wakes the writer: a record into an empty queue, a full queue, a flush, closing.
+    work: Condvar,
+    /// Wakes requests waiting for room in a full queue.
+    room: Condvar,
     written: AtomicU64,
     failed: AtomicU64,
     /// Whether the last write succeeded. Traffic is refused while it is false.
     healthy: AtomicBool,
     metrics: Arc<Metrics>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        // The queue holds plain data: a panic elsewhere while it was locked leaves it usable.
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 /// Standard output, locked and flushed per batch.
@@ -114,8 +135,6 @@ impl Write for Stdout {
 
 /// The audit sink shared by every connection.
 pub struct AuditLog {
-    /// `None` only while dropping, to let the writer see the end of the queue.
-    tx: Option<SyncSender<Msg>>,
     shared: Arc<Shared>,
     writer: Mutex<Option<JoinHandle<()>>>,
 }
@@ -141,21 +160,22 @@ impl AuditLog {
     /// A log over any writer (each batch goes to it in one `write_all`).
     pub fn with_sink(sink: Box<dyn Write + Send>) -> Result<Self, AuditError> {
         let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue::default()),
+            work: Condvar::new(),
+            room: Condvar::new(),
             written: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             healthy: AtomicBool::new(true),
             metrics: Arc::new(Metrics::default()),
         });
-        let (tx, rx) = mpsc::sync_channel(QUEUE);
         let writer = {
             let shared = shared.clone();
             std::thread::Builder::new()
                 .name("latchkey-audit".into())
-                .spawn(move || run_writer(&rx, sink, &shared))
+                .spawn(move || run_writer(&shared, sink))
                 .map_err(AuditError::Thread)?
         };
         Ok(Self {
-            tx: Some(tx),
             shared,
             writer: Mutex::new(Some(writer)),
         })
@@ -168,47 +188,57 @@ impl AuditLog {
 
     /// Queues one record; it is written as one line.
     pub fn write(&self, record: Record) {
-        self.shared.metrics.request(
+        let shared = &self.shared;
+        shared.metrics.request(
             record.decision,
             record.reason,
             record.rule.as_deref().unwrap_or(""),
             &record.identity,
             record.would_deny,
         );
-        self.shared
+        shared
             .metrics
             .redactions
             .fetch_add(record.redactions, Ordering::Relaxed);
-        let Some(tx) = &self.tx else { return };
-        let msg = Msg::Record(Box::new(record));
-        let sent = match tx.try_send(msg) {
-            Ok(()) => Ok(()),
-            Err(TrySendError::Full(msg)) => {
-                // The writer is behind (slow disk): wait rather than lose the record.
-                self.shared
-                    .metrics
-                    .audit_queue_waits
-                    .fetch_add(1, Ordering::Relaxed);
-                tx.send(msg).map_err(|_| ())
+        let mut q = shared.lock();
+        if q.records.len() >= QUEUE && !q.writer_gone {
+            // The writer is behind (slow disk): wait for room rather than lose the record.
+            shared
+                .metrics
+                .audit_queue_waits
+                .fetch_add(1, Ordering::Relaxed);
+            shared.work.notify_one();
+            while q.records.len() >= QUEUE && !q.writer_gone {
+                q = shared.room.wait(q).unwrap_or_else(PoisonError::into_inner);
             }
-            Err(TrySendError::Disconnected(_)) => Err(()),
-        };
-        if sent.is_err() {
-            // Only if the writer thread is gone: nothing can be recorded any more.
-            self.shared.failed.fetch_add(1, Ordering::Relaxed);
-            self.shared.healthy.store(false, Ordering::Release);
-            tracing::error!("the audit writer has stopped; record lost");
+        }
+        if q.writer_gone {
+            drop(q);
+            shared.failed.fetch_add(1, Ordering::Relaxed);
+            shared.healthy.store(false, Ordering::Release);
+            tracing::error!(audit.id = %record.id, "the audit writer has stopped; record lost");
+            return;
+        }
+        q.records.push(record);
+        // Only the first record of a batch wakes the writer; the rest ride along, so a busy
+        // proxy does not pay a futex wake-up and a context switch per request.
+        if q.records.len() == 1 {
+            shared.work.notify_one();
         }
     }
 
     /// Waits (up to `timeout`) until every record queued so far is written or has failed.
     /// Returns whether the writer answered in time.
     pub fn flush(&self, timeout: Duration) -> bool {
-        let Some(tx) = &self.tx else { return false };
         let (ack, done) = mpsc::channel();
-        if tx.send(Msg::Flush(ack)).is_err() {
-            return false;
+        {
+            let mut q = self.shared.lock();
+            if q.writer_gone {
+                return false;
+            }
+            q.flushes.push(ack);
         }
+        self.shared.work.notify_one();
         done.recv_timeout(timeout).is_ok()
     }
 
@@ -231,7 +261,8 @@ impl AuditLog {
 impl Drop for AuditLog {
     /// Closes the queue and waits for the writer to write what is left.
     fn drop(&mut self) {
-        drop(self.tx.take());
+        self.shared.lock().closing = true;
+        self.shared.work.notify_one();
         let writer = match self.writer.get_mut() {
             Ok(w) => w.take(),
             Err(poisoned) => poisoned.into_inner().take(),
@@ -242,67 +273,102 @@ impl Drop for AuditLog {
     }
 }
 
-/// The writer thread: takes whatever has queued up, appends it in one write, repeats until the
-/// queue is closed.
-fn run_writer(rx: &Receiver<Msg>, mut sink: Box<dyn Write + Send>, shared: &Shared) {
-    let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
+/// Marks the writer gone when its thread ends, however it ends, and wakes anyone waiting.
+struct WriterGone<'a>(&'a Shared);
+
+impl Drop for WriterGone<'_> {
+    fn drop(&mut self) {
+        let mut q = self.0.lock();
+        q.writer_gone = true;
+        for ack in q.flushes.drain(..) {
+            let _ = ack.send(());
+        }
+        drop(q);
+        self.0.room.notify_all();
+    }
+}
+
+/// The writer thread: waits for a first record, lets a batch gather for [`LINGER`], then
+/// serialises it and appends it in one write; repeats until the log is closed and drained.
+fn run_writer(shared: &Shared, mut sink: Box<dyn Write + Send>) {
+    let _gone = WriterGone(shared);
+    let mut batch: Vec<Record> = Vec::new();
     let mut acks: Vec<mpsc::Sender<()>> = Vec::new();
-    while let Ok(first) = rx.recv() {
-        let mut lines = 0u64;
-        let mut next = Some(first);
-        while let Some(msg) = next.take() {
-            match msg {
-                Msg::Record(record) => {
-                    let mark = buf.len();
-                    match serde_json::to_writer(&mut buf, &*record) {
-                        Ok(()) => {
-                            buf.push(b'\n');
-                            lines += 1;
-                        }
-                        Err(e) => {
-                            buf.truncate(mark);
-                            shared.failed.fetch_add(1, Ordering::Relaxed);
-                            tracing::error!(error = %e, audit.id = %record.id, "cannot serialise audit record");
-                        }
-                    }
-                }
-                Msg::Flush(ack) => acks.push(ack),
+    let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
+    loop {
+        {
+            let mut q = shared.lock();
+            while q.records.is_empty() && q.flushes.is_empty() && !q.closing {
+                q = shared.work.wait(q).unwrap_or_else(PoisonError::into_inner);
             }
-            if buf.len() >= BATCH_BYTES {
-                break;
+            if q.flushes.is_empty() && !q.closing && q.records.len() < QUEUE / 2 {
+                // Let the batch gather. A flush, closing or a filling queue cuts this short.
+                q = shared
+                    .work
+                    .wait_timeout(q, LINGER)
+                    .map(|(q, _)| q)
+                    .unwrap_or_else(|p| p.into_inner().0);
             }
-            // Empty or closed: write what there is.
-            next = rx.try_recv().ok();
-        }
-        if lines > 0 {
-            match sink.write_all(&buf).and_then(|()| sink.flush()) {
-                Ok(()) => {
-                    shared.written.fetch_add(lines, Ordering::Relaxed);
-                    if !shared.healthy.swap(true, Ordering::AcqRel) {
-                        tracing::warn!("the audit log is writable again; traffic resumes");
-                    }
-                }
-                Err(e) => {
-                    shared.failed.fetch_add(lines, Ordering::Relaxed);
-                    shared
-                        .metrics
-                        .audit_write_errors
-                        .fetch_add(lines, Ordering::Relaxed);
-                    if shared.healthy.swap(false, Ordering::AcqRel) {
-                        tracing::error!(error = %e, records = lines, "cannot write the audit log; refusing traffic until it can be written");
-                    } else {
-                        tracing::error!(error = %e, records = lines, "cannot write the audit log");
-                    }
-                }
-            }
-            buf.clear();
-            if buf.capacity() > 4 * BATCH_BYTES {
-                buf.shrink_to(64 * 1024);
+            std::mem::swap(&mut batch, &mut q.records);
+            acks.append(&mut q.flushes);
+            if batch.is_empty() && q.closing {
+                return;
             }
         }
+        shared.room.notify_all();
+        write_batch(shared, sink.as_mut(), &mut batch, &mut buf);
         for ack in acks.drain(..) {
             let _ = ack.send(());
         }
+    }
+}
+
+/// Serialises `batch` (emptying it) and appends it to the sink in one write.
+fn write_batch(shared: &Shared, sink: &mut dyn Write, batch: &mut Vec<Record>, buf: &mut Vec<u8>) {
+    for chunk in batch.chunks(BATCH_RECORDS) {
+        buf.clear();
+        let mut lines = 0u64;
+        for record in chunk {
+            let mark = buf.len();
+            match serde_json::to_writer(&mut *buf, record) {
+                Ok(()) => {
+                    buf.push(b'\n');
+                    lines += 1;
+                }
+                Err(e) => {
+                    buf.truncate(mark);
+                    shared.failed.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(error = %e, audit.id = %record.id, "cannot serialise audit record");
+                }
+            }
+        }
+        if lines == 0 {
+            continue;
+        }
+        match sink.write_all(buf).and_then(|()| sink.flush()) {
+            Ok(()) => {
+                shared.written.fetch_add(lines, Ordering::Relaxed);
+                if !shared.healthy.swap(true, Ordering::AcqRel) {
+                    tracing::warn!("the audit log is writable again; traffic resumes");
+                }
+            }
+            Err(e) => {
+                shared.failed.fetch_add(lines, Ordering::Relaxed);
+                shared
+                    .metrics
+                    .audit_write_errors
+                    .fetch_add(lines, Ordering::Relaxed);
+                if shared.healthy.swap(false, Ordering::AcqRel) {
+                    tracing::error!(error = %e, records = lines, "cannot write the audit log; refusing traffic until it can be written");
+                } else {
+                    tracing::error!(error = %e, records = lines, "cannot write the audit log");
+                }
+            }
+        }
+    }
+    batch.clear();
+    if buf.capacity() > 1 << 20 {
+        buf.shrink_to(64 * 1024);
     }
 }
 

@@ -99,8 +99,15 @@ impl Decoder {
         }
     }
 
-    /// Feeds compressed bytes, returns whatever decoded so far.
-    fn push(&mut self, chunk: &[u8]) -> std::io::Result<Vec<u8>> {
+    /// Feeds compressed bytes, returns whatever decoded so far (identity: the chunk itself).
+    fn push(&mut self, chunk: Bytes) -> std::io::Result<Bytes> {
+        match self {
+            Decoder::Identity => Ok(chunk),
+            _ => self.push_slice(&chunk).map(Bytes::from),
+        }
+    }
+
+    fn push_slice(&mut self, chunk: &[u8]) -> std::io::Result<Vec<u8>> {
         fn drain<W: Write>(w: &mut W, buf: impl FnOnce(&mut W) -> &mut Vec<u8>) -> Vec<u8> {
             std::mem::take(buf(w))
         }
@@ -135,7 +142,7 @@ impl Decoder {
                 } else {
                     Decoder::RawDeflate(Box::new(flate2::write::DeflateDecoder::new(Vec::new())))
                 };
-                self.push(&pending)
+                self.push_slice(&pending)
             }
         }
     }
@@ -220,8 +227,8 @@ where
             match ready!(this.inner.as_mut().poll_frame(cx)) {
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => {
-                        let decoded = this.decoder.push(&data).map_err(invalid)?;
-                        let out = this.scrubber.push(&decoded);
+                        let decoded = this.decoder.push(data).map_err(invalid)?;
+                        let out = this.scrubber.push_bytes(decoded);
                         Self::account(this.counters, this.counted, this.scrubber);
                         if !out.is_empty() {
                             return Poll::Ready(Some(Ok(Frame::data(out))));

@@ -439,6 +439,30 @@ impl StreamScrubber {
         Bytes::from(out)
     }
 
+    /// [`push`](Self::push) for a chunk the caller already holds as [`Bytes`]: when nothing is
+    /// held and no secret starts in the settled part, that part is returned as a slice of
+    /// `chunk`, without a copy (the common case: most bodies hold no secret).
+    pub fn push_bytes(&mut self, chunk: Bytes) -> Bytes {
+        if self.scrubber.is_empty() {
+            return chunk;
+        }
+        if !self.held.is_empty() {
+            return self.push(&chunk);
+        }
+        let settled = self.scrubber.unsettled_from(&chunk);
+        let mut redacts = false;
+        self.scrubber.for_each_match(&chunk, |found| {
+            redacts = found.start() < settled;
+            ControlFlow::Break(())
+        });
+        if redacts {
+            return self.push(&chunk);
+        }
+        // Exactly what `scrub_into` would emit with no match before `settled`.
+        self.held.extend_from_slice(&chunk[settled..]);
+        chunk.slice(..settled)
+    }
+
     /// End of the body: returns the remaining bytes, scrubbed. The scrubber is then empty; a
     /// later push starts a new body (the redaction counts carry on).
     pub fn finish(&mut self) -> Bytes {

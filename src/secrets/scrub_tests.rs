@@ -26,14 +26,20 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
 }
 
 /// Scrubs `input` through a stream cut at the given chunk lengths (the last chunk takes the
-/// rest), checking the hold-back bound after every push.
+/// rest), alternating `push` and `push_bytes`, checking the hold-back bound after every push.
 fn stream_scrub(scrubber: &Arc<Scrubber>, input: &[u8], cuts: &[usize]) -> (Vec<u8>, usize) {
     let mut stream = scrubber.stream();
     let mut out = Vec::new();
     let mut rest = input;
-    for &len in cuts {
+    for (i, &len) in cuts.iter().enumerate() {
         let (chunk, tail) = rest.split_at(len.min(rest.len()));
-        out.extend_from_slice(&stream.push(chunk));
+        // Both entry points, interleaved: they share the held tail.
+        let piece = if i % 2 == 0 {
+            stream.push(chunk)
+        } else {
+            stream.push_bytes(Bytes::copy_from_slice(chunk))
+        };
+        out.extend_from_slice(&piece);
         let max = scrubber.max_pattern_len();
         assert!(
             stream.held.len() < max.max(1),
@@ -572,4 +578,22 @@ fn many_secrets_still_build_and_scrub() {
     let (out, redacted) = s.scrub(input);
     assert_eq!(out, b"a [REDACTED:key399] b [REDACTED:key7] c");
     assert_eq!(names(&redacted), ["key399", "key7"]);
+}
+
+#[test]
+fn a_chunk_without_secrets_passes_without_a_copy() {
+    let s = scrubber(&[("k", b"sk-test-zero-copy-0123456789")]);
+    let mut stream = s.stream();
+    let chunk = Bytes::from(b"plain text that holds nothing secret at all".repeat(100));
+    let out = stream.push_bytes(chunk.clone());
+    assert_eq!(out.as_ptr(), chunk.as_ptr(), "the settled part is a slice of the input");
+    let mut whole = out.to_vec();
+    whole.extend_from_slice(&stream.finish());
+    assert_eq!(whole, chunk.to_vec());
+    // With a secret inside, the same call redacts it.
+    let mut stream = s.stream();
+    let out = stream.push_bytes(Bytes::from_static(b"a sk-test-zero-copy-0123456789 b"));
+    let mut whole = out.to_vec();
+    whole.extend_from_slice(&stream.finish());
+    assert_eq!(whole, b"a [REDACTED:k] b".to_vec());
 }
