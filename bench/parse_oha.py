@@ -3,7 +3,8 @@
 import json, os, sys
 
 path, pas, scen, proxy, ticks, clk, url = sys.argv[1:8]
-rec = {"run": os.environ.get("BENCH_RUN_ID", ""), "pass": int(pas), "scenario": int(scen), "proxy": proxy, "url": url,
+rec = {"run": os.environ.get("BENCH_RUN_ID", ""), "pass": int(pas) if pas.isdigit() else pas,
+       "rate": int(os.environ["BENCH_RATE"]) if os.environ.get("BENCH_RATE") else None, "scenario": int(scen), "proxy": proxy, "url": url,
        "rps": 0.0, "p50_ms": 0.0, "p99_ms": 0.0, "ok": 0, "errors": 0,
        "cpu_us_per_req": None, "cpu_s": int(ticks) / int(clk) if proxy != "direct" else None}
 try:

@@ -6,7 +6,8 @@
 #   bench/run.sh --quick         1 pass, 1 s warm-up + 5 s
 #   bench/run.sh --smoke         CI smoke (~20 s): 1 pass, 1 s + 2 s, scenario 1, latchkey only
 #   options: --reps N --duration S --warmup S --peers LIST --scenarios LIST --no-install
-#            --no-build --no-extras (skip startup / idle RSS) --idle-conns N --scrub (run cargo bench)
+#            --no-build --no-extras (skip startup / idle RSS) --no-half (skip the half-load latency runs)
+#            --idle-conns N --scrub (run cargo bench)
 #            --report PATH (default bench/results.md; --smoke writes bench/out/results-smoke.md)
 #            --keep (re-measure some peers/scenarios and merge into the previous run's data)
 #            --profile (perf record latchkey-1w's measured runs; reports in bench/out/profile-sN.txt)
@@ -25,12 +26,12 @@ CONF="$HERE/conf"
 REPS=3 DURATION=10 WARMUP=2
 PEERS="latchkey-1w,latchkey,envoy,squid,mitmproxy"
 SCENARIOS="1,2,3,4,5"
-INSTALL=1 BUILD=1 EXTRAS=1 SCRUB=0 IDLE_CONNS=10000 MODE=full KEEP=0 PROFILE=0
+INSTALL=1 BUILD=1 EXTRAS=1 SCRUB=0 IDLE_CONNS=10000 MODE=full KEEP=0 PROFILE=0 HALF=1
 REPORT="$HERE/results.md"
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) REPS=1 DURATION=5 WARMUP=1 MODE=quick ;;
-    --smoke) REPS=1 DURATION=2 WARMUP=1 PEERS=latchkey-1w SCENARIOS=1 EXTRAS=0 MODE=smoke
+    --smoke) REPS=1 DURATION=2 WARMUP=1 PEERS=latchkey-1w SCENARIOS=1 EXTRAS=0 HALF=0 MODE=smoke
              REPORT="$HERE/out/results-smoke.md" ;;  # never overwrites bench/results.md
     --report) REPORT="$2"; shift ;;
     --reps) REPS="$2"; shift ;;
@@ -41,11 +42,12 @@ while [ $# -gt 0 ]; do
     --no-install) INSTALL=0 ;;
     --no-build) BUILD=0 ;;
     --no-extras) EXTRAS=0 ;;
+    --no-half) HALF=0 ;;
     --idle-conns) IDLE_CONNS="$2"; shift ;;
     --scrub) SCRUB=1 ;;
     --keep) KEEP=1 ;;
     --profile) PROFILE=1 ;;  # merge into the previous bench/out/runs.jsonl (replacing rows of the selected peers+scenarios)
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -237,13 +239,15 @@ cpu_ticks() { # utime+stime (fields 14, 15) of a pid
   sed 's/^.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'
 }
 
-run_one() { # pass scenario proxy -> appends to runs.jsonl, echoes rps
-  local pass=$1 s=$2 proxy=$3 host url args=() pid="" t0=0 t1=0 ca
+run_one() { # pass scenario proxy [rate] -> appends to runs.jsonl (half.jsonl with a rate), echoes rps
+  local pass=$1 s=$2 proxy=$3 rate=${4:-} host url args=() pid="" t0=0 t1=0 ca rows="$OUT/runs.jsonl"
   # Every client names the upstream by address: oha resolves the target name itself even through
   # a proxy, so bench names would need /etc/hosts; latchkey's rules name 127.0.0.1 (by port).
   host=127.0.0.1
   url="${S_SCHEME[$s]}://$host:${S_PORT[$s]}${S_PATH[$s]}"
   args=(--no-tui "${OHA_JSON[@]}" -c "${S_CONNS[$s]}")
+  # A fixed request rate, latency measured from when each request was due (no coordinated omission).
+  [ -n "$rate" ] && { args+=(-q "$rate" --latency-correction); rows="$OUT/half.jsonl"; }
   [ -n "${S_FLAGS[$s]}" ] && args+=(${S_FLAGS[$s]})
   if [ "$proxy" != direct ]; then
     args+=(-x "http://127.0.0.1:${PROXY_PORT[$proxy]}")
@@ -278,8 +282,8 @@ run_one() { # pass scenario proxy -> appends to runs.jsonl, echoes rps
       | grep -v '^$' | head -n 150 > "$OUT/profile-s$s-inclusive.txt" || true
     log "profile of scenario $s: $OUT/profile-s$s.txt"
   fi
-  python3 "$HERE/parse_oha.py" "$f" "$pass" "$s" "$proxy" "$(( t1 - t0 ))" "$CLK_TCK" "$url" >> "$OUT/runs.jsonl"
-  tail -n 1 "$OUT/runs.jsonl" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); print(r["rps"]); print("  %-12s s%s %9.0f rps p50 %.2f ms p99 %.2f ms cpu/req %s us ok %s err %s" % (r["proxy"], r["scenario"], r["rps"], r["p50_ms"], r["p99_ms"], r["cpu_us_per_req"], r["ok"], r["errors"]), file=sys.stderr)'
+  BENCH_RATE="$rate" python3 "$HERE/parse_oha.py" "$f" "$pass" "$s" "$proxy" "$(( t1 - t0 ))" "$CLK_TCK" "$url" >> "$rows"
+  tail -n 1 "$rows" | python3 -c 'import json,sys; r=json.loads(sys.stdin.read()); print(r["rps"]); print("  %-12s s%s %9.0f rps p50 %.2f ms p99 %.2f ms cpu/req %s us ok %s err %s" % (r["proxy"], r["scenario"], r["rps"], r["p50_ms"], r["p99_ms"], r["cpu_us_per_req"], r["ok"], r["errors"]), file=sys.stderr)'
 }
 
 IFS=, read -r -a SCEN_LIST <<< "$SCENARIOS"
@@ -311,6 +315,22 @@ for pass in $(seq 1 "$REPS"); do
     done
   done
 done
+
+# ---------------------------------------------------------------- latency at half load
+# The rate is half of what latchkey --workers 1 sustained in this run's saturating passes; direct
+# runs at the same rate, so the difference in p99 is the latency latchkey adds.
+if [ "$HALF" = 1 ] && [ -n "${PROXY_PID[latchkey-1w]:-}" ]; then
+  [ "$KEEP" = 1 ] || rm -f "$OUT/half.jsonl"
+  for s in "${SCEN_LIST[@]}"; do
+    case "$s" in 1|2|3|5) ;; *) continue ;; esac
+    rate=$(python3 "$HERE/summarize.py" half-rate "$OUT/runs.jsonl" "$s")
+    [ "$rate" -gt 0 ] || continue
+    for proxy in direct latchkey-1w direct latchkey-1w; do
+      log "half load: scenario $s $proxy at $rate req/s"
+      run_one half "$s" "$proxy" "$rate" >/dev/null
+    done
+  done
+fi
 
 # ---------------------------------------------------------------- extras
 EXTRA_JSON="$OUT/extras.json"

@@ -34,6 +34,14 @@ if sys.argv[1] == "discard":
         fh.writelines(json.dumps(r) + "\n" for r in rows if drop(r))
     sys.exit(0)
 
+if sys.argv[1] == "half-rate":
+    # Half of latchkey --workers 1's median saturating rate in this run's passes of a scenario.
+    rows, s = load(sys.argv[2]), int(sys.argv[3])
+    run = os.environ.get("BENCH_RUN_ID", "")
+    rps = [r["rps"] for r in rows if r["scenario"] == s and r["proxy"] == "latchkey-1w" and r.get("run", "") == run]
+    print(int(statistics.median(rps) / 2) if rps else 0)
+    sys.exit(0)
+
 out = sys.argv[2]
 rows = load(os.path.join(out, "runs.jsonl"))
 env = dict(l.rstrip("\n").split("=", 1) for l in open(os.path.join(out, "env.txt")) if "=" in l)
@@ -96,6 +104,24 @@ for s in sorted({r["scenario"] for r in rows}):
     P(f"| {s} | {dr} | {rat('envoy')} | {rat('squid')} | {rat('mitmproxy')} |")
 P()
 
+half = load(os.path.join(out, "half.jsonl"))
+if half:
+    P("## Latency at half load\n")
+    P("`oha -q RATE --latency-correction` (latency counted from when each request was due), RATE = half of "
+      "latchkey `--workers 1`'s median saturating req/s above; direct at the same rate; median of 2 runs each. "
+      "Added = latchkey − direct.\n")
+    P("| scenario | rate req/s | direct p50 / p99 ms | latchkey p50 / p99 ms | added p50 / p99 ms | latchkey CPU µs/req |")
+    P("|---|---:|---:|---:|---:|---:|")
+    for s in sorted({r["scenario"] for r in half}):
+        d = [r for r in half if r["scenario"] == s and r["proxy"] == "direct"]
+        l = [r for r in half if r["scenario"] == s and r["proxy"] == "latchkey-1w"]
+        if not d or not l:
+            continue
+        d50, d99, l50, l99 = cell(d, "p50_ms"), cell(d, "p99_ms"), cell(l, "p50_ms"), cell(l, "p99_ms")
+        P(f"| {s} | {f(l[0].get('rate'))} | {f(d50, '{:.2f}')} / {f(d99, '{:.2f}')} | {f(l50, '{:.2f}')} / {f(l99, '{:.2f}')} "
+          f"| {f(l50 - d50, '{:+.2f}')} / {f(l99 - d99, '{:+.2f}')} | {f(cell(l, 'cpu_us_per_req'), '{:.0f}')} |")
+    P()
+
 P("## Other measurements\n")
 if extras:
     st = [int(x) for x in extras.get("startup_us", "").split()]
@@ -111,7 +137,7 @@ else:
     P("- startup / idle RSS not measured in this mode")
 P()
 P("## Which paths log every request\n")
-P("- **latchkey writes one audit line per request** (`--audit bench/out/<name>-audit.jsonl`, JSON, one `write` each) in every "
+P("- **latchkey writes one audit line per request** (`--audit bench/out/<name>-audit.jsonl`, JSON lines appended in batches by its writer thread) in every "
   f"run above; the numbers include that cost (lines written this run: `--workers 1` {env.get('audit_lines_latchkey-1w')}, "
   f"default {env.get('audit_lines_latchkey')}). Its stderr log was at `RUST_LOG=warn`.")
 P("- Envoy: no access log configured (logs nothing per request).")

@@ -202,6 +202,11 @@ fn admin_token(spec: &str) -> anyhow::Result<latchkey::secrets::SecretValue> {
     ))
 }
 
+/// mimalloc: the proxy allocates and frees many small, short-lived buffers per request across
+/// threads, which glibc's allocator serves markedly slower (bench/results.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();

@@ -325,6 +325,18 @@ impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Shared<T> {
         std::pin::Pin::new(&mut *self.lock()).poll_write(cx, buf)
     }
 
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> std::task::Poll<io::Result<usize>> {
+        std::pin::Pin::new(&mut *self.lock()).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.lock().is_write_vectored()
+    }
+
     fn poll_flush(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,

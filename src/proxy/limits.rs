@@ -324,6 +324,33 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Idle<T> {
         }
     }
 
+    /// Passed through, so hyper writes a response's head and body chunks in one `writev` (or
+    /// one TLS record batch) instead of first copying them into one buffer.
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_write_vectored(cx, bufs) {
+            Poll::Ready(Ok(n)) => {
+                if n > 0 {
+                    this.touch();
+                    this.partial.store(false, Ordering::Relaxed);
+                    this.heads.on_write();
+                }
+                Poll::Ready(Ok(n))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending if this.expired(cx) => Poll::Ready(Err(timed_out())),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().inner).poll_flush(cx)
     }

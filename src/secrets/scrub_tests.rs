@@ -586,7 +586,11 @@ fn a_chunk_without_secrets_passes_without_a_copy() {
     let mut stream = s.stream();
     let chunk = Bytes::from(b"plain text that holds nothing secret at all".repeat(100));
     let out = stream.push_bytes(chunk.clone());
-    assert_eq!(out.as_ptr(), chunk.as_ptr(), "the settled part is a slice of the input");
+    assert_eq!(
+        out.as_ptr(),
+        chunk.as_ptr(),
+        "the settled part is a slice of the input"
+    );
     let mut whole = out.to_vec();
     whole.extend_from_slice(&stream.finish());
     assert_eq!(whole, chunk.to_vec());
