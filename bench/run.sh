@@ -4,7 +4,8 @@
 #
 #   bench/run.sh                 full run: 3 passes, 2 s warm-up + 10 s per measurement
 #   bench/run.sh --quick         1 pass, 1 s warm-up + 5 s
-#   bench/run.sh --smoke         CI smoke (~20 s): 1 pass, 1 s + 2 s, scenario 1, latchkey only
+#   bench/run.sh --smoke         CI smoke (~20 s): 1 pass, 1 s + 2 s, scenario 1, latchkey only,
+#                                debug build (proves the script works; its numbers mean nothing)
 #   options: --reps N --duration S --warmup S --peers LIST --scenarios LIST --no-install
 #            --no-build --no-extras (skip startup / idle RSS) --no-half (skip the half-load latency runs)
 #            --idle-conns N --scrub (run cargo bench)
@@ -47,7 +48,7 @@ while [ $# -gt 0 ]; do
     --scrub) SCRUB=1 ;;
     --keep) KEEP=1 ;;
     --profile) PROFILE=1 ;;  # merge into the previous bench/out/runs.jsonl (replacing rows of the selected peers+scenarios)
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -121,8 +122,14 @@ if [ "$INSTALL" = 1 ]; then
 fi
 command -v oha >/dev/null || { echo "oha not found (cargo install --locked oha)" >&2; exit 1; }
 
-if [ "$BUILD" = 1 ]; then (cd "$ROOT" && cargo build --release --bin latchkey); fi
-LATCHKEY="${LATCHKEY:-${CARGO_TARGET_DIR:-$ROOT/target}/release/latchkey}"
+# The smoke run only proves the script works: it uses the debug build the test suite already made.
+PROFILE_DIR=release
+[ "$MODE" = smoke ] && PROFILE_DIR=debug
+if [ "$BUILD" = 1 ]; then
+  if [ "$PROFILE_DIR" = release ]; then (cd "$ROOT" && cargo build --release --bin latchkey)
+  else (cd "$ROOT" && cargo build --bin latchkey); fi
+fi
+LATCHKEY="${LATCHKEY:-${CARGO_TARGET_DIR:-$ROOT/target}/$PROFILE_DIR/latchkey}"
 [ -x "$LATCHKEY" ] || { echo "no latchkey binary at $LATCHKEY" >&2; exit 1; }
 
 # oha flag spelling differs between versions.
@@ -412,3 +419,15 @@ fi
 } > "$OUT/env.txt"
 python3 "$HERE/summarize.py" report "$OUT" > "$REPORT"
 log "wrote $REPORT"
+
+# Every latchkey run must have served requests, all of them 2xx: otherwise the script fails (the
+# smoke run in CI relies on this), whatever the numbers.
+python3 - "$OUT/runs.jsonl" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+lk = [r for r in rows if r["proxy"].startswith("latchkey")]
+bad = [r for r in lk if not r.get("ok") or r.get("errors") or r.get("failure")]
+if not lk or bad:
+    print("bench: latchkey runs missing or failing:", json.dumps(bad or "no latchkey rows")[:2000], file=sys.stderr)
+    sys.exit(1)
+EOF
