@@ -12,7 +12,8 @@ Configuration (environment; a route whose configuration is missing answers 500):
   Google SA:   FAKE_GSA_PUBLIC_KEY (PEM file), FAKE_GSA_EMAIL, FAKE_GSA_KID, FAKE_GSA_SCOPE
   OAuth2 CC:   FAKE_CC_CLIENT_ID, FAKE_CC_SECRET, FAKE_CC_SCOPE, FAKE_CC_TTL (expires_in, s),
                FAKE_CC_FAIL_FIRST (answer the first N exchanges 503)
-  Generic JWT: FAKE_JWT_HS_KEY (HMAC secret), FAKE_JWT_ES_PUBLIC_KEY (PEM file)
+  Generic JWT: FAKE_JWT_HS_KEY (HMAC secret), FAKE_JWT_ES_PUBLIC_KEY, FAKE_JWT_RS_PUBLIC_KEY,
+  FAKE_JWT_ED_PUBLIC_KEY (PEM files)
 
 Routes:
   POST [/api/v3]/app/installations/{id}/access_tokens   GitHub: the app JWT in `Authorization: Bearer`
@@ -28,9 +29,9 @@ Routes:
   ANY  /oauth/redirect                         307 to FAKE_REDIRECT_TO (a client must not follow).
   POST /oauth/fail500, /oauth/badjson          a token endpoint failing: 500; 200 with HTML;
        /oauth/echo400                          400 quoting the request form (client secret and all).
-  ANY  /jwt/hs256, /jwt/es256                  a JWT in `Authorization: Bearer`, or with
+  ANY  /jwt/{hs256,es256,rs256,eddsa}          a JWT in `Authorization: Bearer`, or with
        /jwt/{alg}/bare/{header} the bare JWT in that header: verified (HS256 with the shared key,
-       ES256 with the public key), aud = the request's host (no port), numeric iat within 60 s of
+       ES256/RS256/EdDSA with the public key), aud = the request's host (no port), numeric iat within 60 s of
        now, exp after now if present → 200 {"valid": true, "claims"}; 401 {"valid": false}.
   anything else                                the GitHub API: `Authorization: Bearer <token>` with
        a live installation token → 200 {"ok": true, "token_index": N}; 401 otherwise.
@@ -354,6 +355,10 @@ def jwt_check(handler, alg, bare_header):
             raise Reject(401, f"{len(sent)} {bare_header or 'authorization'} headers")
         if alg == "hs256":
             key, algorithms = env("FAKE_JWT_HS_KEY"), ["HS256"]
+        elif alg == "rs256":
+            key, algorithms = read_file(env("FAKE_JWT_RS_PUBLIC_KEY")), ["RS256"]
+        elif alg == "eddsa":
+            key, algorithms = read_file(env("FAKE_JWT_ED_PUBLIC_KEY")), ["EdDSA"]
         else:
             key, algorithms = read_file(env("FAKE_JWT_ES_PUBLIC_KEY")), ["ES256"]
         event["jwt_header"] = jwt.get_unverified_header(token)
@@ -398,7 +403,7 @@ def read_body(handler):
 
 
 GH_TOKENS = re.compile(r"^(?:/api/v3)?/app/installations/([^/]+)/access_tokens$")
-JWT_ROUTE = re.compile(r"^/jwt/(hs256|es256)(?:/bare/([A-Za-z0-9-]+))?$")
+JWT_ROUTE = re.compile(r"^/jwt/(hs256|es256|rs256|eddsa)(?:/bare/([A-Za-z0-9-]+))?$")
 
 
 class Handler(http.server.BaseHTTPRequestHandler):

@@ -1,6 +1,6 @@
 //! Generic JWTs (`kind = "jwt"`): latchkey signs a token from a claims template and injects it.
 //! The upstream is `tests/clients/fake_issuers.py`, which verifies each JWT with PyJWT (HS256
-//! with the shared key, ES256 with the public key) and checks aud = the host it was sent to and
+//! with the shared key; ES256, RS256 and EdDSA with the public key) and checks aud = the host it was sent to and
 //! a numeric iat near now; the test checks `sub` = the identity, per-identity caching with a
 //! `ttl`, a named header carrying the bare token, and that a JWT signed with another key fails
 //! verification.
@@ -239,5 +239,86 @@ credential = "jwt_other"
     assert_eq!(event["claims"]["sub"], "default", "{event:#}");
     w.lk.wait_audit(1);
     w.track_events(&verifier);
+    w.sweep();
+}
+
+/// RS256 (PKCS#1 and PKCS#8 RSA keys) and EdDSA (Ed25519): each token verifies upstream with
+/// PyJWT against the public key, and carries the claims the template asked for.
+#[test]
+fn rs256_and_eddsa_jwts_verify_upstream_with_their_public_keys() {
+    let mut bench = Bench::new();
+    let rsa1 = bench.rsa_key("jwt-rs-pkcs1", true);
+    let rsa8 = bench.rsa_key("jwt-rs-pkcs8", false);
+    let ed = bench.ed_key("jwt-ed");
+    // One verifier per RSA key; the same route checks RS256 against the key it was given.
+    let v1 = bench.server(
+        "fake_issuers.py",
+        &[
+            (
+                "FAKE_JWT_RS_PUBLIC_KEY",
+                rsa1.public.to_str().expect("UTF-8"),
+            ),
+            ("FAKE_JWT_ED_PUBLIC_KEY", ed.public.to_str().expect("UTF-8")),
+        ],
+    );
+    let v8 = bench.server(
+        "fake_issuers.py",
+        &[(
+            "FAKE_JWT_RS_PUBLIC_KEY",
+            rsa8.public.to_str().expect("UTF-8"),
+        )],
+    );
+    let credential = |name: &str, alg: &str, key: &std::path::Path| {
+        format!(
+            "[credentials.{name}]\nkind = \"jwt\"\nalg = \"{alg}\"\nkey = \"file:{}\"\n[credentials.{name}.claims]\nsub = \"{{{{identity}}}}\"\naud = \"{{{{host}}}}\"\niat = \"{{{{now}}}}\"\nalg_seen = \"{alg}\"\n",
+            key.display()
+        )
+    };
+    let rule = |name: &str, host: &str, port: u16, cred: &str| {
+        format!("[[rules]]\nname = \"{name}\"\nhosts = [\"{host}\"]\nports = [{port}]\ncredential = \"{cred}\"\n")
+    };
+    let policy = [
+        credential("jwt_rs1", "RS256", &rsa1.private),
+        credential("jwt_rs8", "RS256", &rsa8.private),
+        credential("jwt_ed", "EdDSA", &ed.private),
+        rule("rs1", "jwt.test", v1.port(), "jwt_rs1"),
+        rule("ed", "jwt-es.test", v1.port(), "jwt_ed"),
+        rule("rs8", "jwt.test", v8.port(), "jwt_rs8"),
+    ]
+    .join("\n");
+    let w = bench.start(&policy, &[]);
+
+    let cases = [
+        ("jwt.test", v1.port(), "/jwt/rs256", "RS256", &v1),
+        ("jwt-es.test", v1.port(), "/jwt/eddsa", "EdDSA", &v1),
+        ("jwt.test", v8.port(), "/jwt/rs256", "RS256", &v8),
+    ];
+    for (i, (host, port, path, alg, verifier)) in cases.iter().enumerate() {
+        let resp = w.curl_ok(&[&format!("https://{host}:{port}{path}")]);
+        assert_eq!(
+            resp.status,
+            200,
+            "{alg} JWT rejected upstream: {resp:#?}\n{:#?}",
+            verifier.events()
+        );
+        let answer: Value = serde_json::from_slice(&resp.body).expect("verifier JSON");
+        assert_eq!(answer["valid"], true, "{answer:#}");
+        assert_eq!(answer["claims"]["alg_seen"], *alg, "{answer:#}");
+        assert_eq!(answer["claims"]["aud"], *host, "{answer:#}");
+        assert_eq!(answer["claims"]["sub"], "default", "{answer:#}");
+        let records = w.lk.wait_audit(i + 1);
+        assert_record(&records[i], json!({"decision": "allow", "status": 200}));
+    }
+    let events = v1.wait_events("jwt", 2);
+    assert!(
+        events.iter().any(|e| e["jwt_header"]["alg"] == "EdDSA"),
+        "{events:#?}"
+    );
+    assert!(
+        events.iter().any(|e| e["jwt_header"]["alg"] == "RS256"),
+        "{events:#?}"
+    );
+    w.track_events(&v1);
+    w.track_events(&v8);
     w.sweep();
 }

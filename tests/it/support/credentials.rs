@@ -306,6 +306,28 @@ impl Bench {
         self.key_files(name, private, public)
     }
 
+    /// An Ed25519 key (PKCS#8). Tracked for the sweep.
+    pub fn ed_key(&mut self, name: &str) -> KeyFiles {
+        let private = self.path(&format!("{name}.pem"));
+        let public = self.path(&format!("{name}.pub.pem"));
+        openssl(&[
+            "genpkey",
+            "-algorithm",
+            "ed25519",
+            "-out",
+            path_str(&private),
+        ]);
+        openssl(&[
+            "pkey",
+            "-in",
+            path_str(&private),
+            "-pubout",
+            "-out",
+            path_str(&public),
+        ]);
+        self.key_files(name, private, public)
+    }
+
     /// A P-256 key (PKCS#8). Tracked for the sweep.
     pub fn ec_key(&mut self, name: &str) -> KeyFiles {
         let private = self.path(&format!("{name}.pem"));
