@@ -86,6 +86,18 @@ wait_port() { # port [seconds]
   return 1
 }
 
+# nginx and Squid workers run as unprivileged users and must reach every file they serve or
+# read. When the checkout is not traversable by others (a 0700 home or mktemp directory), the
+# working directory moves to /tmp/latchkey-bench and bench/out becomes a link to it.
+if [ "$(id -u)" = 0 ] && command -v runuser >/dev/null \
+    && ! runuser -u nobody -- test -x "$HERE" 2>/dev/null; then
+  RT=/tmp/latchkey-bench
+  mkdir -p "$RT" && chmod 755 "$RT"
+  if [ -d "$OUT" ] && [ ! -L "$OUT" ]; then cp -a "$OUT/." "$RT/" && rm -rf "$OUT"; fi
+  ln -sfn "$RT" "$OUT"
+  OUT="$RT"
+  log "checkout not readable by service users: working directory $OUT (bench/out links to it)"
+fi
 mkdir -p "$OUT"
 if [ "$KEEP" = 1 ] && [ -f "$OUT/runs.jsonl" ]; then
   python3 - "$OUT/runs.jsonl" "$PEERS" "$SCENARIOS" <<'EOF'
