@@ -8,6 +8,7 @@
 #                                debug build (proves the script works; its numbers mean nothing)
 #   options: --reps N --duration S --warmup S --peers LIST --scenarios LIST --no-install
 #            --no-build --no-extras (skip startup / idle RSS) --no-half (skip the half-load latency runs)
+#            --half-peers LIST (proxies run at half load beside direct; default latchkey-1w)
 #            --idle-conns N --scrub (run cargo bench)
 #            --report PATH (default bench/results.md; --smoke writes bench/out/results-smoke.md)
 #            --keep (re-measure some peers/scenarios and merge into the previous run's data)
@@ -28,6 +29,7 @@ REPS=3 DURATION=10 WARMUP=2
 PEERS="latchkey-1w,latchkey,envoy,squid,mitmproxy"
 SCENARIOS="1,2,3,4,5"
 INSTALL=1 BUILD=1 EXTRAS=1 SCRUB=0 IDLE_CONNS=10000 MODE=full KEEP=0 PROFILE=0 HALF=1
+HALF_PEERS="latchkey-1w"
 REPORT="$HERE/results.md"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -44,11 +46,12 @@ while [ $# -gt 0 ]; do
     --no-build) BUILD=0 ;;
     --no-extras) EXTRAS=0 ;;
     --no-half) HALF=0 ;;
+    --half-peers) HALF_PEERS="$2"; shift ;;
     --idle-conns) IDLE_CONNS="$2"; shift ;;
     --scrub) SCRUB=1 ;;
     --keep) KEEP=1 ;;
     --profile) PROFILE=1 ;;  # merge into the previous bench/out/runs.jsonl (replacing rows of the selected peers+scenarios)
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -183,7 +186,7 @@ start_latchkey() { # name port workers-args...
   local name=$1 port=$2; shift 2
   mkdir -p "$OUT/$name-ca"
   taskset -c "$CPU_PROXY" "$LATCHKEY" serve --policies "$CONF/policies" --listen "127.0.0.1:$port" --admin off \
-    --ca-dir "$OUT/$name-ca" --audit "$OUT/$name-audit.jsonl" --upstream-ca "$OUT/ca.pem" \
+    --ca-dir "$OUT/$name-ca" --audit "${BENCH_AUDIT:-$OUT/$name-audit.jsonl}" --upstream-ca "$OUT/ca.pem" \
     --allow-private 127.0.0.0/8 "$@" 2>"$OUT/$name.stderr" &
   local pid=$!; PIDS+=($pid)
   if wait_port "$port" 20; then
@@ -344,9 +347,13 @@ if [ "$HALF" = 1 ] && [ -n "${PROXY_PID[latchkey-1w]:-}" ]; then
     case "$s" in 1|2|3|5) ;; *) continue ;; esac
     rate=$(python3 "$HERE/summarize.py" half-rate "$OUT/runs.jsonl" "$s")
     [ "$rate" -gt 0 ] || continue
-    for proxy in direct latchkey-1w direct latchkey-1w; do
-      log "half load: scenario $s $proxy at $rate req/s"
-      run_one half "$s" "$proxy" "$rate" >/dev/null
+    for rep in 1 2; do
+      for proxy in direct ${HALF_PEERS//,/ }; do
+        [ "$proxy" = direct ] || [ -n "${PROXY_PID[$proxy]:-}" ] || continue
+        supports "$proxy" "$s" || continue
+        log "half load: scenario $s $proxy at $rate req/s (run $rep)"
+        run_one half "$s" "$proxy" "$rate" >/dev/null
+      done
     done
   done
 fi

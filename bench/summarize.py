@@ -112,18 +112,22 @@ half = load(os.path.join(out, "half.jsonl"))
 if half:
     P("## Latency at half load\n")
     P("`oha -q RATE --latency-correction` (latency counted from when each request was due), RATE = half of "
-      "the lower of latchkey `--workers 1`'s and direct's median saturating req/s above; direct at the same rate; median of 2 runs each. "
-      "Added = latchkey − direct.\n")
-    P("| scenario | rate req/s | direct p50 / p99 ms | latchkey p50 / p99 ms | added p50 / p99 ms | latchkey CPU µs/req |")
-    P("|---|---:|---:|---:|---:|---:|")
+      "the lower of latchkey `--workers 1`'s and direct's median saturating req/s above; direct (and any `--half-peers`) at the same rate, 2 runs each. "
+      "Added = the path's median − direct's median.\n")
+    P("| scenario | rate req/s | path | p50 / p99 ms (each run) | added p50 / p99 ms (medians) | CPU µs/req |")
+    P("|---|---:|---|---:|---:|---:|")
     for s in sorted({r["scenario"] for r in half}):
         d = [r for r in half if r["scenario"] == s and r["proxy"] == "direct"]
-        l = [r for r in half if r["scenario"] == s and r["proxy"] == "latchkey-1w"]
-        if not d or not l:
+        if not d:
             continue
-        d50, d99, l50, l99 = cell(d, "p50_ms"), cell(d, "p99_ms"), cell(l, "p50_ms"), cell(l, "p99_ms")
-        P(f"| {s} | {f(l[0].get('rate'))} | {f(d50, '{:.2f}')} / {f(d99, '{:.2f}')} | {f(l50, '{:.2f}')} / {f(l99, '{:.2f}')} "
-          f"| {f(l50 - d50, '{:+.2f}')} / {f(l99 - d99, '{:+.2f}')} | {f(cell(l, 'cpu_us_per_req'), '{:.0f}')} |")
+        d50, d99 = cell(d, "p50_ms"), cell(d, "p99_ms")
+        for p in ORDER:
+            l = [r for r in half if r["scenario"] == s and r["proxy"] == p]
+            if not l:
+                continue
+            runs = ", ".join(f"{r['p50_ms']:.2f} / {r['p99_ms']:.2f}" for r in l)
+            added = "" if p == "direct" else f"{cell(l, 'p50_ms') - d50:+.2f} / {cell(l, 'p99_ms') - d99:+.2f}"
+            P(f"| {s} | {f(l[0].get('rate'))} | {LABEL[p]} | {runs} | {added} | {f(cell(l, 'cpu_us_per_req'), '{:.0f}')} |")
     P()
 
 P("## Other measurements\n")
