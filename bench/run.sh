@@ -9,6 +9,7 @@
 #   options: --reps N --duration S --warmup S --peers LIST --scenarios LIST --no-install
 #            --no-build --no-extras (skip startup / idle RSS) --no-half (skip the half-load latency runs)
 #            --half-peers LIST (proxies run at half load beside direct; default latchkey-1w)
+#   env:     LATCHKEY=PATH (binary to measure), BENCH_AUDIT=PATH (latchkey's --audit, e.g. /dev/null)
 #            --idle-conns N --scrub (run cargo bench)
 #            --report PATH (default bench/results.md; --smoke writes bench/out/results-smoke.md)
 #            --keep (re-measure some peers/scenarios and merge into the previous run's data)
@@ -51,7 +52,7 @@ while [ $# -gt 0 ]; do
     --scrub) SCRUB=1 ;;
     --keep) KEEP=1 ;;
     --profile) PROFILE=1 ;;  # merge into the previous bench/out/runs.jsonl (replacing rows of the selected peers+scenarios)
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
