@@ -9,11 +9,11 @@
 #   options: --reps N --duration S --warmup S --peers LIST --scenarios LIST --no-install
 #            --no-build --no-extras (skip startup / idle RSS) --no-half (skip the half-load latency runs)
 #            --half-peers LIST (proxies run at half load beside direct; default latchkey-1w)
-#   env:     LATCHKEY=PATH (binary to measure), BENCH_AUDIT=PATH (latchkey's --audit, e.g. /dev/null)
 #            --idle-conns N --scrub (run cargo bench)
 #            --report PATH (default bench/results.md; --smoke writes bench/out/results-smoke.md)
 #            --keep (re-measure some peers/scenarios and merge into the previous run's data)
 #            --profile (perf record latchkey-1w's measured runs; reports in bench/out/profile-sN.txt)
+#   env:     LATCHKEY=PATH (binary to measure), BENCH_AUDIT=PATH (latchkey's --audit, e.g. /dev/null)
 #   peers:     latchkey-1w,latchkey,envoy,squid,mitmproxy   (direct always runs as the control)
 #   scenarios: 1..5 (see below)
 #
