@@ -273,6 +273,28 @@ impl<T> Idle<T> {
     fn expired(&mut self, cx: &mut Context<'_>) -> bool {
         self.sleep.as_mut().poll(cx).is_ready()
     }
+
+    /// Bookkeeping after a write attempt, shared by plain and vectored writes: progress resets
+    /// the idle deadline and the partial-request flag; a stall past the deadline is an error.
+    fn wrote(
+        &mut self,
+        cx: &mut Context<'_>,
+        r: Poll<io::Result<usize>>,
+    ) -> Poll<io::Result<usize>> {
+        match r {
+            Poll::Ready(Ok(n)) => {
+                if n > 0 {
+                    self.touch();
+                    self.partial.store(false, Ordering::Relaxed);
+                    self.heads.on_write();
+                }
+                Poll::Ready(Ok(n))
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+            Poll::Pending if self.expired(cx) => Poll::Ready(Err(timed_out())),
+            Poll::Pending => Poll::Pending,
+        }
+    }
 }
 
 fn timed_out() -> io::Error {
@@ -309,19 +331,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Idle<T> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.inner).poll_write(cx, buf) {
-            Poll::Ready(Ok(n)) => {
-                if n > 0 {
-                    this.touch();
-                    this.partial.store(false, Ordering::Relaxed);
-                    this.heads.on_write();
-                }
-                Poll::Ready(Ok(n))
-            }
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending if this.expired(cx) => Poll::Ready(Err(timed_out())),
-            Poll::Pending => Poll::Pending,
-        }
+        let r = Pin::new(&mut this.inner).poll_write(cx, buf);
+        this.wrote(cx, r)
     }
 
     /// Passed through, so hyper writes a response's head and body chunks in one `writev` (or
@@ -332,19 +343,8 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Idle<T> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        match Pin::new(&mut this.inner).poll_write_vectored(cx, bufs) {
-            Poll::Ready(Ok(n)) => {
-                if n > 0 {
-                    this.touch();
-                    this.partial.store(false, Ordering::Relaxed);
-                    this.heads.on_write();
-                }
-                Poll::Ready(Ok(n))
-            }
-            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
-            Poll::Pending if this.expired(cx) => Poll::Ready(Err(timed_out())),
-            Poll::Pending => Poll::Pending,
-        }
+        let r = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        this.wrote(cx, r)
     }
 
     fn is_write_vectored(&self) -> bool {

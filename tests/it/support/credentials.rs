@@ -198,6 +198,9 @@ fn pem(label: &str, der: &[u8]) -> String {
     out
 }
 
+/// Stands for the private key's path in the arguments given to `Bench::key_pair`.
+const OUT: &str = "{private key file}";
+
 /// A private key file and its public key file (PEM), made with the openssl CLI.
 pub struct KeyFiles {
     pub private: PathBuf,
@@ -280,67 +283,55 @@ impl Bench {
     /// A 2048-bit RSA key: PKCS#1 (`BEGIN RSA PRIVATE KEY`, as GitHub hands out) or PKCS#8
     /// (`BEGIN PRIVATE KEY`, as in a Google service-account JSON). Tracked for the sweep.
     pub fn rsa_key(&mut self, name: &str, pkcs1: bool) -> KeyFiles {
-        let private = self.path(&format!("{name}.pem"));
-        let public = self.path(&format!("{name}.pub.pem"));
         if pkcs1 {
-            openssl(&["genrsa", "-traditional", "-out", path_str(&private), "2048"]);
+            self.key_pair(name, &["genrsa", "-traditional", "-out", OUT, "2048"])
         } else {
-            openssl(&[
-                "genpkey",
-                "-algorithm",
-                "RSA",
-                "-pkeyopt",
-                "rsa_keygen_bits:2048",
-                "-out",
-                path_str(&private),
-            ]);
+            self.key_pair(
+                name,
+                &[
+                    "genpkey",
+                    "-algorithm",
+                    "RSA",
+                    "-pkeyopt",
+                    "rsa_keygen_bits:2048",
+                    "-out",
+                    OUT,
+                ],
+            )
         }
-        openssl(&[
-            "pkey",
-            "-in",
-            path_str(&private),
-            "-pubout",
-            "-out",
-            path_str(&public),
-        ]);
-        self.key_files(name, private, public)
     }
 
     /// An Ed25519 key (PKCS#8). Tracked for the sweep.
     pub fn ed_key(&mut self, name: &str) -> KeyFiles {
-        let private = self.path(&format!("{name}.pem"));
-        let public = self.path(&format!("{name}.pub.pem"));
-        openssl(&[
-            "genpkey",
-            "-algorithm",
-            "ed25519",
-            "-out",
-            path_str(&private),
-        ]);
-        openssl(&[
-            "pkey",
-            "-in",
-            path_str(&private),
-            "-pubout",
-            "-out",
-            path_str(&public),
-        ]);
-        self.key_files(name, private, public)
+        self.key_pair(name, &["genpkey", "-algorithm", "ed25519", "-out", OUT])
     }
 
     /// A P-256 key (PKCS#8). Tracked for the sweep.
     pub fn ec_key(&mut self, name: &str) -> KeyFiles {
+        self.key_pair(
+            name,
+            &[
+                "genpkey",
+                "-algorithm",
+                "EC",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+                "-out",
+                OUT,
+            ],
+        )
+    }
+
+    /// Runs `openssl generate…` with [`OUT`] standing for the private key file, then writes the
+    /// public key beside it.
+    fn key_pair(&mut self, name: &str, generate: &[&str]) -> KeyFiles {
         let private = self.path(&format!("{name}.pem"));
         let public = self.path(&format!("{name}.pub.pem"));
-        openssl(&[
-            "genpkey",
-            "-algorithm",
-            "EC",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-out",
-            path_str(&private),
-        ]);
+        let args: Vec<&str> = generate
+            .iter()
+            .map(|a| if *a == OUT { path_str(&private) } else { *a })
+            .collect();
+        openssl(&args);
         openssl(&[
             "pkey",
             "-in",
