@@ -175,9 +175,37 @@ struct ServeArgs {
     /// Runtime worker threads (default: one per core).
     #[arg(long, env = "LATCHKEY_WORKERS")]
     workers: Option<usize>,
+    /// Most bytes a scanned (secret-bearing) response body may decode to; past it the response
+    /// is refused (502 decompression_limit) or cut off. Takes B, KiB, MiB, GiB (or K/M/G).
+    #[arg(long, env = "LATCHKEY_MAX_DECODED_BODY", default_value = "64MiB", value_parser = parse_byte_size)]
+    max_decoded_body: u64,
     /// On SIGTERM/SIGINT, how long in-flight requests may take to finish.
     #[arg(long, env = "LATCHKEY_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     shutdown_timeout: Duration,
+}
+
+/// A byte size: a number with an optional unit (B, K/KiB, M/MiB, G/GiB; powers of 1024).
+fn parse_byte_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| {
+        format!("{text:?} is not a size: write a number with an optional unit, like 64MiB")
+    })?;
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        other => {
+            return Err(format!(
+                "{text:?}: unknown size unit {other:?} (use B, KiB, MiB or GiB)"
+            ))
+        }
+    };
+    n.checked_mul(scale)
+        .filter(|&v| v > 0)
+        .ok_or_else(|| format!("{text:?} is not a usable size (zero or too large)"))
 }
 
 /// Reads the admin token from `env:VAR` or `file:PATH` (never from the command line itself,
@@ -337,6 +365,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         },
         policies_dir: args.policies.clone(),
         report_all: args.mode == "report",
+        max_decoded_body: args.max_decoded_body,
     })?;
 
     let mut builder = tokio::runtime::Builder::new_multi_thread();

@@ -54,7 +54,8 @@ pub enum Reason {
     SecretValueUnbound,
     /// A secret could not be produced (failing exec helper, unreadable file).
     SecretUnavailable,
-    /// The response body could not be inspected for secrets (unknown content-encoding).
+    /// The response body could not be inspected for secrets: a content coding latchkey cannot
+    /// decode, a transfer coding other than `chunked`, or a body that does not decode.
     UninspectableBody,
     /// The request's framing (Content-Length / Transfer-Encoding) is ambiguous: smuggling.
     AmbiguousFraming,
@@ -77,11 +78,14 @@ pub enum Reason {
     /// The audit log cannot be written (disk full, sink gone): latchkey refuses traffic rather
     /// than let requests through unrecorded.
     AuditUnavailable,
+    /// A scanned response body decodes to more than the per-response limit (a decompression
+    /// bomb, or a body too large to inspect).
+    DecompressionLimit,
 }
 
 impl Reason {
     /// Every reason, for registry tests and documentation.
-    pub const ALL: [Reason; 34] = [
+    pub const ALL: [Reason; 35] = [
         Reason::Allowed,
         Reason::Tunnel,
         Reason::NoRule,
@@ -116,6 +120,7 @@ impl Reason {
         Reason::CredentialFailed,
         Reason::PresignedQuery,
         Reason::AuditUnavailable,
+        Reason::DecompressionLimit,
     ];
 
     /// The stable snake_case code used in headers, logs and audit records.
@@ -155,6 +160,7 @@ impl Reason {
             Reason::CredentialFailed => "credential_failed",
             Reason::PresignedQuery => "presigned_query",
             Reason::AuditUnavailable => "audit_unavailable",
+            Reason::DecompressionLimit => "decompression_limit",
         }
     }
 
@@ -192,6 +198,7 @@ impl Reason {
             | Reason::UpstreamTls
             | Reason::UpstreamError
             | Reason::UninspectableBody
+            | Reason::DecompressionLimit
             | Reason::CredentialFailed => StatusCode::BAD_GATEWAY,
             Reason::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
         }
@@ -221,6 +228,7 @@ impl Reason {
                 | Reason::UpstreamError
                 | Reason::UpstreamTimeout
                 | Reason::UninspectableBody
+                | Reason::DecompressionLimit
                 | Reason::CredentialFailed
         )
     }

@@ -371,6 +371,13 @@ impl Policy {
         exact.chain(suffixes).map(|&i| &self.rules[i])
     }
 
+    /// Whether any rule that names `host` binds a secret or a credential to it: such a host may
+    /// have received a secret through that rule, so every response from it is scanned.
+    pub fn binds_secrets_to(&self, host: &str) -> bool {
+        self.candidates(host)
+            .any(|r| !r.bound.is_empty() || r.credential.is_some())
+    }
+
     /// Decides one HTTP request.
     pub fn decide(&self, t: &Target<'_>) -> Decision<'_> {
         // Built only where a message needs it: the allow path is the hot one.

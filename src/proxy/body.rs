@@ -83,8 +83,7 @@ pin_project_lite::pin_project! {
 
 impl<B> HttpBody for Audited<B>
 where
-    B: HttpBody<Data = Bytes>,
-    B::Error: Into<BoxError>,
+    B: HttpBody<Data = Bytes, Error = BoxError>,
 {
     type Data = Bytes;
     type Error = BoxError;
@@ -103,9 +102,12 @@ where
                         .fetch_add(data.len() as u64, Ordering::Relaxed);
                 }
             }
-            Some(Err(_)) => {
+            Some(Err(err)) => {
+                // A body the response phase cut off says why; anything else is the upstream's.
+                let reason = refusal_in(err.as_ref())
+                    .map_or(crate::reason::Reason::UpstreamError, |r| r.reason);
                 if let Some(e) = this.entry.as_mut() {
-                    e.update(|r| r.reason = crate::reason::Reason::UpstreamError.code());
+                    e.update(|r| r.reason = reason.code());
                 }
                 this.entry.take();
             }
@@ -113,7 +115,7 @@ where
                 this.entry.take();
             }
         }
-        Poll::Ready(frame.map(|r| r.map_err(Into::into)))
+        Poll::Ready(frame)
     }
 
     fn is_end_stream(&self) -> bool {
@@ -125,12 +127,22 @@ where
     }
 }
 
+/// The refusal that cut a body off, if that is what this error is (or wraps).
+pub(super) fn refusal_in<'a>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a super::credentials::BodyRefused> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = cur {
+        if let Some(r) = e.downcast_ref::<super::credentials::BodyRefused>() {
+            return Some(r);
+        }
+        cur = e.source();
+    }
+    None
+}
+
 /// Wraps a response body so the audit record is written when it finishes.
-pub fn audited<B>(body: B, entry: Entry) -> Body
-where
-    B: HttpBody<Data = Bytes> + Send + Sync + 'static,
-    B::Error: Into<BoxError>,
-{
+pub fn audited(body: Body, entry: Entry) -> Body {
     let counters = entry.counters();
     Audited {
         inner: body,

@@ -21,8 +21,32 @@ pub fn is_hop_by_hop(name: &HeaderName) -> bool {
     HOP_BY_HOP.contains(name) || name == PROXY_CONNECTION
 }
 
-/// Removes hop-by-hop headers and every header named in `Connection`.
+/// Removes hop-by-hop headers and every header named in `Connection` from a request, except
+/// `TE: trailers`: it says the client accepts trailers, and gRPC servers refuse a request
+/// without it (it is the one `TE` value HTTP/2 allows, so it is sent on as exactly that).
 pub fn strip(headers: &mut HeaderMap) {
+    let trailers = headers
+        .get_all(header::TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| {
+            t.split(';')
+                .next()
+                .is_some_and(|c| c.trim().eq_ignore_ascii_case("trailers"))
+        });
+    strip_all(headers);
+    if trailers {
+        headers.insert(header::TE, http::HeaderValue::from_static("trailers"));
+    }
+}
+
+/// Removes hop-by-hop headers and every header named in `Connection` from a response.
+pub fn strip_response(headers: &mut HeaderMap) {
+    strip_all(headers);
+}
+
+fn strip_all(headers: &mut HeaderMap) {
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -58,10 +82,14 @@ mod tests {
             header::PROXY_AUTHORIZATION,
             HeaderValue::from_static("Basic eA=="),
         );
-        h.insert(header::TE, HeaderValue::from_static("trailers"));
+        h.insert(header::TE, HeaderValue::from_static("gzip, trailers;q=1"));
         h.insert("x-keep", HeaderValue::from_static("1"));
+        let mut response = h.clone();
         strip(&mut h);
-        assert_eq!(h.len(), 1, "{h:?}");
+        assert_eq!(h.len(), 2, "{h:?}");
         assert!(h.contains_key("x-keep"));
+        assert_eq!(h[header::TE], "trailers");
+        strip_response(&mut response);
+        assert_eq!(response.len(), 1, "{response:?}");
     }
 }

@@ -17,10 +17,12 @@ mod body;
 pub mod ca;
 mod connect;
 mod credentials;
+mod decode;
 pub mod hop;
 pub mod limits;
 mod pipeline;
 mod respond;
+mod response;
 mod scrub_body;
 
 use std::convert::Infallible;
@@ -86,6 +88,8 @@ pub struct Proxy {
     tls: Arc<rustls::ClientConfig>,
     dialer: Arc<Dialer>,
     response_timeout: Duration,
+    /// Cap on the decoded size of one scanned response body.
+    max_decoded_body: u64,
     handshake_timeout: Duration,
     limits: limits::Limits,
     connections: Arc<limits::ConnectionCounter>,
@@ -104,6 +108,8 @@ pub struct ProxyConfig {
     pub policies_dir: PathBuf,
     /// `--mode report`.
     pub report_all: bool,
+    /// Cap on the decoded size of one scanned response body (`--max-decoded-body`).
+    pub max_decoded_body: u64,
 }
 
 /// The outcome of the last reload, for `/status`.
@@ -144,6 +150,7 @@ impl Proxy {
             tls,
             dialer,
             response_timeout: config.response_timeout,
+            max_decoded_body: config.max_decoded_body,
             handshake_timeout: Duration::from_secs(10),
             limits: config.limits,
             connections: Arc::new(limits::ConnectionCounter::default()),

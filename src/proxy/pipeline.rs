@@ -4,7 +4,8 @@
 //!
 //! ```text
 //! admit (target, normalise, Host check) → policy.decide → credentials (strip, inject)
-//!   → upstream (guarded dial, pooled) → response (strip hop-by-hop) → audit (when the body ends)
+//!   → upstream (guarded dial, pooled) → respond (decode decision, strip, scrub; see
+//!   [`super::response`]) → audit (when the body ends)
 //! ```
 
 use std::convert::Infallible;
@@ -15,8 +16,8 @@ use http::header::{HeaderValue, HOST};
 use http::{Request, Response, Uri, Version};
 use hyper::body::Incoming;
 
-use super::respond::{refuse, DECISION_HEADER, ID_HEADER};
-use super::{body, credentials, hop, scrub_body, Proxy};
+use super::respond::{refuse, ID_HEADER};
+use super::{body, credentials, hop, response, Proxy};
 use crate::audit::{redact_query, Entry};
 use crate::policy::{display_authority, normalize_host, Scheme, Target};
 use crate::reason::Reason;
@@ -230,8 +231,12 @@ pub async fn handle(
     };
     entry.update(|r| r.secrets = brokered.secrets.iter().cloned().collect());
     let body_refused = brokered.refused.clone();
-    // Responses on a rule that binds secrets are scanned for every value in force.
-    let scan = if rule.bound.is_empty() {
+    // Responses are scanned for every value in force when this rule or any other rule that
+    // names the host binds a secret: that host may have received one and may reflect it.
+    let scan = if rule.bound.is_empty()
+        && rule.credential.is_none()
+        && !policy.binds_secrets_to(&target.host)
+    {
         None
     } else {
         match policy.secrets().scrubber() {
@@ -271,10 +276,10 @@ pub async fn handle(
     let client = proxy.client_for(&rule.allow_private);
     let sent_at = std::time::Instant::now();
     let sent = tokio::time::timeout(proxy.response_timeout, client.request(upstream_req));
-    let mut res = match sent.await {
+    let res = match sent.await {
         Ok(Ok(res)) => res,
         Ok(Err(e)) => {
-            if let Some(r) = body_refused.get().or_else(|| find_body_refusal(&e)) {
+            if let Some(r) = body_refused.get().or_else(|| body::refusal_in(&e)) {
                 return Ok(refused(entry, r.reason, Some(&rule.name), &r.message));
             }
             let (reason, why) = match find_upstream_error(&e) {
@@ -312,7 +317,9 @@ pub async fn handle(
         .upstream_latency
         .observe(sent_at.elapsed().as_secs_f64());
 
-    // response: record what came back, drop hop-by-hop headers, audit when the body ends.
+    // respond: record what came back, then the response phase (codings decided on the head as
+    // received, hop-by-hop and latchkey's own headers stripped, everything scanned); the
+    // record is written when the body ends.
     let upstream = res.extensions().get::<UpstreamAddr>().map(|a| a.0);
     let status = res.status().as_u16();
     match &report {
@@ -320,48 +327,19 @@ pub async fn handle(
         None => entry.outcome(Reason::Allowed, Some(&rule.name), Some(status)),
     }
     entry.update(|r| r.upstream = upstream.map(|a| a.to_string()));
-    hop::strip(res.headers_mut());
+    let response_cx = response::ResponseCx {
+        host: &target.host,
+        is_head,
+        scan,
+        max_decoded: proxy.max_decoded_body,
+        counters: entry.counters(),
+    };
+    let mut res = match response::filter(res, response_cx).await {
+        Ok(res) => res,
+        Err((reason, message)) => return Ok(refused(entry, reason, Some(&rule.name), &message)),
+    };
     if let Ok(v) = HeaderValue::from_str(entry.id()) {
         res.headers_mut().insert(ID_HEADER, v);
-    }
-    res.headers_mut().remove(DECISION_HEADER);
-
-    // scrub: secret values in headers and (decoded) body are replaced before the sandbox sees them.
-    if let Some(scrubber) = scan {
-        let n = scrub_body::scrub_headers(res.headers_mut(), &scrubber);
-        let counters = entry.counters();
-        counters
-            .redactions
-            .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
-        let decoding = match scrub_body::Decoding::for_encoding(res.headers()) {
-            Ok(d) => d,
-            Err(encoding) => {
-                let msg = format!(
-                    "the response from {} is encoded as {encoding:?}, which latchkey cannot inspect for secrets",
-                    target.host
-                );
-                return Ok(refused(
-                    entry,
-                    Reason::UninspectableBody,
-                    Some(&rule.name),
-                    &msg,
-                ));
-            }
-        };
-        let status = res.status();
-        let bodiless = is_head
-            || status == http::StatusCode::NO_CONTENT
-            || status == http::StatusCode::NOT_MODIFIED;
-        if !bodiless {
-            res.headers_mut().remove(http::header::CONTENT_LENGTH);
-            res.headers_mut().remove(http::header::CONTENT_ENCODING);
-        }
-        return Ok(res.map(|b| {
-            body::audited(
-                scrub_body::scrubbed(b, decoding, &scrubber, counters),
-                entry,
-            )
-        }));
     }
     Ok(res.map(|b| body::audited(b, entry)))
 }
@@ -398,20 +376,6 @@ fn narrow_accept_encoding(headers: &mut http::HeaderMap) {
     if let Ok(v) = HeaderValue::from_str(&value) {
         headers.insert(http::header::ACCEPT_ENCODING, v);
     }
-}
-
-/// A refusal raised by the request body detector while streaming, if that is why the client failed.
-fn find_body_refusal<'a>(
-    err: &'a (dyn std::error::Error + 'static),
-) -> Option<&'a credentials::BodyRefused> {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    while let Some(e) = cur {
-        if let Some(r) = e.downcast_ref::<credentials::BodyRefused>() {
-            return Some(r);
-        }
-        cur = e.source();
-    }
-    None
 }
 
 /// Records what is known of the target before admission, so a refused request still shows

@@ -1,11 +1,11 @@
-//! Response redaction: headers and streamed bodies, decoded first when compressed.
+//! Response redaction: header names and values, streamed bodies (decoded first when
+//! compressed) and trailers.
 //!
 //! A body is scanned as it streams (the scrubber holds back at most one encoded secret's
-//! length), so server-sent events still arrive one by one. gzip, deflate (zlib or raw) and br
-//! are decoded and the redacted body goes out uncompressed; any other `content-encoding` cannot
-//! be inspected and is refused by the caller (see [`Decoding::for_encoding`]).
+//! length), so server-sent events still arrive one by one. Compressed bodies are decoded in
+//! bounded slices by [`super::decode`], and the redacted body goes out uncompressed. Trailers
+//! are scrubbed like headers, not dropped: gRPC carries its status in them.
 
-use std::io::Write;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -16,48 +16,28 @@ use http::{HeaderMap, HeaderValue};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::BodyExt;
 
+use super::credentials::BodyRefused;
+use super::decode::{DecodeError, Decoder, Pull};
 use crate::audit::Counters;
+use crate::reason::Reason;
 use crate::secrets::scrub::{Scrubber, StreamScrubber};
 use crate::upstream::{Body, BoxError};
 
-/// How a response body must be decoded before scanning.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decoding {
-    Identity,
-    Gzip,
-    Deflate,
-    Brotli,
-}
-
-impl Decoding {
-    /// The decoding for a `content-encoding` header, or `Err(encoding)` when latchkey cannot
-    /// inspect it. Multiple encodings (`gzip, br`) are refused too.
-    pub fn for_encoding(headers: &HeaderMap) -> Result<Decoding, String> {
-        let mut values = headers.get_all(http::header::CONTENT_ENCODING).iter();
-        let Some(first) = values.next() else {
-            return Ok(Decoding::Identity);
-        };
-        let text = first
-            .to_str()
-            .unwrap_or("(not ASCII)")
-            .trim()
-            .to_ascii_lowercase();
-        if values.next().is_some() || text.contains(',') {
-            return Err(text);
-        }
-        match text.as_str() {
-            "" | "identity" => Ok(Decoding::Identity),
-            "gzip" | "x-gzip" => Ok(Decoding::Gzip),
-            "deflate" => Ok(Decoding::Deflate),
-            "br" => Ok(Decoding::Brotli),
-            _ => Err(text),
-        }
-    }
-}
-
-/// Replaces secret values in header values; returns the number of replacements.
-pub fn scrub_headers(headers: &mut HeaderMap, scrubber: &Scrubber) -> usize {
+/// Scrubs a header block (response headers or trailers): values are rewritten with
+/// `[REDACTED:name]`; a field whose *name* holds a secret (in any case) is dropped, since a
+/// name cannot carry the marker. Also drops `x-latchkey-*` fields. Returns the redactions made.
+pub fn filter_headers(headers: &mut HeaderMap, scrubber: &Scrubber) -> usize {
     let mut count = 0;
+    super::response::strip_own_headers(headers);
+    let named: Vec<_> = headers
+        .keys()
+        .filter(|n| scrubber.find_in_name(n.as_str().as_bytes()).is_some())
+        .cloned()
+        .collect();
+    for name in named {
+        count += headers.get_all(&name).iter().count();
+        headers.remove(name);
+    }
     for value in headers.values_mut() {
         // The cheap search first: most headers hold no secret and need no copy.
         if scrubber.find(value.as_bytes()).is_none() {
@@ -77,105 +57,16 @@ pub fn scrub_headers(headers: &mut HeaderMap, scrubber: &Scrubber) -> usize {
     count
 }
 
-enum Decoder {
-    Identity,
-    Gzip(Box<flate2::write::GzDecoder<Vec<u8>>>),
-    /// Waiting for two bytes to tell zlib from raw deflate.
-    DeflatePending(Vec<u8>),
-    Zlib(Box<flate2::write::ZlibDecoder<Vec<u8>>>),
-    RawDeflate(Box<flate2::write::DeflateDecoder<Vec<u8>>>),
-    Brotli(Box<brotli_decompressor::DecompressorWriter<Vec<u8>>>),
-}
-
-impl Decoder {
-    fn new(d: Decoding) -> Self {
-        match d {
-            Decoding::Identity => Decoder::Identity,
-            Decoding::Gzip => Decoder::Gzip(Box::new(flate2::write::GzDecoder::new(Vec::new()))),
-            Decoding::Deflate => Decoder::DeflatePending(Vec::new()),
-            Decoding::Brotli => Decoder::Brotli(Box::new(
-                brotli_decompressor::DecompressorWriter::new(Vec::new(), 16 * 1024),
-            )),
-        }
-    }
-
-    /// Feeds compressed bytes, returns whatever decoded so far (identity: the chunk itself).
-    fn push(&mut self, chunk: Bytes) -> std::io::Result<Bytes> {
-        match self {
-            Decoder::Identity => Ok(chunk),
-            _ => self.push_slice(&chunk).map(Bytes::from),
-        }
-    }
-
-    fn push_slice(&mut self, chunk: &[u8]) -> std::io::Result<Vec<u8>> {
-        fn drain<W: Write>(w: &mut W, buf: impl FnOnce(&mut W) -> &mut Vec<u8>) -> Vec<u8> {
-            std::mem::take(buf(w))
-        }
-        match self {
-            Decoder::Identity => Ok(chunk.to_vec()),
-            Decoder::Gzip(d) => {
-                d.write_all(chunk)?;
-                Ok(drain(d.as_mut(), |d| d.get_mut()))
-            }
-            Decoder::Zlib(d) => {
-                d.write_all(chunk)?;
-                Ok(drain(d.as_mut(), |d| d.get_mut()))
-            }
-            Decoder::RawDeflate(d) => {
-                d.write_all(chunk)?;
-                Ok(drain(d.as_mut(), |d| d.get_mut()))
-            }
-            Decoder::Brotli(d) => {
-                d.write_all(chunk)?;
-                Ok(std::mem::take(d.get_mut()))
-            }
-            Decoder::DeflatePending(head) => {
-                head.extend_from_slice(chunk);
-                if head.len() < 2 {
-                    return Ok(Vec::new());
-                }
-                let (b0, b1) = (head[0], head[1]);
-                let zlib = b0 & 0x0f == 8 && (u16::from(b0) << 8 | u16::from(b1)) % 31 == 0;
-                let pending = std::mem::take(head);
-                *self = if zlib {
-                    Decoder::Zlib(Box::new(flate2::write::ZlibDecoder::new(Vec::new())))
-                } else {
-                    Decoder::RawDeflate(Box::new(flate2::write::DeflateDecoder::new(Vec::new())))
-                };
-                self.push_slice(&pending)
-            }
-        }
-    }
-
-    /// Ends the stream; a truncated compressed stream is an error.
-    fn finish(&mut self) -> std::io::Result<Vec<u8>> {
-        match self {
-            Decoder::Identity => Ok(Vec::new()),
-            Decoder::Gzip(d) => {
-                d.try_finish()?;
-                Ok(std::mem::take(d.get_mut()))
-            }
-            Decoder::Zlib(d) => {
-                d.try_finish()?;
-                Ok(std::mem::take(d.get_mut()))
-            }
-            Decoder::RawDeflate(d) => {
-                d.try_finish()?;
-                Ok(std::mem::take(d.get_mut()))
-            }
-            Decoder::Brotli(d) => {
-                d.close().map_err(|e| {
-                    std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{e:?}"))
-                })?;
-                Ok(std::mem::take(d.get_mut()))
-            }
-            Decoder::DeflatePending(head) if head.is_empty() => Ok(Vec::new()),
-            Decoder::DeflatePending(_) => Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                "truncated deflate stream",
-            )),
-        }
-    }
+/// Where a [`Scrubbed`] body is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Reading the upstream body.
+    Streaming,
+    /// The upstream body ended (or its trailers came): emit what the decoder and scrubber hold.
+    Draining,
+    /// Emit the held trailers, if any.
+    Trailers,
+    Done,
 }
 
 pin_project_lite::pin_project! {
@@ -183,11 +74,16 @@ pin_project_lite::pin_project! {
     pub struct Scrubbed<B> {
         #[pin]
         inner: B,
-        decoder: Decoder,
+        // A frame read ahead by the response phase, delivered first.
+        first: Option<Frame<Bytes>>,
+        // `None`: the body is not compressed.
+        decoder: Option<Decoder>,
         scrubber: StreamScrubber,
+        headers: Arc<Scrubber>,
+        trailers: Option<HeaderMap>,
         counters: Arc<Counters>,
         counted: usize,
-        done: bool,
+        phase: Phase,
     }
 }
 
@@ -203,8 +99,16 @@ impl<B> Scrubbed<B> {
     }
 }
 
-fn invalid(e: std::io::Error) -> BoxError {
-    format!("cannot decode the response body for inspection: {e}").into()
+/// A decoding failure mid-body, as the refusal the audit record carries.
+fn refusal(e: DecodeError) -> BoxError {
+    let reason = match e {
+        DecodeError::Limit { .. } => Reason::DecompressionLimit,
+        DecodeError::Invalid { .. } => Reason::UninspectableBody,
+    };
+    Box::new(BodyRefused {
+        reason,
+        message: format!("response body cut off: {e}"),
+    })
 }
 
 impl<B> HttpBody for Scrubbed<B>
@@ -221,40 +125,107 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
         loop {
-            if *this.done {
-                return Poll::Ready(None);
+            match *this.phase {
+                Phase::Done => return Poll::Ready(None),
+                Phase::Trailers => {
+                    *this.phase = Phase::Done;
+                    if let Some(t) = this.trailers.take() {
+                        return Poll::Ready(Some(Ok(Frame::trailers(t))));
+                    }
+                    continue;
+                }
+                Phase::Streaming | Phase::Draining => {}
             }
-            match ready!(this.inner.as_mut().poll_frame(cx)) {
-                Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => {
-                        let decoded = this.decoder.push(data).map_err(invalid)?;
-                        let out = this.scrubber.push_bytes(decoded);
+            // Decoded output first: one bounded slice per pull.
+            if let Some(d) = this.decoder.as_mut() {
+                match d.pull() {
+                    Err(e) => {
+                        *this.phase = Phase::Done;
+                        return Poll::Ready(Some(Err(refusal(e))));
+                    }
+                    Ok(Pull::Data(slice)) => {
+                        let out = this.scrubber.push_bytes(slice);
                         Self::account(this.counters, this.counted, this.scrubber);
                         if !out.is_empty() {
                             return Poll::Ready(Some(Ok(Frame::data(out))));
                         }
+                        continue;
                     }
-                    // Trailers pass through; they are rare and carry no body text.
-                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                    Ok(Pull::Done) => {
+                        let tail = this.scrubber.finish();
+                        Self::account(this.counters, this.counted, this.scrubber);
+                        *this.phase = Phase::Trailers;
+                        if !tail.is_empty() {
+                            return Poll::Ready(Some(Ok(Frame::data(tail))));
+                        }
+                        continue;
+                    }
+                    Ok(Pull::NeedInput) if *this.phase == Phase::Draining => {
+                        // The decoder was told the input ended; it cannot want more.
+                        *this.phase = Phase::Done;
+                        return Poll::Ready(Some(Err(refusal(DecodeError::Invalid {
+                            coding: "compressed",
+                            detail: "truncated stream".to_string(),
+                        }))));
+                    }
+                    Ok(Pull::NeedInput) => {}
+                }
+            } else if *this.phase == Phase::Draining {
+                let tail = this.scrubber.finish();
+                Self::account(this.counters, this.counted, this.scrubber);
+                *this.phase = Phase::Trailers;
+                if !tail.is_empty() {
+                    return Poll::Ready(Some(Ok(Frame::data(tail))));
+                }
+                continue;
+            }
+            let frame = match this.first.take() {
+                Some(f) => Some(Ok(f)),
+                None => ready!(this.inner.as_mut().poll_frame(cx)).map(|r| r.map_err(Into::into)),
+            };
+            match frame {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => match this.decoder.as_mut() {
+                        Some(d) => d.feed(data),
+                        None => {
+                            let out = this.scrubber.push_bytes(data);
+                            Self::account(this.counters, this.counted, this.scrubber);
+                            if !out.is_empty() {
+                                return Poll::Ready(Some(Ok(Frame::data(out))));
+                            }
+                        }
+                    },
+                    Err(frame) => {
+                        // Trailers end the body: scrub them now, send them after the last data.
+                        if let Ok(mut t) = frame.into_trailers() {
+                            let n = filter_headers(&mut t, this.headers);
+                            this.counters
+                                .redactions
+                                .fetch_add(n as u64, Ordering::Relaxed);
+                            *this.trailers = Some(t);
+                        }
+                        *this.phase = Phase::Draining;
+                        if let Some(d) = this.decoder.as_mut() {
+                            d.end();
+                        }
+                    }
                 },
-                Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
+                Some(Err(e)) => {
+                    *this.phase = Phase::Done;
+                    return Poll::Ready(Some(Err(e)));
+                }
                 None => {
-                    *this.done = true;
-                    let tail = this.decoder.finish().map_err(invalid)?;
-                    let mut out = this.scrubber.push(&tail).to_vec();
-                    out.extend_from_slice(&this.scrubber.finish());
-                    Self::account(this.counters, this.counted, this.scrubber);
-                    if out.is_empty() {
-                        return Poll::Ready(None);
+                    *this.phase = Phase::Draining;
+                    if let Some(d) = this.decoder.as_mut() {
+                        d.end();
                     }
-                    return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
                 }
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.done
+        self.phase == Phase::Done
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -262,11 +233,12 @@ where
     }
 }
 
-/// Wraps a response body for redaction. Callers remove `content-length` and
-/// `content-encoding` from the response, since the body changes.
+/// Wraps a response body for redaction. `first` is a frame already read from `body`; callers
+/// remove `content-length` and `content-encoding` from the response, since the body changes.
 pub fn scrubbed<B>(
     body: B,
-    decoding: Decoding,
+    first: Option<Frame<Bytes>>,
+    decoder: Option<Decoder>,
     scrubber: &Arc<Scrubber>,
     counters: Arc<Counters>,
 ) -> Body
@@ -276,11 +248,14 @@ where
 {
     Scrubbed {
         inner: body,
-        decoder: Decoder::new(decoding),
+        first,
+        decoder,
         scrubber: scrubber.stream(),
+        headers: scrubber.clone(),
+        trailers: None,
         counters,
         counted: 0,
-        done: false,
+        phase: Phase::Streaming,
     }
     .boxed()
 }
@@ -288,10 +263,13 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::proxy::decode::Coding;
     use crate::secrets::scrub::ScrubSecret;
-    use http_body_util::BodyExt;
+    use base64::Engine as _;
+    use proptest::prelude::*;
+    use std::io::Write;
 
-    const KEY: &[u8] = b"sk-test-scrub-body-0123456789";
+    const KEY: &[u8] = b"sk-Test-Scrub-body-0123456789";
 
     fn scrubber() -> Arc<Scrubber> {
         Arc::new(
@@ -303,69 +281,222 @@ mod tests {
         )
     }
 
-    /// A body yielding fixed chunks, one per poll.
-    struct Chunks(std::collections::VecDeque<Bytes>);
+    /// A body yielding fixed frames, one per poll.
+    struct Frames(std::collections::VecDeque<Frame<Bytes>>);
 
-    impl HttpBody for Chunks {
+    impl HttpBody for Frames {
         type Data = Bytes;
         type Error = std::convert::Infallible;
         fn poll_frame(
             mut self: Pin<&mut Self>,
             _: &mut Context<'_>,
         ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-            Poll::Ready(self.0.pop_front().map(|b| Ok(Frame::data(b))))
+            Poll::Ready(self.0.pop_front().map(Ok))
         }
     }
 
-    async fn run(chunks: Vec<Vec<u8>>, d: Decoding) -> (Vec<u8>, u64) {
-        let body = Chunks(chunks.into_iter().map(Bytes::from).collect());
+    fn encode(coding: Coding, data: &[u8]) -> Vec<u8> {
+        match coding {
+            Coding::Gzip => {
+                let mut e =
+                    flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+                e.write_all(data).expect("w");
+                e.finish().expect("gz")
+            }
+            Coding::Deflate => {
+                let mut e =
+                    flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+                e.write_all(data).expect("w");
+                e.finish().expect("zlib")
+            }
+            Coding::Brotli => {
+                let mut out = Vec::new();
+                {
+                    let mut w = brotli::CompressorWriter::new(&mut out, 4096, 5, 22);
+                    w.write_all(data).expect("w");
+                }
+                out
+            }
+        }
+    }
+
+    /// Runs frames through the scrubber; returns the data, the trailers and the redactions.
+    async fn run(
+        frames: Vec<Frame<Bytes>>,
+        codings: &[Coding],
+    ) -> (Vec<u8>, Option<HeaderMap>, u64) {
         let counters = Arc::new(Counters::default());
-        let body = scrubbed(body, d, &scrubber(), counters.clone());
-        let out = body.collect().await.expect("collect").to_bytes().to_vec();
-        (out, counters.redactions.load(Ordering::Relaxed))
+        let decoder = (!codings.is_empty()).then(|| Decoder::new(codings, u64::MAX));
+        let mut body = scrubbed(
+            Frames(frames.into()),
+            None,
+            decoder,
+            &scrubber(),
+            counters.clone(),
+        );
+        let mut out = Vec::new();
+        let mut trailers = None;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.expect("frame");
+            match frame.into_data() {
+                Ok(d) => out.extend_from_slice(&d),
+                Err(f) => trailers = f.into_trailers().ok(),
+            }
+        }
+        (out, trailers, counters.redactions.load(Ordering::Relaxed))
+    }
+
+    fn data_frames(bytes: &[u8], size: usize) -> Vec<Frame<Bytes>> {
+        bytes
+            .chunks(size.max(1))
+            .map(|c| Frame::data(Bytes::copy_from_slice(c)))
+            .collect()
     }
 
     #[tokio::test]
     async fn gzip_bodies_are_decoded_and_scrubbed_across_chunks() {
-        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-        enc.write_all(b"before ").expect("w");
-        enc.write_all(KEY).expect("w");
-        enc.write_all(b" after").expect("w");
-        let gz = enc.finish().expect("gz");
-        let chunks: Vec<Vec<u8>> = gz.chunks(3).map(<[u8]>::to_vec).collect();
-        let (out, n) = run(chunks, Decoding::Gzip).await;
+        let gz = encode(Coding::Gzip, &[b"before ", KEY, b" after"].concat());
+        let (out, _, n) = run(data_frames(&gz, 3), &[Coding::Gzip]).await;
         assert_eq!(out, b"before [REDACTED:k] after");
         assert_eq!(n, 1);
     }
 
-    #[test]
-    fn unknown_encodings_cannot_be_inspected() {
-        let mut h = HeaderMap::new();
-        h.insert(
-            http::header::CONTENT_ENCODING,
-            HeaderValue::from_static("zstd"),
+    #[tokio::test]
+    async fn trailers_are_scrubbed_in_values_and_names_and_kept() {
+        let mut t = HeaderMap::new();
+        t.insert("grpc-status", HeaderValue::from_static("7"));
+        t.insert(
+            "grpc-message",
+            HeaderValue::from_bytes(&[b"bad key ", KEY].concat()).expect("v"),
         );
-        assert_eq!(Decoding::for_encoding(&h), Err("zstd".to_string()));
-        h.insert(
-            http::header::CONTENT_ENCODING,
-            HeaderValue::from_static("gzip, br"),
+        let lower = String::from_utf8_lossy(KEY).to_ascii_lowercase();
+        t.insert(
+            http::HeaderName::from_bytes(format!("x-{lower}").as_bytes()).expect("name"),
+            HeaderValue::from_static("1"),
         );
-        assert!(Decoding::for_encoding(&h).is_err());
-        h.insert(
-            http::header::CONTENT_ENCODING,
-            HeaderValue::from_static("BR"),
-        );
-        assert_eq!(Decoding::for_encoding(&h), Ok(Decoding::Brotli));
+        t.insert("x-latchkey-decision", HeaderValue::from_static("allow"));
+        let mut frames = data_frames(b"body", 2);
+        frames.push(Frame::trailers(t));
+        let (out, trailers, n) = run(frames, &[]).await;
+        assert_eq!(out, b"body");
+        let t = trailers.expect("trailers kept");
+        assert_eq!(t["grpc-status"], "7");
+        assert_eq!(t["grpc-message"], "bad key [REDACTED:k]");
+        assert_eq!(t.len(), 2, "{t:?}");
+        assert_eq!(n, 2);
     }
 
     #[test]
-    fn header_values_are_scrubbed() {
+    fn header_names_holding_a_secret_in_any_case_are_dropped() {
         let mut h = HeaderMap::new();
         h.insert(
             "x-echo",
             HeaderValue::from_bytes(&[b"Bearer ", KEY].concat()).expect("v"),
         );
-        assert_eq!(scrub_headers(&mut h, &scrubber()), 1);
+        let lower = String::from_utf8_lossy(KEY).to_ascii_lowercase();
+        h.insert(
+            http::HeaderName::from_bytes(lower.as_bytes()).expect("name"),
+            HeaderValue::from_static("v"),
+        );
+        h.insert("x-latchkey-rule", HeaderValue::from_static("forged"));
+        h.insert("x-plain", HeaderValue::from_static("ok"));
+        assert_eq!(filter_headers(&mut h, &scrubber()), 2);
         assert_eq!(h["x-echo"], "Bearer [REDACTED:k]");
+        assert_eq!(h.len(), 2, "{h:?}");
+    }
+
+    fn coding() -> impl Strategy<Value = Coding> {
+        prop_oneof![
+            Just(Coding::Gzip),
+            Just(Coding::Deflate),
+            Just(Coding::Brotli)
+        ]
+    }
+
+    /// How a secret is written into a body an upstream reflects.
+    fn form(i: u8) -> Vec<u8> {
+        match i % 4 {
+            0 => KEY.to_vec(),
+            1 => base64::engine::general_purpose::STANDARD
+                .encode(KEY)
+                .into_bytes(),
+            2 => percent_encoding::percent_encode(KEY, percent_encoding::NON_ALPHANUMERIC)
+                .to_string()
+                .into_bytes(),
+            _ => serde_json::to_vec(&String::from_utf8_lossy(KEY)).expect("json"),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        /// Random bodies with secrets in random forms, under random coding stacks, cut into
+        /// random frames, with trailers or not: the sandbox never sees the secret, and sees
+        /// exactly the whole-buffer scrub of the decoded body.
+        #[test]
+        fn random_response_shapes_never_deliver_a_secret(
+            parts in proptest::collection::vec((proptest::collection::vec(any::<u8>(), 0..200), any::<u8>()), 1..6),
+            codings in proptest::collection::vec(coding(), 0..3),
+            frame in 1usize..700,
+            trailer_secret in any::<bool>(),
+        ) {
+            let mut plain = Vec::new();
+            for (noise, f) in &parts {
+                plain.extend_from_slice(noise);
+                plain.extend_from_slice(&form(*f));
+            }
+            let mut encoded = plain.clone();
+            for c in &codings {
+                encoded = encode(*c, &encoded);
+            }
+            let mut frames = data_frames(&encoded, frame);
+            if trailer_secret {
+                let mut t = HeaderMap::new();
+                t.insert("x-reflected", HeaderValue::from_bytes(KEY).expect("v"));
+                frames.push(Frame::trailers(t));
+            }
+            let rt = tokio::runtime::Builder::new_current_thread().build().expect("rt");
+            let (out, trailers, _) = rt.block_on(run(frames, &codings));
+            let (expected, _) = scrubber().scrub(&plain);
+            prop_assert_eq!(&out, &expected);
+            let found = scrubber().find(&out);
+            prop_assert!(found.is_none(), "secret delivered");
+            if let Some(t) = trailers {
+                for v in t.values() {
+                    prop_assert!(scrubber().find(v.as_bytes()).is_none());
+                }
+            }
+        }
+
+        /// The stream scrubber over any cut of any body equals the whole-buffer scrub.
+        #[test]
+        fn streamed_scrubbing_equals_whole_buffer_scrubbing(
+            parts in proptest::collection::vec((proptest::collection::vec(any::<u8>(), 0..64), any::<u8>(), any::<bool>()), 1..8),
+            cuts in proptest::collection::vec(1usize..90, 1..20),
+        ) {
+            let mut body = Vec::new();
+            for (noise, f, with) in &parts {
+                body.extend_from_slice(noise);
+                if *with {
+                    body.extend_from_slice(&form(*f));
+                }
+            }
+            let s = scrubber();
+            let (whole, _) = s.scrub(&body);
+            let mut stream = s.stream();
+            let mut out = Vec::new();
+            let mut rest = &body[..];
+            for c in cuts.iter().cycle() {
+                if rest.is_empty() {
+                    break;
+                }
+                let (a, b) = rest.split_at((*c).min(rest.len()));
+                out.extend_from_slice(&stream.push_bytes(Bytes::copy_from_slice(a)));
+                rest = b;
+            }
+            out.extend_from_slice(&stream.finish());
+            prop_assert_eq!(&out, &whole);
+            prop_assert!(s.find(&out).is_none());
+        }
     }
 }

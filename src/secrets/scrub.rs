@@ -142,6 +142,10 @@ pub struct Scrubber {
     sorted: Vec<Zeroizing<Vec<u8>>>,
     /// Bytes some variant starts with: most tail positions are ruled out by one lookup.
     first_bytes: [bool; 256],
+    /// The variants that could appear in a header name (token characters only), matched
+    /// ignoring ASCII case: HTTP lower-cases header names, which must not hide a secret.
+    /// `None` when no variant could.
+    token_matcher: Option<(AhoCorasick, Vec<usize>)>,
 }
 
 impl Scrubber {
@@ -194,6 +198,21 @@ impl Scrubber {
                 first_bytes[usize::from(b)] = true;
             }
         }
+        let (tokens, token_names): (Vec<&[u8]>, Vec<usize>) = patterns
+            .iter()
+            .zip(&name_of_pattern)
+            .filter(|(p, _)| p.iter().all(|&b| is_token_byte(b)))
+            .map(|(p, i)| (*p, *i))
+            .unzip();
+        let token_matcher = if tokens.is_empty() {
+            None
+        } else {
+            let m = AhoCorasick::builder()
+                .ascii_case_insensitive(true)
+                .build(&tokens)
+                .map_err(|e| ScrubError::Build(e.to_string()))?;
+            Some((m, token_names))
+        };
         // Our copies of the variants are wiped here, as `candidates` drops.
         drop(candidates);
 
@@ -210,7 +229,17 @@ impl Scrubber {
             max_pattern_len,
             sorted,
             first_bytes,
+            token_matcher,
         })
+    }
+
+    /// The name of a secret whose value occurs in `name` in any ASCII case: for header and
+    /// trailer names, which HTTP lower-cases (and which cannot hold a `[REDACTED:…]` marker,
+    /// so a name that holds a secret is dropped, not rewritten).
+    pub fn find_in_name(&self, name: &[u8]) -> Option<Arc<str>> {
+        let (m, names) = self.token_matcher.as_ref()?;
+        m.find(name)
+            .map(|found| Arc::clone(&self.names[names[found.pattern()]]))
     }
 
     /// Whether `tail` is a proper prefix of some variant (it could become one with more bytes).
@@ -378,6 +407,11 @@ impl fmt::Debug for Scrubber {
             .field("max_pattern_len", &self.max_pattern_len)
             .finish_non_exhaustive()
     }
+}
+
+/// RFC 9110 `tchar`: the bytes a header name is made of.
+fn is_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
 /// How much of a haystack [`Scrubber::scrub_into`] may consume.

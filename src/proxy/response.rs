@@ -1,0 +1,216 @@
+//! The response phase: what the upstream sent, turned into what the sandbox may see.
+//!
+//! It sees the upstream's head *as received* and works in a fixed order, because each step
+//! needs what the one before it would destroy:
+//!
+//! 1. transfer codings: only `chunked` (which hyper has undone) is accepted; any other would
+//!    hand the sandbox bytes nobody decoded, so it is refused (`uninspectable_body`);
+//! 2. content codings, on a scanned response: decided now, before `Connection` can name
+//!    `Content-Encoding` and have it stripped; a coding latchkey cannot decode is refused;
+//! 3. hop-by-hop headers stripped, and every `x-latchkey-*` header (an upstream must not forge
+//!    latchkey's decision, rule or reason);
+//! 4. the reason phrase dropped: the sandbox gets the canonical one for the status;
+//! 5. on a scanned response, header names and values, the decoded body and the trailers are
+//!    scrubbed; a header or trailer whose *name* holds a secret is dropped.
+//!
+//! Informational (1xx) responses never reach the sandbox: hyper's client consumes them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_ENCODING, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::{HeaderMap, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::BodyExt;
+
+use super::decode::{self, Coding, DecodeError};
+use super::{hop, scrub_body};
+use crate::audit::Counters;
+use crate::reason::Reason;
+use crate::secrets::scrub::Scrubber;
+use crate::upstream::{Body, BoxError};
+
+/// How long the phase waits for a compressed body's first frame before sending the head, so a
+/// bomb that arrives with its head is refused with a status rather than cut off mid-body.
+const FIRST_FRAME_WAIT: Duration = Duration::from_millis(100);
+
+/// What the response phase needs to know about the request.
+pub struct ResponseCx<'a> {
+    pub host: &'a str,
+    /// A HEAD request: the response has no body whatever its headers say.
+    pub is_head: bool,
+    /// The scanner for secret values, when this response must be scanned.
+    pub scan: Option<Arc<Scrubber>>,
+    /// Cap on the decoded size of a scanned body.
+    pub max_decoded: u64,
+    pub counters: Arc<Counters>,
+}
+
+/// A refusal of the response, before its head reached the sandbox.
+pub type Refusal = (Reason, String);
+
+/// Turns the upstream's response into the one the sandbox gets.
+pub async fn filter<B>(mut res: Response<B>, cx: ResponseCx<'_>) -> Result<Response<Body>, Refusal>
+where
+    B: http_body::Body<Data = Bytes> + Send + Sync + Unpin + 'static,
+    B::Error: Into<BoxError>,
+{
+    // 1. transfer codings, as received.
+    if let Some(coding) = foreign_transfer_coding(res.headers()) {
+        return Err((
+            Reason::UninspectableBody,
+            format!(
+                "the response from {} uses transfer coding {coding:?}; latchkey accepts only chunked",
+                cx.host
+            ),
+        ));
+    }
+    let bodiless = cx.is_head
+        || res.status().is_informational()
+        || res.status() == StatusCode::NO_CONTENT
+        || res.status() == StatusCode::NOT_MODIFIED;
+
+    // 2. content codings, as received (scanned responses only: others pass through as sent).
+    let codings = match &cx.scan {
+        Some(_) if !bodiless => decode::codings(res.headers()).map_err(|coding| {
+            (
+                Reason::UninspectableBody,
+                format!(
+                    "the response from {} is encoded as {coding:?}, which latchkey cannot inspect for secrets",
+                    cx.host
+                ),
+            )
+        })?,
+        _ => Vec::new(),
+    };
+
+    // 3. hop-by-hop and latchkey's own headers; 4. the reason phrase (an extension hyper keeps
+    // for a non-canonical phrase), with every other extension of the upstream's.
+    hop::strip_response(res.headers_mut());
+    strip_own_headers(res.headers_mut());
+    *res.extensions_mut() = http::Extensions::new();
+
+    // 5. scrub.
+    let Some(scrubber) = cx.scan else {
+        return Ok(res.map(|b| b.map_frame(strip_own_trailers).map_err(Into::into).boxed()));
+    };
+    let n = scrub_body::filter_headers(res.headers_mut(), &scrubber);
+    cx.counters
+        .redactions
+        .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+    if bodiless {
+        return Ok(res.map(|b| b.map_err(Into::into).boxed()));
+    }
+    let (parts, mut body) = res.into_parts();
+    let mut first = None;
+    if !codings.is_empty() {
+        if let Ok(frame) = tokio::time::timeout(FIRST_FRAME_WAIT, body.frame()).await {
+            match frame {
+                Some(Ok(f)) => {
+                    if let Some(data) = f.data_ref() {
+                        check_first(&codings, data, cx.max_decoded, cx.host)?;
+                    }
+                    first = Some(f);
+                }
+                Some(Err(e)) => {
+                    let e: BoxError = e.into();
+                    return Err((
+                        Reason::UpstreamError,
+                        format!("reading the response from {}: {e}", cx.host),
+                    ));
+                }
+                None => {}
+            }
+        }
+    }
+    let mut res = Response::from_parts(parts, body);
+    // The body changes: its length and coding no longer describe it.
+    res.headers_mut().remove(CONTENT_LENGTH);
+    res.headers_mut().remove(CONTENT_ENCODING);
+    let decoder = (!codings.is_empty()).then(|| decode::Decoder::new(&codings, cx.max_decoded));
+    Ok(res.map(|b| scrub_body::scrubbed(b, first, decoder, &scrubber, cx.counters)))
+}
+
+/// Refuses a body whose first frame alone decodes past the limit, or does not decode.
+fn check_first(codings: &[Coding], data: &Bytes, limit: u64, host: &str) -> Result<(), Refusal> {
+    match decode::check_first_frame(codings, data, limit) {
+        Ok(()) => Ok(()),
+        Err(DecodeError::Limit { limit }) => Err((
+            Reason::DecompressionLimit,
+            format!("the response from {host} decodes to more than {limit} bytes, latchkey's limit for an inspected body"),
+        )),
+        Err(e) => Err((
+            Reason::UninspectableBody,
+            format!("the response from {host} cannot be decoded for inspection: {e}"),
+        )),
+    }
+}
+
+/// The first transfer coding other than `chunked`, if any.
+fn foreign_transfer_coding(headers: &HeaderMap) -> Option<String> {
+    for value in headers.get_all(TRANSFER_ENCODING) {
+        let Ok(text) = value.to_str() else {
+            return Some("(not ASCII)".to_string());
+        };
+        for token in text.split(',') {
+            let token = token.trim();
+            if !token.eq_ignore_ascii_case("chunked") {
+                return Some(token.to_string());
+            }
+        }
+    }
+    None
+}
+
+/// Removes every `x-latchkey-*` header: only latchkey speaks for latchkey.
+pub fn strip_own_headers(headers: &mut HeaderMap) {
+    let own: Vec<_> = headers
+        .keys()
+        .filter(|n| n.as_str().starts_with("x-latchkey-"))
+        .cloned()
+        .collect();
+    for name in own {
+        headers.remove(name);
+    }
+}
+
+/// A frame of trailers with latchkey's own fields removed (for responses that are not scanned).
+pub fn strip_own_trailers(frame: Frame<Bytes>) -> Frame<Bytes> {
+    match frame.into_trailers() {
+        Ok(mut t) => {
+            strip_own_headers(&mut t);
+            Frame::trailers(t)
+        }
+        Err(frame) => frame,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_chunked_is_an_accepted_transfer_coding() {
+        let mut h = HeaderMap::new();
+        assert_eq!(foreign_transfer_coding(&h), None);
+        h.insert(TRANSFER_ENCODING, "Chunked".parse().expect("v"));
+        assert_eq!(foreign_transfer_coding(&h), None);
+        h.insert(TRANSFER_ENCODING, "gzip, chunked".parse().expect("v"));
+        assert_eq!(foreign_transfer_coding(&h), Some("gzip".to_string()));
+        h.insert(TRANSFER_ENCODING, "chunked".parse().expect("v"));
+        h.append(TRANSFER_ENCODING, "identity".parse().expect("v"));
+        assert_eq!(foreign_transfer_coding(&h), Some("identity".to_string()));
+    }
+
+    #[test]
+    fn own_headers_are_stripped_whatever_their_case() {
+        let mut h = HeaderMap::new();
+        h.insert("X-Latchkey-Decision", "allow".parse().expect("v"));
+        h.insert("x-latchkey-rule", "forged".parse().expect("v"));
+        h.insert("x-latchkeyish", "kept".parse().expect("v"));
+        strip_own_headers(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-latchkeyish"));
+    }
+}
