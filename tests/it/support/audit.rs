@@ -55,6 +55,7 @@ pub const REASONS: &[&str] = &[
     "presigned_query",
     // The audit log cannot be written: traffic is refused until it can.
     "audit_unavailable",
+    "decompression_limit",
 ];
 
 /// Policy denials that report-only mode (`mode = "report"`, `--mode report`) lets through: such a
@@ -75,6 +76,7 @@ pub const ALLOWED_BUT_FAILED: &[&str] = &[
     "upstream_error",
     "upstream_timeout",
     "uninspectable_body",
+    "decompression_limit",
     "credential_failed",
 ];
 
