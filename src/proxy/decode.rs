@@ -125,11 +125,14 @@ impl Read for Source {
     }
 }
 
+/// The sniffed bytes, then the rest of the stream.
+type Resumed<R> = BufReader<io::Chain<io::Cursor<Vec<u8>>, R>>;
+
 /// Deflate that picks zlib or raw from the first two bytes.
 enum Deflate<R: Read> {
     Sniffing { inner: Option<R>, head: Vec<u8> },
-    Zlib(Box<flate2::bufread::ZlibDecoder<BufReader<io::Chain<io::Cursor<Vec<u8>>, R>>>>),
-    Raw(Box<flate2::bufread::DeflateDecoder<BufReader<io::Chain<io::Cursor<Vec<u8>>, R>>>>),
+    Zlib(Box<flate2::bufread::ZlibDecoder<Resumed<R>>>),
+    Raw(Box<flate2::bufread::DeflateDecoder<Resumed<R>>>),
 }
 
 impl<R: Read> Read for Deflate<R> {
