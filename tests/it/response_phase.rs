@@ -194,9 +194,9 @@ fn h2_request(lk: &Latchkey, authority: &str, method: &str, path: &str) -> H2Res
     let (authority, method, path) = (authority.to_string(), method.to_string(), path.to_string());
     rt.block_on(async move {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut tcp = tokio::net::TcpStream::connect(proxy)
-            .await
-            .expect("dial latchkey");
+        let std_tcp = crate::support::clients::dial(proxy);
+        std_tcp.set_nonblocking(true).expect("non-blocking");
+        let mut tcp = tokio::net::TcpStream::from_std(std_tcp).expect("tokio socket");
         tcp.write_all(
             format!("CONNECT {authority} HTTP/1.1\r\nhost: {authority}\r\n\r\n").as_bytes(),
         )
