@@ -84,6 +84,7 @@ pin_project_lite::pin_project! {
         counters: Arc<Counters>,
         counted: usize,
         phase: Phase,
+        started: bool,
     }
 }
 
@@ -124,6 +125,7 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
+        *this.started = true;
         loop {
             match *this.phase {
                 Phase::Done => return Poll::Ready(None),
@@ -224,8 +226,12 @@ where
         }
     }
 
+    /// Also true before the first poll when the upstream's body is already over, so a
+    /// headers-only response (a gRPC trailers-only status) stays one HEADERS frame to an h2
+    /// sandbox rather than gaining an empty DATA frame.
     fn is_end_stream(&self) -> bool {
         self.phase == Phase::Done
+            || (!self.started && self.first.is_none() && self.inner.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -256,6 +262,7 @@ where
         counters,
         counted: 0,
         phase: Phase::Streaming,
+        started: false,
     }
     .boxed()
 }

@@ -752,3 +752,67 @@ fn a_rule_that_binds_no_secret_is_scanned_when_another_rule_binds_one_to_the_hos
     assert_eq!(rec["rule"], "open");
     assert_eq!(rec["redactions"], 2);
 }
+
+/// A real gRPC client and server (grpcio) through the MITM: `TE: trailers` reaches the server
+/// (grpc refuses a call without it), the status travels in trailers, and a credential the
+/// server reflects in `grpc-message` reaches the client redacted.
+#[test]
+fn a_grpc_call_round_trips_through_the_mitm_and_a_reflected_credential_is_redacted_in_its_status() {
+    let ca = TestCa::new();
+    let (cert, key) = ca.issue_pem_files(crate::support::ca::UPSTREAM_NAMES, "grpc");
+    let server = crate::support::credentials::PyServer::start("grpc_echo.py", &cert, &key, &[]);
+    let lk = start(&ca, server.port());
+    let call = |payload: &str| -> Value {
+        let mut cmd = std::process::Command::new("python3");
+        cmd.arg(format!(
+            "{}/tests/clients/grpc_echo.py",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .args(["call", &format!("api.test:{}", server.port())])
+        .arg(lk.ca_pem_path())
+        .arg(lk.proxy_url())
+        .arg(payload);
+        for var in crate::support::latchkey::SCRUBBED_ENV {
+            cmd.env_remove(var);
+        }
+        cmd.env_remove("no_grpc_proxy").env_remove("NO_GRPC_PROXY");
+        let out = crate::support::latchkey::wait_with_timeout(&mut cmd, Duration::from_secs(40));
+        assert!(
+            !holds_key(out.stdout.as_bytes()) && !holds_key(out.stderr.as_bytes()),
+            "{out:?}"
+        );
+        serde_json::from_str(out.stdout.trim())
+            .unwrap_or_else(|e| panic!("grpc client output ({e}): {out:?}"))
+    };
+    let ok = call("hello");
+    assert_eq!(ok["ok"], true, "{ok}");
+    assert_eq!(
+        ok["reply"],
+        format!("ok:{}", "Bearer ".len() + KEY.len()),
+        "the injected credential reached the server"
+    );
+    let failed = call("fail");
+    assert_eq!(failed["ok"], false, "{failed}");
+    assert_eq!(failed["code"], "PERMISSION_DENIED", "{failed}");
+    assert_eq!(
+        failed["details"], "rejected credential Bearer [REDACTED:key]",
+        "{failed}"
+    );
+    let calls = server.wait_events("call", 2);
+    assert!(
+        calls.iter().all(|c| c["auth"] == format!("Bearer {KEY}")),
+        "{calls:?}"
+    );
+    let records = records_for(&lk, &["/test.Echo/Call"]);
+    let recs: Vec<_> = records
+        .iter()
+        .filter(|r| r["path"] == "/test.Echo/Call")
+        .collect();
+    assert_eq!(recs.len(), 2, "{records:#?}");
+    assert!(recs
+        .iter()
+        .all(|r| r["reason"] == "allowed" && r["rule"] == "api"));
+    assert!(recs
+        .iter()
+        .any(|r| r["redactions"].as_u64().unwrap_or(0) >= 1));
+}

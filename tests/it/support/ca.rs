@@ -69,4 +69,27 @@ impl TestCa {
         let key_der = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
         (vec![cert.der().clone()], key_der)
     }
+
+    /// A leaf for `names` written as PEM files in this CA's directory: (certificate, key).
+    pub fn issue_pem_files(&self, names: &[&str], stem: &str) -> (PathBuf, PathBuf) {
+        let (chain, key) = self.issue(names);
+        let cert = self.dir.path().join(format!("{stem}-cert.pem"));
+        let key_path = self.dir.path().join(format!("{stem}-key.pem"));
+        std::fs::write(&cert, pem("CERTIFICATE", &chain[0])).expect("write leaf cert");
+        std::fs::write(&key_path, pem("PRIVATE KEY", key.secret_der())).expect("write leaf key");
+        (cert, key_path)
+    }
+}
+
+/// DER as a PEM block.
+pub fn pem(label: &str, der: &[u8]) -> String {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        out.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
+        out.push('\n');
+    }
+    out.push_str(&format!("-----END {label}-----\n"));
+    out
 }

@@ -188,15 +188,7 @@ impl Drop for PyServer {
 // ---------------------------------------------------------------------------------------------
 // Keys and certificates
 
-fn pem(label: &str, der: &[u8]) -> String {
-    let mut out = format!("-----BEGIN {label}-----\n");
-    for line in STANDARD.encode(der).as_bytes().chunks(64) {
-        out.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
-        out.push('\n');
-    }
-    out.push_str(&format!("-----END {label}-----\n"));
-    out
-}
+use super::ca::pem;
 
 /// Stands for the private key's path in the arguments given to `Bench::key_pair`.
 const OUT: &str = "{private key file}";

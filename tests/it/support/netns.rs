@@ -26,7 +26,6 @@ use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use base64::Engine;
 use tempfile::TempDir;
 
 use super::ca::TestCa;
@@ -398,16 +397,7 @@ impl NsEcho {
     }
 }
 
-fn pem(label: &str, der: &[u8]) -> String {
-    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
-    let mut out = format!("-----BEGIN {label}-----\n");
-    for line in b64.as_bytes().chunks(64) {
-        out.push_str(std::str::from_utf8(line).expect("base64 is ASCII"));
-        out.push('\n');
-    }
-    out.push_str(&format!("-----END {label}-----\n"));
-    out
-}
+use super::ca::pem;
 
 /// curl run inside `ns`: `curl -q -sS --max-time 20 --cacert LATCHKEY_CA ARGS...`, trusting only
 /// latchkey's CA. Proxy settings come from `args` (`-x`) or `env` (`HTTPS_PROXY`).
