@@ -667,6 +667,11 @@ fn a_decompression_bomb_is_refused_or_cut_off_with_bounded_memory() {
         );
     }
     let grown = peak_rss_kib(&lk).saturating_sub(before);
+    eprintln!(
+        "bombs: brotli {} B, gzip {} B; peak RSS {before} KiB before, grew by {grown} KiB",
+        br.len(),
+        gz.len()
+    );
     assert!(
         grown < 100 * 1024,
         "latchkey's peak RSS grew by {grown} KiB on two bombs"
