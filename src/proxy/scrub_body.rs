@@ -435,7 +435,7 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+        #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
 
         /// Random bodies with secrets in random forms, under random coding stacks, cut into
         /// random frames, with trailers or not: the sandbox never sees the secret, and sees
@@ -472,6 +472,39 @@ mod tests {
                 for v in t.values() {
                     prop_assert!(scrubber().find(v.as_bytes()).is_none());
                 }
+            }
+        }
+
+        /// Random header blocks (names with the secret in any case at any position, values with
+        /// it in any form): after filtering, no name and no value holds it.
+        #[test]
+        fn random_header_blocks_never_deliver_a_secret(
+            fields in proptest::collection::vec(("[a-z0-9-]{0,8}", any::<bool>(), any::<u8>(), "[ -~]{0,12}", any::<u8>(), any::<bool>()), 1..8),
+        ) {
+            let lower = String::from_utf8_lossy(KEY).to_ascii_lowercase();
+            let mut h = HeaderMap::new();
+            for (prefix, secret_name, case, noise, f, secret_value) in &fields {
+                let mut name = format!("x-{prefix}");
+                if *secret_name {
+                    let cased: String = lower
+                        .chars()
+                        .enumerate()
+                        .map(|(i, c)| if (*case as usize >> (i % 8)) & 1 == 1 { c.to_ascii_uppercase() } else { c })
+                        .collect();
+                    name.push_str(&cased);
+                }
+                let Ok(name) = http::HeaderName::from_bytes(name.as_bytes()) else { continue };
+                let mut value = noise.as_bytes().to_vec();
+                if *secret_value {
+                    value.extend_from_slice(&form(*f));
+                }
+                let Ok(value) = HeaderValue::from_bytes(&value) else { continue };
+                h.append(name, value);
+            }
+            filter_headers(&mut h, &scrubber());
+            for (name, value) in &h {
+                prop_assert!(!name.as_str().contains(&lower), "name {name}");
+                prop_assert!(scrubber().find(value.as_bytes()).is_none(), "value of {name}");
             }
         }
 
