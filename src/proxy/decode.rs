@@ -19,6 +19,9 @@ use http::HeaderMap;
 /// The most decoded bytes produced (and held) per pull.
 pub const SLICE: usize = 16 * 1024;
 
+/// The most bytes accepted (and dropped) after a compressed stream has ended.
+const MAX_AFTER_END: usize = 64 * 1024;
+
 /// The most codings stacked on one body (`Content-Encoding: gzip, br` is two); more is refused.
 const MAX_CODINGS: usize = 3;
 
@@ -265,12 +268,17 @@ impl Decoder {
             return Ok(Pull::Done);
         }
         if self.stream_done {
-            // The compressed stream finished before the body did: anything after it is not
-            // part of it (and would otherwise pile up unread).
-            if self.input.lock().chunks.iter().any(|c| !c.is_empty()) {
+            // The (outermost) compressed stream is complete. What still arrives may be an inner
+            // coding's trailer (a gzip CRC under a deflate stream) or junk; it is never decoded
+            // or delivered, only bounded, so an upstream cannot pile it up.
+            let mut input = self.input.lock();
+            let pending: usize = input.chunks.iter().map(Bytes::len).sum();
+            if pending > MAX_AFTER_END {
+                drop(input);
                 return Err(self.invalid("data after the end of the compressed stream"));
             }
             if ended {
+                input.chunks.clear();
                 self.done = true;
                 return Ok(Pull::Done);
             }
