@@ -48,14 +48,6 @@ pub async fn handle(proxy: Arc<Proxy>, ctx: Arc<Ctx>, req: Request<Incoming>) ->
     if let Err((reason, msg)) = super::limits::check_framing(req.headers()) {
         return refused(entry, reason, None, &msg);
     }
-    // The raw head as sent: hyper drops a Content-Length next to Transfer-Encoding.
-    if let Some(Err((reason, msg))) = ctx
-        .heads
-        .as_ref()
-        .and_then(|h| h.framing_of("CONNECT", &req.uri().to_string()))
-    {
-        return refused(entry, reason, None, &msg);
-    }
     let Some(authority) = req.uri().authority().cloned() else {
         return refused(entry, Reason::BadRequest, None, "CONNECT needs host:port");
     };
@@ -84,6 +76,14 @@ pub async fn handle(proxy: Arc<Proxy>, ctx: Arc<Ctx>, req: Request<Incoming>) ->
         r.host = Some(host.clone());
         r.port = Some(port);
     });
+    // The raw head as sent: hyper drops a Content-Length next to Transfer-Encoding.
+    if let Some(Err((reason, msg))) = ctx
+        .heads
+        .as_ref()
+        .and_then(|h| h.framing_of("CONNECT", &req.uri().to_string()))
+    {
+        return refused(entry, reason, None, &msg);
+    }
     // fail closed: nothing goes through while its record cannot be written.
     if !proxy.audit.is_healthy() {
         return refused(entry, Reason::AuditUnavailable, None, super::AUDIT_DOWN);
