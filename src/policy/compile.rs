@@ -173,7 +173,13 @@ pub fn compile_sources_with(
                     text,
                     errors: &mut errors,
                 };
-                cx.error(e.span().unwrap_or(0..0), e.message().to_string());
+                // toml leaves the message empty for some errors (a control character in a
+                // comment); never report an empty problem.
+                let message = match e.message().trim() {
+                    "" => "invalid TOML: a control character or malformed token here".to_string(),
+                    m => m.to_string(),
+                };
+                cx.error(e.span().unwrap_or(0..0), message);
             }
         }
     }

@@ -231,7 +231,7 @@ pub fn explain(
                 ),
             ),
             Some(ConnectDecision::Deny(d)) => (d.reason, d.rule, d.message),
-            _ if crate::proxy::is_ambiguous_path(path) => (
+            _ if crate::proxy::path::is_ambiguous_path(path) => (
                 Reason::AmbiguousPath,
                 None,
                 format!("path {path:?} has dot segments or encoded slashes"),

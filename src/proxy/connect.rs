@@ -76,6 +76,14 @@ pub async fn handle(proxy: Arc<Proxy>, ctx: Arc<Ctx>, req: Request<Incoming>) ->
         r.host = Some(host.clone());
         r.port = Some(port);
     });
+    // The raw head as sent: hyper drops a Content-Length next to Transfer-Encoding.
+    if let Some(Err((reason, msg))) = ctx
+        .heads
+        .as_ref()
+        .and_then(|h| h.framing_of("CONNECT", &req.uri().to_string()))
+    {
+        return refused(entry, reason, None, &msg);
+    }
     // fail closed: nothing goes through while its record cannot be written.
     if !proxy.audit.is_healthy() {
         return refused(entry, Reason::AuditUnavailable, None, super::AUDIT_DOWN);
@@ -244,7 +252,17 @@ async fn intercept(proxy: Arc<Proxy>, ctx: Arc<Ctx>, upgraded: Upgraded, entry: 
     let (audit_proxy, client) = (proxy.clone(), ctx.client);
     let header_timeout = proxy.limits.header_timeout;
     let mut shutdown = proxy.shutdown.subscribe();
-    let service = service_fn(move |req| pipeline::handle(proxy.clone(), ctx.clone(), req));
+    let service = service_fn(move |req: Request<Incoming>| {
+        // HTTP/1 inside TLS: the Nth request is judged by the Nth raw head (h2 needs no sniffing).
+        if let Some(heads) = ctx
+            .heads
+            .as_ref()
+            .filter(|_| req.version() < http::Version::HTTP_2)
+        {
+            heads.begin_request();
+        }
+        pipeline::handle(proxy.clone(), ctx.clone(), req)
+    });
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
         .http1()

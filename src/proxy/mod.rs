@@ -20,6 +20,7 @@ mod credentials;
 mod decode;
 pub mod hop;
 pub mod limits;
+pub mod path;
 mod pipeline;
 mod respond;
 mod response;
@@ -40,7 +41,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 pub use ca::{CertAuthority, InitOutcome};
 pub use credentials::SCAN_LIMIT;
-pub use pipeline::{is_ambiguous_path, Ctx};
+pub use pipeline::Ctx;
 
 use crate::audit::{AuditLog, Entry};
 use crate::policy::Policy;
@@ -504,6 +505,10 @@ impl Proxy {
         let service = service_fn(move |req: Request<Incoming>| {
             let proxy = proxy.clone();
             let ctx = ctx.clone();
+            // The Nth request hyper hands over is judged by the Nth raw head on the connection.
+            if let Some(heads) = &ctx.heads {
+                heads.begin_request();
+            }
             async move {
                 // identify: per request on the proxy hop (a CONNECT's identity then holds for
                 // every request inside it).

@@ -214,3 +214,167 @@ fn host_form_errors_name_the_host_and_the_bad_part() {
         assert_eq!(err, Some(message.to_string()), "{host}");
     }
 }
+
+/// Property tests: host-form parsing never panics and agrees with the WHATWG URL parser
+/// (`url::Host::parse`, the parser browsers and most HTTP clients follow) wherever both give an
+/// answer. latchkey may be stricter (an error where `url` sees an address or a name), never
+/// looser: it never calls a host a name that `url` reads as an address, and never reads another
+/// address than `url` does.
+mod properties {
+    use std::net::IpAddr;
+
+    use proptest::prelude::*;
+
+    use super::parse_ip_host;
+
+    /// What `url` makes of `host`, as latchkey's answer type; IPv6 compared in brackets (`url`
+    /// only accepts it so).
+    fn whatwg(host: &str) -> Result<Option<IpAddr>, ()> {
+        let host = if host.contains(':') && !host.starts_with('[') {
+            format!("[{host}]")
+        } else {
+            host.to_string()
+        };
+        match url::Host::parse(&host) {
+            Ok(url::Host::Ipv4(a)) => Ok(Some(IpAddr::V4(a))),
+            Ok(url::Host::Ipv6(a)) => Ok(Some(IpAddr::V6(a))),
+            Ok(url::Host::Domain(_)) => Ok(None),
+            Err(_) => Err(()),
+        }
+    }
+
+    fn agree(host: &str) -> Result<(), TestCaseError> {
+        let ours = parse_ip_host(host);
+        let theirs = whatwg(host);
+        match (&ours, &theirs) {
+            // latchkey reads an address: url reads the same one.
+            (Ok(Some(a)), t) => prop_assert_eq!(t, &Ok(Some(*a)), "{:?}", host),
+            // url reads an address: latchkey reads it too (above) or refuses, never a name.
+            (Ok(None), Ok(Some(a))) => {
+                prop_assert!(false, "{:?}: latchkey says a name, url says {}", host, a)
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// One IPv4 part in one of the radixes WHATWG and `inet_aton` accept, or a near miss.
+    fn part() -> impl Strategy<Value = String> {
+        let value = prop_oneof![
+            6 => 0..=255u64,
+            2 => 0..=0xffffu64,
+            1 => 0..=0xff_ffffu64,
+            2 => 0..=0xffff_ffffu64,
+            1 => Just(0x1_0000_0000u64),
+            1 => any::<u64>(),
+        ];
+        let radix = prop_oneof![
+            4 => Just(0u8),
+            2 => Just(1u8),
+            2 => Just(2u8),
+            1 => Just(3u8),
+            1 => Just(4u8),
+            1 => Just(5u8),
+        ];
+        (value, radix).prop_map(|(v, radix)| match radix {
+            0 => v.to_string(),
+            1 => format!("0{v:o}"),
+            2 => format!("0x{v:x}"),
+            3 => format!("0X{v:X}"),
+            4 => format!("0x0000{v:x}"),
+            _ => format!("{v}9a"),
+        })
+    }
+
+    fn ipv4_like() -> impl Strategy<Value = String> {
+        let count = prop_oneof![8 => 1..5usize, 1 => 5..7usize];
+        let dots = prop_oneof![6 => Just(0usize), 2 => Just(1usize), 1 => Just(2usize)];
+        (
+            count.prop_flat_map(|n| proptest::collection::vec(part(), n)),
+            dots,
+            proptest::option::weighted(0.15, "[a-z]{1,4}"),
+        )
+            .prop_map(|(parts, dots, label)| {
+                let mut host = parts.join(".");
+                if let Some(label) = label {
+                    host = format!("{label}.{host}");
+                }
+                host.push_str(&".".repeat(dots));
+                host
+            })
+    }
+
+    fn ipv6_like() -> impl Strategy<Value = String> {
+        let group = prop_oneof!["[0-9a-fA-F]{0,5}", Just("ffff".to_string())];
+        (
+            proptest::collection::vec(group, 1..10),
+            proptest::option::of(0..10usize),
+            proptest::option::of((0..=255u8, 0..=255u8, 0..=255u8, 0..=300u16)),
+            0..4u8,
+        )
+            .prop_map(|(groups, compress, v4, wrap)| {
+                let mut parts: Vec<String> = groups;
+                if let Some(at) = compress {
+                    let at = at.min(parts.len());
+                    parts.insert(at, String::new());
+                }
+                let mut text = parts.join(":");
+                if let Some((a, b, c, d)) = v4 {
+                    text.push_str(&format!(":{a}.{b}.{c}.{d}"));
+                }
+                match wrap {
+                    0 => format!("[{text}]"),
+                    1 => text,
+                    2 => format!("[{text}"),
+                    _ => format!("[{text}]x"),
+                }
+            })
+    }
+
+    /// Short strings over the characters that matter to host parsing, plus a few that must not.
+    fn alphabet() -> impl Strategy<Value = String> {
+        proptest::collection::vec(
+            prop_oneof![
+                8 => proptest::char::range('0', '9'),
+                3 => proptest::sample::select(vec!['.', 'x', 'X', 'a', 'f', 'F', 'g', 'z']),
+                2 => proptest::sample::select(vec![':', '[', ']', '%', '-', '_']),
+                1 => proptest::sample::select(vec![' ', '\t', '\0', '/', '@', 'é', '１', '。']),
+            ],
+            0..20,
+        )
+        .prop_map(|v| v.into_iter().collect())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+
+        /// 1000 cases: any string, never a panic.
+        #[test]
+        fn proptest_hostform_never_panics_on_any_string(host in any::<String>()) {
+            let _ = parse_ip_host(&host);
+        }
+
+        /// 1000 cases: dotted numbers in every radix, with too many parts, trailing dots and a
+        /// leading name label.
+        #[test]
+        fn proptest_hostform_ipv4_forms_agree_with_url(host in ipv4_like()) {
+            agree(&host)?;
+        }
+
+        /// 1000 cases: strings over digits, dots, hex letters, brackets, '%' and odd characters.
+        #[test]
+        fn proptest_hostform_host_alphabet_agrees_with_url(host in alphabet()) {
+            agree(&host)?;
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(500))]
+
+        /// 500 cases: IPv6 groups with compression, embedded IPv4, and broken brackets.
+        #[test]
+        fn proptest_hostform_ipv6_forms_agree_with_url(host in ipv6_like()) {
+            agree(&host)?;
+        }
+    }
+}

@@ -25,6 +25,7 @@ mod mitm;
 mod network_addresses;
 mod network_limits;
 mod network_smuggling;
+mod paths;
 mod plain_http;
 mod policy_cli;
 mod policy_ops;
