@@ -788,6 +788,7 @@ impl SecretStore {
             })?))
         };
         self.builds.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(generation, values = values.len(), "redaction matcher built");
         self.built.store(Some(Arc::new(Built {
             generation,
             scrubber: scrubber.clone(),

@@ -33,6 +33,7 @@ mod reload_admin;
 mod report_only;
 mod secrets_clients;
 mod secrets_exfiltration;
+mod secrets_hygiene;
 mod secrets_inject;
 mod secrets_placeholders;
 mod secrets_plain_http;
