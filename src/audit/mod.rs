@@ -55,7 +55,10 @@ pub enum AuditError {
 }
 
 /// One audit record (DESIGN.md §5). Field names are a contract.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+///
+/// Until [`Entry`] scrubs it on the way out, `method`, `host` and `path` are as the sandbox sent
+/// them and may hold a secret value it pasted there: `Debug` shows their lengths only.
+#[derive(Clone, Serialize, PartialEq)]
 pub struct Record {
     /// When the request arrived; RFC 3339 UTC with milliseconds.
     #[serde(serialize_with = "rfc3339_millis")]
@@ -83,6 +86,28 @@ pub struct Record {
     pub redactions: u64,
     /// Report-only mode let through a request that enforcement would deny (`reason` says why).
     pub would_deny: bool,
+}
+
+impl std::fmt::Debug for Record {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let len = |v: &Option<String>| v.as_ref().map(String::len);
+        f.debug_struct("Record")
+            .field("id", &self.id)
+            .field("identity", &self.identity)
+            .field("client", &self.client)
+            .field("method_len", &len(&self.method))
+            .field("scheme", &self.scheme)
+            .field("host_len", &len(&self.host))
+            .field("port", &self.port)
+            .field("path_len", &len(&self.path))
+            .field("decision", &self.decision)
+            .field("rule", &self.rule)
+            .field("reason", &self.reason)
+            .field("secrets", &self.secrets)
+            .field("status", &self.status)
+            .field("redactions", &self.redactions)
+            .finish_non_exhaustive()
+    }
 }
 
 fn rfc3339_millis<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
@@ -942,6 +967,22 @@ mod tests {
         writer.join().expect("join");
         assert!(log.flush(Duration::from_secs(5)));
         assert_eq!(sink.statuses(), (0..=(3 * CAP) as u64).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_record_s_debug_never_shows_what_the_sandbox_sent_in_the_url() {
+        let log = Arc::new(AuditLog::with_sink(Box::new(Flaky::default())).expect("log"));
+        let client: SocketAddr = "127.0.0.1:9".parse().expect("addr");
+        let mut e = Entry::start(log, client, "default", "sha256:x");
+        e.update(|r| {
+            r.method = Some("sk-pasted-secret-method".into());
+            r.host = Some("sk-pasted-secret-host.example".into());
+            r.path = Some("/v1?key=sk-pasted-secret-path".into());
+            let printed = format!("{r:?} {r:#?}");
+            assert!(!printed.contains("sk-pasted"), "{printed}");
+            assert!(printed.contains("path_len"), "{printed}");
+        });
+        e.dismiss();
     }
 
     #[test]
