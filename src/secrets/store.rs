@@ -182,6 +182,21 @@ struct Retired {
     at: Instant,
 }
 
+/// How the redaction set changed. An addition makes every older matcher unsafe (it would miss
+/// the value); a removal does not (an older matcher only looks for more).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Change {
+    added: bool,
+    removed: bool,
+}
+
+impl std::ops::BitOrAssign for Change {
+    fn bitor_assign(&mut self, other: Change) {
+        self.added |= other.added;
+        self.removed |= other.removed;
+    }
+}
+
 /// The redaction set, apart from the sources' current values (which live in their slots).
 #[derive(Default)]
 struct Values {
@@ -204,23 +219,12 @@ impl Values {
             .is_some_and(|m| m.values().any(|l| &l.value == value))
     }
 
-    /// Adds a retired value (a known one keeps the later of its two times). Returns whether
-    /// the set of values changed.
-    fn retire(&mut self, name: &Arc<str>, value: SecretValue, at: Instant) -> bool {
-        let (added, evicted) = self.retire_counting(name, value, at);
-        added || evicted
-    }
-
-    /// [`Values::retire`], telling apart whether the value was new to the set and whether the
-    /// caps evicted another: a value moved here from the live set (or a slot) is no change.
-    fn retire_counting(
-        &mut self,
-        name: &Arc<str>,
-        value: SecretValue,
-        at: Instant,
-    ) -> (bool, bool) {
+    /// Adds a retired value (a known one keeps the later of its two times). A value moved here
+    /// from the live set (or a slot) was in the set already: then only an eviction the caps
+    /// force is a change.
+    fn retire(&mut self, name: &Arc<str>, value: SecretValue, at: Instant) -> Change {
         if self.is_live(name, &value) {
-            return (false, false);
+            return Change::default();
         }
         if let Some(i) = self.retired_index(name, &value) {
             if self.retired[i].at < at {
@@ -229,14 +233,26 @@ impl Values {
                     self.insert_retired(r);
                 }
             }
-            return (false, false);
+            return Change::default();
         }
         self.insert_retired(Retired {
             name: name.clone(),
             value,
             at,
         });
-        (true, self.enforce_retired_caps(name))
+        Change {
+            added: true,
+            removed: self.enforce_retired_caps(name),
+        }
+    }
+
+    /// [`Values::retire`] of a value that was in the set already (a live or current value
+    /// being replaced): only the evictions count.
+    fn demote(&mut self, name: &Arc<str>, value: SecretValue, at: Instant) -> Change {
+        Change {
+            added: false,
+            removed: self.retire(name, value, at).removed,
+        }
     }
 
     fn insert_retired(&mut self, r: Retired) {
@@ -265,20 +281,23 @@ impl Values {
         evicted
     }
 
-    /// Records that `value` is handed out under (`name`, `key`). Returns whether the set of
-    /// values changed: not when the key already holds it (the common case, a cached token).
-    fn mint(&mut self, name: &str, key: &str, value: &SecretValue, now: Instant) -> bool {
+    /// Records that `value` is handed out under (`name`, `key`). No change when the key
+    /// already holds it (the common case, a cached token).
+    fn mint(&mut self, name: &str, key: &str, value: &SecretValue, now: Instant) -> Change {
         if let Some(l) = self.live.get_mut(name).and_then(|m| m.get_mut(key)) {
             if &l.value == value {
                 l.used = now;
-                return false;
+                return Change::default();
             }
         }
         // Known already (live under another key, or retired and now back in use)?
-        let mut changed = !self.is_live(name, value);
+        let mut change = Change {
+            added: !self.is_live(name, value),
+            removed: false,
+        };
         if let Some(i) = self.retired_index(name, value) {
             self.retired.remove(i);
-            changed = false;
+            change.added = false;
         }
         let name: Arc<str> = match self.live.get_key_value(name) {
             Some((n, _)) => n.clone(),
@@ -307,14 +326,13 @@ impl Values {
                 demoted.push(l);
             }
         }
-        // These were in the set already: only an eviction they force changes it.
         if let Some(old) = old {
-            changed |= self.retire_counting(&name, old.value, now).1;
+            change |= self.demote(&name, old.value, now);
         }
         for l in demoted {
-            changed |= self.retire_counting(&name, l.value, l.used).1;
+            change |= self.demote(&name, l.value, l.used);
         }
-        changed
+        change
     }
 
     /// Removes what has been out of use for [`RETIRED_KEEP`]. Returns whether anything left,
@@ -351,6 +369,9 @@ struct Shared {
     values: Mutex<Values>,
     /// Bumped (with `values` locked) whenever the redaction set changes.
     generation: AtomicU64,
+    /// Bumped (with `values` locked, after the value is in) whenever a value is added: a
+    /// matcher built before the last addition may miss a value handed out.
+    added: AtomicU64,
     /// When the next value is due to leave the set, in milliseconds since `epoch` (`u64::MAX`:
     /// none is).
     next_sweep_ms: AtomicU64,
@@ -365,14 +386,21 @@ impl Shared {
         Self {
             values: Mutex::new(Values::default()),
             generation: AtomicU64::new(generation),
+            added: AtomicU64::new(0),
             next_sweep_ms: AtomicU64::new(u64::MAX),
             epoch: Instant::now(),
             successor: Mutex::new(Weak::new()),
         }
     }
 
-    fn bump(&self) {
-        self.generation.fetch_add(1, Ordering::AcqRel);
+    /// Records a change of the set; call it with `values` locked.
+    fn bump(&self, change: Change) {
+        if change.added {
+            self.added.fetch_add(1, Ordering::AcqRel);
+        }
+        if change.added || change.removed {
+            self.generation.fetch_add(1, Ordering::AcqRel);
+        }
     }
 
     /// Lowers the next sweep time to `at` if it is earlier.
@@ -389,9 +417,8 @@ impl Shared {
     fn mint(&self, name: &str, key: &str, value: &SecretValue) {
         let now = Instant::now();
         let mut v = lock(&self.values);
-        if v.mint(name, key, value, now) {
-            self.bump();
-        }
+        let change = v.mint(name, key, value, now);
+        self.bump(change);
         drop(v);
         self.sweep_by(now + RETIRED_KEEP);
         if let Some(next) = self.successor() {
@@ -403,9 +430,8 @@ impl Shared {
     fn remember(&self, name: &str, value: &SecretValue) {
         let now = Instant::now();
         let mut v = lock(&self.values);
-        if v.retire(&Arc::from(name), value.clone(), now) {
-            self.bump();
-        }
+        let change = v.retire(&Arc::from(name), value.clone(), now);
+        self.bump(change);
         drop(v);
         self.sweep_by(now + RETIRED_KEEP);
         if let Some(next) = self.successor() {
@@ -413,23 +439,29 @@ impl Shared {
         }
     }
 
-    /// Drops values out of use for [`RETIRED_KEEP`], when one is due.
-    fn sweep_if_due(&self) {
+    /// Drops values out of use for [`RETIRED_KEEP`], when one is due. Returns whether any
+    /// left the set.
+    fn sweep_if_due(&self) -> bool {
         let due = self.next_sweep_ms.load(Ordering::Acquire);
         if due == u64::MAX || self.epoch.elapsed().as_millis() < u128::from(due) {
-            return;
+            return false;
         }
-        let now = Instant::now();
+        self.sweep_at(Instant::now())
+    }
+
+    fn sweep_at(&self, now: Instant) -> bool {
         let mut v = lock(&self.values);
-        let (changed, next) = v.sweep(now);
-        if changed {
-            self.bump();
-        }
+        let (removed, next) = v.sweep(now);
+        self.bump(Change {
+            added: false,
+            removed,
+        });
         self.next_sweep_ms.store(u64::MAX, Ordering::Release);
         if let Some(next) = next {
             self.sweep_by(next);
         }
         drop(v);
+        removed
     }
 }
 
@@ -452,6 +484,8 @@ struct Slot {
 /// A built matcher and the generation of the redaction set it covers.
 struct Built {
     generation: u64,
+    /// The additions counter when it was built: it holds every value added up to it.
+    added: u64,
     scrubber: Option<Arc<Scrubber>>,
 }
 
@@ -714,7 +748,10 @@ impl SecretStore {
             v.retire(&name, value, now);
         }
         let (_, next) = v.sweep(now);
-        self.shared.bump();
+        self.shared.bump(Change {
+            added: true,
+            removed: true,
+        });
         if let Some(next) = next {
             self.shared.sweep_by(next);
         }
@@ -730,11 +767,13 @@ impl SecretStore {
         }
     }
 
-    fn built_since(&self, generation: u64) -> Option<Option<Arc<Scrubber>>> {
+    /// The matcher built last, if it is safe for a caller that saw `added` additions (it
+    /// misses no value added before) and, when `generation` is given, also current.
+    fn usable(&self, added: u64, generation: Option<u64>) -> Option<Option<Arc<Scrubber>>> {
         let built = self.built.load();
         built
             .as_ref()
-            .filter(|b| b.generation >= generation)
+            .filter(|b| b.added >= added && generation.is_none_or(|g| b.generation >= g))
             .map(|b| b.scrubber.clone())
     }
 
@@ -743,21 +782,26 @@ impl SecretStore {
     /// error means values are loaded but cannot be searched for: callers must refuse rather
     /// than pass data unscanned.
     ///
-    /// Built once per generation: while one caller builds, the others wait for it (a few
-    /// milliseconds on a thread, once per change of the set) rather than build their own.
+    /// Built once per change of the set: while one caller builds, the others wait for it (a
+    /// few milliseconds on a thread, once per new value) rather than build their own. A change
+    /// that only removed values (they were out of use for [`RETIRED_KEEP`]) keeps the previous
+    /// matcher usable — it only looks for more — so then only the caller that removed them
+    /// rebuilds, and nobody waits for it.
     pub fn scrubber(&self) -> Result<Option<Arc<Scrubber>>, ScrubError> {
-        self.shared.sweep_if_due();
-        let needed = self.shared.generation.load(Ordering::Acquire);
-        if let Some(s) = self.built_since(needed) {
+        let swept = self.shared.sweep_if_due();
+        let added = self.shared.added.load(Ordering::Acquire);
+        let current = swept.then(|| self.shared.generation.load(Ordering::Acquire));
+        if let Some(s) = self.usable(added, current) {
             return Ok(s);
         }
         let _one_build = lock(&self.building);
-        if let Some(s) = self.built_since(needed) {
+        if let Some(s) = self.usable(added, current) {
             return Ok(s);
         }
-        // Read the generation before the values: the matcher then holds at least what that
-        // generation stands for (values are added before the generation is bumped).
+        // Read the counters before the values: the matcher then holds at least what they
+        // stand for (a value is in before they are bumped).
         let generation = self.shared.generation.load(Ordering::Acquire);
+        let added = self.shared.added.load(Ordering::Acquire);
         let mut values: Vec<(Arc<str>, SecretValue)> = Vec::new();
         for slot in self.slots.values() {
             if let Some(v) = slot.current() {
@@ -791,6 +835,7 @@ impl SecretStore {
         tracing::debug!(generation, values = values.len(), "redaction matcher built");
         self.built.store(Some(Arc::new(Built {
             generation,
+            added,
             scrubber: scrubber.clone(),
         })));
         Ok(scrubber)
@@ -831,18 +876,19 @@ impl Slot {
         let name: Arc<str> = Arc::from(self.name.as_str());
         // Lock order: a slot's state, then the values (the matcher build never holds both).
         let mut v = lock(&shared.values);
-        let mut changed = true;
+        let mut change = Change {
+            added: true,
+            removed: false,
+        };
         if let Some(i) = v.retired_index(&name, &value) {
             v.retired.remove(i);
-            changed = false;
+            change.added = false;
         }
         if let Some(old) = st.current.replace(value.clone()) {
-            // In the set already (as the current value): only an eviction changes it.
-            changed |= v.retire_counting(&name, old, now).1;
+            // In the set already (as the current value).
+            change |= v.demote(&name, old, now);
         }
-        if changed {
-            shared.bump();
-        }
+        shared.bump(change);
         drop(v);
         drop(st);
         shared.sweep_by(now + RETIRED_KEEP);
@@ -1183,9 +1229,15 @@ mod tests {
         let mut v = Values::default();
         let t0 = Instant::now();
         let name: Arc<str> = Arc::from("credential:x");
-        assert!(v.mint(&name, "k", &token(1), t0));
-        assert!(v.mint(&name, "k", &token(2), t0 + Duration::from_secs(10)));
-        assert!(!v.mint(&name, "k", &token(2), t0 + Duration::from_secs(20)));
+        assert!(v.mint(&name, "k", &token(1), t0).added);
+        assert!(
+            v.mint(&name, "k", &token(2), t0 + Duration::from_secs(10))
+                .added
+        );
+        assert_eq!(
+            v.mint(&name, "k", &token(2), t0 + Duration::from_secs(20)),
+            Change::default()
+        );
         assert_eq!(v.count(), 2);
         let (changed, next) = v.sweep(t0 + Duration::from_secs(15));
         assert!(!changed);
@@ -1197,6 +1249,34 @@ mod tests {
         let (changed, next) = v.sweep(t0 + Duration::from_secs(21) + RETIRED_KEEP);
         assert!(changed && next.is_none());
         assert_eq!(v.count(), 0);
+    }
+
+    #[test]
+    fn a_change_that_only_removes_values_keeps_the_old_matcher_and_makes_nobody_wait() {
+        let store = SecretStore::empty();
+        store.set_minted("credential:a", "", &token(1));
+        store.set_minted("credential:a", "", &token(2));
+        let first = store.scrubber().expect("scrubber").expect("values");
+        let builds = store.redaction_stats().builds;
+        // An hour on, both are out of use and leave the set.
+        assert!(store
+            .shared
+            .sweep_at(Instant::now() + RETIRED_KEEP + Duration::from_secs(1)));
+        assert_eq!(store.redaction_stats().values, 0);
+        let again = store
+            .scrubber()
+            .expect("scrubber")
+            .expect("the previous matcher");
+        assert!(
+            Arc::ptr_eq(&first, &again),
+            "a superset is safe to keep using"
+        );
+        assert_eq!(store.redaction_stats().builds, builds);
+        // A new value makes it unsafe: rebuilt, without the values that left.
+        store.set_minted("credential:a", "", &token(3));
+        assert!(redacts(&store, &token(3)));
+        assert!(!redacts(&store, &token(1)));
+        assert_eq!(store.redaction_stats().builds, builds + 1);
     }
 
     #[tokio::test]
