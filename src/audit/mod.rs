@@ -6,7 +6,13 @@
 //! into a bounded queue; one writer thread lets a batch gather for a couple of milliseconds,
 //! serialises it and appends it with a single `write` on an `O_APPEND` file, so lines never
 //! interleave, a crash leaves no torn line, and a busy proxy pays one wake-up per batch rather
-//! than per request. A full queue makes requests wait (back-pressure) rather than drop a record.
+//! than per request. A full queue makes requests wait (back-pressure) rather than drop a record,
+//! and they wait asynchronously: a request awaits [`AuditLog::room`] before it starts its
+//! record, so a slow disk parks requests without holding a tokio worker thread. Writing a record
+//! (from a `Drop`, so synchronous) never waits while the queue is within twice its size — the
+//! headroom covers the records of requests admitted before it filled — and only a caller that
+//! skipped [`AuditLog::room`] can push it past that; such a caller then blocks as the last resort
+//! (off the async workers where tokio allows it).
 //!
 //! Fail closed: when a write fails (disk full, sink gone) the log turns unhealthy and the proxy
 //! refuses traffic with `audit_unavailable` until a later write succeeds. Records carry secret
@@ -28,7 +34,7 @@ use crate::metrics::Metrics;
 use crate::reason::Reason;
 use crate::secrets::SecretStore;
 
-/// Records the queue holds before a request has to wait for the writer.
+/// Records the queue holds before a new request has to wait for the writer.
 const QUEUE: usize = 16 * 1024;
 /// How long the writer lets a batch gather after its first record: a bound on how late a
 /// record reaches the file, and what keeps the writer from waking once per request.
@@ -49,7 +55,10 @@ pub enum AuditError {
 }
 
 /// One audit record (DESIGN.md §5). Field names are a contract.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+///
+/// Until [`Entry`] scrubs it on the way out, `method`, `host` and `path` are as the sandbox sent
+/// them and may hold a secret value it pasted there: `Debug` shows their lengths only.
+#[derive(Clone, Serialize, PartialEq)]
 pub struct Record {
     /// When the request arrived; RFC 3339 UTC with milliseconds.
     #[serde(serialize_with = "rfc3339_millis")]
@@ -79,6 +88,28 @@ pub struct Record {
     pub would_deny: bool,
 }
 
+impl std::fmt::Debug for Record {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let len = |v: &Option<String>| v.as_ref().map(String::len);
+        f.debug_struct("Record")
+            .field("id", &self.id)
+            .field("identity", &self.identity)
+            .field("client", &self.client)
+            .field("method_len", &len(&self.method))
+            .field("scheme", &self.scheme)
+            .field("host_len", &len(&self.host))
+            .field("port", &self.port)
+            .field("path_len", &len(&self.path))
+            .field("decision", &self.decision)
+            .field("rule", &self.rule)
+            .field("reason", &self.reason)
+            .field("secrets", &self.secrets)
+            .field("status", &self.status)
+            .field("redactions", &self.redactions)
+            .finish_non_exhaustive()
+    }
+}
+
 fn rfc3339_millis<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(&humantime::format_rfc3339_millis(*t))
 }
@@ -100,8 +131,12 @@ struct Shared {
     queue: Mutex<Queue>,
     /// Wakes the writer: a record into an empty queue, a full queue, a flush, closing.
     work: Condvar,
-    /// Wakes requests waiting for room in a full queue.
+    /// Wakes synchronous writers waiting for room past the headroom (the last resort).
     room: Condvar,
+    /// Wakes requests awaiting [`AuditLog::room`].
+    room_async: tokio::sync::Notify,
+    /// Records the queue holds before [`AuditLog::room`] waits ([`QUEUE`]; smaller in tests).
+    capacity: usize,
     written: AtomicU64,
     failed: AtomicU64,
     /// Whether the last write succeeded. Traffic is refused while it is false.
@@ -159,10 +194,19 @@ impl AuditLog {
 
     /// A log over any writer (each batch goes to it in one `write_all`).
     pub fn with_sink(sink: Box<dyn Write + Send>) -> Result<Self, AuditError> {
+        Self::with_sink_and_capacity(sink, QUEUE)
+    }
+
+    fn with_sink_and_capacity(
+        sink: Box<dyn Write + Send>,
+        capacity: usize,
+    ) -> Result<Self, AuditError> {
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
             work: Condvar::new(),
             room: Condvar::new(),
+            room_async: tokio::sync::Notify::new(),
+            capacity: capacity.max(1),
             written: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             healthy: AtomicBool::new(true),
@@ -201,16 +245,32 @@ impl AuditLog {
             .redactions
             .fetch_add(record.redactions, Ordering::Relaxed);
         let mut q = shared.lock();
-        if q.records.len() >= QUEUE && !q.writer_gone {
-            // The writer is behind (slow disk): wait for room rather than lose the record.
+        let headroom = 2 * shared.capacity;
+        if q.records.len() >= headroom && !q.writer_gone {
+            // Only a caller that skipped `room()` gets here: wait rather than lose the record,
+            // off the async workers where tokio allows it.
             shared
                 .metrics
                 .audit_queue_waits
                 .fetch_add(1, Ordering::Relaxed);
             shared.work.notify_one();
-            while q.records.len() >= QUEUE && !q.writer_gone {
-                q = shared.room.wait(q).unwrap_or_else(PoisonError::into_inner);
+            fn wait<'a>(
+                shared: &'a Shared,
+                mut q: MutexGuard<'a, Queue>,
+                headroom: usize,
+            ) -> MutexGuard<'a, Queue> {
+                while q.records.len() >= headroom && !q.writer_gone {
+                    q = shared.room.wait(q).unwrap_or_else(PoisonError::into_inner);
+                }
+                q
             }
+            let multi_thread = tokio::runtime::Handle::try_current()
+                .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+            q = if multi_thread {
+                tokio::task::block_in_place(|| wait(shared, q, headroom))
+            } else {
+                wait(shared, q, headroom)
+            };
         }
         if q.writer_gone {
             drop(q);
@@ -225,6 +285,40 @@ impl AuditLog {
         if q.records.len() == 1 {
             shared.work.notify_one();
         }
+    }
+
+    /// Waits, without holding a thread, until the queue has room for another request's record
+    /// (or the writer has stopped, which the health check then refuses). Every request awaits
+    /// this before it starts its record: this is the back-pressure of a slow sink.
+    pub async fn room(&self) {
+        let shared = &self.shared;
+        let mut counted = false;
+        loop {
+            let notified = shared.room_async.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so a wake-up between the two is not lost.
+            notified.as_mut().enable();
+            {
+                let q = shared.lock();
+                if q.records.len() < shared.capacity || q.writer_gone {
+                    return;
+                }
+            }
+            if !counted {
+                counted = true;
+                shared
+                    .metrics
+                    .audit_queue_waits
+                    .fetch_add(1, Ordering::Relaxed);
+                shared.work.notify_one();
+            }
+            notified.await;
+        }
+    }
+
+    /// Records queued and not yet taken by the writer.
+    pub fn queued(&self) -> usize {
+        self.shared.lock().records.len()
     }
 
     /// Waits (up to `timeout`) until every record queued so far is written or has failed.
@@ -285,6 +379,7 @@ impl Drop for WriterGone<'_> {
         }
         drop(q);
         self.0.room.notify_all();
+        self.0.room_async.notify_waiters();
     }
 }
 
@@ -301,7 +396,7 @@ fn run_writer(shared: &Shared, mut sink: Box<dyn Write + Send>) {
             while q.records.is_empty() && q.flushes.is_empty() && !q.closing {
                 q = shared.work.wait(q).unwrap_or_else(PoisonError::into_inner);
             }
-            if q.flushes.is_empty() && !q.closing && q.records.len() < QUEUE / 2 {
+            if q.flushes.is_empty() && !q.closing && q.records.len() < shared.capacity / 2 {
                 // Let the batch gather. A flush, closing or a filling queue cuts this short.
                 q = shared
                     .work
@@ -316,6 +411,7 @@ fn run_writer(shared: &Shared, mut sink: Box<dyn Write + Send>) {
             }
         }
         shared.room.notify_all();
+        shared.room_async.notify_waiters();
         write_batch(shared, sink.as_mut(), &mut batch, &mut buf);
         for ack in acks.drain(..) {
             let _ = ack.send(());
@@ -720,6 +816,173 @@ mod tests {
             sink.writes.load(Ordering::SeqCst) < 16_000,
             "records are appended in batches"
         );
+    }
+
+    /// A sink that blocks every write until opened (a disk that has stalled).
+    #[derive(Clone, Default)]
+    struct Stalled {
+        open: Arc<(Mutex<bool>, Condvar)>,
+        entered: Arc<AtomicU64>,
+        got: Arc<Mutex<Vec<u8>>>,
+    }
+
+    impl Stalled {
+        fn open(&self) {
+            *self.open.0.lock().expect("lock") = true;
+            self.open.1.notify_all();
+        }
+
+        fn wait_entered(&self) {
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while self.entered.load(Ordering::SeqCst) == 0 {
+                assert!(
+                    Instant::now() < deadline,
+                    "the writer never reached the sink"
+                );
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+
+        fn statuses(&self) -> Vec<u64> {
+            let text = String::from_utf8(self.got.lock().expect("lock").clone()).expect("utf8");
+            let mut v: Vec<u64> = text
+                .lines()
+                .map(|l| {
+                    serde_json::from_str::<serde_json::Value>(l).expect("json")["status"]
+                        .as_u64()
+                        .expect("status")
+                })
+                .collect();
+            v.sort_unstable();
+            v
+        }
+    }
+
+    impl Write for Stalled {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.entered.fetch_add(1, Ordering::SeqCst);
+            let (open, cv) = &*self.open;
+            let mut g = open.lock().expect("lock");
+            while !*g {
+                g = cv.wait(g).expect("wait");
+            }
+            self.got.lock().expect("lock").extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_request_waiting_for_room_leaves_a_current_thread_runtime_free_and_loses_nothing() {
+        const CAP: usize = 8;
+        let sink = Stalled::default();
+        let log =
+            Arc::new(AuditLog::with_sink_and_capacity(Box::new(sink.clone()), CAP).expect("log"));
+        // The writer takes the first record and stalls in the sink; the queue then fills.
+        record(&log, 0);
+        sink.wait_entered();
+        for i in 1..=CAP as u16 {
+            record(&log, i);
+        }
+        assert_eq!(log.queued(), CAP);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let waiter = tokio::spawn({
+                let log = log.clone();
+                async move {
+                    log.room().await;
+                    record(&log, 100);
+                }
+            });
+            // Another task on the same (only) thread keeps running while the first waits.
+            let ticks = Arc::new(AtomicU64::new(0));
+            let ticker = tokio::spawn({
+                let ticks = ticks.clone();
+                async move {
+                    for _ in 0..20 {
+                        ticks.fetch_add(1, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(2)).await;
+                    }
+                }
+            });
+            tokio::time::timeout(Duration::from_secs(5), ticker)
+                .await
+                .expect("the other task was starved")
+                .expect("ticker");
+            assert_eq!(ticks.load(Ordering::SeqCst), 20);
+            assert!(
+                !waiter.is_finished(),
+                "room() returned while the queue was full"
+            );
+            assert_eq!(log.metrics().audit_queue_waits.load(Ordering::Relaxed), 1);
+            // A record written from a Drop while the queue is full (a request admitted before
+            // it filled) goes into the headroom without blocking this thread.
+            record(&log, 9);
+            assert_eq!(log.queued(), CAP + 1);
+            sink.open();
+            tokio::time::timeout(Duration::from_secs(5), waiter)
+                .await
+                .expect("the waiting request never got room")
+                .expect("waiter");
+        });
+        assert!(log.flush(Duration::from_secs(5)));
+        let mut want: Vec<u64> = (0..=9).collect();
+        want.push(100);
+        assert_eq!(sink.statuses(), want, "every record written, none lost");
+    }
+
+    #[test]
+    fn a_writer_past_the_headroom_waits_for_the_sink_and_loses_nothing() {
+        const CAP: usize = 4;
+        let sink = Stalled::default();
+        let log =
+            Arc::new(AuditLog::with_sink_and_capacity(Box::new(sink.clone()), CAP).expect("log"));
+        record(&log, 0);
+        sink.wait_entered();
+        let writer = std::thread::spawn({
+            let log = log.clone();
+            move || {
+                for i in 1..=(3 * CAP) as u16 {
+                    record(&log, i);
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while log.queued() < 2 * CAP {
+            assert!(
+                Instant::now() < deadline,
+                "queue never reached the headroom"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(log.queued(), 2 * CAP, "a record went past the headroom");
+        assert!(!writer.is_finished());
+        sink.open();
+        writer.join().expect("join");
+        assert!(log.flush(Duration::from_secs(5)));
+        assert_eq!(sink.statuses(), (0..=(3 * CAP) as u64).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn a_record_s_debug_never_shows_what_the_sandbox_sent_in_the_url() {
+        let log = Arc::new(AuditLog::with_sink(Box::new(Flaky::default())).expect("log"));
+        let client: SocketAddr = "127.0.0.1:9".parse().expect("addr");
+        let mut e = Entry::start(log, client, "default", "sha256:x");
+        e.update(|r| {
+            r.method = Some("sk-pasted-secret-method".into());
+            r.host = Some("sk-pasted-secret-host.example".into());
+            r.path = Some("/v1?key=sk-pasted-secret-path".into());
+            let printed = format!("{r:?} {r:#?}");
+            assert!(!printed.contains("sk-pasted"), "{printed}");
+            assert!(printed.contains("path_len"), "{printed}");
+        });
+        e.dismiss();
     }
 
     #[test]

@@ -335,6 +335,8 @@ impl Proxy {
                 state.last_error = None;
                 if changed {
                     tracing::info!(why, policy.digest = %policy.digest(), policy.rules = policy.rules().len(), "policy reloaded");
+                    // Values handed out under the old policy stay redacted under the new one.
+                    policy.secrets().carry_over_from(old.secrets());
                     self.policy.store(Arc::new(policy));
                     state.reloads += 1;
                     metrics

@@ -10,6 +10,9 @@ mod store;
 pub(crate) mod template;
 mod value;
 
-pub use store::{SecretError, SecretStore, Source, MIN_SECRET_LEN, RETIRED_KEEP};
+pub use store::{
+    RedactionStats, SecretError, SecretStore, Source, MAX_LIVE_PER_NAME, MAX_RETIRED,
+    MAX_RETIRED_PER_NAME, MIN_SECRET_LEN, RETIRED_KEEP,
+};
 pub use template::{Template, TemplateError};
 pub use value::SecretValue;

@@ -77,19 +77,43 @@ impl Template {
     }
 
     /// Renders the template. The result holds secret bytes: wipe it (it is `Zeroizing`).
+    ///
+    /// The values are fetched first and the output sized to fit them, so it is written once
+    /// and never reallocated: growing it would leave unwiped copies of the secret behind.
     pub async fn render(
         &self,
         store: &SecretStore,
         identity: &str,
     ) -> Result<zeroize::Zeroizing<Vec<u8>>, SecretError> {
-        let mut out = zeroize::Zeroizing::new(Vec::new());
+        // `SecretValue`s wipe themselves on drop.
+        let mut values = Vec::with_capacity(self.secrets().count());
+        for name in self.secrets() {
+            values.push(store.get(name).await?);
+        }
+        let len: usize = self
+            .parts
+            .iter()
+            .map(|p| match p {
+                Part::Lit(l) => l.len(),
+                Part::Identity => identity.len(),
+                Part::Secret(_) => 0,
+            })
+            .sum::<usize>()
+            + values.iter().map(|v| v.len()).sum::<usize>();
+        let mut out = zeroize::Zeroizing::new(Vec::with_capacity(len));
+        let mut values = values.iter();
         for part in &self.parts {
             match part {
                 Part::Lit(l) => out.extend_from_slice(l.as_bytes()),
-                Part::Secret(name) => out.extend_from_slice(store.get(name).await?.expose()),
+                Part::Secret(_) => {
+                    if let Some(v) = values.next() {
+                        out.extend_from_slice(v.expose());
+                    }
+                }
                 Part::Identity => out.extend_from_slice(identity.as_bytes()),
             }
         }
+        debug_assert_eq!(out.len(), out.capacity());
         Ok(out)
     }
 }
@@ -108,6 +132,33 @@ mod tests {
             Template::parse("plain").expect("parse").secrets().count(),
             0
         );
+    }
+
+    #[tokio::test]
+    async fn render_sizes_its_buffer_once_for_every_part() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::write(&a, "sk-first-secret-0123456789\n").expect("write");
+        std::fs::write(&b, "second-secret-abcdefghijklmnopqrstuvwxyz").expect("write");
+        let store = SecretStore::load(vec![
+            ("a".into(), crate::secrets::Source::File(a)),
+            ("b".into(), crate::secrets::Source::File(b)),
+        ])
+        .expect("load");
+        let t = Template::parse("Bearer {{secret.a}}:{{identity}}/{{ secret.b }}!").expect("parse");
+        let out = t.render(&store, "ci-agent").await.expect("render");
+        let want =
+            b"Bearer sk-first-secret-0123456789:ci-agent/second-secret-abcdefghijklmnopqrstuvwxyz!";
+        assert_eq!(&out[..], &want[..]);
+        // Exactly sized: it was never grown, so no copy of a secret was left in a freed buffer.
+        assert_eq!(out.capacity(), out.len());
+        assert!(matches!(
+            Template::parse("{{secret.nope}}")
+                .expect("parse")
+                .render(&store, "x")
+                .await,
+            Err(SecretError::Unknown(_))
+        ));
     }
 
     #[test]

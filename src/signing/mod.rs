@@ -357,8 +357,8 @@ pub async fn apply(
                         })
                         .await?;
                     let (a, s, t) = unpack_keys(name, &packed)?;
-                    store.set_minted(&field_key(name, "assumed_secret_access_key"), &s);
-                    store.set_minted(&field_key(name, "assumed_session_token"), &t);
+                    store.set_minted(&field_key(name, "assumed_secret_access_key"), "", &s);
+                    store.set_minted(&field_key(name, "assumed_session_token"), "", &t);
                     (a, s, Some(t))
                 }
             };
@@ -422,7 +422,7 @@ pub async fn apply(
                     Ok((SecretValue::new(token.into_bytes()), expires))
                 })
                 .await?;
-            store.set_minted(&token_name(name), &token);
+            store.set_minted(&token_name(name), "", &token);
             let api_host = http::Uri::try_from(api.as_str())
                 .ok()
                 .and_then(|u| u.host().map(str::to_ascii_lowercase));
@@ -451,7 +451,7 @@ pub async fn apply(
                     };
                     let email = field("client_email")?;
                     let pem = SecretValue::new(field("private_key")?.into_bytes());
-                    store.set_minted(&field_key(name, "private_key"), &pem);
+                    store.set_minted(&field_key(name, "private_key"), "", &pem);
                     let kid = json_str(&sa, "private_key_id");
                     let uri = match token_uri {
                         Some(u) => u.clone(),
@@ -472,7 +472,7 @@ pub async fn apply(
                     access_token(name, &json)
                 })
                 .await?;
-            store.set_minted(&token_name(name), &token);
+            store.set_minted(&token_name(name), "", &token);
             set_bearer(headers, &AUTHORIZATION, &token, true)
         }
         Kind::OAuth2ClientCredentials {
@@ -504,7 +504,7 @@ pub async fn apply(
                     access_token(name, &json)
                 })
                 .await?;
-            store.set_minted(&token_name(name), &token);
+            store.set_minted(&token_name(name), "", &token);
             set_bearer(headers, &AUTHORIZATION, &token, true)
         }
         Kind::Jwt {
@@ -544,7 +544,7 @@ pub async fn apply(
                 Some(ttl) => cache.get(&key_id, *ttl / 5, mint).await?,
                 None => mint().await?.0,
             };
-            store.set_minted(&token_name(name), &token);
+            store.set_minted(&token_name(name), &key_id, &token);
             let bearer = *header == AUTHORIZATION;
             set_bearer(headers, header, &token, bearer)
         }

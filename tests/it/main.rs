@@ -35,6 +35,7 @@ mod report_only;
 mod response_phase;
 mod secrets_clients;
 mod secrets_exfiltration;
+mod secrets_hygiene;
 mod secrets_inject;
 mod secrets_placeholders;
 mod secrets_plain_http;
