@@ -257,6 +257,26 @@ pub enum SignBody<'a> {
     Streamed,
 }
 
+/// Whether applying `kind` needs the whole request body in hand: `Some(max)` when the body is
+/// hashed into the signature (a classic signed SigV4 payload, up to `max_signed_body` bytes;
+/// over that, or when the caller will not buffer, it is signed `UNSIGNED-PAYLOAD`), `None`
+/// when the body can stream (`UNSIGNED-PAYLOAD`, the aws-chunked streaming forms, whose chunks
+/// are re-signed as they pass, and every kind that does not sign the body).
+///
+/// `headers` are the request's as the sandbox sent them (`x-amz-content-sha256` declares the
+/// form). A form latchkey refuses answers `None`: [`apply`] refuses it without a body.
+pub fn whole_body_needed(kind: &Kind, headers: &HeaderMap) -> Option<usize> {
+    match kind {
+        Kind::AwsSigV4 {
+            max_signed_body, ..
+        } if *max_signed_body > 0 => match sigv4::Payload::declared(headers) {
+            Ok(sigv4::Payload::Classic) => Some(*max_signed_body),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// Headers the sandbox may have set that a credentialed request must not carry.
 pub fn stripped_headers(kind: &Kind) -> &'static [&'static str] {
     match kind {

@@ -13,6 +13,61 @@ use http::HeaderMap;
 use super::Target;
 use crate::secrets::SecretValue;
 
+/// The payload forms a sandbox's SDK may declare in `x-amz-content-sha256`, and what latchkey
+/// does with each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Payload {
+    /// No header, or a hex SHA-256: latchkey hashes the body it sends when it holds it whole
+    /// (within `max_signed_body`), else signs `UNSIGNED-PAYLOAD`.
+    Classic,
+    /// `UNSIGNED-PAYLOAD`: kept; the body streams.
+    Unsigned,
+    /// `STREAMING-UNSIGNED-PAYLOAD-TRAILER` (aws-chunked, unsigned chunks, a checksum trailer):
+    /// the seed is signed with that literal and the framing passes through, checked.
+    StreamingUnsignedTrailer,
+    /// `STREAMING-AWS4-HMAC-SHA256-PAYLOAD[-TRAILER]`: the seed is signed with the literal and
+    /// every chunk (and the trailer) is re-signed with the real key, chained from the seed.
+    StreamingSigned { trailer: bool },
+}
+
+pub const UNSIGNED_PAYLOAD: &str = "UNSIGNED-PAYLOAD";
+pub const STREAMING_UNSIGNED_TRAILER: &str = "STREAMING-UNSIGNED-PAYLOAD-TRAILER";
+pub const STREAMING_SIGNED: &str = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD";
+pub const STREAMING_SIGNED_TRAILER: &str = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER";
+
+impl Payload {
+    /// The form the sandbox declared. An unknown value, a repeated header or a SigV4a
+    /// (ECDSA) streaming form is refused: latchkey cannot sign it as the upstream will check it.
+    pub fn declared(headers: &HeaderMap) -> Result<Payload, String> {
+        let mut values = headers.get_all("x-amz-content-sha256").iter();
+        let Some(v) = values.next() else {
+            return Ok(Payload::Classic);
+        };
+        if values.next().is_some() {
+            return Err("x-amz-content-sha256 is sent more than once".to_string());
+        }
+        let v = v
+            .to_str()
+            .map_err(|_| "x-amz-content-sha256 is not ASCII".to_string())?
+            .trim();
+        Ok(match v {
+            UNSIGNED_PAYLOAD => Payload::Unsigned,
+            STREAMING_UNSIGNED_TRAILER => Payload::StreamingUnsignedTrailer,
+            STREAMING_SIGNED => Payload::StreamingSigned { trailer: false },
+            STREAMING_SIGNED_TRAILER => Payload::StreamingSigned { trailer: true },
+            hex if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) => {
+                Payload::Classic
+            }
+            other if other.starts_with("STREAMING-") => {
+                return Err(format!(
+                    "x-amz-content-sha256 {other} is not supported (latchkey signs SigV4, not SigV4a; use UNSIGNED-PAYLOAD, STREAMING-UNSIGNED-PAYLOAD-TRAILER or STREAMING-AWS4-HMAC-SHA256-PAYLOAD[-TRAILER])"
+                ))
+            }
+            _ => return Err("x-amz-content-sha256 is neither a SHA-256 nor a payload form AWS defines".to_string()),
+        })
+    }
+}
+
 pub struct Keys<'a> {
     pub akid: &'a SecretValue,
     pub secret: &'a SecretValue,
