@@ -8,6 +8,7 @@
 //! redacted. This module knows no sockets: token endpoints are reached through an
 //! [`Exchanger`] the proxy provides (its guarded, audited client).
 
+pub mod aws_chunked;
 mod jwt;
 mod sigv4;
 
@@ -25,7 +26,7 @@ use http::HeaderMap;
 use crate::secrets::{SecretError, SecretStore, SecretValue};
 
 pub use jwt::{JwtAlg, JwtClaim};
-pub use sigv4::derive_region_service;
+pub use sigv4::{derive_region_service, Payload, UNSIGNED_HEADERS};
 
 /// Refresh a cached token this long before it expires.
 pub const REFRESH_MARGIN: Duration = Duration::from_secs(300);
@@ -115,15 +116,58 @@ pub enum CredentialError {
     PresignedQuery { name: String },
     #[error("credential '{name}': {source}")]
     Secret { name: String, source: SecretError },
+    /// The request cannot be signed as sent (a payload form latchkey does not sign, framing
+    /// headers that contradict each other): the sandbox's to fix.
+    #[error("credential '{name}': {why}")]
+    BadRequest { name: String, why: String },
 }
 
 /// One HTTP exchange with a token endpoint.
-#[derive(Debug)]
 pub struct Exchange {
     pub credential: String,
     pub url: String,
+    /// May hold an app JWT, a signed `Authorization` or a session token.
     pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// May hold a client secret or a JWT assertion.
     pub body: Bytes,
+}
+
+/// Names the endpoint and the header names only: the values and the body are secret material.
+impl std::fmt::Debug for Exchange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.headers.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("Exchange")
+            .field("credential", &self.credential)
+            .field("url", &self.url)
+            .field("headers", &names)
+            .field("body_len", &self.body.len())
+            .finish()
+    }
+}
+
+/// What applying a credential leaves to do on the body: nothing, or (an S3 aws-chunked
+/// upload) check its framing or re-sign its chunks as it streams.
+#[derive(Debug, Default)]
+pub struct Applied {
+    chunked: Option<aws_chunked::Framing>,
+}
+
+impl Applied {
+    /// The body to send: `body` itself, or `body` through the aws-chunked framing. When the
+    /// framing is bad the body fails (aborting the upload) and `on_error` hears why, once.
+    pub fn body(
+        self,
+        body: crate::upstream::Body,
+        on_error: impl FnOnce(String) + Send + Sync + 'static,
+    ) -> crate::upstream::Body {
+        use http_body_util::BodyExt;
+        match self.chunked {
+            None => body,
+            Some(framing) => {
+                aws_chunked::AwsChunked::new(body, framing, Box::new(on_error)).boxed()
+            }
+        }
+    }
 }
 
 /// How token endpoints are reached: the proxy's guarded, audited client. Returns the status
@@ -280,12 +324,9 @@ pub fn whole_body_needed(kind: &Kind, headers: &HeaderMap) -> Option<usize> {
 /// Headers the sandbox may have set that a credentialed request must not carry.
 pub fn stripped_headers(kind: &Kind) -> &'static [&'static str] {
     match kind {
-        Kind::AwsSigV4 { .. } => &[
-            "authorization",
-            "x-amz-date",
-            "x-amz-security-token",
-            "x-amz-content-sha256",
-        ],
+        // `x-amz-content-sha256` stays until signing: it declares the payload form, and
+        // [`apply`] replaces it.
+        Kind::AwsSigV4 { .. } => &["authorization", "x-amz-date", "x-amz-security-token"],
         _ => &["authorization"],
     }
 }
@@ -318,7 +359,8 @@ fn now_unix() -> u64 {
         .unwrap_or_default()
 }
 
-/// Applies a credential to a request: signs it (SigV4) or attaches a token, last.
+/// Applies a credential to a request: signs it (SigV4) or attaches a token, last. The result
+/// says what remains to do on the body ([`Applied::body`]).
 #[allow(clippy::too_many_arguments)]
 pub async fn apply(
     cred: &Credential,
@@ -329,7 +371,7 @@ pub async fn apply(
     headers: &mut HeaderMap,
     path_and_query: &str,
     body: SignBody<'_>,
-) -> Result<(), CredentialError> {
+) -> Result<Applied, CredentialError> {
     let name = cred.name.as_str();
     match &cred.kind {
         Kind::AwsSigV4 {
@@ -382,11 +424,26 @@ pub async fn apply(
                     (a, s, Some(t))
                 }
             };
-            let body = match body {
-                SignBody::Whole(b) if b.len() <= *max_signed_body => Some(b),
-                _ => None,
+            let form = PayloadForm::of(name, headers)?;
+            let payload = match form.payload {
+                Payload::Classic => match body {
+                    SignBody::Whole(b) if b.len() <= *max_signed_body => {
+                        sigv4::SignPayload::Bytes(b)
+                    }
+                    _ => sigv4::SignPayload::Unsigned,
+                },
+                Payload::Unsigned => sigv4::SignPayload::Unsigned,
+                Payload::StreamingUnsignedTrailer => {
+                    sigv4::SignPayload::Literal(sigv4::STREAMING_UNSIGNED_TRAILER)
+                }
+                Payload::StreamingSigned { trailer: false } => {
+                    sigv4::SignPayload::Literal(sigv4::STREAMING_SIGNED)
+                }
+                Payload::StreamingSigned { trailer: true } => {
+                    sigv4::SignPayload::Literal(sigv4::STREAMING_SIGNED_TRAILER)
+                }
             };
-            sigv4::sign(
+            let seed = sigv4::sign(
                 &sigv4::Keys {
                     akid: &akid,
                     secret: &secret_key,
@@ -397,9 +454,33 @@ pub async fn apply(
                 t,
                 headers,
                 path_and_query,
-                body,
+                payload,
+                form.declared,
             )
-            .map_err(|why| failed(name, why))
+            .map_err(|why| failed(name, why))?;
+            let mode = match form.payload {
+                Payload::StreamingUnsignedTrailer => aws_chunked::Mode::Check,
+                Payload::StreamingSigned { trailer } => {
+                    // The chunk signatures use the seed's own timestamp and scope.
+                    let stamp = headers
+                        .get("x-amz-date")
+                        .and_then(|v| v.to_str().ok())
+                        .ok_or_else(|| failed(name, "the signer set no x-amz-date"))?;
+                    let key = aws_chunked::signing_key(
+                        secret_key.expose(),
+                        stamp.get(..8).unwrap_or(stamp),
+                        &region,
+                        &service,
+                    );
+                    let signer =
+                        aws_chunked::ChunkSigner::new(key, stamp, &region, &service, &seed);
+                    aws_chunked::Mode::Resign { signer, trailer }
+                }
+                Payload::Classic | Payload::Unsigned => return Ok(Applied::default()),
+            };
+            Ok(Applied {
+                chunked: Some(aws_chunked::Framing::new(mode, form.decoded_length)),
+            })
         }
         Kind::GithubApp {
             app_id,
@@ -447,7 +528,7 @@ pub async fn apply(
                 .ok()
                 .and_then(|u| u.host().map(str::to_ascii_lowercase));
             if api_host.as_deref() == Some(t.host) {
-                set_bearer(headers, &AUTHORIZATION, &token, true)
+                set_bearer(headers, &AUTHORIZATION, &token, true).map(|()| Applied::default())
             } else {
                 // git over HTTPS (github.com): installation tokens go in Basic auth.
                 let mut raw = b"x-access-token:".to_vec();
@@ -457,7 +538,7 @@ pub async fn apply(
                 let mut hv = sensitive(format!("Basic {}", &*enc))?;
                 hv.set_sensitive(true);
                 headers.insert(AUTHORIZATION, hv);
-                Ok(())
+                Ok(Applied::default())
             }
         }
         Kind::GoogleServiceAccount { scopes, token_uri } => {
@@ -493,7 +574,7 @@ pub async fn apply(
                 })
                 .await?;
             store.set_minted(&token_name(name), &token);
-            set_bearer(headers, &AUTHORIZATION, &token, true)
+            set_bearer(headers, &AUTHORIZATION, &token, true).map(|()| Applied::default())
         }
         Kind::OAuth2ClientCredentials {
             token_url,
@@ -525,7 +606,7 @@ pub async fn apply(
                 })
                 .await?;
             store.set_minted(&token_name(name), &token);
-            set_bearer(headers, &AUTHORIZATION, &token, true)
+            set_bearer(headers, &AUTHORIZATION, &token, true).map(|()| Applied::default())
         }
         Kind::Jwt {
             alg,
@@ -566,8 +647,72 @@ pub async fn apply(
             };
             store.set_minted(&token_name(name), &token);
             let bearer = *header == AUTHORIZATION;
-            set_bearer(headers, header, &token, bearer)
+            set_bearer(headers, header, &token, bearer).map(|()| Applied::default())
         }
+    }
+}
+
+/// The payload form of an AWS request as the sandbox declared it, checked for consistency
+/// with its framing headers.
+struct PayloadForm {
+    payload: Payload,
+    /// The sandbox sent `x-amz-content-sha256` (so the upstream expects one).
+    declared: bool,
+    /// `x-amz-decoded-content-length`, which the aws-chunked data must add up to.
+    decoded_length: Option<u64>,
+}
+
+impl PayloadForm {
+    fn of(name: &str, headers: &HeaderMap) -> Result<PayloadForm, CredentialError> {
+        let refuse = |why: String| CredentialError::BadRequest {
+            name: name.to_string(),
+            why,
+        };
+        let payload = Payload::declared(headers).map_err(refuse)?;
+        let streaming = matches!(
+            payload,
+            Payload::StreamingUnsignedTrailer | Payload::StreamingSigned { .. }
+        );
+        let aws_chunked = headers
+            .get_all(http::header::CONTENT_ENCODING)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|c| c.trim().eq_ignore_ascii_case("aws-chunked"));
+        // aws-chunked framing under a classic payload hash would be stored as the object.
+        if aws_chunked && !streaming {
+            return Err(refuse(
+                "Content-Encoding aws-chunked needs a STREAMING-* x-amz-content-sha256".to_string(),
+            ));
+        }
+        let mut lengths = headers.get_all("x-amz-decoded-content-length").iter();
+        let decoded_length = match (lengths.next(), lengths.next()) {
+            (None, _) => None,
+            (Some(v), None) => Some(
+                v.to_str()
+                    .ok()
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .ok_or_else(|| {
+                        refuse("x-amz-decoded-content-length is not a number".to_string())
+                    })?,
+            ),
+            (Some(_), Some(_)) => {
+                return Err(refuse(
+                    "x-amz-decoded-content-length is sent more than once".to_string(),
+                ))
+            }
+        };
+        if decoded_length.is_some() && !streaming {
+            return Err(refuse(
+                "x-amz-decoded-content-length without a STREAMING-* x-amz-content-sha256"
+                    .to_string(),
+            ));
+        }
+        Ok(PayloadForm {
+            payload,
+            declared: headers.contains_key("x-amz-content-sha256"),
+            decoded_length,
+        })
     }
 }
 
@@ -617,7 +762,8 @@ async fn assume(
         &target,
         &mut headers,
         path,
-        Some(form.as_bytes()),
+        sigv4::SignPayload::Bytes(form.as_bytes()),
+        false,
     )
     .map_err(|why| failed(name, format!("cannot sign AssumeRole: {why}")))?;
     let (status, body) = exchanger(Exchange {
