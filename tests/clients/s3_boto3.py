@@ -14,7 +14,12 @@ Usage:
       `trailer`, with an x-amz-checksum-crc32 trailer): the seed signed with botocore's
       S3SigV4Auth, each CHUNK-byte chunk and the trailer signed here (HMAC-SHA256, chained
       from the seed), with SDK_SECRET; then GetObject through boto3. FORM `bad-chunk` signs the
-      seed right and one chunk with another key (a server that checks chunks must refuse it).
+      seed right and one chunk with another key (a server that checks chunks must refuse it);
+      `malformed` frames the first chunk wrong; `unsigned-trailer` builds boto3's
+      STREAMING-UNSIGNED-PAYLOAD-TRAILER form by hand and `unsigned-short` declares one byte
+      more in x-amz-decoded-content-length than it sends.
+  s3_boto3.py get ENDPOINT BUCKET KEY
+      GetObject.
 
 Environment: LATCHKEY_PROXY (omit to connect directly), LATCHKEY_CA (the CA bundle to trust),
 SDK_AKID / SDK_SECRET (default: dummy keys), SDK_REGION (default us-east-1).
@@ -127,30 +132,34 @@ class SeedAuth(S3SigV4Auth):
         return self.literal
 
 
+FORMS = {
+    # FORM: (x-amz-content-sha256, chunks signed, trailer)
+    "plain": ("STREAMING-AWS4-HMAC-SHA256-PAYLOAD", True, False),
+    "trailer": ("STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER", True, True),
+    "bad-chunk": ("STREAMING-AWS4-HMAC-SHA256-PAYLOAD", True, False),
+    "malformed": ("STREAMING-AWS4-HMAC-SHA256-PAYLOAD", True, False),
+    "unsigned-trailer": ("STREAMING-UNSIGNED-PAYLOAD-TRAILER", False, True),
+    "unsigned-short": ("STREAMING-UNSIGNED-PAYLOAD-TRAILER", False, True),
+}
+
+
 def chunk_signed(endpoint, bucket, key, size, chunk, form):
-    """A PutObject in signed aws-chunked framing, as the AWS SDKs for Java and Go send it."""
+    """A PutObject in aws-chunked framing, built here: the signed forms as the AWS SDKs for
+    Java and Go send them, and the unsigned-trailer form as boto3 does. `bad-chunk` signs the
+    second chunk with another key; `malformed` puts one byte more in the first chunk than its
+    size line says; `unsigned-short` declares one byte more than it sends."""
     body = body_of(size, key)
     akid, secret = keys()
-    trailer = form == "trailer"
-    literal = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD" + ("-TRAILER" if trailer else "")
+    literal, signed, trailer = FORMS[form]
     pieces = [body[i : i + chunk] for i in range(0, size, chunk)] + [b""]
     crc = base64.b64encode(zlib.crc32(body).to_bytes(4, "big")).decode()
     trailer_line = f"x-amz-checksum-crc32:{crc}"
 
-    def framed_length():
-        n = 0
-        for p in pieces:
-            n += len(f"{len(p):x};chunk-signature=") + 64 + 2 + len(p) + (2 if p else 0)
-        if trailer:
-            n += len(trailer_line) + 2 + len("x-amz-trailer-signature:") + 64 + 2
-        return n + 2
-
     url = f"{endpoint}/{bucket}/{key}"
     request = AWSRequest(method="PUT", url=url, data=b"")
     request.headers["Content-Encoding"] = "aws-chunked"
-    request.headers["X-Amz-Decoded-Content-Length"] = str(size)
-    request.headers["X-Amz-Content-SHA256"] = literal
-    request.headers["Content-Length"] = str(framed_length())
+    declared = size + 1 if form == "unsigned-short" else size
+    request.headers["X-Amz-Decoded-Content-Length"] = str(declared)
     if trailer:
         request.headers["X-Amz-Trailer"] = "x-amz-checksum-crc32"
     signer = SeedAuth(Credentials(akid, secret), "s3", region())
@@ -171,38 +180,56 @@ def chunk_signed(endpoint, bucket, key, size, chunk, form):
     out = bytearray()
     previous = seed
     for i, p in enumerate(pieces):
-        k = bad if form == "bad-chunk" and i == 1 else good
-        to_sign = "\n".join(
-            ["AWS4-HMAC-SHA256-PAYLOAD", stamp, scope, previous, EMPTY_SHA256,
-             hashlib.sha256(p).hexdigest()]
-        )
-        previous = hmac.new(k, to_sign.encode(), hashlib.sha256).hexdigest()
-        out += f"{len(p):x};chunk-signature={previous}\r\n".encode() + p
+        size_line = f"{len(p) - 1 if form == 'malformed' and i == 0 else len(p):x}"
+        if signed:
+            k = bad if form == "bad-chunk" and i == 1 else good
+            to_sign = "\n".join(
+                ["AWS4-HMAC-SHA256-PAYLOAD", stamp, scope, previous, EMPTY_SHA256,
+                 hashlib.sha256(p).hexdigest()]
+            )
+            previous = hmac.new(k, to_sign.encode(), hashlib.sha256).hexdigest()
+            out += f"{size_line};chunk-signature={previous}\r\n".encode()
+        else:
+            out += f"{size_line}\r\n".encode()
+        out += p
         if p:
             out += b"\r\n"
     if trailer:
-        canonical = trailer_line + "\n"
-        to_sign = "\n".join(
-            ["AWS4-HMAC-SHA256-TRAILER", stamp, scope, previous,
-             hashlib.sha256(canonical.encode()).hexdigest()]
-        )
-        sig = hmac.new(good, to_sign.encode(), hashlib.sha256).hexdigest()
-        out += f"{trailer_line}\r\nx-amz-trailer-signature:{sig}\r\n".encode()
+        out += f"{trailer_line}\r\n".encode()
+        if signed:
+            canonical = trailer_line + "\n"
+            to_sign = "\n".join(
+                ["AWS4-HMAC-SHA256-TRAILER", stamp, scope, previous,
+                 hashlib.sha256(canonical.encode()).hexdigest()]
+            )
+            sig = hmac.new(good, to_sign.encode(), hashlib.sha256).hexdigest()
+            out += f"x-amz-trailer-signature:{sig}\r\n".encode()
     out += b"\r\n"
-    assert len(out) == framed_length()
-    proxy = os.environ.get("LATCHKEY_PROXY")
+    # Content-Length was not signed (botocore signs what it is given; the SDKs that send this
+    # form set it after signing): the framed length.
     headers = {k: v for k, v in request.headers.items()}
-    response = requests.put(
-        url,
-        data=bytes(out),
-        headers=headers,
-        proxies={"https": proxy, "http": proxy} if proxy else None,
-        verify=os.environ["LATCHKEY_CA"],
-        timeout=60,
-    )
+    headers["Content-Length"] = str(len(out))
+    proxy = os.environ.get("LATCHKEY_PROXY")
+    try:
+        response = requests.put(
+            url,
+            data=bytes(out),
+            headers=headers,
+            proxies={"https": proxy, "http": proxy} if proxy else None,
+            verify=os.environ["LATCHKEY_CA"],
+            timeout=60,
+        )
+    except requests.RequestException as e:
+        raise Failed(None, f"{type(e).__name__}: {e}")
     if response.status_code != 200:
         raise Failed(response.status_code, response.text[:600])
     return body, fetch(client(endpoint, "when_required"), bucket, key)
+
+
+def get(endpoint, bucket, key):
+    """GetObject: the status, and the object's length and hash when there is one."""
+    s3 = client(endpoint, "when_required")
+    return fetch(s3, bucket, key)
 
 
 class Failed(Exception):
@@ -222,14 +249,19 @@ def main():
         elif mode == "multipart":
             size, part, checksums = rest
             body, got = multipart(endpoint, bucket, key, int(size), int(part), checksums)
+        elif mode == "get":
+            got = get(endpoint, bucket, key)
+            out.update(got, status=200, ok=True)
+            body = None
         elif mode == "chunk-signed":
             size, chunk, form = rest
             body, got = chunk_signed(endpoint, bucket, key, int(size), int(chunk), form)
         else:
             sys.exit(f"unknown mode {mode}")
-        out.update(got)
-        out.update(size=len(body), sha256_sent=hashlib.sha256(body).hexdigest(), status=200)
-        out["ok"] = out["sha256_got"] == out["sha256_sent"] and out["len_got"] == len(body)
+        if body is not None:
+            out.update(got)
+            out.update(size=len(body), sha256_sent=hashlib.sha256(body).hexdigest(), status=200)
+            out["ok"] = out["sha256_got"] == out["sha256_sent"] and out["len_got"] == len(body)
     except ClientError as e:
         meta = e.response.get("ResponseMetadata", {})
         out.update(status=meta.get("HTTPStatusCode"), error=str(e))

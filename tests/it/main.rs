@@ -31,6 +31,7 @@ mod policy_ops;
 mod presets;
 mod reload_admin;
 mod report_only;
+mod s3_moto;
 mod secrets_clients;
 mod secrets_exfiltration;
 mod secrets_inject;
