@@ -160,7 +160,10 @@ pub enum Mode {
     Check,
     /// A signed form: every chunk signature replaced; `trailer` for the `-TRAILER` form
     /// (a signed trailer is required), else no trailer lines are allowed.
-    Resign { signer: ChunkSigner, trailer: bool },
+    Resign {
+        signer: Box<ChunkSigner>,
+        trailer: bool,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -660,7 +663,7 @@ mod tests {
 
     fn resign(trailer: bool) -> Mode {
         Mode::Resign {
-            signer: signer(),
+            signer: Box::new(signer()),
             trailer,
         }
     }

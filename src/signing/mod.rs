@@ -474,7 +474,10 @@ pub async fn apply(
                     );
                     let signer =
                         aws_chunked::ChunkSigner::new(key, stamp, &region, &service, &seed);
-                    aws_chunked::Mode::Resign { signer, trailer }
+                    aws_chunked::Mode::Resign {
+                        signer: Box::new(signer),
+                        trailer,
+                    }
                 }
                 Payload::Classic | Payload::Unsigned => return Ok(Applied::default()),
             };
@@ -922,4 +925,138 @@ async fn exchange_json(
             format!("token endpoint {url} answered invalid JSON: {e}"),
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn aws(max: usize) -> Kind {
+        Kind::AwsSigV4 {
+            assume_role: None,
+            region: None,
+            service: None,
+            has_session_token: false,
+            max_signed_body: max,
+        }
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (n, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(n.as_bytes()).expect("name"),
+                HeaderValue::from_str(v).expect("value"),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn only_a_classic_signed_payload_needs_the_whole_body() {
+        let hex = "ab".repeat(32);
+        type Case<'a> = (&'a [(&'a str, &'a str)], Option<usize>);
+        let cases: &[Case] = &[
+            (&[], Some(1024)),
+            (&[("x-amz-content-sha256", &hex)], Some(1024)),
+            (&[("x-amz-content-sha256", "UNSIGNED-PAYLOAD")], None),
+            (
+                &[("x-amz-content-sha256", "STREAMING-UNSIGNED-PAYLOAD-TRAILER")],
+                None,
+            ),
+            (
+                &[("x-amz-content-sha256", "STREAMING-AWS4-HMAC-SHA256-PAYLOAD")],
+                None,
+            ),
+            (
+                &[(
+                    "x-amz-content-sha256",
+                    "STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER",
+                )],
+                None,
+            ),
+            // Refused by apply, so never worth buffering.
+            (&[("x-amz-content-sha256", "garbage")], None),
+        ];
+        for (h, want) in cases {
+            assert_eq!(whole_body_needed(&aws(1024), &headers(h)), *want, "{h:?}");
+        }
+        assert_eq!(whole_body_needed(&aws(0), &headers(&[])), None);
+        let jwt = Kind::Jwt {
+            alg: JwtAlg::Hs256,
+            ttl: None,
+            header: AUTHORIZATION,
+            claims: Vec::new(),
+        };
+        assert_eq!(whole_body_needed(&jwt, &headers(&[])), None);
+    }
+
+    #[test]
+    fn payload_forms_are_read_and_contradictions_refused() {
+        let form = |h: &[(&str, &str)]| PayloadForm::of("c", &headers(h));
+        let ok = form(&[
+            ("x-amz-content-sha256", "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"),
+            ("content-encoding", "gzip, aws-chunked"),
+            ("x-amz-decoded-content-length", "42"),
+        ])
+        .expect("valid");
+        assert_eq!(ok.payload, Payload::StreamingSigned { trailer: false });
+        assert!(ok.declared);
+        assert_eq!(ok.decoded_length, Some(42));
+        assert!(!form(&[]).expect("classic").declared);
+        let refused: &[&[(&str, &str)]] = &[
+            &[(
+                "x-amz-content-sha256",
+                "STREAMING-AWS4-ECDSA-P256-SHA256-PAYLOAD",
+            )],
+            &[("x-amz-content-sha256", "abc")],
+            &[
+                ("x-amz-content-sha256", "UNSIGNED-PAYLOAD"),
+                ("x-amz-content-sha256", "UNSIGNED-PAYLOAD"),
+            ],
+            &[("content-encoding", "aws-chunked")],
+            &[
+                ("x-amz-content-sha256", "UNSIGNED-PAYLOAD"),
+                ("content-encoding", "AWS-Chunked"),
+            ],
+            &[("x-amz-decoded-content-length", "5")],
+            &[
+                ("x-amz-content-sha256", "STREAMING-UNSIGNED-PAYLOAD-TRAILER"),
+                ("x-amz-decoded-content-length", "-1"),
+            ],
+            &[
+                ("x-amz-content-sha256", "STREAMING-UNSIGNED-PAYLOAD-TRAILER"),
+                ("x-amz-decoded-content-length", "5"),
+                ("x-amz-decoded-content-length", "5"),
+            ],
+        ];
+        for h in refused {
+            assert!(
+                matches!(form(h), Err(CredentialError::BadRequest { .. })),
+                "{h:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn exchange_debug_shows_no_secret_material() {
+        let mut auth = HeaderValue::from_static("Bearer eyJhbGciOi.secret-jwt.sig");
+        auth.set_sensitive(true);
+        let ex = Exchange {
+            credential: "oauth".into(),
+            url: "https://oauth.test/token".into(),
+            headers: vec![(AUTHORIZATION, auth)],
+            body: Bytes::from_static(b"client_secret=hunter2&client_assertion=eyJ"),
+        };
+        let text = format!("{ex:?}");
+        assert!(
+            text.contains("oauth.test") && text.contains("authorization"),
+            "{text}"
+        );
+        for secret in ["hunter2", "secret-jwt", "eyJ"] {
+            assert!(!text.contains(secret), "{text}");
+        }
+        let applied = format!("{:?}", Applied::default());
+        assert!(applied.contains("Applied"), "{applied}");
+    }
 }
