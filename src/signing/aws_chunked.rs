@@ -199,6 +199,9 @@ pub struct Framing {
     trailer_bytes: usize,
     signature_line: Option<(Vec<u8>, Vec<u8>)>,
     out: VecDeque<Bytes>,
+    /// Input not parsed yet: re-signing stops at each complete chunk, so at most one chunk's
+    /// output is queued however large a piece of input arrives.
+    pending: Bytes,
 }
 
 /// The state only: the held data and trailer values are the sandbox's, not for logs.
@@ -229,6 +232,7 @@ impl Framing {
             trailer_bytes: 0,
             signature_line: None,
             out: VecDeque::new(),
+            pending: Bytes::new(),
         }
     }
 
@@ -236,21 +240,44 @@ impl Framing {
         matches!(self.mode, Mode::Resign { .. })
     }
 
-    /// The next bytes to send, if any are ready.
-    pub fn next_out(&mut self) -> Option<Bytes> {
-        self.out.pop_front()
+    /// The next bytes to send, parsing more of the input given to [`Framing::feed`] as
+    /// needed; `None` when all of it is consumed.
+    pub fn next_out(&mut self) -> Result<Option<Bytes>, FramingError> {
+        if self.out.is_empty() && !self.pending.is_empty() {
+            let input = std::mem::take(&mut self.pending);
+            let mut i = 0;
+            while i < input.len() {
+                i += self.step(&input[i..])?;
+                if self.resigning() && !self.out.is_empty() {
+                    break;
+                }
+            }
+            if self.resigning() {
+                self.pending = input.slice(i..);
+            } else {
+                // Checked: passes on unchanged.
+                self.out.push_back(input);
+            }
+        }
+        Ok(self.out.pop_front())
     }
 
-    /// Parses `input`; in check mode it is queued unchanged once it parsed.
-    pub fn feed(&mut self, input: Bytes) -> Result<(), FramingError> {
-        let mut i = 0;
-        while i < input.len() {
-            i += self.step(&input[i..])?;
+    /// Hands over the next piece of the body; call [`Framing::next_out`] until it answers
+    /// `None` before feeding more.
+    pub fn feed(&mut self, input: Bytes) {
+        debug_assert!(self.pending.is_empty());
+        self.pending = input;
+    }
+
+    /// The most bytes held at once (for a memory budget): one chunk and its lines when
+    /// re-signing, one line and the trailer when checking.
+    pub fn held_at_most(&self) -> usize {
+        let lines = MAX_HEADER_LINE + MAX_TRAILER_LINE + MAX_TRAILERS;
+        if self.resigning() {
+            MAX_CHUNK + lines
+        } else {
+            lines
         }
-        if !self.resigning() && !input.is_empty() {
-            self.out.push_back(input);
-        }
-        Ok(())
     }
 
     /// The body ended: it must have ended exactly at the end of the framing.
@@ -533,30 +560,33 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let mut this = self.project();
         loop {
-            if let Some(b) = this.framing.next_out() {
-                return Poll::Ready(Some(Ok(Frame::data(b))));
-            }
-            if *this.finished {
-                return Poll::Ready(None);
-            }
-            let result = match ready!(this.inner.as_mut().poll_frame(cx)) {
-                Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => this.framing.feed(data),
-                    // HTTP trailers come after the body: its framing must be complete.
-                    Err(frame) => match this.framing.finish() {
-                        Ok(()) => return Poll::Ready(Some(Ok(frame))),
-                        Err(e) => Err(e),
+            let result = match this.framing.next_out() {
+                Ok(Some(b)) => return Poll::Ready(Some(Ok(Frame::data(b)))),
+                Ok(None) if *this.finished => return Poll::Ready(None),
+                Ok(None) => match ready!(this.inner.as_mut().poll_frame(cx)) {
+                    Some(Ok(frame)) => match frame.into_data() {
+                        Ok(data) => {
+                            this.framing.feed(data);
+                            Ok(())
+                        }
+                        // HTTP trailers come after the body: its framing must be complete.
+                        Err(frame) => match this.framing.finish() {
+                            Ok(()) => return Poll::Ready(Some(Ok(frame))),
+                            Err(e) => Err(e),
+                        },
                     },
+                    Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
+                    None => {
+                        *this.finished = true;
+                        this.framing.finish()
+                    }
                 },
-                Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
-                None => {
-                    *this.finished = true;
-                    this.framing.finish()
-                }
+                Err(e) => Err(e),
             };
             if let Err(e) = result {
                 *this.finished = true;
                 this.framing.out.clear();
+                this.framing.pending = Bytes::new();
                 if let Some(tell) = this.on_error.take() {
                     tell(e.to_string());
                 }
@@ -651,9 +681,8 @@ mod tests {
         let mut f = Framing::new(mode, expected);
         let mut out = Vec::new();
         for piece in input.chunks(split.max(1)) {
-            f.feed(Bytes::copy_from_slice(piece))
-                .map_err(|e| e.to_string())?;
-            while let Some(b) = f.next_out() {
+            f.feed(Bytes::copy_from_slice(piece));
+            while let Some(b) = f.next_out().map_err(|e| e.to_string())? {
                 out.extend_from_slice(&b);
             }
         }
@@ -694,6 +723,24 @@ mod tests {
                 "split {split}: output differs from aws-sigv4's signing"
             );
         }
+    }
+
+    #[test]
+    fn a_large_piece_of_input_is_re_signed_one_chunk_at_a_time() {
+        let data = vec![3u8; 64 * 1024];
+        let chunks: Vec<&[u8]> = vec![&data, &data, &data, &data, b""];
+        let input = framed(&chunks, Some(DUMMY), "\r\n");
+        let mut f = Framing::new(resign(false), None);
+        f.feed(Bytes::from(input.clone()));
+        let mut total = 0;
+        while let Some(b) = f.next_out().expect("valid") {
+            total += b.len();
+            let queued: usize = f.out.iter().map(Bytes::len).sum();
+            assert!(queued <= data.len() + 2, "{queued} bytes queued at once");
+        }
+        f.finish().expect("complete");
+        assert_eq!(total, input.len());
+        assert!(f.held_at_most() > MAX_CHUNK);
     }
 
     #[test]
@@ -854,7 +901,8 @@ mod tests {
     fn a_chunk_over_the_cap_is_refused_before_it_is_held() {
         let head = format!("{:x};chunk-signature={DUMMY}\r\n", MAX_CHUNK + 1);
         let mut f = Framing::new(resign(false), None);
-        let e = f.feed(Bytes::from(head)).expect_err("refused");
+        f.feed(Bytes::from(head));
+        let e = f.next_out().expect_err("refused");
         assert!(e.to_string().contains("at most 1048576 bytes"), "{e}");
         // At the cap is fine.
         let data = vec![1u8; MAX_CHUNK];

@@ -153,6 +153,15 @@ pub struct Applied {
 }
 
 impl Applied {
+    /// The most bytes [`Applied::body`] holds at once, for the caller's buffered-bytes budget:
+    /// one chunk (≤ 1 MiB) when re-signing an aws-chunked body, a few KiB when checking one,
+    /// 0 otherwise.
+    pub fn held_at_most(&self) -> usize {
+        self.chunked
+            .as_ref()
+            .map_or(0, aws_chunked::Framing::held_at_most)
+    }
+
     /// The body to send: `body` itself, or `body` through the aws-chunked framing. When the
     /// framing is bad the body fails (aborting the upload) and `on_error` hears why, once.
     pub fn body(
