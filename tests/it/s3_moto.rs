@@ -93,6 +93,7 @@ impl S3 {
             self.moto.events_of("request"),
             self.w.lk.stderr_text()
         );
+        eprintln!("{what}: upload + read back in {} s", out["seconds"]);
         out
     }
 
