@@ -22,8 +22,8 @@ a WSGI layer in front of moto does that here, strictly, before moto sees the req
 A failure answers 403 `SignatureDoesNotMatch` or 400 (`IncompleteBody`, `BadDigest`) like S3.
 
 Prints one JSON line per request: {"event": "request", "method", "path", "content_sha256",
-"content_encoding", "transfer_encoding", "decoded_length", "chunks", "trailer", "status",
-"error"}. The secret key is printed once, in the keys event, for the test to hold.
+"content_encoding", "transfer_encoding", "content_length", "expect", "signed_headers",
+"decoded_length", "chunks", "trailer", "status", "error", "body_length"}. The secret key is printed once, in the keys event, for the test to hold.
 """
 
 import base64
@@ -91,6 +91,15 @@ def parse_authorization(auth):
         return akid, date, region, service, fields["Signature"]
     except (ValueError, KeyError):
         raise Reject(403, "AccessDenied", "malformed Authorization header")
+
+
+def signed_headers(auth):
+    """The SignedHeaders list of an Authorization header (empty without one)."""
+    for part in auth.split(","):
+        name, _, value = part.strip().partition("=")
+        if name == "SignedHeaders":
+            return value.split(";")
+    return []
 
 
 def checksum(name, data):
@@ -236,6 +245,8 @@ class Checker:
             "content_encoding": environ.get("HTTP_CONTENT_ENCODING"),
             "transfer_encoding": environ.get("HTTP_TRANSFER_ENCODING"),
             "content_length": environ.get("CONTENT_LENGTH") or None,
+            "expect": environ.get("HTTP_EXPECT"),
+            "signed_headers": signed_headers(environ.get("HTTP_AUTHORIZATION", "")),
             "decoded_length": None,
             "chunks": None,
             "trailer": None,

@@ -169,6 +169,26 @@ fn boto3_default_checksums_round_trip_small_large_and_multipart() {
     let parts = s.requests_for("PUT", "multi.bin?uploadId=");
     assert_eq!(parts.len(), 3, "{parts:#?}");
     accepted(&parts, form, "upload_part");
+    // boto3 sends `Expect: 100-continue` on uploads; botocore never signs it, nor user-agent.
+    let uploads = s.requests_for("PUT", "");
+    assert!(
+        uploads.iter().any(|e| e["expect"] == "100-continue"),
+        "{uploads:#?}"
+    );
+    for e in &uploads {
+        let signed = e["signed_headers"].as_array().expect("signed headers");
+        for name in ["expect", "user-agent", "transfer-encoding"] {
+            assert!(!signed.iter().any(|h| h == name), "{name} signed: {e:#}");
+        }
+        for name in [
+            "host",
+            "x-amz-date",
+            "x-amz-content-sha256",
+            "content-encoding",
+        ] {
+            assert!(signed.iter().any(|h| h == name), "{name} unsigned: {e:#}");
+        }
+    }
     // put, get, put, get, create, 3 parts, complete, get.
     let records = s.audited(10);
     for r in &records {
