@@ -398,6 +398,9 @@ pub async fn apply(
                     name: name.to_string(),
                 });
             }
+            // Before any key is fetched or STS called: a form latchkey cannot sign is the
+            // sandbox's to fix.
+            let form = PayloadForm::of(name, headers)?;
             let (region, service) = match (region, service) {
                 (Some(r), Some(s)) => (r.clone(), s.clone()),
                 _ => {
@@ -433,7 +436,6 @@ pub async fn apply(
                     (a, s, Some(t))
                 }
             };
-            let form = PayloadForm::of(name, headers)?;
             let payload = match form.payload {
                 Payload::Classic => match body {
                     SignBody::Whole(b) if b.len() <= *max_signed_body => {
