@@ -381,6 +381,34 @@ pub async fn apply(
     path_and_query: &str,
     body: SignBody<'_>,
 ) -> Result<Applied, CredentialError> {
+    let mut applied = Applied::default();
+    apply_to(
+        cred,
+        store,
+        cache,
+        exchanger,
+        t,
+        headers,
+        path_and_query,
+        body,
+        &mut applied,
+    )
+    .await?;
+    Ok(applied)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn apply_to(
+    cred: &Credential,
+    store: &SecretStore,
+    cache: &TokenCache,
+    exchanger: &Exchanger,
+    t: &Target<'_>,
+    headers: &mut HeaderMap,
+    path_and_query: &str,
+    body: SignBody<'_>,
+    applied: &mut Applied,
+) -> Result<(), CredentialError> {
     let name = cred.name.as_str();
     match &cred.kind {
         Kind::AwsSigV4 {
@@ -490,11 +518,10 @@ pub async fn apply(
                         trailer,
                     }
                 }
-                Payload::Classic | Payload::Unsigned => return Ok(Applied::default()),
+                Payload::Classic | Payload::Unsigned => return Ok(()),
             };
-            Ok(Applied {
-                chunked: Some(aws_chunked::Framing::new(mode, form.decoded_length)),
-            })
+            applied.chunked = Some(aws_chunked::Framing::new(mode, form.decoded_length));
+            Ok(())
         }
         Kind::GithubApp {
             app_id,
@@ -542,7 +569,7 @@ pub async fn apply(
                 .ok()
                 .and_then(|u| u.host().map(str::to_ascii_lowercase));
             if api_host.as_deref() == Some(t.host) {
-                set_bearer(headers, &AUTHORIZATION, &token, true).map(|()| Applied::default())
+                set_bearer(headers, &AUTHORIZATION, &token, true)
             } else {
                 // git over HTTPS (github.com): installation tokens go in Basic auth.
                 let mut raw = b"x-access-token:".to_vec();
@@ -552,7 +579,7 @@ pub async fn apply(
                 let mut hv = sensitive(format!("Basic {}", &*enc))?;
                 hv.set_sensitive(true);
                 headers.insert(AUTHORIZATION, hv);
-                Ok(Applied::default())
+                Ok(())
             }
         }
         Kind::GoogleServiceAccount { scopes, token_uri } => {
@@ -588,7 +615,7 @@ pub async fn apply(
                 })
                 .await?;
             store.set_minted(&token_name(name), &token);
-            set_bearer(headers, &AUTHORIZATION, &token, true).map(|()| Applied::default())
+            set_bearer(headers, &AUTHORIZATION, &token, true)
         }
         Kind::OAuth2ClientCredentials {
             token_url,
@@ -620,7 +647,7 @@ pub async fn apply(
                 })
                 .await?;
             store.set_minted(&token_name(name), &token);
-            set_bearer(headers, &AUTHORIZATION, &token, true).map(|()| Applied::default())
+            set_bearer(headers, &AUTHORIZATION, &token, true)
         }
         Kind::Jwt {
             alg,
@@ -661,7 +688,7 @@ pub async fn apply(
             };
             store.set_minted(&token_name(name), &token);
             let bearer = *header == AUTHORIZATION;
-            set_bearer(headers, header, &token, bearer).map(|()| Applied::default())
+            set_bearer(headers, header, &token, bearer)
         }
     }
 }
