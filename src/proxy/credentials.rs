@@ -291,6 +291,7 @@ pub async fn apply(
     }
 
     // 7. sign or attach a minted token: last, over the final URI, headers and body.
+    let mut applied = signing::Applied::default();
     if let Some(c) = credential {
         let sign_body = match rest {
             None => signing::SignBody::Whole(&body_bytes),
@@ -303,7 +304,7 @@ pub async fn apply(
             port: req.port,
             identity,
         };
-        signing::apply(
+        applied = signing::apply(
             c,
             &store,
             policy.tokens(),
@@ -318,6 +319,7 @@ pub async fn apply(
             signing::CredentialError::PresignedQuery { .. } => {
                 (Reason::PresignedQuery, e.to_string())
             }
+            signing::CredentialError::BadRequest { .. } => (Reason::BadRequest, e.to_string()),
             other => (Reason::CredentialFailed, other.to_string()),
         })?;
         used.insert(signing::token_name(&c.name));
@@ -336,6 +338,15 @@ pub async fn apply(
             body::count_up(stream, counters.clone())
         }
     };
+    // An S3 aws-chunked upload: its framing checked (and chunks re-signed) as it streams; bad
+    // framing aborts the upload with this refusal.
+    let slot = refused.clone();
+    let body = applied.body(body, move |message| {
+        let _ = slot.set(BodyRefused {
+            reason: Reason::BadRequest,
+            message,
+        });
+    });
     // A fully buffered body was counted here; a streamed one counts as it flows.
     if whole {
         let n = body.size_hint().exact().unwrap_or_default();

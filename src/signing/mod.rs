@@ -8,6 +8,7 @@
 //! redacted. This module knows no sockets: token endpoints are reached through an
 //! [`Exchanger`] the proxy provides (its guarded, audited client).
 
+pub mod aws_chunked;
 mod jwt;
 mod sigv4;
 
@@ -25,7 +26,7 @@ use http::HeaderMap;
 use crate::secrets::{SecretError, SecretStore, SecretValue};
 
 pub use jwt::{JwtAlg, JwtClaim};
-pub use sigv4::derive_region_service;
+pub use sigv4::{derive_region_service, Payload, UNSIGNED_HEADERS};
 
 /// Refresh a cached token this long before it expires.
 pub const REFRESH_MARGIN: Duration = Duration::from_secs(300);
@@ -115,15 +116,67 @@ pub enum CredentialError {
     PresignedQuery { name: String },
     #[error("credential '{name}': {source}")]
     Secret { name: String, source: SecretError },
+    /// The request cannot be signed as sent (a payload form latchkey does not sign, framing
+    /// headers that contradict each other): the sandbox's to fix.
+    #[error("credential '{name}': {why}")]
+    BadRequest { name: String, why: String },
 }
 
 /// One HTTP exchange with a token endpoint.
-#[derive(Debug)]
 pub struct Exchange {
     pub credential: String,
     pub url: String,
+    /// May hold an app JWT, a signed `Authorization` or a session token.
     pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// May hold a client secret or a JWT assertion.
     pub body: Bytes,
+}
+
+/// Names the endpoint and the header names only: the values and the body are secret material.
+impl std::fmt::Debug for Exchange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.headers.iter().map(|(n, _)| n.as_str()).collect();
+        f.debug_struct("Exchange")
+            .field("credential", &self.credential)
+            .field("url", &self.url)
+            .field("headers", &names)
+            .field("body_len", &self.body.len())
+            .finish()
+    }
+}
+
+/// What applying a credential leaves to do on the body: nothing, or (an S3 aws-chunked
+/// upload) check its framing or re-sign its chunks as it streams.
+#[derive(Debug, Default)]
+pub struct Applied {
+    chunked: Option<aws_chunked::Framing>,
+}
+
+impl Applied {
+    /// The most bytes [`Applied::body`] holds at once, for the caller's buffered-bytes budget:
+    /// one chunk (≤ 1 MiB) when re-signing an aws-chunked body, a few KiB when checking one,
+    /// 0 otherwise.
+    pub fn held_at_most(&self) -> usize {
+        self.chunked
+            .as_ref()
+            .map_or(0, aws_chunked::Framing::held_at_most)
+    }
+
+    /// The body to send: `body` itself, or `body` through the aws-chunked framing. When the
+    /// framing is bad the body fails (aborting the upload) and `on_error` hears why, once.
+    pub fn body(
+        self,
+        body: crate::upstream::Body,
+        on_error: impl FnOnce(String) + Send + Sync + 'static,
+    ) -> crate::upstream::Body {
+        use http_body_util::BodyExt;
+        match self.chunked {
+            None => body,
+            Some(framing) => {
+                aws_chunked::AwsChunked::new(body, framing, Box::new(on_error)).boxed()
+            }
+        }
+    }
 }
 
 /// How token endpoints are reached: the proxy's guarded, audited client. Returns the status
@@ -257,15 +310,32 @@ pub enum SignBody<'a> {
     Streamed,
 }
 
+/// Whether applying `kind` needs the whole request body in hand: `Some(max)` when the body is
+/// hashed into the signature (a classic signed SigV4 payload, up to `max_signed_body` bytes;
+/// over that, or when the caller will not buffer, it is signed `UNSIGNED-PAYLOAD`), `None`
+/// when the body can stream (`UNSIGNED-PAYLOAD`, the aws-chunked streaming forms, whose chunks
+/// are re-signed as they pass, and every kind that does not sign the body).
+///
+/// `headers` are the request's as the sandbox sent them (`x-amz-content-sha256` declares the
+/// form). A form latchkey refuses answers `None`: [`apply`] refuses it without a body.
+pub fn whole_body_needed(kind: &Kind, headers: &HeaderMap) -> Option<usize> {
+    match kind {
+        Kind::AwsSigV4 {
+            max_signed_body, ..
+        } if *max_signed_body > 0 => match sigv4::Payload::declared(headers) {
+            Ok(sigv4::Payload::Classic) => Some(*max_signed_body),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// Headers the sandbox may have set that a credentialed request must not carry.
 pub fn stripped_headers(kind: &Kind) -> &'static [&'static str] {
     match kind {
-        Kind::AwsSigV4 { .. } => &[
-            "authorization",
-            "x-amz-date",
-            "x-amz-security-token",
-            "x-amz-content-sha256",
-        ],
+        // `x-amz-content-sha256` stays until signing: it declares the payload form, and
+        // [`apply`] replaces it.
+        Kind::AwsSigV4 { .. } => &["authorization", "x-amz-date", "x-amz-security-token"],
         _ => &["authorization"],
     }
 }
@@ -298,7 +368,8 @@ fn now_unix() -> u64 {
         .unwrap_or_default()
 }
 
-/// Applies a credential to a request: signs it (SigV4) or attaches a token, last.
+/// Applies a credential to a request: signs it (SigV4) or attaches a token, last. The result
+/// says what remains to do on the body ([`Applied::body`]).
 #[allow(clippy::too_many_arguments)]
 pub async fn apply(
     cred: &Credential,
@@ -309,6 +380,34 @@ pub async fn apply(
     headers: &mut HeaderMap,
     path_and_query: &str,
     body: SignBody<'_>,
+) -> Result<Applied, CredentialError> {
+    let mut applied = Applied::default();
+    apply_to(
+        cred,
+        store,
+        cache,
+        exchanger,
+        t,
+        headers,
+        path_and_query,
+        body,
+        &mut applied,
+    )
+    .await?;
+    Ok(applied)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn apply_to(
+    cred: &Credential,
+    store: &SecretStore,
+    cache: &TokenCache,
+    exchanger: &Exchanger,
+    t: &Target<'_>,
+    headers: &mut HeaderMap,
+    path_and_query: &str,
+    body: SignBody<'_>,
+    applied: &mut Applied,
 ) -> Result<(), CredentialError> {
     let name = cred.name.as_str();
     match &cred.kind {
@@ -327,6 +426,9 @@ pub async fn apply(
                     name: name.to_string(),
                 });
             }
+            // Before any key is fetched or STS called: a form latchkey cannot sign is the
+            // sandbox's to fix.
+            let form = PayloadForm::of(name, headers)?;
             let (region, service) = match (region, service) {
                 (Some(r), Some(s)) => (r.clone(), s.clone()),
                 _ => {
@@ -362,11 +464,25 @@ pub async fn apply(
                     (a, s, Some(t))
                 }
             };
-            let body = match body {
-                SignBody::Whole(b) if b.len() <= *max_signed_body => Some(b),
-                _ => None,
+            let payload = match form.payload {
+                Payload::Classic => match body {
+                    SignBody::Whole(b) if b.len() <= *max_signed_body => {
+                        sigv4::SignPayload::Bytes(b)
+                    }
+                    _ => sigv4::SignPayload::Unsigned,
+                },
+                Payload::Unsigned => sigv4::SignPayload::Unsigned,
+                Payload::StreamingUnsignedTrailer => {
+                    sigv4::SignPayload::Literal(sigv4::STREAMING_UNSIGNED_TRAILER)
+                }
+                Payload::StreamingSigned { trailer: false } => {
+                    sigv4::SignPayload::Literal(sigv4::STREAMING_SIGNED)
+                }
+                Payload::StreamingSigned { trailer: true } => {
+                    sigv4::SignPayload::Literal(sigv4::STREAMING_SIGNED_TRAILER)
+                }
             };
-            sigv4::sign(
+            let seed = sigv4::sign(
                 &sigv4::Keys {
                     akid: &akid,
                     secret: &secret_key,
@@ -377,9 +493,35 @@ pub async fn apply(
                 t,
                 headers,
                 path_and_query,
-                body,
+                payload,
+                form.declared,
             )
-            .map_err(|why| failed(name, why))
+            .map_err(|why| failed(name, why))?;
+            let mode = match form.payload {
+                Payload::StreamingUnsignedTrailer => aws_chunked::Mode::Check,
+                Payload::StreamingSigned { trailer } => {
+                    // The chunk signatures use the seed's own timestamp and scope.
+                    let stamp = headers
+                        .get("x-amz-date")
+                        .and_then(|v| v.to_str().ok())
+                        .ok_or_else(|| failed(name, "the signer set no x-amz-date"))?;
+                    let key = aws_chunked::signing_key(
+                        secret_key.expose(),
+                        stamp.get(..8).unwrap_or(stamp),
+                        &region,
+                        &service,
+                    );
+                    let signer =
+                        aws_chunked::ChunkSigner::new(key, stamp, &region, &service, &seed);
+                    aws_chunked::Mode::Resign {
+                        signer: Box::new(signer),
+                        trailer,
+                    }
+                }
+                Payload::Classic | Payload::Unsigned => return Ok(()),
+            };
+            applied.chunked = Some(aws_chunked::Framing::new(mode, form.decoded_length));
+            Ok(())
         }
         Kind::GithubApp {
             app_id,
@@ -551,6 +693,70 @@ pub async fn apply(
     }
 }
 
+/// The payload form of an AWS request as the sandbox declared it, checked for consistency
+/// with its framing headers.
+struct PayloadForm {
+    payload: Payload,
+    /// The sandbox sent `x-amz-content-sha256` (so the upstream expects one).
+    declared: bool,
+    /// `x-amz-decoded-content-length`, which the aws-chunked data must add up to.
+    decoded_length: Option<u64>,
+}
+
+impl PayloadForm {
+    fn of(name: &str, headers: &HeaderMap) -> Result<PayloadForm, CredentialError> {
+        let refuse = |why: String| CredentialError::BadRequest {
+            name: name.to_string(),
+            why,
+        };
+        let payload = Payload::declared(headers).map_err(refuse)?;
+        let streaming = matches!(
+            payload,
+            Payload::StreamingUnsignedTrailer | Payload::StreamingSigned { .. }
+        );
+        let aws_chunked = headers
+            .get_all(http::header::CONTENT_ENCODING)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|c| c.trim().eq_ignore_ascii_case("aws-chunked"));
+        // aws-chunked framing under a classic payload hash would be stored as the object.
+        if aws_chunked && !streaming {
+            return Err(refuse(
+                "Content-Encoding aws-chunked needs a STREAMING-* x-amz-content-sha256".to_string(),
+            ));
+        }
+        let mut lengths = headers.get_all("x-amz-decoded-content-length").iter();
+        let decoded_length = match (lengths.next(), lengths.next()) {
+            (None, _) => None,
+            (Some(v), None) => Some(
+                v.to_str()
+                    .ok()
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .ok_or_else(|| {
+                        refuse("x-amz-decoded-content-length is not a number".to_string())
+                    })?,
+            ),
+            (Some(_), Some(_)) => {
+                return Err(refuse(
+                    "x-amz-decoded-content-length is sent more than once".to_string(),
+                ))
+            }
+        };
+        if decoded_length.is_some() && !streaming {
+            return Err(refuse(
+                "x-amz-decoded-content-length without a STREAMING-* x-amz-content-sha256"
+                    .to_string(),
+            ));
+        }
+        Ok(PayloadForm {
+            payload,
+            declared: headers.contains_key("x-amz-content-sha256"),
+            decoded_length,
+        })
+    }
+}
+
 /// Calls STS AssumeRole with the base keys; the three temporary values come back packed in
 /// one secret (`akid\nsecret\ntoken`) for the token cache.
 async fn assume(
@@ -597,7 +803,8 @@ async fn assume(
         &target,
         &mut headers,
         path,
-        Some(form.as_bytes()),
+        sigv4::SignPayload::Bytes(form.as_bytes()),
+        false,
     )
     .map_err(|why| failed(name, format!("cannot sign AssumeRole: {why}")))?;
     let (status, body) = exchanger(Exchange {
@@ -756,4 +963,138 @@ async fn exchange_json(
             format!("token endpoint {url} answered invalid JSON: {e}"),
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn aws(max: usize) -> Kind {
+        Kind::AwsSigV4 {
+            assume_role: None,
+            region: None,
+            service: None,
+            has_session_token: false,
+            max_signed_body: max,
+        }
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (n, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(n.as_bytes()).expect("name"),
+                HeaderValue::from_str(v).expect("value"),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn only_a_classic_signed_payload_needs_the_whole_body() {
+        let hex = "ab".repeat(32);
+        type Case<'a> = (&'a [(&'a str, &'a str)], Option<usize>);
+        let cases: &[Case] = &[
+            (&[], Some(1024)),
+            (&[("x-amz-content-sha256", &hex)], Some(1024)),
+            (&[("x-amz-content-sha256", "UNSIGNED-PAYLOAD")], None),
+            (
+                &[("x-amz-content-sha256", "STREAMING-UNSIGNED-PAYLOAD-TRAILER")],
+                None,
+            ),
+            (
+                &[("x-amz-content-sha256", "STREAMING-AWS4-HMAC-SHA256-PAYLOAD")],
+                None,
+            ),
+            (
+                &[(
+                    "x-amz-content-sha256",
+                    "STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER",
+                )],
+                None,
+            ),
+            // Refused by apply, so never worth buffering.
+            (&[("x-amz-content-sha256", "garbage")], None),
+        ];
+        for (h, want) in cases {
+            assert_eq!(whole_body_needed(&aws(1024), &headers(h)), *want, "{h:?}");
+        }
+        assert_eq!(whole_body_needed(&aws(0), &headers(&[])), None);
+        let jwt = Kind::Jwt {
+            alg: JwtAlg::Hs256,
+            ttl: None,
+            header: AUTHORIZATION,
+            claims: Vec::new(),
+        };
+        assert_eq!(whole_body_needed(&jwt, &headers(&[])), None);
+    }
+
+    #[test]
+    fn payload_forms_are_read_and_contradictions_refused() {
+        let form = |h: &[(&str, &str)]| PayloadForm::of("c", &headers(h));
+        let ok = form(&[
+            ("x-amz-content-sha256", "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"),
+            ("content-encoding", "gzip, aws-chunked"),
+            ("x-amz-decoded-content-length", "42"),
+        ])
+        .expect("valid");
+        assert_eq!(ok.payload, Payload::StreamingSigned { trailer: false });
+        assert!(ok.declared);
+        assert_eq!(ok.decoded_length, Some(42));
+        assert!(!form(&[]).expect("classic").declared);
+        let refused: &[&[(&str, &str)]] = &[
+            &[(
+                "x-amz-content-sha256",
+                "STREAMING-AWS4-ECDSA-P256-SHA256-PAYLOAD",
+            )],
+            &[("x-amz-content-sha256", "abc")],
+            &[
+                ("x-amz-content-sha256", "UNSIGNED-PAYLOAD"),
+                ("x-amz-content-sha256", "UNSIGNED-PAYLOAD"),
+            ],
+            &[("content-encoding", "aws-chunked")],
+            &[
+                ("x-amz-content-sha256", "UNSIGNED-PAYLOAD"),
+                ("content-encoding", "AWS-Chunked"),
+            ],
+            &[("x-amz-decoded-content-length", "5")],
+            &[
+                ("x-amz-content-sha256", "STREAMING-UNSIGNED-PAYLOAD-TRAILER"),
+                ("x-amz-decoded-content-length", "-1"),
+            ],
+            &[
+                ("x-amz-content-sha256", "STREAMING-UNSIGNED-PAYLOAD-TRAILER"),
+                ("x-amz-decoded-content-length", "5"),
+                ("x-amz-decoded-content-length", "5"),
+            ],
+        ];
+        for h in refused {
+            assert!(
+                matches!(form(h), Err(CredentialError::BadRequest { .. })),
+                "{h:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn exchange_debug_shows_no_secret_material() {
+        let mut auth = HeaderValue::from_static("Bearer eyJhbGciOi.secret-jwt.sig");
+        auth.set_sensitive(true);
+        let ex = Exchange {
+            credential: "oauth".into(),
+            url: "https://oauth.test/token".into(),
+            headers: vec![(AUTHORIZATION, auth)],
+            body: Bytes::from_static(b"client_secret=hunter2&client_assertion=eyJ"),
+        };
+        let text = format!("{ex:?}");
+        assert!(
+            text.contains("oauth.test") && text.contains("authorization"),
+            "{text}"
+        );
+        for secret in ["hunter2", "secret-jwt", "eyJ"] {
+            assert!(!text.contains(secret), "{text}");
+        }
+        let applied = format!("{:?}", Applied::default());
+        assert!(applied.contains("Applied"), "{applied}");
+    }
 }

@@ -13,6 +13,61 @@ use http::HeaderMap;
 use super::Target;
 use crate::secrets::SecretValue;
 
+/// The payload forms a sandbox's SDK may declare in `x-amz-content-sha256`, and what latchkey
+/// does with each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Payload {
+    /// No header, or a hex SHA-256: latchkey hashes the body it sends when it holds it whole
+    /// (within `max_signed_body`), else signs `UNSIGNED-PAYLOAD`.
+    Classic,
+    /// `UNSIGNED-PAYLOAD`: kept; the body streams.
+    Unsigned,
+    /// `STREAMING-UNSIGNED-PAYLOAD-TRAILER` (aws-chunked, unsigned chunks, a checksum trailer):
+    /// the seed is signed with that literal and the framing passes through, checked.
+    StreamingUnsignedTrailer,
+    /// `STREAMING-AWS4-HMAC-SHA256-PAYLOAD[-TRAILER]`: the seed is signed with the literal and
+    /// every chunk (and the trailer) is re-signed with the real key, chained from the seed.
+    StreamingSigned { trailer: bool },
+}
+
+pub const UNSIGNED_PAYLOAD: &str = "UNSIGNED-PAYLOAD";
+pub const STREAMING_UNSIGNED_TRAILER: &str = "STREAMING-UNSIGNED-PAYLOAD-TRAILER";
+pub const STREAMING_SIGNED: &str = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD";
+pub const STREAMING_SIGNED_TRAILER: &str = "STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER";
+
+impl Payload {
+    /// The form the sandbox declared. An unknown value, a repeated header or a SigV4a
+    /// (ECDSA) streaming form is refused: latchkey cannot sign it as the upstream will check it.
+    pub fn declared(headers: &HeaderMap) -> Result<Payload, String> {
+        let mut values = headers.get_all("x-amz-content-sha256").iter();
+        let Some(v) = values.next() else {
+            return Ok(Payload::Classic);
+        };
+        if values.next().is_some() {
+            return Err("x-amz-content-sha256 is sent more than once".to_string());
+        }
+        let v = v
+            .to_str()
+            .map_err(|_| "x-amz-content-sha256 is not ASCII".to_string())?
+            .trim();
+        Ok(match v {
+            UNSIGNED_PAYLOAD => Payload::Unsigned,
+            STREAMING_UNSIGNED_TRAILER => Payload::StreamingUnsignedTrailer,
+            STREAMING_SIGNED => Payload::StreamingSigned { trailer: false },
+            STREAMING_SIGNED_TRAILER => Payload::StreamingSigned { trailer: true },
+            hex if hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()) => {
+                Payload::Classic
+            }
+            other if other.starts_with("STREAMING-") => {
+                return Err(format!(
+                    "x-amz-content-sha256 {other} is not supported (latchkey signs SigV4, not SigV4a; use UNSIGNED-PAYLOAD, STREAMING-UNSIGNED-PAYLOAD-TRAILER or STREAMING-AWS4-HMAC-SHA256-PAYLOAD[-TRAILER])"
+                ))
+            }
+            _ => return Err("x-amz-content-sha256 is neither a SHA-256 nor a payload form AWS defines".to_string()),
+        })
+    }
+}
+
 pub struct Keys<'a> {
     pub akid: &'a SecretValue,
     pub secret: &'a SecretValue,
@@ -59,8 +114,40 @@ fn text(v: &SecretValue, what: &str) -> Result<String, String> {
         .map_err(|_| format!("{what} is not UTF-8"))
 }
 
-/// Signs in place: adds `authorization`, `x-amz-date`, and `x-amz-security-token` /
-/// `x-amz-content-sha256` where they apply. `body` `None` signs `UNSIGNED-PAYLOAD`.
+/// What the payload hash in the canonical request is.
+pub enum SignPayload<'a> {
+    /// The body latchkey sends, hashed.
+    Bytes(&'a [u8]),
+    /// `UNSIGNED-PAYLOAD`.
+    Unsigned,
+    /// A streaming form's literal (`STREAMING-...`).
+    Literal(&'static str),
+}
+
+/// Headers botocore never signs (`SIGNED_HEADERS_BLACKLIST` in botocore/auth.py: hop-by-hop
+/// headers, `expect`, `user-agent`, `x-amzn-trace-id`), plus `authorization` (the signature's
+/// own) and `proxy-connection`. A proxy or an SDK may change them in flight; signing one that
+/// the upstream then sees differently (or not at all) makes S3 answer `SignatureDoesNotMatch`.
+pub const UNSIGNED_HEADERS: &[&str] = &[
+    "authorization",
+    "connection",
+    "expect",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "user-agent",
+    "x-amzn-trace-id",
+];
+
+/// Signs in place: adds `authorization`, `x-amz-date`, and `x-amz-security-token` where it
+/// applies, and `x-amz-content-sha256` (the payload form) for S3 or when `content_sha256` (the
+/// sandbox sent one; it was removed here first). Every header but [`UNSIGNED_HEADERS`] is
+/// signed. Returns the signature (the seed of a chunk-signed body).
 #[allow(clippy::too_many_arguments)]
 pub fn sign(
     keys: &Keys<'_>,
@@ -69,8 +156,9 @@ pub fn sign(
     t: &Target<'_>,
     headers: &mut HeaderMap,
     path_and_query: &str,
-    body: Option<&[u8]>,
-) -> Result<(), String> {
+    payload: SignPayload<'_>,
+    content_sha256: bool,
+) -> Result<String, String> {
     let default_port = if t.scheme == "https" { 443 } else { 80 };
     let host = if t.host.contains(':') {
         format!("[{}]", t.host)
@@ -91,10 +179,15 @@ pub fn sign(
     );
     let identity = credentials.into();
     let mut settings = SigningSettings::default();
+    settings.excluded_headers = Some(UNSIGNED_HEADERS.iter().map(|h| (*h).into()).collect());
     if service == "s3" {
-        // S3 signs the path as sent and always carries the payload hash header.
+        // S3 signs the path as sent.
         settings.percent_encoding_mode = PercentEncodingMode::Single;
         settings.uri_path_normalization_mode = UriPathNormalizationMode::Disabled;
+    }
+    headers.remove("x-amz-content-sha256");
+    if service == "s3" || content_sha256 {
+        // S3 always carries the payload hash header (and checks it against the body).
         settings.payload_checksum_kind = PayloadChecksumKind::XAmzSha256;
     }
     let params = v4::SigningParams::builder()
@@ -108,15 +201,17 @@ pub fn sign(
         .into();
     let pairs: Vec<(String, String)> = headers
         .iter()
+        .filter(|(k, _)| !UNSIGNED_HEADERS.contains(&k.as_str()))
         .filter_map(|(k, v)| {
             v.to_str()
                 .ok()
                 .map(|v| (k.as_str().to_string(), v.to_string()))
         })
         .collect();
-    let signable_body = match body {
-        Some(b) => SignableBody::Bytes(b),
-        None => SignableBody::UnsignedPayload,
+    let signable_body = match payload {
+        SignPayload::Bytes(b) => SignableBody::Bytes(b),
+        SignPayload::Unsigned => SignableBody::UnsignedPayload,
+        SignPayload::Literal(l) => SignableBody::Precomputed(l.to_string()),
     };
     let signable = SignableRequest::new(
         t.method,
@@ -125,7 +220,7 @@ pub fn sign(
         signable_body,
     )
     .map_err(|e| format!("cannot sign this request: {e}"))?;
-    let (instructions, _signature) = sigv4_sign(signable, &params)
+    let (instructions, signature) = sigv4_sign(signable, &params)
         .map_err(|e| format!("cannot sign this request: {e}"))?
         .into_parts();
     let mut req = http::Request::builder()
@@ -141,7 +236,7 @@ pub fn sign(
             v.set_sensitive(true);
         }
     }
-    Ok(())
+    Ok(signature)
 }
 
 #[cfg(test)]

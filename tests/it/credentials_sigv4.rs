@@ -265,6 +265,10 @@ fn an_s3_put_with_metadata_headers_and_expect_continue_is_signed_as_sent() {
         "X-Amz-Meta-Note:   two   spaces  ",
         "-H",
         "X-Amz-Storage-Class: STANDARD_IA",
+        "-H",
+        "X-Amzn-Trace-Id: Root=1-67891233-abcdef012345678912345678",
+        "-H",
+        "User-Agent: aws-cli/2.0 latchkey-test",
         "--data-binary",
         &format!("@{file}"),
         &s.url("s3.test", "/bucket/meta.txt"),
@@ -274,6 +278,16 @@ fn an_s3_put_with_metadata_headers_and_expect_continue_is_signed_as_sent() {
     let signed = v["signed_headers"].as_array().expect("signed headers");
     for name in ["x-amz-meta-owner", "x-amz-meta-note", "x-amz-storage-class"] {
         assert!(signed.iter().any(|h| h == name), "{name} unsigned: {v:#}");
+    }
+    // What botocore never signs (a proxy or the SDK may change it): signing `expect` made S3
+    // answer SignatureDoesNotMatch to every boto3 upload.
+    for name in ["expect", "user-agent", "x-amzn-trace-id", "content-length"] {
+        let want = name == "content-length";
+        assert_eq!(
+            signed.iter().any(|h| h == name),
+            want,
+            "{name} signed: {want}? {v:#}"
+        );
     }
     assert_eq!(v["body_sha256"], sha256_hex(&body), "body changed: {v:#}");
     assert_eq!(v["content_sha256"], sha256_hex(&body), "{v:#}");
@@ -398,6 +412,58 @@ fn an_s3_put_over_max_signed_body_is_sent_with_unsigned_payload() {
     assert_eq!(v["body_sha256"], sha256_hex(&body), "body changed: {v:#}");
 
     s.w.lk.wait_audit(2);
+    s.w.sweep();
+}
+
+/// The sandbox's SDK chose `UNSIGNED-PAYLOAD`: kept (the body streams, nothing is buffered to
+/// hash it); a hex hash it sent is replaced by the hash of what latchkey sends; any other value
+/// is refused before the upstream.
+#[test]
+fn the_sandbox_payload_form_is_kept_and_its_own_hash_replaced() {
+    let s = sigv4_world(false);
+    let (file, body) = s.body_file("form.txt", 500);
+    let put = |content_sha256: &str, key: &str| {
+        s.w.curl_ok(&[
+            "-X",
+            "PUT",
+            "-H",
+            &format!("X-Amz-Content-SHA256: {content_sha256}"),
+            "--data-binary",
+            &format!("@{file}"),
+            &s.url("s3.test", &format!("/bucket/{key}")),
+        ])
+    };
+    let resp = put("UNSIGNED-PAYLOAD", "unsigned.txt");
+    assert_eq!(resp.status, 200, "{resp:#?}");
+    let v = s.valid(1, "a PUT declaring UNSIGNED-PAYLOAD");
+    assert_eq!(v["content_sha256"], "UNSIGNED-PAYLOAD", "{v:#}");
+    assert_eq!(v["body_sha256"], sha256_hex(&body), "{v:#}");
+
+    let resp = put(&"ab".repeat(32), "hashed.txt");
+    assert_eq!(resp.status, 200, "{resp:#?}");
+    let v = s.valid(2, "a PUT with a wrong hex hash");
+    assert_eq!(v["content_sha256"], sha256_hex(&body), "{v:#}");
+
+    for bad in [
+        "SHA256-OF-NOTHING",
+        "STREAMING-AWS4-ECDSA-P256-SHA256-PAYLOAD",
+    ] {
+        let resp = put(bad, "bad.txt");
+        assert_refusal(&resp, 400, "bad_request");
+        assert!(resp.text().contains("x-amz-content-sha256"), "{resp:#?}");
+    }
+    let records = s.w.lk.wait_audit(4);
+    assert_record(
+        &records[3],
+        json!({"rule": "s3", "decision": "deny", "reason": "bad_request", "status": 400,
+               "upstream": null}),
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        s.verifier.events_of("verify").len(),
+        2,
+        "a refused PUT reached the upstream"
+    );
     s.w.sweep();
 }
 

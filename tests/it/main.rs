@@ -33,6 +33,7 @@ mod presets;
 mod reload_admin;
 mod report_only;
 mod response_phase;
+mod s3_moto;
 mod secrets_clients;
 mod secrets_exfiltration;
 mod secrets_hygiene;
