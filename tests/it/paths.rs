@@ -40,6 +40,7 @@ const AMBIGUOUS: &[&str] = &[
     "/ok%2f..%2fadmin",
     "/ok/%252e%252e/admin",
     "/ok/%252e%252e%253b/admin",
+    "/ok/%25%32%65%25%32%65/admin",
     "/ok/%c0%ae%c0%ae/admin",
     "/ok/%C0%AE",
     "/ok/%c0%af",
