@@ -414,8 +414,16 @@ impl Sniffer {
     fn feed_head<'a>(&mut self, input: &'a [u8]) -> Option<&'a [u8]> {
         let room = SNIFF_HEAD_LIMIT.saturating_sub(self.head.len());
         let take = input.len().min(room);
+        let first = self.head.is_empty();
         self.head.extend_from_slice(&input[..take]);
-        match parse_head(&self.head, &self.keys) {
+        // A head can only complete at a newline; the first bytes are parsed at once so that
+        // what is not HTTP (TLS after a CONNECT) is recognised without being buffered.
+        let parse = if first || input[..take].contains(&b'\n') {
+            parse_head(&self.head, &self.keys)
+        } else {
+            HeadParse::Partial
+        };
+        match parse {
             HeadParse::Partial if self.head.len() >= SNIFF_HEAD_LIMIT => {
                 self.lose(LOST_TOO_LARGE);
                 None
@@ -431,7 +439,12 @@ impl Sniffer {
                     self.lose(LOST_MALFORMED);
                     return None;
                 };
-                self.head.clear();
+                // Keep a small buffer for the next head, not the largest one seen.
+                if self.head.capacity() > 16 * 1024 {
+                    self.head = Vec::new();
+                } else {
+                    self.head.clear();
+                }
                 if self.seen.len() >= SNIFF_QUEUE {
                     self.lose(LOST_QUEUE);
                     return None;
