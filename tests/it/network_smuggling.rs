@@ -347,6 +347,11 @@ fn scripts(port: u16, target: impl Fn(&str) -> String) -> Vec<Script> {
             expect: vec![200, 400],
         },
         Script {
+            what: "clean requests pipelined after a chunked and a sized body".into(),
+            steps: vec![(format!("{chunked}{sized}{clean_lf}{clean}").into_bytes(), 4)],
+            expect: vec![200, 200, 200, 200],
+        },
+        Script {
             what: "CL+TE on the second request of a keep-alive connection".into(),
             steps: vec![(b(&clean), 1), (b(&smuggle), 1)],
             expect: vec![200, 400],
