@@ -187,7 +187,9 @@ const LOST_TOO_LARGE: &str = "an earlier request head on it was over the size li
 const LOST_CHUNKED: &str = "an earlier chunked body on it was malformed";
 const LOST_QUEUE: &str = "too many requests were pipelined ahead of the answers";
 
-#[derive(Debug, Default)]
+/// The parser's state; `Debug` shows sizes only, never the head bytes (they may hold
+/// credentials the sandbox sent).
+#[derive(Default)]
 struct Sniffer {
     state: Framing,
     /// The bytes of the head being read (it starts where the previous message ended).
@@ -202,6 +204,19 @@ struct Sniffer {
     lost: Option<&'static str>,
     /// Keys the (method, target) fingerprints, so a client cannot aim for a collision.
     keys: std::hash::RandomState,
+}
+
+impl std::fmt::Debug for Sniffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sniffer")
+            .field("state", &self.state)
+            .field("head_len", &self.head.len())
+            .field("queued", &self.seen.len())
+            .field("parsed", &self.parsed)
+            .field("served", &self.served)
+            .field("lost", &self.lost)
+            .finish()
+    }
 }
 
 #[derive(Debug)]
@@ -414,8 +429,16 @@ impl Sniffer {
     fn feed_head<'a>(&mut self, input: &'a [u8]) -> Option<&'a [u8]> {
         let room = SNIFF_HEAD_LIMIT.saturating_sub(self.head.len());
         let take = input.len().min(room);
+        let first = self.head.is_empty();
         self.head.extend_from_slice(&input[..take]);
-        match parse_head(&self.head, &self.keys) {
+        // A head can only complete at a newline; the first bytes are parsed at once so that
+        // what is not HTTP (TLS after a CONNECT) is recognised without being buffered.
+        let parse = if first || input[..take].contains(&b'\n') {
+            parse_head(&self.head, &self.keys)
+        } else {
+            HeadParse::Partial
+        };
+        match parse {
             HeadParse::Partial if self.head.len() >= SNIFF_HEAD_LIMIT => {
                 self.lose(LOST_TOO_LARGE);
                 None
@@ -431,7 +454,12 @@ impl Sniffer {
                     self.lose(LOST_MALFORMED);
                     return None;
                 };
-                self.head.clear();
+                // Keep a small buffer for the next head, not the largest one seen.
+                if self.head.capacity() > 16 * 1024 {
+                    self.head = Vec::new();
+                } else {
+                    self.head.clear();
+                }
                 if self.seen.len() >= SNIFF_QUEUE {
                     self.lose(LOST_QUEUE);
                     return None;
@@ -903,6 +931,17 @@ GET http://a.test/5 HTTP/1.1\r\n\r\n";
             "TLS bytes are not a head"
         );
         assert!(sniff.lock().head.is_empty());
+    }
+
+    #[test]
+    fn a_sniffer_never_prints_the_head_bytes() {
+        let sniff = HeadSniff::default();
+        sniff.on_read(b"GET http://a.test/ HTTP/1.1\r\nAuthorization: Bearer sk-live-123456\r\n");
+        let shown = format!("{sniff:?}");
+        assert!(
+            !shown.contains("sk-live") && shown.contains("head_len"),
+            "{shown}"
+        );
     }
 
     proptest::proptest! {

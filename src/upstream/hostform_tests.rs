@@ -305,18 +305,27 @@ mod properties {
     }
 
     fn ipv6_like() -> impl Strategy<Value = String> {
-        let group = prop_oneof!["[0-9a-fA-F]{0,5}", Just("ffff".to_string())];
+        let group = prop_oneof![
+            8 => "[0-9a-fA-F]{1,4}",
+            1 => "[0-9a-fA-F]{0,5}",
+            1 => Just("ffff".to_string()),
+        ];
+        let wrap = prop_oneof![6 => Just(0u8), 3 => Just(1u8), 1 => Just(2u8), 1 => Just(3u8)];
         (
-            proptest::collection::vec(group, 1..10),
-            proptest::option::of(0..10usize),
-            proptest::option::of((0..=255u8, 0..=255u8, 0..=255u8, 0..=300u16)),
-            0..4u8,
+            proptest::collection::vec(group, 1..9),
+            proptest::option::weighted(0.6, 0..9usize),
+            proptest::option::weighted(0.25, (0..=255u8, 0..=255u8, 0..=255u8, 0..=300u16)),
+            wrap,
         )
             .prop_map(|(groups, compress, v4, wrap)| {
                 let mut parts: Vec<String> = groups;
                 if let Some(at) = compress {
                     let at = at.min(parts.len());
                     parts.insert(at, String::new());
+                    if at == 0 || at == parts.len() - 1 {
+                        // `::` at either end needs the empty group on both sides of a colon.
+                        parts.insert(at, String::new());
+                    }
                 }
                 let mut text = parts.join(":");
                 if let Some((a, b, c, d)) = v4 {

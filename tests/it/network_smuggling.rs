@@ -122,23 +122,41 @@ const CASES: &[Smuggle] = &[
     ),
     smuggle("a hex Content-Length", "Content-Length: 0x5\r\n", "hello"),
     smuggle(
+        "a Transfer-Encoding with a parameter",
+        "Transfer-Encoding: chunked;q=1\r\n",
+        "0\r\n\r\n",
+    ),
+    smuggle(
+        "a Transfer-Encoding that only contains chunked",
+        "Transfer-Encoding: xchunked\r\n",
+        "0\r\n\r\n",
+    ),
+    smuggle(
         "two Content-Lengths in different case",
         "content-length: 5\r\nCONTENT-LENGTH: 5\r\n",
         "hello",
     ),
 ];
 
-/// Each case as sent: CRLF line endings, and the same head with bare LF (which the old raw-head
-/// check, looking for CRLF only, let through).
-fn forms(case: &Smuggle, line: &str) -> [(String, Vec<u8>); 2] {
+/// Each case as sent: CRLF line endings; bare LF throughout (which the old raw-head check,
+/// looking for CRLF only, let through); and mixed (CRLF request line and `Host`, bare LF after).
+fn forms(case: &Smuggle, line: &str) -> [(String, Vec<u8>); 3] {
     let crlf = format!("{line}\r\n{}\r\n{}", case.headers, case.body);
-    let head_lf = format!("{line}\n{}\n", case.headers.replace("\r\n", "\n"));
+    let lf = format!(
+        "{}\n{}\n{}",
+        line.replace("\r\n", "\n"),
+        case.headers.replace("\r\n", "\n"),
+        case.body
+    );
+    let mixed = format!(
+        "{line}\n{}\n{}",
+        case.headers.replace("\r\n", "\n"),
+        case.body
+    );
     [
         (format!("{} (CRLF)", case.what), crlf.into_bytes()),
-        (
-            format!("{} (bare LF)", case.what),
-            format!("{head_lf}{}", case.body).into_bytes(),
-        ),
+        (format!("{} (bare LF)", case.what), lf.into_bytes()),
+        (format!("{} (mixed)", case.what), mixed.into_bytes()),
     ]
 }
 
@@ -227,6 +245,21 @@ fn ambiguous_framing_on_the_proxy_hop_is_refused_and_never_forwarded() {
             let forwarded = upstream.received().len() - before;
             problems.extend(judge(&what, Ok(resp), record, forwarded));
         }
+    }
+    // Transfer-Encoding on HTTP/1.0 (RFC 9112 §6.1: such a message is faulty).
+    let line10 = format!("POST http://api.test:{port}/v1/upload HTTP/1.0\r\nHost: api.test:{port}");
+    let te10 = smuggle(
+        "Transfer-Encoding on HTTP/1.0",
+        "Transfer-Encoding: chunked\r\n",
+        "0\r\n\r\n",
+    );
+    for (what, request) in forms(&te10, &line10) {
+        let before = upstream.received().len();
+        let resp = raw_request(lk.addr(), &request);
+        let record = record_at(&lk, i);
+        i += 1;
+        let forwarded = upstream.received().len() - before;
+        problems.extend(judge(&what, Ok(resp), record, forwarded));
     }
     assert!(
         problems.is_empty(),
@@ -345,6 +378,11 @@ fn scripts(port: u16, target: impl Fn(&str) -> String) -> Vec<Script> {
             what: "CL+TE after a chunked body with an extension and a trailer".into(),
             steps: vec![(cat(&chunked, &smuggle), 2)],
             expect: vec![200, 400],
+        },
+        Script {
+            what: "clean requests pipelined after a chunked and a sized body".into(),
+            steps: vec![(format!("{chunked}{sized}{clean_lf}{clean}").into_bytes(), 4)],
+            expect: vec![200, 200, 200, 200],
         },
         Script {
             what: "CL+TE on the second request of a keep-alive connection".into(),

@@ -40,6 +40,7 @@ const AMBIGUOUS: &[&str] = &[
     "/ok%2f..%2fadmin",
     "/ok/%252e%252e/admin",
     "/ok/%252e%252e%253b/admin",
+    "/ok/%25%32%65%25%32%65/admin",
     "/ok/%c0%ae%c0%ae/admin",
     "/ok/%C0%AE",
     "/ok/%c0%af",
@@ -47,6 +48,14 @@ const AMBIGUOUS: &[&str] = &[
     "/ok/x%00",
     "/%00",
     "/ok/%u002e%u002e/admin",
+    // The same classes in the first segment and at the end.
+    "/%5c/admin",
+    "/\\admin",
+    "/%252e%252e/ok/x",
+    "/%c0%ae%c0%ae/admin",
+    "/ok/%252e",
+    "/ok/..%5c",
+    "/ok/%2e%2e%5C",
 ];
 
 /// Neighbours that stay allowed under `/ok/**` and must reach the upstream as sent.
