@@ -234,11 +234,29 @@ pub fn explain(
             _ if crate::proxy::path::is_ambiguous_path(path) => (
                 Reason::AmbiguousPath,
                 None,
-                format!("path {path:?} has dot segments or encoded slashes"),
+                match crate::proxy::path::ambiguity(path) {
+                    Some(why) => format!("path {path:?} {why}"),
+                    None => format!("path {path:?} is ambiguous"),
+                },
             ),
             _ => {
                 let d = policy.decide(&target);
-                (d.reason, d.rule, d.message)
+                // The proxy refuses `;` parameters and `//` under the rule that allowed a request
+                // when that rule restricts paths; say so here too.
+                let rule_check = d.rule.filter(|_| d.reason.is_allow()).map(|r| {
+                    (
+                        r,
+                        crate::proxy::path::check_rule_path(path, r.paths.is_some()),
+                    )
+                });
+                match rule_check {
+                    Some((r, Err(why))) => (
+                        Reason::AmbiguousPath,
+                        Some(r),
+                        format!("path {path:?} {why}"),
+                    ),
+                    _ => (d.reason, d.rule, d.message),
+                }
             }
         }
     };

@@ -190,6 +190,20 @@ pub async fn handle(
             ));
         }
     };
+    // admit, with the rule: under a rule with `paths`, `;` parameters and empty segments.
+    if let Err(why) = super::path::check_rule_path(target.path(), rule.paths.is_some()) {
+        let msg = format!(
+            "path {:?} {why}: an upstream may resolve it differently than policy matched it",
+            target.path()
+        );
+        drain(req.into_body()).await;
+        return Ok(refused(
+            entry,
+            Reason::AmbiguousPath,
+            Some(&rule.name),
+            &msg,
+        ));
+    }
     let record_rule = match &report {
         Some((_, closest)) => closest.clone().unwrap_or_else(|| rule.name.clone()),
         None => rule.name.clone(),

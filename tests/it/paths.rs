@@ -318,3 +318,96 @@ fn ambiguous_paths_over_http2_are_refused_and_never_forwarded() {
     );
     lk.wait_audit(paths.len());
 }
+
+/// Under a rule with `paths`, any `;` / `%3b` parameter and any empty segment is refused, in
+/// every segment position; the same paths pass a rule without `paths`.
+#[test]
+fn parameters_and_empty_segments_under_a_rule_with_paths_are_refused() {
+    let upstream = Upstream::http();
+    let port = upstream.port();
+    let lk = latchkey()
+        .pin("api.test")
+        .pin("other.test")
+        .policy("main.toml", &policy(port))
+        .run();
+    let refused = [
+        "/ok/file;v=1",
+        "/ok/a%3bb",
+        "/ok/x%3B",
+        "/ok/key.pem;.txt",
+        "/ok/x;y/admin",
+        "/ok/x;",
+        "/ok//admin",
+        "/ok/x//",
+    ];
+    let mut problems = Vec::new();
+    let mut index = 0;
+    for path in refused {
+        let before = upstream.received().len();
+        let req = format!(
+            "GET http://api.test:{port}{path} HTTP/1.1\r\nHost: api.test:{port}\r\nConnection: close\r\n\r\n"
+        );
+        let resp = raw_request(lk.addr(), req.as_bytes());
+        if resp.header("x-latchkey-rule") != Some("ok") && resp.status == 400 {
+            problems.push(format!(
+                "{path}: rule header {:?}",
+                resp.header("x-latchkey-rule")
+            ));
+        }
+        let record = record_at(&lk, index);
+        index += 1;
+        problems.extend(judge_refusal(
+            path,
+            Ok(resp),
+            record,
+            upstream.received().len() - before,
+        ));
+    }
+    for path in ["/any/file;v=1", "/any//x", "/any/a%3Bb"] {
+        let before = upstream.received().len();
+        let req = format!(
+            "GET http://other.test:{port}{path} HTTP/1.1\r\nHost: other.test:{port}\r\nConnection: close\r\n\r\n"
+        );
+        let resp = raw_request(lk.addr(), req.as_bytes());
+        let record = record_at(&lk, index);
+        index += 1;
+        problems.extend(judge_allowed(path, Ok(resp), record, &upstream, before));
+    }
+    assert!(
+        problems.is_empty(),
+        "; under paths:\n{}",
+        problems.join("\n")
+    );
+    lk.wait_audit(index);
+}
+
+/// `latchkey explain` says what the proxy does: `ambiguous_path` for dot segments with
+/// parameters, and for `;` under a rule with `paths`; allowed without `paths`.
+#[test]
+fn explain_names_ambiguous_paths_and_the_parameter_rule() {
+    let dir = crate::support::policy_dir(&[("main.toml", &policy(443))]);
+    let explain = |url: &str| -> Value {
+        let out = crate::support::run_cli([
+            "explain",
+            "--json",
+            "--policies",
+            dir.path().to_str().expect("utf-8 temp path"),
+            "GET",
+            url,
+        ]);
+        serde_json::from_str(out.stdout.trim())
+            .unwrap_or_else(|e| panic!("explain --json printed no JSON ({e}): {out:#?}"))
+    };
+    for url in [
+        "https://api.test/ok/..;/admin",
+        "https://api.test/ok/%2e%2e%3b/admin",
+        "https://api.test/ok/file;v=1",
+        "https://api.test/ok//x",
+    ] {
+        let v = explain(url);
+        assert_eq!(v["decision"], "deny", "{url}: {v:#}");
+        assert_eq!(v["reason"], "ambiguous_path", "{url}: {v:#}");
+    }
+    let v = explain("https://other.test/any/file;v=1");
+    assert_eq!(v["decision"], "allow", "{v:#}");
+}
