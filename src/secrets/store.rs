@@ -55,11 +55,11 @@ pub const RETIRED_KEEP: Duration = Duration::from_secs(3600);
 pub const MIN_SECRET_LEN: usize = 8;
 /// Live minted values per name (one per host/identity key); past it the least recently used
 /// one is retired.
-pub const MAX_LIVE_PER_NAME: usize = 128;
+pub const MAX_LIVE_PER_NAME: usize = 64;
 /// Retired values kept per name; past it the oldest leaves the redaction set early.
-pub const MAX_RETIRED_PER_NAME: usize = 64;
+pub const MAX_RETIRED_PER_NAME: usize = 32;
 /// Retired values kept in all; past it the oldest leaves the redaction set early.
-pub const MAX_RETIRED: usize = 512;
+pub const MAX_RETIRED: usize = 256;
 /// The most bytes an exec helper may print on stdout (and the most of its stderr logged).
 const HELPER_OUTPUT_LIMIT: usize = 64 * 1024;
 
@@ -1201,14 +1201,26 @@ mod tests {
     fn live_values_per_name_and_retired_values_in_all_are_bounded() {
         let store = SecretStore::empty();
         // Many hosts under a wildcard, each with its own token.
-        for i in 0..MAX_LIVE_PER_NAME + 50 {
+        let hosts = MAX_LIVE_PER_NAME + MAX_RETIRED_PER_NAME;
+        for i in 0..hosts {
             store.set_minted("credential:jwt", &format!("host-{i}"), &token(i));
         }
         let live = store.shared.values.lock().expect("lock").live["credential:jwt"].len();
         assert_eq!(live, MAX_LIVE_PER_NAME);
         // The least recently used were retired, not dropped.
         assert!(redacts(&store, &token(0)));
-        assert!(redacts(&store, &token(MAX_LIVE_PER_NAME + 49)));
+        assert!(redacts(&store, &token(hosts - 1)));
+        // Cycling through them again adds nothing: each comes back from the retired values
+        // and another goes there.
+        let g = store.redaction_stats().generation;
+        for i in 0..hosts {
+            store.set_minted("credential:jwt", &format!("host-{i}"), &token(i));
+        }
+        assert_eq!(store.redaction_stats().generation, g);
+        // One host more and the oldest retired value leaves the set.
+        store.set_minted("credential:jwt", "host-new", &token(hosts));
+        assert!(!redacts(&store, &token(0)));
+        assert!(redacts(&store, &token(1)));
         for n in 0..(MAX_RETIRED / MAX_RETIRED_PER_NAME + 2) {
             for i in 0..MAX_RETIRED_PER_NAME + 1 {
                 store.set_minted(
