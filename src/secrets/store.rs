@@ -27,9 +27,11 @@
 //! response to the request carrying it is always scanned for it.
 //!
 //! The set has a generation, bumped whenever its content changes; [`SecretStore::scrubber`]
-//! rebuilds the matcher once per generation (single flight: concurrent callers wait for that
-//! one build), and never returns a matcher older than the generation at the time of the call —
-//! so a caller always gets one that holds every value handed out before it asked.
+//! rebuilds the matcher once per change (single flight: concurrent callers wait for that one
+//! build, never build their own), and never returns a matcher built before the last *addition*
+//! it could have seen — so a caller always gets one that holds every value handed out before it
+//! asked. A change that only removed values leaves the previous matcher usable (it looks for a
+//! superset); the caller that removed them rebuilds, and nobody waits for it.
 //!
 //! A reload builds a new store; [`SecretStore::carry_over_from`] moves the old store's values
 //! into it (current ones as retired), and values the old store hands out afterwards (requests
@@ -489,7 +491,7 @@ struct Built {
     scrubber: Option<Arc<Scrubber>>,
 }
 
-/// Counts describing the redaction set (for tests, benchmarks and `/status`). No values.
+/// Counts describing the redaction set (for tests, benchmarks and metrics). No values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RedactionStats {
     /// Bumped whenever the set of values changes.

@@ -2,6 +2,7 @@
 //! claims use `{{host}}` mints one token per host; alternating hosts reuses the cached tokens
 //! without rebuilding the matcher, and after a reload every value handed out before it — the
 //! old tokens and a rotated-out file secret — is still redacted when an upstream reflects it.
+//! An `exec:` helper that times out is killed with every process it started.
 
 use std::thread;
 use std::time::Duration;
