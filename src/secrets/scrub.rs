@@ -679,10 +679,22 @@ fn variants_of(value: &[u8]) -> Vec<Zeroizing<Vec<u8>>> {
             variants.push(base64_aligned(engine, value, alignment));
         }
     }
+    // A form or style that would write the value unchanged adds nothing (the duplicate would
+    // be dropped in `Scrubber::new`): skip building it. Tokens and API keys are mostly such
+    // values, and the 42 copies would be most of the cost of building the matcher.
     for upper in [true, false] {
         for form in PercentForm::ALL {
-            variants.push(percent_encoded(value, form, upper));
+            if !value.iter().all(|&b| form.keeps(b)) {
+                variants.push(percent_encoded(value, form, upper));
+            }
         }
+    }
+    // Printable ASCII without `"`, `\`, `/`, `<`, `>`, `&` is written as is by every style.
+    let json_plain = value
+        .iter()
+        .all(|&b| (b' '..=b'~').contains(&b) && !b"\"\\/<>&".contains(&b));
+    if json_plain {
+        return variants;
     }
     for bits in 0..(1u8 << 5) {
         let style = JsonStyle {

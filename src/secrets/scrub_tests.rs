@@ -601,3 +601,60 @@ fn a_chunk_without_secrets_passes_without_a_copy() {
     whole.extend_from_slice(&stream.finish());
     assert_eq!(whole, b"a [REDACTED:k] b".to_vec());
 }
+
+/// Every form and style, none skipped: what `variants_of` looked for before it skipped the
+/// forms that write a value unchanged.
+fn every_variant(value: &[u8]) -> HashSet<Vec<u8>> {
+    let mut all: HashSet<Vec<u8>> = HashSet::new();
+    all.insert(value.to_vec());
+    for engine in [
+        &base64::engine::general_purpose::STANDARD_NO_PAD,
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD,
+    ] {
+        for alignment in 0..3 {
+            all.insert(base64_aligned(engine, value, alignment).to_vec());
+        }
+    }
+    for upper in [true, false] {
+        for form in PercentForm::ALL {
+            all.insert(percent_encoded(value, form, upper).to_vec());
+        }
+    }
+    for bits in 0..(1u8 << 5) {
+        let style = JsonStyle {
+            escape_slash: bits & 1 != 0,
+            short_controls: bits & 2 != 0,
+            upper_hex: bits & 4 != 0,
+            escape_non_ascii: bits & 8 != 0,
+            escape_html: bits & 16 != 0,
+        };
+        all.insert(json_escaped(value, style).to_vec());
+    }
+    all
+}
+
+#[test]
+fn skipping_forms_that_change_nothing_looks_for_exactly_the_same_variants() {
+    let values: [&[u8]; 9] = [
+        b"eyJhbGciOiJIUzI1NiJ9.eyJhdWQiOiJhcGkifQ.sig-_x",
+        b"sk-test-0123456789abcdef~",
+        b"with/slash/0123456789",
+        b"with space and+plus",
+        b"quote\"and\\backslash",
+        b"html<tag>&amp;0123",
+        "caf\u{e9}-\u{2028}-non-ascii".as_bytes(),
+        b"ctrl\n\t\x01\x7f-chars",
+        b"\xff\xfe-not-utf8-\x80",
+    ];
+    for value in values {
+        let got: HashSet<Vec<u8>> = variants_of(value).iter().map(|v| v.to_vec()).collect();
+        assert_eq!(
+            got,
+            every_variant(value),
+            "{:?}",
+            String::from_utf8_lossy(value)
+        );
+    }
+    // The common case builds 7 variants, not 49.
+    assert_eq!(variants_of(values[0]).len(), 7);
+}

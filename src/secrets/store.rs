@@ -27,9 +27,11 @@
 //! response to the request carrying it is always scanned for it.
 //!
 //! The set has a generation, bumped whenever its content changes; [`SecretStore::scrubber`]
-//! rebuilds the matcher once per generation (single flight: concurrent callers wait for that
-//! one build), and never returns a matcher older than the generation at the time of the call —
-//! so a caller always gets one that holds every value handed out before it asked.
+//! rebuilds the matcher once per change (single flight: concurrent callers wait for that one
+//! build, never build their own), and never returns a matcher built before the last *addition*
+//! it could have seen — so a caller always gets one that holds every value handed out before it
+//! asked. A change that only removed values leaves the previous matcher usable (it looks for a
+//! superset); the caller that removed them rebuilds, and nobody waits for it.
 //!
 //! A reload builds a new store; [`SecretStore::carry_over_from`] moves the old store's values
 //! into it (current ones as retired), and values the old store hands out afterwards (requests
@@ -55,11 +57,11 @@ pub const RETIRED_KEEP: Duration = Duration::from_secs(3600);
 pub const MIN_SECRET_LEN: usize = 8;
 /// Live minted values per name (one per host/identity key); past it the least recently used
 /// one is retired.
-pub const MAX_LIVE_PER_NAME: usize = 128;
+pub const MAX_LIVE_PER_NAME: usize = 64;
 /// Retired values kept per name; past it the oldest leaves the redaction set early.
-pub const MAX_RETIRED_PER_NAME: usize = 64;
+pub const MAX_RETIRED_PER_NAME: usize = 32;
 /// Retired values kept in all; past it the oldest leaves the redaction set early.
-pub const MAX_RETIRED: usize = 512;
+pub const MAX_RETIRED: usize = 256;
 /// The most bytes an exec helper may print on stdout (and the most of its stderr logged).
 const HELPER_OUTPUT_LIMIT: usize = 64 * 1024;
 
@@ -489,7 +491,7 @@ struct Built {
     scrubber: Option<Arc<Scrubber>>,
 }
 
-/// Counts describing the redaction set (for tests, benchmarks and `/status`). No values.
+/// Counts describing the redaction set (for tests, benchmarks and metrics). No values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RedactionStats {
     /// Bumped whenever the set of values changes.
@@ -1201,14 +1203,26 @@ mod tests {
     fn live_values_per_name_and_retired_values_in_all_are_bounded() {
         let store = SecretStore::empty();
         // Many hosts under a wildcard, each with its own token.
-        for i in 0..MAX_LIVE_PER_NAME + 50 {
+        let hosts = MAX_LIVE_PER_NAME + MAX_RETIRED_PER_NAME;
+        for i in 0..hosts {
             store.set_minted("credential:jwt", &format!("host-{i}"), &token(i));
         }
         let live = store.shared.values.lock().expect("lock").live["credential:jwt"].len();
         assert_eq!(live, MAX_LIVE_PER_NAME);
         // The least recently used were retired, not dropped.
         assert!(redacts(&store, &token(0)));
-        assert!(redacts(&store, &token(MAX_LIVE_PER_NAME + 49)));
+        assert!(redacts(&store, &token(hosts - 1)));
+        // Cycling through them again adds nothing: each comes back from the retired values
+        // and another goes there.
+        let g = store.redaction_stats().generation;
+        for i in 0..hosts {
+            store.set_minted("credential:jwt", &format!("host-{i}"), &token(i));
+        }
+        assert_eq!(store.redaction_stats().generation, g);
+        // One host more and the oldest retired value leaves the set.
+        store.set_minted("credential:jwt", "host-new", &token(hosts));
+        assert!(!redacts(&store, &token(0)));
+        assert!(redacts(&store, &token(1)));
         for n in 0..(MAX_RETIRED / MAX_RETIRED_PER_NAME + 2) {
             for i in 0..MAX_RETIRED_PER_NAME + 1 {
                 store.set_minted(

@@ -2,6 +2,7 @@
 //! claims use `{{host}}` mints one token per host; alternating hosts reuses the cached tokens
 //! without rebuilding the matcher, and after a reload every value handed out before it — the
 //! old tokens and a rotated-out file secret — is still redacted when an upstream reflects it.
+//! An `exec:` helper that times out is killed with every process it started.
 
 use std::thread;
 use std::time::Duration;
@@ -169,6 +170,68 @@ fn values_handed_out_before_a_reload_stay_redacted_and_alternating_hosts_rebuild
     assert!(
         last["redactions"].as_u64() >= Some(2),
         "the reflected values were counted: {last:#}"
+    );
+    w.sweep();
+}
+
+/// Whether process `pid` runs no more (gone, or a zombie nobody has reaped yet).
+fn gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z')),
+    }
+}
+
+#[test]
+fn a_timed_out_exec_helper_is_killed_with_every_process_it_started() {
+    let w = secrets_world(
+        &[],
+        |_| {},
+        |s| {
+            format!(
+                r#"
+[secrets.slow]
+source  = "exec:sleep 30 & echo $! >> {pids}; sh -c 'echo $$ >> {pids}; exec sleep 30'"
+timeout = "1s"
+
+[[rules]]
+name  = "slow"
+hosts = ["api.test"]
+ports = [{port}]
+[rules.inject.headers]
+authorization = "Bearer {{{{secret.slow}}}}"
+"#,
+                pids = s.path("pids"),
+                port = s.port
+            )
+        },
+    );
+    let out = w.curl(&[&w.url("api.test", "/v1/x")]);
+    assert_eq!(out.exit, Some(0), "{out:#?}");
+    crate::support::assert_denial(&out.response, 503, None, "secret_unavailable");
+    let pids: Vec<u32> = std::fs::read_to_string(w.dir.path().join("pids"))
+        .expect("the helper wrote its children's pids")
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    assert_eq!(pids.len(), 2, "{pids:?}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    for pid in pids {
+        while !gone(pid) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "process {pid}, started by the timed-out helper, still runs"
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+    assert_eq!(w.upstream.connections(), 0, "forwarded without its secret");
+    let records = w.lk.wait_audit(1);
+    assert_record(
+        &records[0],
+        json!({"rule": "slow", "decision": "deny", "reason": "secret_unavailable", "status": 503}),
     );
     w.sweep();
 }
