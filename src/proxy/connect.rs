@@ -28,6 +28,8 @@ use crate::upstream::Body;
 /// Handles `CONNECT host:port` on the proxy hop.
 pub async fn handle(proxy: Arc<Proxy>, ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Body> {
     let policy = proxy.policy();
+    // Back-pressure from a slow audit sink: wait for queue room without holding a thread.
+    proxy.audit.room().await;
     let mut entry = Entry::start(
         proxy.audit.clone(),
         ctx.client,

@@ -181,6 +181,7 @@ impl Proxy {
     ) -> Result<(u16, bytes::Bytes), String> {
         use http_body_util::BodyExt;
         let policy = self.policy();
+        self.audit.room().await;
         let mut entry = Entry::start(self.audit.clone(), client, identity, policy.digest());
         entry.scrub_with(policy.secrets().clone());
         let uri: http::Uri = ex.url.parse().map_err(|e| format!("invalid URL: {e}"))?;
@@ -460,6 +461,7 @@ impl Proxy {
             reason.code(),
             body.len()
         );
+        self.audit.room().await;
         let mut entry = Entry::start(
             self.audit.clone(),
             peer,

@@ -79,6 +79,8 @@ pub async fn handle(
     req: Request<Incoming>,
 ) -> Result<Response<Body>, Infallible> {
     let policy = proxy.policy();
+    // Back-pressure from a slow audit sink: wait for queue room without holding a thread.
+    proxy.audit.room().await;
     let mut entry = Entry::start(
         proxy.audit.clone(),
         ctx.client,
