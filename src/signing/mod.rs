@@ -212,10 +212,16 @@ struct Slot {
     attempts: std::sync::atomic::AtomicU64,
 }
 
+/// The most token slots kept: a JWT whose claims use `{{host}}` under a wildcard rule has one
+/// per host the sandbox names, so the cache must not grow with them.
+const MAX_SLOTS: usize = 1024;
+
 /// Tokens by credential (and identity/host for JWTs whose claims use them), single flight.
+/// Bounded: past [`MAX_SLOTS`] the least recently used slots not in use are dropped (their
+/// next caller mints again).
 #[derive(Default)]
 pub struct TokenCache {
-    slots: Mutex<HashMap<String, Arc<Slot>>>,
+    slots: Mutex<HashMap<String, (Arc<Slot>, Instant)>>,
     exchanges: std::sync::atomic::AtomicU64,
 }
 
@@ -231,7 +237,40 @@ impl TokenCache {
             .slots
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        slots.entry(key.to_string()).or_default().clone()
+        let now = Instant::now();
+        let slot = {
+            let entry = slots
+                .entry(key.to_string())
+                .or_insert_with(|| (Arc::default(), now));
+            entry.1 = now;
+            entry.0.clone()
+        };
+        if slots.len() > MAX_SLOTS {
+            let mut idle: Vec<(Instant, String)> = slots
+                .iter()
+                .filter(|(_, (s, _))| Arc::strong_count(s) == 1)
+                .map(|(k, (_, used))| (*used, k.clone()))
+                .collect();
+            idle.sort();
+            let excess = slots.len() - MAX_SLOTS;
+            for (_, k) in idle.into_iter().take(excess) {
+                slots.remove(&k);
+            }
+        }
+        slot
+    }
+
+    /// Token slots held now.
+    pub fn len(&self) -> usize {
+        self.slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+    }
+
+    /// Whether no token is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 
     /// Token exchanges (and JWT signings) made so far.
@@ -968,6 +1007,25 @@ async fn exchange_json(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_token_cache_is_bounded_however_many_hosts_a_sandbox_names() {
+        let cache = TokenCache::default();
+        for i in 0..(MAX_SLOTS + 300) {
+            let token = cache
+                .get(&format!("jwt:h{i}.example"), Duration::ZERO, || async {
+                    Ok((
+                        SecretValue::new(b"minted-token-value".to_vec()),
+                        Duration::from_secs(60),
+                    ))
+                })
+                .await
+                .expect("minted");
+            assert_eq!(token.expose(), b"minted-token-value");
+        }
+        assert_eq!(cache.len(), MAX_SLOTS);
+        assert_eq!(cache.exchanges(), (MAX_SLOTS + 300) as u64);
+    }
 
     fn aws(max: usize) -> Kind {
         Kind::AwsSigV4 {
