@@ -77,11 +77,16 @@ pub enum Reason {
     /// The audit log cannot be written (disk full, sink gone): latchkey refuses traffic rather
     /// than let requests through unrecorded.
     AuditUnavailable,
+    /// Holding this request's body would exceed the request-body buffer budget (global or the
+    /// client's share): retry later.
+    TooBusy,
+    /// The client stopped sending its request body for longer than the body-progress timeout.
+    BodyTimeout,
 }
 
 impl Reason {
     /// Every reason, for registry tests and documentation.
-    pub const ALL: [Reason; 34] = [
+    pub const ALL: [Reason; 36] = [
         Reason::Allowed,
         Reason::Tunnel,
         Reason::NoRule,
@@ -116,6 +121,8 @@ impl Reason {
         Reason::CredentialFailed,
         Reason::PresignedQuery,
         Reason::AuditUnavailable,
+        Reason::TooBusy,
+        Reason::BodyTimeout,
     ];
 
     /// The stable snake_case code used in headers, logs and audit records.
@@ -155,6 +162,8 @@ impl Reason {
             Reason::CredentialFailed => "credential_failed",
             Reason::PresignedQuery => "presigned_query",
             Reason::AuditUnavailable => "audit_unavailable",
+            Reason::TooBusy => "too_busy",
+            Reason::BodyTimeout => "body_timeout",
         }
     }
 
@@ -174,11 +183,12 @@ impl Reason {
             | Reason::IdentityNotAllowed
             | Reason::PresignedQuery => StatusCode::FORBIDDEN,
             Reason::ProxyAuthRequired => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
-            Reason::SecretUnavailable | Reason::TooManyConnections | Reason::AuditUnavailable => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Reason::SecretUnavailable
+            | Reason::TooManyConnections
+            | Reason::AuditUnavailable
+            | Reason::TooBusy => StatusCode::SERVICE_UNAVAILABLE,
             Reason::UriTooLong => StatusCode::URI_TOO_LONG,
-            Reason::HeaderTimeout => StatusCode::REQUEST_TIMEOUT,
+            Reason::HeaderTimeout | Reason::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Reason::NotTls
             | Reason::TlsHandshakeFailed
             | Reason::BadRequest
@@ -249,7 +259,10 @@ mod tests {
                 assert!(s.is_server_error(), "{code}");
             } else if matches!(
                 r,
-                Reason::SecretUnavailable | Reason::TooManyConnections | Reason::AuditUnavailable
+                Reason::SecretUnavailable
+                    | Reason::TooManyConnections
+                    | Reason::AuditUnavailable
+                    | Reason::TooBusy
             ) {
                 assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
             } else if !r.is_allow() {

@@ -14,11 +14,13 @@
 //! answered by hyper and audited here.
 
 mod body;
+pub mod budget;
 pub mod ca;
 mod connect;
 mod credentials;
 pub mod hop;
 pub mod limits;
+mod outbound;
 mod pipeline;
 mod respond;
 mod scrub_body;
@@ -89,6 +91,10 @@ pub struct Proxy {
     handshake_timeout: Duration,
     limits: limits::Limits,
     connections: Arc<limits::ConnectionCounter>,
+    /// Every request-body byte latchkey holds is charged here (`--max-buffered-bytes`).
+    budget: Arc<budget::Budget>,
+    /// A request body that sends nothing for this long is cut (`--body-timeout`).
+    body_timeout: Duration,
 }
 
 /// How to build a [`Proxy`].
@@ -104,6 +110,12 @@ pub struct ProxyConfig {
     pub policies_dir: PathBuf,
     /// `--mode report`.
     pub report_all: bool,
+    /// `--max-buffered-bytes`: request-body bytes held at once, across every client.
+    pub max_buffered_bytes: usize,
+    /// `--max-buffered-bytes-per-client`: one client address's share of it.
+    pub max_buffered_bytes_per_client: usize,
+    /// `--body-timeout`.
+    pub body_timeout: Duration,
 }
 
 /// The outcome of the last reload, for `/status`.
@@ -147,6 +159,11 @@ impl Proxy {
             handshake_timeout: Duration::from_secs(10),
             limits: config.limits,
             connections: Arc::new(limits::ConnectionCounter::default()),
+            budget: budget::Budget::new(
+                config.max_buffered_bytes,
+                config.max_buffered_bytes_per_client,
+            ),
+            body_timeout: config.body_timeout,
         }))
     }
 

@@ -201,6 +201,17 @@ pub async fn handle(
     // credentials: check what the sandbox sent, strip its auth, replace placeholders, inject.
     let is_head = req.method() == http::Method::HEAD;
     let (mut parts, incoming) = req.into_parts();
+    // The host as the sandbox spelled it, each place it did: checked before any DNS lookup.
+    let mut sent_hosts: Vec<String> = parts.uri.host().map(str::to_string).into_iter().collect();
+    sent_hosts.extend(
+        parts
+            .headers
+            .get_all(HOST)
+            .iter()
+            .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned()),
+    );
+    sent_hosts.push(target.host.clone());
+    let sent_hosts: Vec<&str> = sent_hosts.iter().map(String::as_str).collect();
     hop::strip(&mut parts.headers);
     parts.headers.remove(HOST);
     let mut path_and_query = target.path_and_query.clone();
@@ -213,6 +224,10 @@ pub async fn handle(
         port: target.port,
         identity: &ctx.identity,
         exchanger: &*exchanger,
+        sent_hosts: &sent_hosts,
+        client: ctx.client.ip(),
+        budget: &proxy.budget,
+        body_timeout: proxy.body_timeout,
     };
     let brokered = match credentials::apply(
         &policy,

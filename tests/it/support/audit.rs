@@ -55,6 +55,9 @@ pub const REASONS: &[&str] = &[
     "presigned_query",
     // The audit log cannot be written: traffic is refused until it can.
     "audit_unavailable",
+    // Request bodies: the buffer budget is full; a client stopped sending its body.
+    "too_busy",
+    "body_timeout",
 ];
 
 /// Policy denials that report-only mode (`mode = "report"`, `--mode report`) lets through: such a
