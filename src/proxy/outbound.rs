@@ -100,9 +100,13 @@ impl Part {
         }
     }
 
-    /// Lowercased on the way (by the client, hyper or DNS): searched ignoring ASCII case.
+    /// Case-folded on the way (clients upper-case methods; clients, hyper and DNS lowercase
+    /// names): searched ignoring ASCII case.
     fn folded(self) -> bool {
-        matches!(self, Part::Host | Part::HeaderName | Part::TrailerName)
+        matches!(
+            self,
+            Part::Method | Part::Host | Part::HeaderName | Part::TrailerName
+        )
     }
 
     /// No rule binds a secret here: a value is refused even for the host it is bound to (the
@@ -229,7 +233,10 @@ fn secret_refusal(
             .into_iter()
             .find(|n| part.never_secret() || !bound.contains(&**n))?
     };
-    let message = if part.never_secret() {
+    let message = if part == Part::Host {
+        // Not the host itself: it holds the value.
+        format!("the value of secret '{name}' was sent in the request host: a secret never goes there (host names reach DNS resolvers and certificates)")
+    } else if part.never_secret() {
         format!(
             "the value of secret '{name}' was sent in the request {} for host {host}: a secret never goes there",
             part.as_str()

@@ -138,6 +138,21 @@ pub async fn handle(
         r.port = Some(target.port);
         r.path = Some(redact_query(&target.path_and_query));
     });
+    // The host as sent, before policy and long before any lookup: a secret value or a
+    // placeholder in it (a subdomain under a `*.` rule) is refused whatever the rule.
+    let sent = req.uri().host().into_iter().chain(
+        req.headers()
+            .get_all(HOST)
+            .iter()
+            .filter_map(|h| h.to_str().ok()),
+    );
+    for host in sent.chain(std::iter::once(target.host.as_str())) {
+        if let Err((reason, message)) = super::outbound::check_host(&policy, host) {
+            entry.update(|r| r.host = Some(super::outbound::REDACTED_HOST.to_string()));
+            drain(req.into_body()).await;
+            return Ok(refused(entry, reason, None, &message));
+        }
+    }
 
     // identify: inside a CONNECT the CONNECT's identity holds; it must still exist in the
     // policy in force (a reload may have removed it: fail closed).

@@ -31,6 +31,8 @@ mod policy_ops;
 mod presets;
 mod reload_admin;
 mod report_only;
+mod request_checks;
+mod request_streaming;
 mod secrets_clients;
 mod secrets_exfiltration;
 mod secrets_inject;
