@@ -263,16 +263,15 @@ pub async fn apply(
             *path_and_query = format!("{path}?{new_q}");
         }
         if whole && placeholder::contains(&body_bytes) {
-            // The copy is charged too while both exist.
-            let replaced = placeholder::replace(&body_bytes, &values);
-            let both = charge.bytes() + replaced.capacity();
-            charge.resize(both).map_err(|e| {
+            // The copy is sized exactly and charged too while both exist.
+            let size = replaced_len(&body_bytes, &values);
+            charge.resize(charge.bytes() + size).map_err(|e| {
                 (
                     Reason::TooBusy,
                     format!("cannot hold this request body for host {host} now: {e}; retry later"),
                 )
             })?;
-            body_bytes = Bytes::from(replaced.to_vec());
+            body_bytes = replace_exact(&body_bytes, &values, size);
             let _ = charge.resize(body_bytes.len());
             headers.remove(CONTENT_LENGTH);
         }
@@ -466,6 +465,31 @@ fn substitute_query(q: &str, values: &HashMap<String, SecretValue>) -> String {
         })
         .collect::<Vec<_>>()
         .join("&")
+}
+
+/// The length of `body` once its placeholders named in `values` are replaced.
+fn replaced_len(body: &[u8], values: &HashMap<String, SecretValue>) -> usize {
+    placeholder::find(body).iter().fold(body.len(), |len, f| {
+        match f.name.as_ref().and_then(|n| values.get(n)) {
+            Some(v) => len - (f.end - f.start) + v.len(),
+            None => len,
+        }
+    })
+}
+
+/// `body` with its placeholders replaced, in one allocation of exactly `size` bytes.
+fn replace_exact(body: &[u8], values: &HashMap<String, SecretValue>, size: usize) -> Bytes {
+    let mut out = Vec::with_capacity(size);
+    let mut last = 0;
+    for f in placeholder::find(body) {
+        if let Some(v) = f.name.as_ref().and_then(|n| values.get(n)) {
+            out.extend_from_slice(&body[last..f.start]);
+            out.extend_from_slice(v.expose());
+            last = f.end;
+        }
+    }
+    out.extend_from_slice(&body[last..]);
+    Bytes::from(out)
 }
 
 /// A request body as read before dialing.

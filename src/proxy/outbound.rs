@@ -144,14 +144,13 @@ fn head_parts<'a>(head: &'a Head<'a>) -> Vec<(Part, Cow<'a, [u8]>)> {
         if raw.contains(&b'%') {
             out.push((part, Cow::Owned(percent_decode(raw).collect())));
         }
-        if part == Part::QueryName || part == Part::QueryValue {
-            if raw.contains(&b'+') {
-                let spaced: Vec<u8> = raw
-                    .iter()
-                    .map(|&b| if b == b'+' { b' ' } else { b })
-                    .collect();
-                out.push((part, Cow::Owned(percent_decode(&spaced).collect())));
-            }
+        // Form encoding: `+` is a space.
+        if (part == Part::QueryName || part == Part::QueryValue) && raw.contains(&b'+') {
+            let spaced: Vec<u8> = raw
+                .iter()
+                .map(|&b| if b == b'+' { b' ' } else { b })
+                .collect();
+            out.push((part, Cow::Owned(percent_decode(&spaced).collect())));
         }
         out.push((part, Cow::Borrowed(raw)));
     };
@@ -574,8 +573,8 @@ pin_project_lite::pin_project! {
     /// budget charge is released when the body is dropped.
     pub struct Prefixed {
         pub prefix: Option<Bytes>,
-        #[pin]
-        pub inner: Progress<Incoming>,
+        // Taken on a refusal, to drain what the client still sends (see `drain`).
+        pub inner: Option<Progress<Incoming>>,
         pub detector: Detector,
         pub charge: Option<Charge>,
         // Trailers waiting behind the held-back bytes; then the end.
@@ -593,7 +592,7 @@ impl Prefixed {
     ) -> Self {
         Self {
             prefix: Some(prefix),
-            inner,
+            inner: Some(inner),
             detector,
             charge: Some(charge),
             queued: None,
@@ -610,9 +609,12 @@ impl HttpBody for Prefixed {
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let mut this = self.project();
-        let fail = |detector: &Detector, r: BodyRefused| {
+        let this = self.project();
+        let fail = |detector: &Detector, inner: &mut Option<Progress<Incoming>>, r: BodyRefused| {
             let _ = detector.slot.set(r.clone());
+            if let (Some(rest), Ok(rt)) = (inner.take(), tokio::runtime::Handle::try_current()) {
+                rt.spawn(drain(rest));
+            }
             Poll::Ready(Some(Err(Box::new(r) as BoxError)))
         };
         loop {
@@ -625,7 +627,7 @@ impl HttpBody for Prefixed {
             if let Some(p) = this.prefix.take() {
                 let out = match this.detector.push(p) {
                     Ok(out) => out,
-                    Err(r) => return fail(this.detector, r),
+                    Err(r) => return fail(this.detector, this.inner, r),
                 };
                 // The prefix's memory goes with it.
                 this.charge.take();
@@ -634,12 +636,15 @@ impl HttpBody for Prefixed {
                 }
                 continue;
             }
-            match ready!(this.inner.as_mut().poll_frame(cx)) {
+            let Some(inner) = this.inner.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match ready!(Pin::new(inner).poll_frame(cx)) {
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => match this.detector.push(data) {
                         Ok(out) if out.is_empty() => continue,
                         Ok(out) => return Poll::Ready(Some(Ok(Frame::data(out)))),
-                        Err(r) => return fail(this.detector, r),
+                        Err(r) => return fail(this.detector, this.inner, r),
                     },
                     Err(frame) => {
                         let Ok(trailers) = frame.into_trailers() else {
@@ -651,7 +656,7 @@ impl HttpBody for Prefixed {
                             .and_then(|held| this.detector.trailers(&trailers).map(|()| held))
                         {
                             Ok(held) => held,
-                            Err(r) => return fail(this.detector, r),
+                            Err(r) => return fail(this.detector, this.inner, r),
                         };
                         *this.done = true;
                         if held.is_empty() {
@@ -672,7 +677,7 @@ impl HttpBody for Prefixed {
                     match this.detector.finish() {
                         Ok(held) if held.is_empty() => return Poll::Ready(None),
                         Ok(held) => return Poll::Ready(Some(Ok(Frame::data(held)))),
-                        Err(r) => return fail(this.detector, r),
+                        Err(r) => return fail(this.detector, this.inner, r),
                     }
                 }
             }
@@ -682,6 +687,25 @@ impl HttpBody for Prefixed {
     fn size_hint(&self) -> SizeHint {
         SizeHint::default()
     }
+}
+
+/// Reads and discards the rest of a refused upload (bounded in size and time), so the client
+/// reads the refusal instead of a reset: answering an h2 stream whose body is still open makes
+/// some clients (curl) report a framing error, and an HTTP/1.1 close with unread bytes becomes a
+/// TCP reset that can swallow the answer.
+async fn drain(mut body: Progress<Incoming>) {
+    use http_body_util::BodyExt;
+    const LIMIT: usize = 1024 * 1024;
+    let read = async {
+        let mut seen = 0usize;
+        while let Some(Ok(frame)) = body.frame().await {
+            seen += frame.data_ref().map_or(0, |d| d.len());
+            if seen > LIMIT {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(2), read).await;
 }
 
 pin_project_lite::pin_project! {
