@@ -687,3 +687,131 @@ fn a_stalled_upload_is_cut_by_the_body_timeout_and_the_upstream_request_aborted(
         );
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// SigV4 past the budget: S3 streams UNSIGNED-PAYLOAD, another service is refused
+
+#[test]
+fn past_the_budget_an_s3_upload_streams_unsigned_and_a_signed_only_service_gets_too_busy() {
+    use crate::support::credentials::{Bench, CRED_HOSTS};
+    const AKID: &str = "AKIDLATCHKEYTEST7Q2X";
+    const KEY: &str = "lkTEST/sigv4+Secret/Key9f8e7d6c5b4a3210zz";
+    let bench = Bench::new();
+    let verifier = bench.server(
+        "verify_sigv4.py",
+        &[("VERIFY_AKID", AKID), ("VERIFY_SECRET", KEY)],
+    );
+    let port = verifier.port();
+    let policy = format!(
+        r#"
+[credentials.s3]
+kind = "aws_sigv4"
+access_key_id = "env:TEST_AWS_AKID"
+secret_access_key = "env:TEST_AWS_SECRET"
+region = "us-west-2"
+service = "s3"
+
+[credentials.ddb]
+kind = "aws_sigv4"
+access_key_id = "env:TEST_AWS_AKID"
+secret_access_key = "env:TEST_AWS_SECRET"
+region = "us-east-1"
+service = "dynamodb"
+
+[[rules]]
+name = "s3"
+hosts = ["s3.test"]
+ports = [{port}]
+credential = "s3"
+
+[[rules]]
+name = "dynamodb"
+hosts = ["dynamodb.test"]
+ports = [{port}]
+credential = "ddb"
+"#
+    );
+    let mut b = latchkey()
+        .upstream_ca(&bench.ca)
+        .policy("main.toml", &policy)
+        .env("TEST_AWS_AKID", AKID)
+        .env("TEST_AWS_SECRET", KEY)
+        .args_for_budget();
+    for host in CRED_HOSTS {
+        b = b.pin(host);
+    }
+    let lk = b.run();
+    let body: Vec<u8> = (0..300 * 1024)
+        .map(|i| b"0123456789abcdef"[i % 16])
+        .collect();
+    let file = lk.scratch().join("body.bin");
+    std::fs::write(&file, &body).expect("body file");
+    let data = format!("@{}", file.display());
+    let put = |host: &str| {
+        crate::support::curl(&lk)
+            .args([
+                "-X",
+                "PUT",
+                "-H",
+                "Expect:",
+                "--data-binary",
+                &data,
+                &format!("https://{host}:{port}/bucket/obj"),
+            ])
+            .run()
+    };
+    // 300 KiB does not fit a 64 KiB share: S3 takes it unsigned, streamed.
+    let out = put("s3.test");
+    assert_eq!(out.ok().status, 200, "{out:#?}");
+    let v = verifier.wait_events("verify", 1)[0].clone();
+    assert_eq!(v["valid"], true, "{v:#}");
+    assert_eq!(v["content_sha256"], "UNSIGNED-PAYLOAD", "{v:#}");
+    // DynamoDB signs every payload: refused rather than held past the budget.
+    let out = put("dynamodb.test");
+    assert_denial(&out.response, 503, Some("dynamodb"), "too_busy");
+    let records = lk.wait_audit(2);
+    assert_record(
+        &records[0],
+        json!({"rule": "s3", "status": 200, "decision": "allow"}),
+    );
+    assert_record(
+        &records[1],
+        json!({"rule": "dynamodb", "status": 503, "reason": "too_busy", "upstream": null}),
+    );
+    assert_eq!(
+        verifier.wait_events("verify", 1).len(),
+        1,
+        "nothing reached the upstream for dynamodb"
+    );
+}
+
+trait BudgetArgs {
+    fn args_for_budget(self) -> Self;
+}
+
+impl BudgetArgs for crate::support::latchkey::LatchkeyBuilder {
+    /// A budget no SigV4 body here fits: 64 KiB for the one client.
+    fn args_for_budget(self) -> Self {
+        self.arg("--max-buffered-bytes")
+            .arg("64KiB")
+            .arg("--max-buffered-bytes-per-client")
+            .arg("64KiB")
+    }
+}
+
+#[test]
+fn budget_and_timeout_flags_refuse_bad_values_with_a_clear_error() {
+    for (args, needle) in [
+        (["--max-buffered-bytes", "12XB"], "unknown unit"),
+        (["--max-buffered-bytes", "lots"], "not a byte count"),
+        (["--body-timeout", "0s"], "--body-timeout"),
+    ] {
+        let mut b = latchkey().policy("main.toml", "");
+        for a in args {
+            b = b.arg(a);
+        }
+        let out = b.run_expecting_failure();
+        assert_ne!(out.code(), Some(0), "{out:#?}");
+        assert!(out.stderr.contains(needle), "{args:?}: {}", out.stderr);
+    }
+}
