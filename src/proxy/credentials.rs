@@ -172,12 +172,20 @@ pub async fn apply(
         rule,
         host,
     };
-    let mut names = checker.head(&outbound::Head {
+    let head = checker.head(&outbound::Head {
         method: req.method,
         hosts: req.sent_hosts,
         path_and_query,
         headers,
-    })?;
+    });
+    let mut names = match head {
+        Ok(names) => names,
+        Err(refusal) => {
+            // Read (and drop) what the client is still sending, so it reads the refusal.
+            outbound::drain(Progress::new(incoming, req.body_timeout)).await;
+            return Err(refusal);
+        }
+    };
 
     let credential = match &rule.credential {
         Some(name) => Some(policy.credential(name).ok_or_else(|| {
@@ -212,6 +220,7 @@ pub async fn apply(
             let fallback = !rule.placeholders.contains(&Place::Body)
                 && credential.is_some_and(|c| unsigned_payload_allowed(&c.kind, host));
             if !fallback {
+                outbound::drain(rest).await;
                 return Err((
                     Reason::TooBusy,
                     format!(
@@ -368,6 +377,7 @@ pub async fn apply(
     }
 
     let refused: Arc<std::sync::OnceLock<BodyRefused>> = Arc::default();
+    let whole_len = body_bytes.len() as u64;
     let body = match rest {
         None => outbound::Whole::new(body_bytes, trailers, charge).boxed(),
         Some(rest) => {
@@ -378,10 +388,9 @@ pub async fn apply(
     };
     // A fully buffered body was counted here; a streamed one counts as it flows.
     if whole {
-        let n = body.size_hint().lower();
         counters
             .up
-            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+            .fetch_add(whole_len, std::sync::atomic::Ordering::Relaxed);
     }
     Ok(Brokered {
         body,

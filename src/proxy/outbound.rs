@@ -693,7 +693,7 @@ impl HttpBody for Prefixed {
 /// reads the refusal instead of a reset: answering an h2 stream whose body is still open makes
 /// some clients (curl) report a framing error, and an HTTP/1.1 close with unread bytes becomes a
 /// TCP reset that can swallow the answer.
-async fn drain(mut body: Progress<Incoming>) {
+pub async fn drain(mut body: Progress<Incoming>) {
     use http_body_util::BodyExt;
     const LIMIT: usize = 1024 * 1024;
     let read = async {

@@ -350,3 +350,31 @@ fn a_secret_in_a_subdomain_is_refused_before_dns_at_the_connect_gate_and_in_plai
     assert_no_leak("the audit file", lk.audit_text().as_bytes(), &secrets);
     assert_no_leak("latchkey's stderr", lk.stderr_text().as_bytes(), &secrets);
 }
+
+/// A refusal decided on the head, before the body is read, still reaches a client that is
+/// uploading: latchkey reads and drops the body (bounded) before it answers, so an h2 client does
+/// not see a reset instead of the 403, nor an HTTP/1.1 client a connection reset.
+#[test]
+fn a_refusal_on_the_head_of_an_upload_reaches_the_client_over_h1_and_h2() {
+    let w = env_secrets_world(&["openai"], RULES);
+    let file = w.dir.path().join("upload.bin");
+    std::fs::write(&file, vec![b'u'; 512 * 1024]).expect("body file");
+    let data = format!("@{}", file.display());
+    for flag in ["--http1.1", "--http2"] {
+        for _ in 0..3 {
+            let out = w.curl(&[
+                flag,
+                "-H",
+                &format!("X-Note: {OPENAI}"),
+                "--data-binary",
+                &data,
+                &w.url("other.test", "/upload"),
+            ]);
+            assert_eq!(out.exit, Some(0), "{flag}: {out:#?}");
+            assert_denial(&out.response, 403, Some("other"), "secret_value_unbound");
+        }
+    }
+    assert!(w.received("/upload").is_empty());
+    w.lk.wait_audit(6);
+    w.sweep();
+}
