@@ -8,8 +8,8 @@ Starts, each on 127.0.0.1:0: a sink upstream (asyncio; reads request bodies and 
 and latchkey with two rules — `stream.test` (bodies stream) and `hold.test` (body placeholders:
 bodies are held whole, so they are charged to --max-buffered-bytes). Then:
 
-1. stalled: N connections each send a head with `Content-Length: 8 MiB` and 64 KiB of body, then
-   stop. RSS is sampled once all are open and again HOLD seconds later; then --body-timeout
+1. stalled: N connections each send a head with `Content-Length: 8 MiB` and 64 KiB of body (or
+   none: head only), then stop. RSS is sampled once all are open and again HOLD seconds later; then --body-timeout
    (HOLD + 5 s) cuts them and RSS is sampled after.
 2. the same against hold.test: bodies latchkey must hold whole; the budget refuses what does
    not fit (503 too_busy) and RSS stays under the budget.
@@ -215,6 +215,10 @@ placeholders = ["body"]
         proxy = (host, int(p))
         result = {"idle_rss_kib": rss_kib(proc.pid), "budget": budget,
                   "body_timeout_s": timeout_s}
+        result["stalled_head_only"] = await asyncio.wait_for(
+            stalled(proxy, "stream.test", port, n, 0, hold, proc.pid, timeout_s),
+            timeout_s + 60,
+        )
         result["stalled_streamed"] = await asyncio.wait_for(
             stalled(proxy, "stream.test", port, n, 64 * 1024, hold, proc.pid, timeout_s),
             timeout_s + 60,

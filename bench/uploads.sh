@@ -36,10 +36,11 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 mb = lambda k: f"{k / 1024:.0f} MiB"
 s, h, u = r["stalled_streamed"], r["stalled_held"], r["upload_1gib"]
+z = r["stalled_head_only"]
 print(f"| measurement | latchkey RSS |")
 print(f"|---|---|")
 print(f"| idle | {mb(r['idle_rss_kib'])} |")
-for name, x in (("streamed (`stream.test`)", s), ("held whole (`hold.test`, body placeholders)", h)):
+for name, x in (("head only, then nothing (`stream.test`)", z), ("64 KiB sent, streamed (`stream.test`)", s), ("64 KiB sent, held whole (`hold.test`, body placeholders)", h)):
     print(f"| {x['uploads']} stalled uploads, {name}: all open | {mb(x['rss_kib_open'])} |")
     print(f"| … {name}: after the hold | {mb(x['rss_kib_after_hold'])} |")
     print(f"| … {name}: after --body-timeout cut them (answers {x['answers']}) | {mb(x['rss_kib_after_cut'])} |")
