@@ -177,35 +177,50 @@ struct ServeArgs {
     workers: Option<usize>,
     /// Most bytes a scanned (secret-bearing) response body may decode to; past it the response
     /// is refused (502 decompression_limit) or cut off. Takes B, KiB, MiB, GiB (or K/M/G).
-    #[arg(long, env = "LATCHKEY_MAX_DECODED_BODY", default_value = "64MiB", value_parser = parse_byte_size)]
-    max_decoded_body: u64,
+    #[arg(long, env = "LATCHKEY_MAX_DECODED_BODY", default_value = "64MiB", value_parser = parse_bytes)]
+    max_decoded_body: usize,
+    /// Request-body bytes latchkey may hold at once, across every client (bodies it must see
+    /// whole: SigV4-signed payloads, body placeholders, small bodies checked before dialing).
+    /// Past it: `503 too_busy`. Accepts a plain number or a suffix: 256MiB, 64KiB, 1GiB.
+    #[arg(long, env = "LATCHKEY_MAX_BUFFERED_BYTES", default_value = "256MiB", value_parser = parse_bytes)]
+    max_buffered_bytes: usize,
+    /// One client address's share of --max-buffered-bytes (default: an eighth of it).
+    #[arg(long, env = "LATCHKEY_MAX_BUFFERED_BYTES_PER_CLIENT", value_parser = parse_bytes)]
+    max_buffered_bytes_per_client: Option<usize>,
+    /// A request body that sends no byte for this long is cut: `408 body_timeout`, the
+    /// upstream request aborted.
+    #[arg(long, env = "LATCHKEY_BODY_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    body_timeout: Duration,
     /// On SIGTERM/SIGINT, how long in-flight requests may take to finish.
     #[arg(long, env = "LATCHKEY_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     shutdown_timeout: Duration,
 }
 
-/// A byte size: a number with an optional unit (B, K/KiB, M/MiB, G/GiB; powers of 1024).
-fn parse_byte_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
+/// A byte count: `1048576`, `64KiB`, `256MiB`, `1GiB` (binary units; `KB`/`MB`/`GB` are
+/// decimal).
+fn parse_bytes(s: &str) -> Result<usize, String> {
+    let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, unit) = t.split_at(split);
-    let n: u64 = digits.parse().map_err(|_| {
-        format!("{text:?} is not a size: write a number with an optional unit, like 64MiB")
-    })?;
-    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+    let n: usize = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a byte count (e.g. 256MiB)"))?;
+    let mult: usize = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
         other => {
             return Err(format!(
-                "{text:?}: unknown size unit {other:?} (use B, KiB, MiB or GiB)"
+                "{s:?}: unknown unit {other:?} (use KiB, MiB or GiB)"
             ))
         }
     };
-    n.checked_mul(scale)
-        .filter(|&v| v > 0)
-        .ok_or_else(|| format!("{text:?} is not a usable size (zero or too large)"))
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
 /// Reads the admin token from `env:VAR` or `file:PATH` (never from the command line itself,
@@ -343,6 +358,10 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let token = args.admin_token.as_deref().map(admin_token).transpose()?;
+    anyhow::ensure!(
+        !args.body_timeout.is_zero(),
+        "--body-timeout must be more than 0s"
+    );
     let (ca, outcome) = CertAuthority::load_or_create(&args.ca_dir)?;
     if outcome == InitOutcome::Created {
         tracing::info!(path = %ca.cert_path().display(), "created a new CA; sandboxes must trust it (latchkey env)");
@@ -365,7 +384,12 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         },
         policies_dir: args.policies.clone(),
         report_all: args.mode == "report",
-        max_decoded_body: args.max_decoded_body,
+        max_decoded_body: args.max_decoded_body as u64,
+        max_buffered_bytes: args.max_buffered_bytes,
+        max_buffered_bytes_per_client: args.max_buffered_bytes_per_client.unwrap_or(
+            args.max_buffered_bytes / latchkey::proxy::budget::DEFAULT_CLIENT_SHARE_DIVISOR,
+        ),
+        body_timeout: args.body_timeout,
     })?;
 
     let mut builder = tokio::runtime::Builder::new_multi_thread();

@@ -81,11 +81,16 @@ pub enum Reason {
     /// A scanned response body decodes to more than the per-response limit (a decompression
     /// bomb, or a body too large to inspect).
     DecompressionLimit,
+    /// Holding this request's body would exceed the request-body buffer budget (global or the
+    /// client's share): retry later.
+    TooBusy,
+    /// The client stopped sending its request body for longer than the body-progress timeout.
+    BodyTimeout,
 }
 
 impl Reason {
     /// Every reason, for registry tests and documentation.
-    pub const ALL: [Reason; 35] = [
+    pub const ALL: [Reason; 37] = [
         Reason::Allowed,
         Reason::Tunnel,
         Reason::NoRule,
@@ -121,6 +126,8 @@ impl Reason {
         Reason::PresignedQuery,
         Reason::AuditUnavailable,
         Reason::DecompressionLimit,
+        Reason::TooBusy,
+        Reason::BodyTimeout,
     ];
 
     /// The stable snake_case code used in headers, logs and audit records.
@@ -161,6 +168,8 @@ impl Reason {
             Reason::PresignedQuery => "presigned_query",
             Reason::AuditUnavailable => "audit_unavailable",
             Reason::DecompressionLimit => "decompression_limit",
+            Reason::TooBusy => "too_busy",
+            Reason::BodyTimeout => "body_timeout",
         }
     }
 
@@ -180,11 +189,12 @@ impl Reason {
             | Reason::IdentityNotAllowed
             | Reason::PresignedQuery => StatusCode::FORBIDDEN,
             Reason::ProxyAuthRequired => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
-            Reason::SecretUnavailable | Reason::TooManyConnections | Reason::AuditUnavailable => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Reason::SecretUnavailable
+            | Reason::TooManyConnections
+            | Reason::AuditUnavailable
+            | Reason::TooBusy => StatusCode::SERVICE_UNAVAILABLE,
             Reason::UriTooLong => StatusCode::URI_TOO_LONG,
-            Reason::HeaderTimeout => StatusCode::REQUEST_TIMEOUT,
+            Reason::HeaderTimeout | Reason::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Reason::NotTls
             | Reason::TlsHandshakeFailed
             | Reason::BadRequest
@@ -257,7 +267,10 @@ mod tests {
                 assert!(s.is_server_error(), "{code}");
             } else if matches!(
                 r,
-                Reason::SecretUnavailable | Reason::TooManyConnections | Reason::AuditUnavailable
+                Reason::SecretUnavailable
+                    | Reason::TooManyConnections
+                    | Reason::AuditUnavailable
+                    | Reason::TooBusy
             ) {
                 assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
             } else if !r.is_allow() {

@@ -77,7 +77,37 @@ pin_project_lite::pin_project! {
         #[pin]
         inner: B,
         counters: Arc<Counters>,
-        entry: Option<Entry>,
+        entry: Finisher,
+    }
+}
+
+/// Writes the record once: when the body ends, fails or is dropped. A request body refused
+/// after the response had started (a leak found mid-upload, a stalled client) is why the
+/// exchange ended, whatever the response stream says.
+struct Finisher {
+    entry: Option<Entry>,
+    request_refused: Option<Arc<std::sync::OnceLock<super::credentials::BodyRefused>>>,
+}
+
+impl Finisher {
+    fn finish(&mut self, reason: Option<crate::reason::Reason>) {
+        let Some(mut entry) = self.entry.take() else {
+            return;
+        };
+        let refused = self
+            .request_refused
+            .as_ref()
+            .and_then(|slot| slot.get())
+            .map(|r| r.reason);
+        if let Some(reason) = refused.or(reason) {
+            entry.update(|r| r.reason = reason.code());
+        }
+    }
+}
+
+impl Drop for Finisher {
+    fn drop(&mut self) {
+        self.finish(None);
     }
 }
 
@@ -106,14 +136,9 @@ where
                 // A body the response phase cut off says why; anything else is the upstream's.
                 let reason = refusal_in(err.as_ref())
                     .map_or(crate::reason::Reason::UpstreamError, |r| r.reason);
-                if let Some(e) = this.entry.as_mut() {
-                    e.update(|r| r.reason = reason.code());
-                }
-                this.entry.take();
+                this.entry.finish(Some(reason));
             }
-            None => {
-                this.entry.take();
-            }
+            None => this.entry.finish(None),
         }
         Poll::Ready(frame)
     }
@@ -141,13 +166,21 @@ pub(super) fn refusal_in<'a>(
     None
 }
 
-/// Wraps a response body so the audit record is written when it finishes.
-pub fn audited(body: Body, entry: Entry) -> Body {
+/// Wraps a response body so the audit record is written when it finishes. `request_refused`
+/// is where the request body's detector leaves its refusal, if it aborted the upload.
+pub fn audited(
+    body: Body,
+    entry: Entry,
+    request_refused: Option<Arc<std::sync::OnceLock<super::credentials::BodyRefused>>>,
+) -> Body {
     let counters = entry.counters();
     Audited {
         inner: body,
         counters,
-        entry: Some(entry),
+        entry: Finisher {
+            entry: Some(entry),
+            request_refused,
+        },
     }
     .boxed()
 }

@@ -70,6 +70,15 @@ pub async fn handle(proxy: Arc<Proxy>, ctx: Arc<Ctx>, req: Request<Incoming>) ->
             &format!("CONNECT {authority} has no port: write host:port"),
         );
     };
+    // The host as sent, before it is normalised, resolved or put in a certificate: a secret
+    // value or a placeholder in it (a subdomain under a `*.` rule) would leak to DNS.
+    if let Err((reason, msg)) = super::outbound::check_host(&policy, authority.host()) {
+        entry.update(|r| {
+            r.host = Some(super::outbound::REDACTED_HOST.to_string());
+            r.port = Some(port);
+        });
+        return refused(entry, reason, None, &msg);
+    }
     let host = match normalize_host(authority.host()) {
         Ok(h) => h,
         Err(e) => return refused(entry, Reason::BadRequest, None, &e.to_string()),

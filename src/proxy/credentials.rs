@@ -2,42 +2,58 @@
 //! placeholders, inject secrets.
 //!
 //! Order matters and is fixed:
-//! 1. read the body (up to [`SCAN_LIMIT`]; beyond that it streams through a detector);
-//! 2. refuse placeholders that are malformed, unknown, unbound to this rule's hosts, or in a
-//!    place the rule does not enable — checked on the request *as sent*;
-//! 3. refuse any secret value (raw or encoded) sent to a rule that does not bind it;
+//! 1. check every part of the head as sent ([`outbound::Checker::head`]): placeholders that are
+//!    malformed, unknown, unbound to this rule's hosts, or in a place the rule does not enable,
+//!    then any secret value (raw or encoded) where the rule does not bind it;
+//! 2. the body: streamed to the upstream through the [`outbound::Detector`] unless a feature
+//!    needs it whole (a signed SigV4 payload up to `max_signed_body`, body placeholders up to
+//!    [`SCAN_LIMIT`]); a small body that is already there when the head is read is held whole
+//!    (up to [`PEEK_LIMIT`]) and checked before dialing. Every held byte is charged to the
+//!    buffer budget ([`super::budget`]);
+//! 3. a body held whole is checked like the head (placeholders, secret values, trailers);
 //! 4. strip the sandbox's auth headers on a rule that injects;
 //! 5. replace allowed placeholders; 6. inject the rule's headers, query and basic auth last.
 //!
 //! Refusal messages name secrets and hosts, never values.
 
 use std::collections::{BTreeSet, HashMap};
-use std::pin::Pin;
+use std::net::IpAddr;
 use std::sync::Arc;
-use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use base64::Engine;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, AUTHORIZATION, CONTENT_LENGTH};
 use http::HeaderMap;
-use http_body::{Body as HttpBody, Frame, SizeHint};
+use http_body::Body as HttpBody;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use percent_encoding::{percent_decode, utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
 use super::body;
+use super::budget::{Budget, Charge};
+use super::outbound::{self, basic_decoded, Detector, Prefixed, Progress};
 use crate::audit::Counters;
 use crate::policy::{Policy, Rule};
 use crate::reason::Reason;
-use crate::secrets::placeholder::{self, Place, PREFIX};
-use crate::secrets::scrub::Scrubber;
+use crate::secrets::placeholder::{self, Place};
 use crate::secrets::{SecretError, SecretValue};
 use crate::signing;
-use crate::upstream::{Body, BoxError};
+use crate::upstream::Body;
 
-/// Request bodies up to this size are buffered and inspected whole (and may carry body
-/// placeholders); larger bodies stream through a detector that aborts the upload on a find.
+pub use super::outbound::BodyRefused;
+
+/// The most of a request body latchkey holds whole for a feature that needs it (body
+/// placeholders; SigV4's `max_signed_body` is capped at it). Larger bodies stream.
 pub const SCAN_LIMIT: usize = 8 * 1024 * 1024;
+
+/// A body no larger than this that has already arrived with the head is held whole and checked
+/// before dialing, so a small leak never even opens an upstream connection.
+pub const PEEK_LIMIT: usize = 64 * 1024;
+
+/// How long to wait for the first body bytes before streaming anyway (a client may wait for
+/// the response before it sends).
+const PEEK_WAIT: Duration = Duration::from_millis(200);
 
 /// Headers a sandbox might use to carry its own credentials; stripped on injecting rules.
 const AUTH_HEADERS: [&str; 6] = [
@@ -67,6 +83,13 @@ pub struct RequestCx<'a> {
     pub identity: &'a str,
     /// Reaches token endpoints through the guarded, audited client.
     pub exchanger: &'a signing::Exchanger,
+    /// Every spelling of the host the sandbox sent, before normalisation.
+    pub sent_hosts: &'a [&'a str],
+    /// Who is charged for buffered body bytes.
+    pub client: IpAddr,
+    pub budget: &'a Arc<Budget>,
+    /// `--body-timeout`.
+    pub body_timeout: Duration,
 }
 
 /// What the credentials step produced.
@@ -74,22 +97,27 @@ pub struct Brokered {
     pub body: Body,
     /// Names of secrets injected or substituted.
     pub secrets: BTreeSet<String>,
-    /// Set when a streamed body was aborted for a leak: the client's error does not always
-    /// carry the cause (an h2 upstream sees only a stream reset).
+    /// Set when a streamed body was aborted (a leak, a stalled client): the client's error
+    /// does not always carry the cause (an h2 upstream sees only a stream reset).
     pub refused: Arc<std::sync::OnceLock<BodyRefused>>,
-}
-
-/// A refusal raised while an over-limit body streams upstream; found in the client's error
-/// chain and turned into the refusal it carries.
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{message}")]
-pub struct BodyRefused {
-    pub reason: Reason,
-    pub message: String,
 }
 
 fn unavailable(e: SecretError) -> Refusal {
     (Reason::SecretUnavailable, e.to_string())
+}
+
+/// Whether S3 accepts this credential's requests signed as `UNSIGNED-PAYLOAD`, so a body that
+/// does not fit the buffer budget can stream instead of being refused.
+fn unsigned_payload_allowed(kind: &signing::Kind, host: &str) -> bool {
+    match kind {
+        signing::Kind::AwsSigV4 { service, .. } => {
+            let service = service
+                .clone()
+                .or_else(|| signing::derive_region_service(host).map(|(_, s)| s));
+            service.as_deref() == Some("s3")
+        }
+        _ => false,
+    }
 }
 
 /// Runs steps 1–6 on the request parts and body.
@@ -116,72 +144,27 @@ pub async fn apply(
         )
     })?;
 
-    // 1. body
-    let (buffered, rest) = read_prefix(incoming, SCAN_LIMIT).await?;
-    let whole = rest.is_none();
-
-    // 2. placeholders, as sent.
-    let (path, query) = split_query(path_and_query);
-    let mut found: Vec<(Place, Option<String>)> = Vec::new();
-    let mut note = |place: Place, bytes: &[u8]| {
-        for f in placeholder::find(bytes) {
-            found.push((place, f.name));
+    // 1. the head, as sent: every part, one check.
+    let checker = outbound::Checker {
+        scrubber: scrubber.as_deref(),
+        policy,
+        rule,
+        host,
+    };
+    let head = checker.head(&outbound::Head {
+        method: req.method,
+        hosts: req.sent_hosts,
+        path_and_query,
+        headers,
+    });
+    let mut names = match head {
+        Ok(names) => names,
+        Err(refusal) => {
+            // Read (and drop) what the client is still sending, so it reads the refusal.
+            outbound::drain(Progress::new(incoming, req.body_timeout)).await;
+            return Err(refusal);
         }
     };
-    for (name, value) in headers.iter() {
-        note(Place::Header, value.as_bytes());
-        if name == AUTHORIZATION {
-            if let Some(decoded) = basic_decoded(value) {
-                note(Place::BasicAuth, &decoded);
-            }
-        }
-    }
-    note(Place::Path, path.as_bytes());
-    note(
-        Place::Path,
-        &percent_decode(path.as_bytes()).collect::<Vec<u8>>(),
-    );
-    if let Some(q) = query {
-        note(Place::Query, q.as_bytes());
-        for (_, v) in query_pairs(q) {
-            note(Place::Query, &v);
-        }
-    }
-    note(Place::Body, &buffered);
-    // A placeholder in a raw header that is also Basic-encoded is reported once per place.
-    found.dedup();
-    for (place, name) in &found {
-        check_placeholder(policy, rule, host, *place, name.as_deref())?;
-    }
-
-    // 3. secret values sent by the sandbox to a rule that does not bind them.
-    if let Some(s) = &scrubber {
-        let check = |bytes: &[u8]| -> Result<(), Refusal> {
-            // The cheap search first; the full scan (every name) only when something is there.
-            if bytes.is_empty() || s.find(bytes).is_none() {
-                return Ok(());
-            }
-            let (_, names) = s.scrub(bytes);
-            match names.iter().find(|n| !rule.bound.contains(&***n)) {
-                Some(name) => Err((
-                    Reason::SecretValueUnbound,
-                    format!("the value of secret '{name}' was sent to host {host}, which rule '{}' does not bind it to", rule.name),
-                )),
-                None => Ok(()),
-            }
-        };
-        for (name, value) in headers.iter() {
-            check(value.as_bytes())?;
-            if name == AUTHORIZATION {
-                if let Some(decoded) = basic_decoded(value) {
-                    check(&decoded)?;
-                }
-            }
-        }
-        check(path_and_query.as_bytes())?;
-        check(&percent_decode(path_and_query.as_bytes()).collect::<Vec<u8>>())?;
-        check(&buffered)?;
-    }
 
     let credential = match &rule.credential {
         Some(name) => Some(policy.credential(name).ok_or_else(|| {
@@ -192,6 +175,48 @@ pub async fn apply(
         })?),
         None => None,
     };
+
+    // 2. the body: streamed, unless a feature needs it whole.
+    let need = credential
+        .and_then(|c| signing::whole_body_needed(&c.kind, headers))
+        .into_iter()
+        .chain(
+            rule.placeholders
+                .contains(&Place::Body)
+                .then_some(SCAN_LIMIT),
+        )
+        .max();
+    let declared = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let read = read_body(incoming, need, declared, req).await?;
+    let (body_bytes, trailers, rest, charge) = match read {
+        Read::Whole(b, t, c) => (b, t, None, c),
+        Read::Partial(b, rest, c) => (b, None, Some(rest), c),
+        Read::OverBudget(b, rest, c, why) => {
+            // Only a signature can do without the whole body, and only where S3 takes it.
+            let fallback = !rule.placeholders.contains(&Place::Body)
+                && credential.is_some_and(|c| unsigned_payload_allowed(&c.kind, host));
+            if !fallback {
+                outbound::drain(rest).await;
+                return Err((
+                    Reason::TooBusy,
+                    format!(
+                        "cannot hold this request body for host {host} now: {why}; retry later"
+                    ),
+                ));
+            }
+            tracing::info!(url.host = %host, why = %why, "buffer budget reached: signing as UNSIGNED-PAYLOAD and streaming");
+            (b, None, Some(rest), c)
+        }
+    };
+    let whole = rest.is_none();
+
+    // 3. a body held whole is checked like the head.
+    if whole {
+        names.extend(checker.body(&body_bytes, trailers.as_ref())?);
+    }
 
     // 4. strip the sandbox's own credentials on an injecting rule.
     if let Some(c) = credential {
@@ -211,24 +236,31 @@ pub async fn apply(
     }
 
     // 5. replace placeholders in enabled places (all were checked above).
-    let names: BTreeSet<&str> = found.iter().filter_map(|(_, n)| n.as_deref()).collect();
     let mut values: HashMap<String, SecretValue> = HashMap::new();
-    for name in names {
-        values.insert(
-            name.to_string(),
-            store.get(name).await.map_err(unavailable)?,
-        );
-        used.insert(name.to_string());
+    for name in &names {
+        values.insert(name.clone(), store.get(name).await.map_err(unavailable)?);
+        used.insert(name.clone());
     }
-    let mut body_bytes = buffered;
+    let mut body_bytes = body_bytes;
+    let mut charge = charge;
     if !values.is_empty() {
         substitute_headers(headers, &values)?;
+        let (path, query) = split_query(path_and_query);
         if let Some(q) = query {
             let new_q = substitute_query(q, &values);
             *path_and_query = format!("{path}?{new_q}");
         }
-        if placeholder::contains(&body_bytes) {
-            body_bytes = Bytes::from(placeholder::replace(&body_bytes, &values).to_vec());
+        if whole && placeholder::contains(&body_bytes) {
+            // The copy is sized exactly and charged too while both exist.
+            let size = replaced_len(&body_bytes, &values);
+            charge.resize(charge.bytes() + size).map_err(|e| {
+                (
+                    Reason::TooBusy,
+                    format!("cannot hold this request body for host {host} now: {e}; retry later"),
+                )
+            })?;
+            body_bytes = replace_exact(&body_bytes, &values, size);
+            let _ = charge.resize(body_bytes.len());
             headers.remove(CONTENT_LENGTH);
         }
     }
@@ -326,22 +358,25 @@ pub async fn apply(
     }
 
     let refused: Arc<std::sync::OnceLock<BodyRefused>> = Arc::default();
+    let whole_len = body_bytes.len() as u64;
     let body = match rest {
-        None => body::full(body_bytes),
+        None => outbound::Whole::new(body_bytes, trailers, charge).boxed(),
         Some(rest) => {
             let detector = Detector::new(scrubber, rule, host, refused.clone());
-            let stream = Prefixed {
-                prefix: Some(body_bytes),
-                inner: rest,
-                detector,
-            };
+            let stream = Prefixed::new(body_bytes, rest, detector, charge);
             body::count_up(stream, counters.clone())
         }
     };
     // An S3 aws-chunked upload: its framing checked (and chunks re-signed) as it streams; bad
-    // framing aborts the upload with this refusal.
+    // framing aborts the upload with this refusal. The chunk it holds while re-signing is
+    // charged to the budget for as long as the body lives.
+    let mut chunk_hold = req.budget.start(req.client);
+    chunk_hold
+        .resize(applied.held_at_most())
+        .map_err(|e| (Reason::TooBusy, e.to_string()))?;
     let slot = refused.clone();
     let body = applied.body(body, move |message| {
+        let _held = &chunk_hold;
         let _ = slot.set(BodyRefused {
             reason: Reason::BadRequest,
             message,
@@ -349,10 +384,9 @@ pub async fn apply(
     });
     // A fully buffered body was counted here; a streamed one counts as it flows.
     if whole {
-        let n = body.size_hint().exact().unwrap_or_default();
         counters
             .up
-            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+            .fetch_add(whole_len, std::sync::atomic::Ordering::Relaxed);
     }
     Ok(Brokered {
         body,
@@ -370,70 +404,11 @@ fn header_value(bytes: &[u8], name: &HeaderName) -> Result<HeaderValue, Refusal>
     })
 }
 
-fn check_placeholder(
-    policy: &Policy,
-    rule: &Rule,
-    host: &str,
-    place: Place,
-    name: Option<&str>,
-) -> Result<(), Refusal> {
-    let refuse = |m: String| Err((Reason::PlaceholderNotBound, m));
-    let Some(name) = name else {
-        return refuse(format!(
-            "malformed placeholder in the {} for host {host}: write __LATCHKEY_<name>__",
-            place.as_str()
-        ));
-    };
-    if !policy.secrets().contains(name) || !rule.bound.contains(name) {
-        return refuse(format!(
-            "placeholder for secret '{name}' not bound to host {host}"
-        ));
-    }
-    if !rule.placeholders.contains(&place) {
-        let enabled: Vec<&str> = rule.placeholders.iter().map(|p| p.as_str()).collect();
-        return refuse(format!(
-            "placeholder for secret '{name}' not bound to host {host} in the {}: rule '{}' enables placeholders in: {}",
-            place.as_str(),
-            rule.name,
-            if enabled.is_empty() { "nothing".to_string() } else { enabled.join(", ") }
-        ));
-    }
-    Ok(())
-}
-
 fn split_query(pq: &str) -> (String, Option<&str>) {
     match pq.split_once('?') {
         Some((p, q)) => (p.to_string(), Some(q)),
         None => (pq.to_string(), None),
     }
-}
-
-/// Decoded (key, value) pairs of a query string.
-fn query_pairs(q: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
-    q.split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| {
-            let (k, v) = p.split_once('=').unwrap_or((p, ""));
-            // `+` is a space in form encoding; a placeholder never contains either.
-            (
-                percent_decode(k.as_bytes()).collect(),
-                percent_decode(v.as_bytes()).collect(),
-            )
-        })
-        .collect()
-}
-
-/// The decoded `user:pass` of an `Authorization: Basic` header.
-fn basic_decoded(value: &HeaderValue) -> Option<zeroize::Zeroizing<Vec<u8>>> {
-    let text = value.to_str().ok()?;
-    let (scheme, rest) = text.split_once(' ')?;
-    if !scheme.eq_ignore_ascii_case("basic") {
-        return None;
-    }
-    base64::engine::general_purpose::STANDARD
-        .decode(rest.trim())
-        .ok()
-        .map(zeroize::Zeroizing::new)
 }
 
 fn substitute_headers(
@@ -452,7 +427,7 @@ fn substitute_headers(
                 v.as_bytes().to_vec()
             };
             if name == AUTHORIZATION {
-                if let Some(decoded) = basic_decoded(v) {
+                if let Some(decoded) = basic_decoded(v.as_bytes()) {
                     if placeholder::contains(&decoded) {
                         changed = true;
                         let inner = placeholder::replace(&decoded, values);
@@ -497,140 +472,133 @@ fn substitute_query(q: &str, values: &HashMap<String, SecretValue>) -> String {
         .join("&")
 }
 
-/// Reads up to `limit` bytes; returns them and, if the body is longer, the rest unread.
-async fn read_prefix(
-    mut incoming: Incoming,
-    limit: usize,
-) -> Result<(Bytes, Option<Incoming>), Refusal> {
-    let mut buf = BytesMut::new();
-    if incoming.is_end_stream() {
-        return Ok((Bytes::new(), None));
+/// The length of `body` once its placeholders named in `values` are replaced.
+fn replaced_len(body: &[u8], values: &HashMap<String, SecretValue>) -> usize {
+    placeholder::find(body).iter().fold(body.len(), |len, f| {
+        match f.name.as_ref().and_then(|n| values.get(n)) {
+            Some(v) => len - (f.end - f.start) + v.len(),
+            None => len,
+        }
+    })
+}
+
+/// `body` with its placeholders replaced, in one allocation of exactly `size` bytes.
+fn replace_exact(body: &[u8], values: &HashMap<String, SecretValue>, size: usize) -> Bytes {
+    let mut out = Vec::with_capacity(size);
+    let mut last = 0;
+    for f in placeholder::find(body) {
+        if let Some(v) = f.name.as_ref().and_then(|n| values.get(n)) {
+            out.extend_from_slice(&body[last..f.start]);
+            out.extend_from_slice(v.expose());
+            last = f.end;
+        }
     }
-    while buf.len() <= limit {
-        match incoming.frame().await {
-            None => return Ok((buf.freeze(), None)),
-            Some(Ok(frame)) => {
-                if let Ok(data) = frame.into_data() {
-                    buf.extend_from_slice(&data);
+    out.extend_from_slice(&body[last..]);
+    Bytes::from(out)
+}
+
+/// A request body as read before dialing.
+enum Read {
+    /// All of it, and its trailers.
+    Whole(Bytes, Option<HeaderMap>, Charge),
+    /// What was read, and the rest, still to come.
+    Partial(Bytes, Progress<Incoming>, Charge),
+    /// A feature needs the whole body but holding it would pass the budget: what was read, the
+    /// rest, and why.
+    OverBudget(Bytes, Progress<Incoming>, Charge, super::budget::OverBudget),
+}
+
+fn read_error(e: crate::upstream::BoxError) -> Refusal {
+    match e.downcast_ref::<BodyRefused>() {
+        Some(r) => (r.reason, r.message.clone()),
+        None => (
+            Reason::BadRequest,
+            format!("cannot read the request body: {e}"),
+        ),
+    }
+}
+
+/// Reads what must be read before dialing: the whole body up to `need` bytes when a feature
+/// needs it (the rest streams if it is longer), else only a small body already there (up to
+/// [`PEEK_LIMIT`], waiting at most [`PEEK_WAIT`] for its first bytes). Every byte held is
+/// charged to the budget; the buffer grows by doubling, charged by capacity.
+async fn read_body(
+    incoming: Incoming,
+    need: Option<usize>,
+    declared: Option<u64>,
+    req: &RequestCx<'_>,
+) -> Result<Read, Refusal> {
+    let mut body = Progress::new(incoming, req.body_timeout);
+    let mut charge = req.budget.start(req.client);
+    if body.is_end_stream() {
+        return Ok(Read::Whole(Bytes::new(), None, charge));
+    }
+    let (limit, peek) = match need {
+        Some(n) => (n, false),
+        None => (PEEK_LIMIT, true),
+    };
+    // Known to be too large: stream from the first byte.
+    if declared.is_some_and(|d| d > limit as u64) {
+        return Ok(Read::Partial(Bytes::new(), body, charge));
+    }
+    let mut buf: Vec<u8> = Vec::new();
+    // A declared length is charged (and allocated) at once: no doubling, no surprise later.
+    if let Some(d) = declared.and_then(|d| usize::try_from(d).ok()) {
+        match charge.resize(d) {
+            Ok(()) => buf.reserve_exact(d),
+            Err(_) if peek => return Ok(Read::Partial(Bytes::new(), body, charge)),
+            Err(e) => return Ok(Read::OverBudget(Bytes::new(), body, charge, e)),
+        }
+    }
+    let mut first = true;
+    loop {
+        let next = if peek {
+            // The first bytes may trail the head a little; after them, only what is there.
+            let wait = if first { PEEK_WAIT } else { Duration::ZERO };
+            match tokio::time::timeout(wait, body.frame()).await {
+                Ok(next) => next,
+                Err(_) => return Ok(Read::Partial(Bytes::from(buf), body, charge)),
+            }
+        } else {
+            body.frame().await
+        };
+        first = false;
+        let data = match next {
+            None => {
+                let _ = charge.resize(buf.capacity());
+                return Ok(Read::Whole(Bytes::from(buf), None, charge));
+            }
+            Some(Err(e)) => return Err(read_error(e)),
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => data,
+                Err(frame) => {
+                    let trailers = frame.into_trailers().ok();
+                    let _ = charge.resize(buf.capacity());
+                    return Ok(Read::Whole(Bytes::from(buf), trailers, charge));
                 }
-            }
-            Some(Err(e)) => {
-                return Err((
-                    Reason::BadRequest,
-                    format!("cannot read the request body: {e}"),
-                ))
-            }
-        }
-    }
-    Ok((buf.freeze(), Some(incoming)))
-}
-
-/// Finds secret values or placeholders in a streamed body, across chunk boundaries.
-struct Detector {
-    scrubber: Option<Arc<Scrubber>>,
-    bound: BTreeSet<String>,
-    host: String,
-    rule: String,
-    tail: Vec<u8>,
-    keep: usize,
-    slot: Arc<std::sync::OnceLock<BodyRefused>>,
-}
-
-impl Detector {
-    fn new(
-        scrubber: Option<Arc<Scrubber>>,
-        rule: &Rule,
-        host: &str,
-        slot: Arc<std::sync::OnceLock<BodyRefused>>,
-    ) -> Self {
-        let keep = scrubber
-            .as_ref()
-            .map_or(0, |s| s.max_pattern_len())
-            .max(PREFIX.len() + 70);
-        Self {
-            scrubber,
-            bound: rule.bound.clone(),
-            host: host.to_string(),
-            rule: rule.name.clone(),
-            tail: Vec::new(),
-            keep,
-            slot,
-        }
-    }
-
-    fn check(&mut self, chunk: &[u8]) -> Result<(), BodyRefused> {
-        let mut window = std::mem::take(&mut self.tail);
-        window.extend_from_slice(chunk);
-        if placeholder::contains(&window) {
-            return Err(BodyRefused {
-                reason: Reason::PlaceholderNotBound,
-                message: format!(
-                    "placeholder in a request body over {} MiB to host {}: only smaller bodies are inspected for substitution",
-                    SCAN_LIMIT / (1024 * 1024),
-                    self.host
-                ),
-            });
-        }
-        if let Some(s) = &self.scrubber {
-            let (_, names) = s.scrub(&window);
-            if let Some(name) = names.iter().find(|n| !self.bound.contains(&***n)) {
-                return Err(BodyRefused {
-                    reason: Reason::SecretValueUnbound,
-                    message: format!(
-                        "the value of secret '{name}' was sent to host {}, which rule '{}' does not bind it to",
-                        self.host, self.rule
-                    ),
+            },
+        };
+        let needed = buf.len() + data.len();
+        if needed > buf.capacity() {
+            let grown = needed.max(buf.capacity() * 2).min(limit.max(needed));
+            if let Err(e) = charge.resize(grown) {
+                // The frame is read already: it goes first in the stream (one frame over the
+                // budget at most, for as long as it takes to send it).
+                buf.extend_from_slice(&data);
+                let prefix = Bytes::from(buf);
+                return Ok(if peek {
+                    Read::Partial(prefix, body, charge)
+                } else {
+                    Read::OverBudget(prefix, body, charge, e)
                 });
             }
+            buf.reserve_exact(grown - buf.len());
         }
-        let start = window.len().saturating_sub(self.keep);
-        self.tail = window.split_off(start);
-        Ok(())
-    }
-}
-
-pin_project_lite::pin_project! {
-    /// The buffered prefix, then the rest of the body through the detector.
-    struct Prefixed {
-        prefix: Option<Bytes>,
-        #[pin]
-        inner: Incoming,
-        detector: Detector,
-    }
-}
-
-impl HttpBody for Prefixed {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let this = self.project();
-        if let Some(p) = this.prefix.take() {
-            // The prefix was inspected whole; seed the detector's window with its end.
-            let start = p.len().saturating_sub(this.detector.keep);
-            this.detector.tail = p[start..].to_vec();
-            return Poll::Ready(Some(Ok(Frame::data(p))));
+        buf.extend_from_slice(&data);
+        if buf.len() > limit {
+            // Longer than what is held whole: the rest streams behind it.
+            return Ok(Read::Partial(Bytes::from(buf), body, charge));
         }
-        match ready!(this.inner.poll_frame(cx)) {
-            Some(Ok(frame)) => {
-                if let Some(data) = frame.data_ref() {
-                    if let Err(refused) = this.detector.check(data) {
-                        let _ = this.detector.slot.set(refused.clone());
-                        return Poll::Ready(Some(Err(Box::new(refused))));
-                    }
-                }
-                Poll::Ready(Some(Ok(frame)))
-            }
-            Some(Err(e)) => Poll::Ready(Some(Err(Box::new(e)))),
-            None => Poll::Ready(None),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::default()
     }
 }
 
@@ -666,7 +634,7 @@ mod tests {
             HeaderValue::from_str(&format!("Basic {enc}")).expect("hv"),
         );
         substitute_headers(&mut h, &values()).expect("ok");
-        let decoded = basic_decoded(&h[AUTHORIZATION]).expect("basic");
+        let decoded = basic_decoded(h[AUTHORIZATION].as_bytes()).expect("basic");
         assert_eq!(&decoded[..], b"user:s3cr3t value/+");
         assert!(h[AUTHORIZATION].is_sensitive());
     }

@@ -14,12 +14,14 @@
 //! answered by hyper and audited here.
 
 mod body;
+pub mod budget;
 pub mod ca;
 mod connect;
 mod credentials;
 mod decode;
 pub mod hop;
 pub mod limits;
+mod outbound;
 pub mod path;
 mod pipeline;
 mod respond;
@@ -94,6 +96,10 @@ pub struct Proxy {
     handshake_timeout: Duration,
     limits: limits::Limits,
     connections: Arc<limits::ConnectionCounter>,
+    /// Every request-body byte latchkey holds is charged here (`--max-buffered-bytes`).
+    budget: Arc<budget::Budget>,
+    /// A request body that sends nothing for this long is cut (`--body-timeout`).
+    body_timeout: Duration,
 }
 
 /// How to build a [`Proxy`].
@@ -111,6 +117,12 @@ pub struct ProxyConfig {
     pub report_all: bool,
     /// Cap on the decoded size of one scanned response body (`--max-decoded-body`).
     pub max_decoded_body: u64,
+    /// `--max-buffered-bytes`: request-body bytes held at once, across every client.
+    pub max_buffered_bytes: usize,
+    /// `--max-buffered-bytes-per-client`: one client address's share of it.
+    pub max_buffered_bytes_per_client: usize,
+    /// `--body-timeout`.
+    pub body_timeout: Duration,
 }
 
 /// The outcome of the last reload, for `/status`.
@@ -155,6 +167,11 @@ impl Proxy {
             handshake_timeout: Duration::from_secs(10),
             limits: config.limits,
             connections: Arc::new(limits::ConnectionCounter::default()),
+            budget: budget::Budget::new(
+                config.max_buffered_bytes,
+                config.max_buffered_bytes_per_client,
+            ),
+            body_timeout: config.body_timeout,
         }))
     }
 

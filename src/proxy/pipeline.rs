@@ -141,6 +141,21 @@ pub async fn handle(
         r.port = Some(target.port);
         r.path = Some(redact_query(&target.path_and_query));
     });
+    // The host as sent, before policy and long before any lookup: a secret value or a
+    // placeholder in it (a subdomain under a `*.` rule) is refused whatever the rule.
+    let sent = req.uri().host().into_iter().chain(
+        req.headers()
+            .get_all(HOST)
+            .iter()
+            .filter_map(|h| h.to_str().ok()),
+    );
+    for host in sent.chain(std::iter::once(target.host.as_str())) {
+        if let Err((reason, message)) = super::outbound::check_host(&policy, host) {
+            entry.update(|r| r.host = Some(super::outbound::REDACTED_HOST.to_string()));
+            drain(req.into_body()).await;
+            return Ok(refused(entry, reason, None, &message));
+        }
+    }
 
     // identify: inside a CONNECT the CONNECT's identity holds; it must still exist in the
     // policy in force (a reload may have removed it: fail closed).
@@ -218,6 +233,17 @@ pub async fn handle(
     // credentials: check what the sandbox sent, strip its auth, replace placeholders, inject.
     let is_head = req.method() == http::Method::HEAD;
     let (mut parts, incoming) = req.into_parts();
+    // The host as the sandbox spelled it, each place it did: checked before any DNS lookup.
+    let mut sent_hosts: Vec<String> = parts.uri.host().map(str::to_string).into_iter().collect();
+    sent_hosts.extend(
+        parts
+            .headers
+            .get_all(HOST)
+            .iter()
+            .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned()),
+    );
+    sent_hosts.push(target.host.clone());
+    let sent_hosts: Vec<&str> = sent_hosts.iter().map(String::as_str).collect();
     hop::strip(&mut parts.headers);
     parts.headers.remove(HOST);
     let mut path_and_query = target.path_and_query.clone();
@@ -230,6 +256,10 @@ pub async fn handle(
         port: target.port,
         identity: &ctx.identity,
         exchanger: &*exchanger,
+        sent_hosts: &sent_hosts,
+        client: ctx.client.ip(),
+        budget: &proxy.budget,
+        body_timeout: proxy.body_timeout,
     };
     let brokered = match credentials::apply(
         &policy,
@@ -357,7 +387,7 @@ pub async fn handle(
     if let Ok(v) = HeaderValue::from_str(entry.id()) {
         res.headers_mut().insert(ID_HEADER, v);
     }
-    Ok(res.map(|b| body::audited(b, entry)))
+    Ok(res.map(|b| body::audited(b, entry, Some(body_refused))))
 }
 
 /// Keeps only the content codings latchkey can decode for inspection.

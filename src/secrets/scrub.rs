@@ -301,6 +301,23 @@ impl Scrubber {
         first
     }
 
+    /// [`find`](Self::find), ignoring ASCII case: for the short request parts that are
+    /// case-folded on the way (host names, header names), where a secret may arrive already
+    /// lowercased. Compares every variant with every position, so use it on short inputs only.
+    pub fn find_ignore_ascii_case(&self, input: &[u8]) -> Option<Arc<str>> {
+        if let Some(name) = self.find(input) {
+            return Some(name);
+        }
+        let variant = self.sorted.iter().find(|v| {
+            !v.is_empty()
+                && input
+                    .windows(v.len())
+                    .any(|window| window.eq_ignore_ascii_case(v))
+        })?;
+        // The variant names its secret: it matches itself (or a variant inside it).
+        self.find(variant)
+    }
+
     /// A scrubber for one body that arrives in chunks.
     pub fn stream(self: &Arc<Self>) -> StreamScrubber {
         StreamScrubber {

@@ -32,6 +32,8 @@ mod policy_ops;
 mod presets;
 mod reload_admin;
 mod report_only;
+mod request_checks;
+mod request_streaming;
 mod response_phase;
 mod s3_moto;
 mod secrets_clients;

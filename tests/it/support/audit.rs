@@ -56,6 +56,9 @@ pub const REASONS: &[&str] = &[
     // The audit log cannot be written: traffic is refused until it can.
     "audit_unavailable",
     "decompression_limit",
+    // Request bodies: the buffer budget is full; a client stopped sending its body.
+    "too_busy",
+    "body_timeout",
 ];
 
 /// Policy denials that report-only mode (`mode = "report"`, `--mode report`) lets through: such a

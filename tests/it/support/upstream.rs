@@ -99,6 +99,10 @@ pub struct Received {
     pub headers: Vec<(String, String)>,
     /// The body; for an upload the proxy aborted, what arrived before the abort.
     pub body: Vec<u8>,
+    /// Request trailers, if any arrived.
+    pub trailers: Vec<(String, String)>,
+    /// Whether the body ended cleanly (false: the proxy aborted or reset the upload).
+    pub complete: bool,
 }
 
 impl std::fmt::Debug for Received {
@@ -110,6 +114,8 @@ impl std::fmt::Debug for Received {
             .field("version", &self.version)
             .field("headers", &self.headers)
             .field("body", &self.body_text())
+            .field("trailers", &self.trailers)
+            .field("complete", &self.complete)
             .finish()
     }
 }
@@ -330,17 +336,39 @@ async fn receive(req: Request<Incoming>, log: &Mutex<Vec<Received>>) -> Received
             })
             .collect(),
         body: Vec::new(),
+        trailers: Vec::new(),
+        complete: false,
     };
     let index = {
         let mut log = log.lock().expect("received requests");
         log.push(head);
         log.len() - 1
     };
-    while let Some(Ok(frame)) = body.frame().await {
-        if let Ok(data) = frame.into_data() {
-            log.lock().expect("received requests")[index]
-                .body
-                .extend_from_slice(&data);
+    loop {
+        match body.frame().await {
+            Some(Ok(frame)) => match frame.into_data() {
+                Ok(data) => log.lock().expect("received requests")[index]
+                    .body
+                    .extend_from_slice(&data),
+                Err(frame) => {
+                    if let Ok(trailers) = frame.into_trailers() {
+                        log.lock().expect("received requests")[index].trailers = trailers
+                            .iter()
+                            .map(|(n, v)| {
+                                (
+                                    n.as_str().to_string(),
+                                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                                )
+                            })
+                            .collect();
+                    }
+                }
+            },
+            Some(Err(_)) => break,
+            None => {
+                log.lock().expect("received requests")[index].complete = true;
+                break;
+            }
         }
     }
     log.lock().expect("received requests")[index].clone()
