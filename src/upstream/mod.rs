@@ -405,6 +405,26 @@ impl hyper::rt::Write for UpstreamConn {
             UpstreamConn::Tls { io, .. } => Pin::new(io).poll_shutdown(cx),
         }
     }
+
+    // Vectored writes pass through, so hyper queues request-body chunks as they are instead of
+    // copying each into its own write buffer (up to ~400 KiB per connection).
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        match self.get_mut() {
+            UpstreamConn::Plain { io, .. } => Pin::new(io).poll_write_vectored(cx, bufs),
+            UpstreamConn::Tls { io, .. } => Pin::new(io).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            UpstreamConn::Plain { io, .. } => io.is_write_vectored(),
+            UpstreamConn::Tls { io, .. } => io.is_write_vectored(),
+        }
+    }
 }
 
 /// Builds the pooled client over the connector.
