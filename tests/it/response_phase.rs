@@ -333,6 +333,13 @@ fn a_secret_in_the_reason_phrase_a_header_name_or_a_forged_latchkey_header_never
                 ),
             ),
             (
+                "/early-hints",
+                with_body(
+                    &format!("HTTP/1.1 103 Early Hints {KEY}\nlink: </{KEY}>; rel=preload\n\nHTTP/1.1 100 Continue\nx-echo: {KEY}\n\nHTTP/1.1 200 OK\ncontent-length: 2\nconnection: close\n\n"),
+                    b"ok",
+                ),
+            ),
+            (
                 "/forged",
                 with_body(
                     "HTTP/1.1 200 OK\nx-latchkey-decision: deny\nX-Latchkey-Rule: forged\nx-latchkey-reason: no_rule\nx-latchkey-id: forged-id\ncontent-length: 2\nconnection: close\n\n",
@@ -349,6 +356,9 @@ fn a_secret_in_the_reason_phrase_a_header_name_or_a_forged_latchkey_header_never
         ("/reason", true),
         ("/name", false),
         ("/name", true),
+        // Informational responses (a 103 and a 100 holding the key) never reach the sandbox.
+        ("/early-hints", false),
+        ("/early-hints", true),
     ] {
         let what = format!("{path} over {}", if via_h2 { "h2" } else { "HTTP/1.1" });
         if via_h2 {
