@@ -13,7 +13,9 @@
 //! 5. on a scanned response, header names and values, the decoded body and the trailers are
 //!    scrubbed; a header or trailer whose *name* holds a secret is dropped.
 //!
-//! Informational (1xx) responses never reach the sandbox: hyper's client consumes them.
+//! Informational (1xx) responses never reach the sandbox: hyper's client consumes them, and a
+//! `101` (which it hands on) is refused. A bodiless response (HEAD, 204, 304) reaches it with
+//! its scrubbed head only: data or trailers an upstream sends with one are dropped.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,6 +58,18 @@ where
     B: http_body::Body<Data = Bytes> + Send + Sync + Unpin + 'static,
     B::Error: Into<BoxError>,
 {
+    // 0. a protocol switch: latchkey never asks an upstream to upgrade (`Upgrade` is
+    // hop-by-hop and stripped), so a 101 is a switch to bytes nobody inspects. Refused.
+    if res.status().is_informational() {
+        return Err((
+            Reason::UpstreamError,
+            format!(
+                "{} answered {} to a request that asked for no protocol switch",
+                cx.host,
+                res.status().as_u16()
+            ),
+        ));
+    }
     // 1. transfer codings, as received.
     if let Some(coding) = foreign_transfer_coding(res.headers()) {
         return Err((
@@ -67,7 +81,6 @@ where
         ));
     }
     let bodiless = cx.is_head
-        || res.status().is_informational()
         || res.status() == StatusCode::NO_CONTENT
         || res.status() == StatusCode::NOT_MODIFIED;
 
@@ -91,6 +104,23 @@ where
     strip_own_headers(res.headers_mut());
     *res.extensions_mut() = http::Extensions::new();
 
+    // A bodiless response (HEAD, 204, 304) has no content, whatever frames an upstream sends
+    // with it (an h2 upstream can send DATA and trailers anyway): the sandbox gets none of
+    // them, scanned or not.
+    if bodiless {
+        if let Some(scrubber) = &cx.scan {
+            let n = scrub_body::filter_headers(res.headers_mut(), scrubber);
+            cx.counters
+                .redactions
+                .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+        return Ok(res.map(|_| {
+            http_body_util::Empty::<Bytes>::new()
+                .map_err(|never| match never {})
+                .boxed()
+        }));
+    }
+
     // 5. scrub.
     let Some(scrubber) = cx.scan else {
         return Ok(res.map(|b| b.map_frame(strip_own_trailers).map_err(Into::into).boxed()));
@@ -99,9 +129,6 @@ where
     cx.counters
         .redactions
         .fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
-    if bodiless {
-        return Ok(res.map(|b| b.map_err(Into::into).boxed()));
-    }
     let (parts, mut body) = res.into_parts();
     let mut first = None;
     if !codings.is_empty() {
@@ -147,8 +174,11 @@ fn check_first(codings: &[Coding], data: &Bytes, limit: u64, host: &str) -> Resu
     }
 }
 
-/// The first transfer coding other than `chunked`, if any.
+/// The first transfer coding other than one `chunked`, if any. `chunked` applied twice (in
+/// one header or across two) counts as foreign: hyper undoes one layer, and the chunk lines of
+/// the other would reach the sandbox undecoded, able to split a secret past the scanner.
 fn foreign_transfer_coding(headers: &HeaderMap) -> Option<String> {
+    let mut chunked = 0;
     for value in headers.get_all(TRANSFER_ENCODING) {
         let Ok(text) = value.to_str() else {
             return Some("(not ASCII)".to_string());
@@ -157,6 +187,10 @@ fn foreign_transfer_coding(headers: &HeaderMap) -> Option<String> {
             let token = token.trim();
             if !token.eq_ignore_ascii_case("chunked") {
                 return Some(token.to_string());
+            }
+            chunked += 1;
+            if chunked > 1 {
+                return Some("chunked (applied twice)".to_string());
             }
         }
     }
@@ -201,6 +235,11 @@ mod tests {
         h.insert(TRANSFER_ENCODING, "chunked".parse().expect("v"));
         h.append(TRANSFER_ENCODING, "identity".parse().expect("v"));
         assert_eq!(foreign_transfer_coding(&h), Some("identity".to_string()));
+        h.insert(TRANSFER_ENCODING, "chunked, Chunked".parse().expect("v"));
+        assert!(foreign_transfer_coding(&h).is_some());
+        h.insert(TRANSFER_ENCODING, "chunked".parse().expect("v"));
+        h.append(TRANSFER_ENCODING, "chunked".parse().expect("v"));
+        assert!(foreign_transfer_coding(&h).is_some());
     }
 
     #[test]
