@@ -767,15 +767,22 @@ enum PercentForm {
     ReservedOnly,
     /// `application/x-www-form-urlencoded`: unreserved kept, space as `+`.
     Form,
+    /// Every byte but `A-Za-z0-9` (Rust `percent_encoding::NON_ALPHANUMERIC`, PHP-style
+    /// over-encoders): `-` and `.` become `%2D`, `%2E`.
+    Alphanumeric,
+    /// Java `URLEncoder`: alphanumerics and `-._*` kept, space as `+`, `~` encoded.
+    Java,
 }
 
 impl PercentForm {
-    const ALL: [PercentForm; 5] = [
+    const ALL: [PercentForm; 7] = [
         PercentForm::Unreserved,
         PercentForm::UnreservedAndSlash,
         PercentForm::UriComponent,
         PercentForm::ReservedOnly,
         PercentForm::Form,
+        PercentForm::Alphanumeric,
+        PercentForm::Java,
     ];
 
     fn keeps(self, byte: u8) -> bool {
@@ -787,6 +794,8 @@ impl PercentForm {
             PercentForm::ReservedOnly => {
                 byte.is_ascii_graphic() && !b":/?#[]@!$&'()*+,;=%".contains(&byte)
             }
+            PercentForm::Alphanumeric => byte.is_ascii_alphanumeric(),
+            PercentForm::Java => byte.is_ascii_alphanumeric() || b"-._*".contains(&byte),
         }
     }
 }
@@ -797,7 +806,7 @@ fn percent_encoded(value: &[u8], form: PercentForm, upper: bool) -> Zeroizing<Ve
     for &byte in value {
         if form.keeps(byte) {
             out.push(byte);
-        } else if matches!(form, PercentForm::Form) && byte == b' ' {
+        } else if matches!(form, PercentForm::Form | PercentForm::Java) && byte == b' ' {
             out.push(b'+');
         } else {
             out.extend_from_slice(&[

@@ -655,6 +655,24 @@ fn skipping_forms_that_change_nothing_looks_for_exactly_the_same_variants() {
             String::from_utf8_lossy(value)
         );
     }
-    // The common case builds 7 variants, not 49.
-    assert_eq!(variants_of(values[0]).len(), 7);
+    // The common case builds 9 variants, not 53: the value, six base64 alignments, and its
+    // every-non-alphanumeric percent form in both cases (`.`, `-`, `_` encoded).
+    assert_eq!(variants_of(values[0]).len(), 9);
+    let over_encoded = percent_encoding::percent_encode(
+        b"sk-test-0123456789abcdef~",
+        percent_encoding::NON_ALPHANUMERIC,
+    )
+    .to_string();
+    assert!(got_variant(
+        b"sk-test-0123456789abcdef~",
+        over_encoded.as_bytes()
+    ));
+    assert!(got_variant(
+        b"sk-test-0123456789abcdef~",
+        b"sk-test-0123456789abcdef%7e"
+    ));
+}
+
+fn got_variant(value: &[u8], variant: &[u8]) -> bool {
+    variants_of(value).iter().any(|v| v.as_slice() == variant)
 }
