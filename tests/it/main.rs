@@ -34,6 +34,7 @@ mod reload_admin;
 mod report_only;
 mod request_checks;
 mod request_streaming;
+mod response_adversarial;
 mod response_phase;
 mod s3_moto;
 mod secrets_clients;

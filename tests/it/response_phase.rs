@@ -24,7 +24,7 @@ use crate::support::upstream::{handler, Received, UpBody};
 use crate::support::{latchkey, Latchkey, TestCa, Upstream};
 
 /// Mixed case on purpose: HTTP lower-cases header names, which must not hide it.
-const KEY: &str = "sk-Reflect-Key-0123456789abcdef";
+pub(crate) const KEY: &str = "sk-Reflect-Key-0123456789abcdef";
 
 fn policy(port: u16) -> String {
     format!(
@@ -57,7 +57,7 @@ secrets = ["key"]
     )
 }
 
-fn start(ca: &TestCa, port: u16) -> Latchkey {
+pub(crate) fn start(ca: &TestCa, port: u16) -> Latchkey {
     latchkey()
         .upstream_ca(ca)
         .policy("main.toml", &policy(port))
@@ -68,7 +68,7 @@ fn start(ca: &TestCa, port: u16) -> Latchkey {
 }
 
 /// Whether `bytes` hold the key in any ASCII case.
-fn holds_key(bytes: &[u8]) -> bool {
+pub(crate) fn holds_key(bytes: &[u8]) -> bool {
     let lower = String::from_utf8_lossy(bytes).to_ascii_lowercase();
     lower.contains(&KEY.to_ascii_lowercase())
 }
@@ -78,12 +78,12 @@ fn holds_key(bytes: &[u8]) -> bool {
 
 /// Answers each connection's one request with the canned bytes of the first route whose path
 /// prefix matches, then closes.
-struct RawUpstream {
-    port: u16,
+pub(crate) struct RawUpstream {
+    pub(crate) port: u16,
 }
 
 impl RawUpstream {
-    fn start(ca: &TestCa, routes: Vec<(&'static str, Vec<u8>)>) -> RawUpstream {
+    pub(crate) fn start(ca: &TestCa, routes: Vec<(&'static str, Vec<u8>)>) -> RawUpstream {
         let (chain, key) = ca.issue(crate::support::ca::UPSTREAM_NAMES);
         let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
             rustls::crypto::aws_lc_rs::default_provider(),
@@ -138,13 +138,13 @@ impl RawUpstream {
     }
 }
 
-fn with_body(head: &str, body: &[u8]) -> Vec<u8> {
+pub(crate) fn with_body(head: &str, body: &[u8]) -> Vec<u8> {
     let mut out = head.replace('\n', "\r\n").into_bytes();
     out.extend_from_slice(body);
     out
 }
 
-fn chunk(data: &[u8]) -> Vec<u8> {
+pub(crate) fn chunk(data: &[u8]) -> Vec<u8> {
     let mut out = format!("{:x}\r\n", data.len()).into_bytes();
     out.extend_from_slice(data);
     out.extend_from_slice(b"\r\n");
@@ -152,7 +152,7 @@ fn chunk(data: &[u8]) -> Vec<u8> {
 }
 
 /// `GET path` over HTTP/1.1 inside a CONNECT to `authority`; the raw response bytes.
-fn h1_raw(lk: &Latchkey, authority: &str, path: &str, extra: &str) -> Vec<u8> {
+pub(crate) fn h1_raw(lk: &Latchkey, authority: &str, path: &str, extra: &str) -> Vec<u8> {
     let mut tls = tls_through(lk, authority);
     let req =
         format!("GET {path} HTTP/1.1\r\nhost: {authority}\r\nconnection: close\r\n{extra}\r\n");
@@ -174,17 +174,17 @@ fn h1_raw(lk: &Latchkey, authority: &str, path: &str, extra: &str) -> Vec<u8> {
 
 /// What an h2 client saw.
 #[derive(Debug)]
-struct H2Response {
-    status: u16,
-    headers: HeaderMap,
-    body: Vec<u8>,
-    trailers: Option<HeaderMap>,
+pub(crate) struct H2Response {
+    pub(crate) status: u16,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Vec<u8>,
+    pub(crate) trailers: Option<HeaderMap>,
     /// The body ended in an error (stream reset).
-    error: Option<String>,
+    pub(crate) error: Option<String>,
 }
 
 /// `method path` over h2 inside a CONNECT to `authority`.
-fn h2_request(lk: &Latchkey, authority: &str, method: &str, path: &str) -> H2Response {
+pub(crate) fn h2_request(lk: &Latchkey, authority: &str, method: &str, path: &str) -> H2Response {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -272,7 +272,7 @@ fn h2_request(lk: &Latchkey, authority: &str, method: &str, path: &str) -> H2Res
     })
 }
 
-fn record_for<'a>(records: &'a [Value], path: &str) -> &'a Value {
+pub(crate) fn record_for<'a>(records: &'a [Value], path: &str) -> &'a Value {
     records
         .iter()
         .find(|r| r["path"].as_str().is_some_and(|p| p.starts_with(path)))
@@ -280,7 +280,7 @@ fn record_for<'a>(records: &'a [Value], path: &str) -> &'a Value {
 }
 
 /// Waits until the audit log has a record for every path.
-fn records_for(lk: &Latchkey, paths: &[&str]) -> Vec<Value> {
+pub(crate) fn records_for(lk: &Latchkey, paths: &[&str]) -> Vec<Value> {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
         let records = lk.audit_records();
@@ -296,7 +296,7 @@ fn records_for(lk: &Latchkey, paths: &[&str]) -> Vec<Value> {
     }
 }
 
-fn peak_rss_kib(lk: &Latchkey) -> u64 {
+pub(crate) fn peak_rss_kib(lk: &Latchkey) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{}/status", lk.pid())).expect("status");
     status
         .lines()
@@ -559,7 +559,7 @@ fn trailers_from_an_http1_upstream_reach_an_h2_sandbox_scrubbed_not_dropped() {
 }
 
 /// A body of fixed frames, trailers included (for the h2 echo upstream).
-struct FramesBody(VecDeque<Frame<Bytes>>);
+pub(crate) struct FramesBody(pub(crate) VecDeque<Frame<Bytes>>);
 
 impl http_body::Body for FramesBody {
     type Data = Bytes;
