@@ -41,20 +41,33 @@ pub fn strip(headers: &mut HeaderMap) {
     }
 }
 
-/// Removes hop-by-hop headers and every header named in `Connection` from a response.
+/// Removes hop-by-hop headers and every header named in `Connection` from a response, except
+/// `Trailer` (RFC 9110 no longer counts it hop-by-hop): it declares the trailer fields, and an
+/// HTTP/1.1 server (hyper's) sends a chunked body's trailers only when they are declared, so
+/// without it an HTTP/1.1 sandbox would lose a gRPC status.
 pub fn strip_response(headers: &mut HeaderMap) {
+    let named = connection_names(headers).contains(&header::TRAILER);
+    let declared: Vec<_> = headers.get_all(header::TRAILER).iter().cloned().collect();
     strip_all(headers);
+    if !named {
+        for value in declared {
+            headers.append(header::TRAILER, value);
+        }
+    }
 }
 
-fn strip_all(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
+fn connection_names(headers: &HeaderMap) -> Vec<HeaderName> {
+    headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .collect();
-    for name in named {
+        .collect()
+}
+
+fn strip_all(headers: &mut HeaderMap) {
+    for name in connection_names(headers) {
         headers.remove(name);
     }
     for name in HOP_BY_HOP.iter() {
@@ -91,5 +104,13 @@ mod tests {
         assert_eq!(h[header::TE], "trailers");
         strip_response(&mut response);
         assert_eq!(response.len(), 1, "{response:?}");
+
+        let mut declared = HeaderMap::new();
+        declared.insert(header::TRAILER, HeaderValue::from_static("grpc-status"));
+        strip_response(&mut declared);
+        assert_eq!(declared[header::TRAILER], "grpc-status");
+        declared.insert(header::CONNECTION, HeaderValue::from_static("trailer"));
+        strip_response(&mut declared);
+        assert!(declared.is_empty(), "{declared:?}");
     }
 }
