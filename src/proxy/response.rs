@@ -197,11 +197,18 @@ fn foreign_transfer_coding(headers: &HeaderMap) -> Option<String> {
     None
 }
 
-/// Removes every `x-latchkey-*` header: only latchkey speaks for latchkey.
+/// Removes every `x-latchkey-*` header: only latchkey speaks for latchkey. `_` counts as `-`
+/// (`x_latchkey_decision`): CGI-style readers (nginx, WSGI) map both to one name.
 pub fn strip_own_headers(headers: &mut HeaderMap) {
     let own: Vec<_> = headers
         .keys()
-        .filter(|n| n.as_str().starts_with("x-latchkey-"))
+        .filter(|n| {
+            n.as_str().as_bytes().get(..11).is_some_and(|p| {
+                p.iter()
+                    .zip(b"x-latchkey-")
+                    .all(|(a, b)| *a == *b || (*b == b'-' && *a == b'_'))
+            })
+        })
         .cloned()
         .collect();
     for name in own {
@@ -248,8 +255,10 @@ mod tests {
         h.insert("X-Latchkey-Decision", "allow".parse().expect("v"));
         h.insert("x-latchkey-rule", "forged".parse().expect("v"));
         h.insert("x-latchkeyish", "kept".parse().expect("v"));
+        h.insert("x_latchkey_reason", "forged".parse().expect("v"));
+        h.insert("x-latchkey_id", "forged".parse().expect("v"));
         strip_own_headers(&mut h);
-        assert_eq!(h.len(), 1);
+        assert_eq!(h.len(), 1, "{h:?}");
         assert!(h.contains_key("x-latchkeyish"));
     }
 }

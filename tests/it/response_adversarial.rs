@@ -376,7 +376,7 @@ fn header_shapes_never_carry_a_secret() {
         vec![(
             "/headers",
             with_body(
-                &format!("HTTP/1.1 200 OK\nconnection: x-latchkey-foo, close\nx-latchkey-foo: {KEY}\nx-latchkey-reason: forged\nx-{pct}: 1\nx-{b64url}: 2\nx_{KEY}_y: 3\nx-split: {a}\nx-split: {b}\nx-plain: kept\ncontent-length: 2\n\n"),
+                &format!("HTTP/1.1 200 OK\nconnection: x-latchkey-foo, close\nx-latchkey-foo: {KEY}\nx-latchkey-reason: forged\nx_latchkey_decision: forged\nx-{pct}: 1\nx-{b64url}: 2\nx_{KEY}_y: 3\nx-split: {a}\nx-split: {b}\nx-plain: kept\ncontent-length: 2\n\n"),
                 b"ok",
             ),
         )],
@@ -389,6 +389,11 @@ fn header_shapes_never_carry_a_secret() {
     assert_eq!(r.headers["x-plain"], "kept");
     assert!(!r.headers.contains_key("x-latchkey-foo"));
     assert!(!r.headers.contains_key("x-latchkey-reason"));
+    assert!(
+        !r.headers.contains_key("x_latchkey_decision"),
+        "{:?}",
+        r.headers
+    );
     let joined: String = r
         .headers
         .get_all("x-split")
