@@ -73,8 +73,28 @@ pub fn filter_headers(headers: &mut HeaderMap, scrubber: &Scrubber) -> usize {
         count += 1;
         headers.remove(name);
     }
+    // Fields whose values list field names (`Trailer: x-a, x-b`): names are compared ignoring
+    // case, so a secret there may come lower-cased, which the value scan above would miss.
+    for name in NAME_LISTS {
+        if headers
+            .get_all(name)
+            .iter()
+            .any(|v| scrubber.find_in_name(v.as_bytes()).is_some())
+        {
+            count += 1;
+            headers.remove(name);
+        }
+    }
     count
 }
+
+/// Response fields whose values are lists of field names.
+const NAME_LISTS: [&str; 4] = [
+    "trailer",
+    "vary",
+    "access-control-expose-headers",
+    "access-control-allow-headers",
+];
 
 /// Where a [`Scrubbed`] body is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -442,6 +462,26 @@ mod tests {
         assert_eq!(filter_headers(&mut h, &scrubber()), 1);
         assert!(!h.contains_key("x-split"), "{h:?}");
         assert_eq!(h.get_all("x-two").iter().count(), 2);
+    }
+
+    #[test]
+    fn a_lowercased_secret_in_a_list_of_field_names_drops_that_list() {
+        let lower = String::from_utf8_lossy(KEY).to_ascii_lowercase();
+        let mut h = HeaderMap::new();
+        h.insert(
+            "trailer",
+            HeaderValue::from_str(&format!("grpc-status, x-{lower}")).expect("v"),
+        );
+        h.insert(
+            "vary",
+            HeaderValue::from_str(&format!("accept, {lower}")).expect("v"),
+        );
+        h.insert(
+            "access-control-expose-headers",
+            HeaderValue::from_static("x-a"),
+        );
+        assert_eq!(filter_headers(&mut h, &scrubber()), 2);
+        assert_eq!(h.len(), 1, "{h:?}");
     }
 
     fn coding() -> impl Strategy<Value = Coding> {
