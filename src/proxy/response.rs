@@ -4,7 +4,8 @@
 //! needs what the one before it would destroy:
 //!
 //! 1. transfer codings: only `chunked` (which hyper has undone) is accepted; any other would
-//!    hand the sandbox bytes nobody decoded, so it is refused (`uninspectable_body`);
+//!    hand the sandbox bytes nobody decoded, so it is refused (`uninspectable_body`); a
+//!    `Content-Length` next to it is dropped, since the body is reframed;
 //! 2. content codings, on a scanned response: decided now, before `Connection` can name
 //!    `Content-Encoding` and have it stripped; a coding latchkey cannot decode is refused;
 //! 3. hop-by-hop headers stripped, and every `x-latchkey-*` header (an upstream must not forge
@@ -79,6 +80,12 @@ where
                 cx.host
             ),
         ));
+    }
+    // A `Content-Length` next to `chunked` is overridden by it (RFC 9112 §6.3) and must not
+    // be forwarded: hyper has de-chunked the body, and the stale length would frame it anew
+    // toward the sandbox (truncating it, or worse on a kept-alive connection).
+    if res.headers().contains_key(TRANSFER_ENCODING) {
+        res.headers_mut().remove(CONTENT_LENGTH);
     }
     let bodiless = cx.is_head
         || res.status() == StatusCode::NO_CONTENT

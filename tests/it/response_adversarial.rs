@@ -531,3 +531,57 @@ fn a_bomb_over_h2_in_small_frames_is_cut_off_with_bounded_memory() {
     let grown = crate::response_phase::peak_rss_kib(&lk).saturating_sub(before);
     assert!(grown < 100 * 1024, "peak RSS grew by {grown} KiB");
 }
+
+/// A host no rule binds a secret to is not scanned, but its responses still get latchkey's
+/// framing and head rules: one framing (a `Content-Length` next to `chunked` never reaches the
+/// sandbox), no forged latchkey header, the canonical reason phrase, no unsolicited 101.
+#[test]
+fn unscanned_responses_still_get_one_framing_and_no_forged_head() {
+    let ca = TestCa::new();
+    let mut cl_te = b"HTTP/1.1 200 Totally Fine\r\ncontent-length: 3\r\ntransfer-encoding: chunked\r\nx-latchkey-decision: deny\r\nx_latchkey_rule: forged\r\nconnection: close\r\n\r\n".to_vec();
+    cl_te.extend_from_slice(&chunk(b"hello world, longer than three"));
+    cl_te.extend_from_slice(b"0\r\n\r\n");
+    let up = RawUpstream::start(
+        &ca,
+        vec![
+            ("/cl-te", cl_te),
+            (
+                "/switch",
+                b"HTTP/1.1 101 Switching Protocols\r\nupgrade: h2c\r\nconnection: upgrade\r\n\r\n"
+                    .to_vec(),
+            ),
+        ],
+    );
+    let lk = latchkey()
+        .upstream_ca(&ca)
+        .policy(
+            "main.toml",
+            &format!(
+                "[[rules]]\nname = \"plain\"\nhosts = [\"tunnel.test\"]\nports = [{}]\n",
+                up.port
+            ),
+        )
+        .pin("tunnel.test")
+        .run();
+    let authority = format!("tunnel.test:{}", up.port);
+    let raw = h1_raw(&lk, &authority, "/cl-te", "");
+    let text = String::from_utf8_lossy(&raw).to_ascii_lowercase();
+    assert!(text.starts_with("http/1.1 200 ok\r\n"), "{text}");
+    assert!(
+        !(text.contains("content-length:") && text.contains("transfer-encoding:")),
+        "{text}"
+    );
+    assert!(text.contains("hello world, longer than three"), "{text}");
+    assert!(
+        !text.contains("forged") && !text.contains("x-latchkey-decision"),
+        "{text}"
+    );
+    let r = h2_request(&lk, &authority, "GET", "/cl-te");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.error, None, "{r:?}");
+    assert_eq!(r.body, b"hello world, longer than three");
+    let r = h2_request(&lk, &authority, "GET", "/switch");
+    assert_eq!(r.status, 502, "{r:?}");
+    let recs = wait_records(&lk, "/switch", 1);
+    assert_eq!(recs[0]["reason"], "upstream_error");
+}
