@@ -1,0 +1,257 @@
+//! Adversarial variants of the request-side checks (issue 11 §3, §4): bodies whose content
+//! latchkey cannot read as sent (a `Content-Encoding` from the sandbox) are refused, never
+//! forwarded unscanned; a secret written with escapes a parser on the upstream undoes
+//! (every byte `%XX`, JSON `\u00XX`) is refused in the body like in the head; a client that
+//! trickles its body is cut by the minimum body rate, not only when it stops entirely.
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::support::clients::{dial, read_response};
+use crate::support::secrets::{contains, env_secrets_world, secrets_toml, OPENAI, SECRET_ENV};
+use crate::support::{assert_denial, assert_record, latchkey, Upstream};
+
+const RULES: &str = r#"
+[[rules]]
+name  = "openai"
+hosts = ["api.test"]
+ports = [PORT]
+[rules.inject.headers]
+authorization = "Bearer {{secret.openai}}"
+
+[[rules]]
+name  = "other"
+hosts = ["other.test"]
+ports = [PORT]
+"#;
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    e.write_all(bytes).expect("gzip");
+    e.finish().expect("gzip")
+}
+
+/// A compressed request body hides its content from the leak detector: refused whatever it
+/// holds (`415 uninspectable_request_body`), over h1 and h2, held or streamed, never forwarded.
+#[test]
+fn a_request_body_with_a_content_coding_is_refused_not_forwarded_unscanned() {
+    let w = env_secrets_world(&["openai"], RULES);
+    let dir = w.dir.path();
+    let secret_gz = dir.join("secret.gz");
+    std::fs::write(
+        &secret_gz,
+        gzip(format!("{{\"k\":\"{OPENAI}\"}}").as_bytes()),
+    )
+    .expect("f");
+    let big = dir.join("big.gz");
+    let mut body = vec![b'x'; 3 * 1024 * 1024];
+    body.extend_from_slice(OPENAI.as_bytes());
+    std::fs::write(&big, gzip(&body)).expect("f");
+    let clean = dir.join("clean.gz");
+    std::fs::write(&clean, gzip(b"nothing to see")).expect("f");
+    let mut n = 0;
+    for flag in ["--http1.1", "--http2"] {
+        for (i, (coding, file)) in [
+            ("gzip", &secret_gz),
+            ("GZIP", &big),
+            ("deflate", &clean),
+            ("br", &clean),
+            ("identity, gzip", &secret_gz),
+            ("x-custom", &clean),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let path = format!("/ce/{flag}/{i}");
+            let data = format!("@{}", file.display());
+            let out = w.curl(&[
+                flag,
+                "-H",
+                &format!("Content-Encoding: {coding}"),
+                "--data-binary",
+                &data,
+                &w.url("other.test", &path),
+            ]);
+            assert_eq!(out.exit, Some(0), "{flag} {coding}: {out:#?}");
+            assert_denial(
+                &out.response,
+                415,
+                Some("other"),
+                "uninspectable_request_body",
+            );
+            n += 1;
+        }
+    }
+    assert!(
+        w.received("/ce/").is_empty(),
+        "a compressed body reached the upstream: {:#?}",
+        w.received("/ce/")
+    );
+    // Identity (and no coding) still go through.
+    let out = w.curl(&[
+        "-H",
+        "Content-Encoding: identity",
+        "--data-binary",
+        "plain",
+        &w.url("other.test", "/ce-ok"),
+    ]);
+    assert_eq!(out.ok().status, 200, "{out:#?}");
+    let records = w.lk.wait_audit(n + 1);
+    for r in &records[..n] {
+        assert_record(
+            r,
+            json!({"rule": "other", "decision": "deny", "reason": "uninspectable_request_body", "status": 415, "upstream": null}),
+        );
+    }
+    w.sweep();
+}
+
+/// Escapes a parser on the upstream undoes: every byte `%XX` in a form body, every character
+/// `\u00XX` in a JSON body (upper- and lower-case hex), mixed with `\/`; held whole and
+/// streamed (a body over the pre-dial window), over h1 and h2.
+#[test]
+fn a_secret_escaped_byte_by_byte_in_a_body_is_refused_held_or_streamed() {
+    let w = env_secrets_world(&["openai"], RULES);
+    let pct: String = OPENAI.bytes().map(|b| format!("%{b:02X}")).collect();
+    let pct_lower: String = OPENAI.bytes().map(|b| format!("%{b:02x}")).collect();
+    let uni: String = OPENAI
+        .chars()
+        .map(|c| format!("\\u{:04X}", c as u32))
+        .collect();
+    let uni_lower: String = OPENAI
+        .chars()
+        .map(|c| format!("\\u{:04x}", c as u32))
+        .collect();
+    let half = OPENAI.len() / 2;
+    let mixed = format!(
+        "{}{}",
+        &OPENAI[..half],
+        OPENAI[half..]
+            .chars()
+            .map(|c| format!("\\u{:04x}", c as u32))
+            .collect::<String>()
+    );
+    let dir = w.dir.path();
+    let mut n = 0;
+    for (what, text) in [
+        ("form, every byte %XX", format!("a=1&key={pct}")),
+        ("form, lower-case hex", format!("key={pct_lower}&b=2")),
+        ("json \\u00XX", format!("{{\"key\":\"{uni}\"}}")),
+        ("json \\u00xx", format!("{{\"key\":\"{uni_lower}\"}}")),
+        ("json half escaped", format!("{{\"key\":\"{mixed}\"}}")),
+    ] {
+        for size in ["small", "large"] {
+            let mut body = Vec::new();
+            if size == "large" {
+                body.extend(std::iter::repeat_n(b' ', 200 * 1024));
+            }
+            body.extend_from_slice(text.as_bytes());
+            let file = dir.join(format!("b{n}"));
+            std::fs::write(&file, &body).expect("body");
+            for flag in ["--http1.1", "--http2"] {
+                let path = format!("/esc/{n}/{flag}");
+                let out = w.curl(&[
+                    flag,
+                    "--data-binary",
+                    &format!("@{}", file.display()),
+                    &w.url("other.test", &path),
+                ]);
+                assert_eq!(out.exit, Some(0), "{what} {size} {flag}: {out:#?}");
+                assert_denial(&out.response, 403, Some("other"), "secret_value_unbound");
+                for seen in w.received(&path) {
+                    assert!(!seen.complete, "{what} {size} {flag}: completed");
+                    assert!(
+                        !contains(&seen.body, &text.as_bytes()[..12]),
+                        "{what} {size} {flag}: the start of the escaped value went out"
+                    );
+                }
+            }
+            n += 1;
+        }
+    }
+    // Ordinary escapes pass untouched.
+    let body = "{\"k\":\"caf\\u00e9 \\/ 100%25\"}";
+    let out = w.curl(&["--data-binary", body, &w.url("other.test", "/esc-ok")]);
+    assert_eq!(out.ok().status, 200, "{out:#?}");
+    assert_eq!(w.received_one("/esc-ok").body, body.as_bytes());
+    let records = w.lk.wait_audit(2 * n + 1);
+    for r in &records[..2 * n] {
+        assert_record(
+            r,
+            json!({"rule": "other", "decision": "deny", "reason": "secret_value_unbound", "status": 403}),
+        );
+    }
+    w.sweep();
+}
+
+/// One byte every 0.7 s never lets a 1 s `--body-timeout` fire on its own; the minimum body
+/// rate cuts it anyway (streamed and held bodies), within a bounded time.
+#[test]
+fn a_client_trickling_its_body_is_cut_by_the_minimum_rate() {
+    let upstream = Upstream::http();
+    let policy = format!(
+        "{}[[rules]]\nname = \"api\"\nhosts = [\"api.test\"]\nports = [{port}]\nsecrets = [\"openai\"]\nplaceholders = [\"body\"]\n\n[[rules]]\nname = \"other\"\nhosts = [\"other.test\"]\nports = [{port}]\n",
+        secrets_toml(&["openai"]),
+        port = upstream.port()
+    );
+    let mut b = latchkey()
+        .pin("api.test")
+        .pin("other.test")
+        .policy("main.toml", &policy)
+        .arg("--body-timeout")
+        .arg("1s");
+    for (name, value) in SECRET_ENV {
+        b = b.env(name, value);
+    }
+    let lk = b.run();
+    let port = upstream.port();
+    for host in ["other.test", "api.test"] {
+        let mut tcp = dial(lk.addr());
+        tcp.set_read_timeout(Some(Duration::from_millis(700)))
+            .expect("timeout");
+        let head = format!(
+            "POST http://{host}:{port}/trickle HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Length: 100000\r\nConnection: close\r\n\r\n"
+        );
+        tcp.write_all(head.as_bytes()).expect("head");
+        let started = Instant::now();
+        let mut got = Vec::new();
+        loop {
+            assert!(
+                started.elapsed() < Duration::from_secs(15),
+                "{host}: a trickling body was never cut"
+            );
+            if tcp.write_all(b"t").is_err() {
+                break;
+            }
+            let mut buf = [0u8; 4096];
+            match tcp.read(&mut buf) {
+                Ok(0) => break,
+                Ok(k) => {
+                    got.extend_from_slice(&buf[..k]);
+                    if got.windows(4).any(|w| w == b"\r\n\r\n") {
+                        break;
+                    }
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+                Err(_) => break,
+            }
+        }
+        tcp.set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("timeout");
+        let mut rest = Vec::new();
+        let _ = tcp.read_to_end(&mut rest);
+        got.extend_from_slice(&rest);
+        let resp = read_response(&mut std::io::Cursor::new(got), false).expect("a response");
+        assert_denial(&resp, 408, None, "body_timeout");
+    }
+    let records = lk.wait_audit(2);
+    for r in &records {
+        assert_record(
+            r,
+            json!({"decision": "deny", "reason": "body_timeout", "status": 408}),
+        );
+    }
+}
