@@ -390,11 +390,18 @@ fn check_placeholder(
 /// How many raw bytes one decoded byte may take in [`unescaped`] (`\u0041` for `A`).
 const ESCAPE_RATIO: usize = 6;
 
+/// Bytes that make [`unescaped`] differ from its input.
+fn escape_byte(b: u8) -> bool {
+    matches!(b, b'%' | b'\\' | b'\r' | b'\n')
+}
+
 /// `bytes` with the escapes an upstream's parser undoes taken out — `%XX` (form bodies, any
-/// byte escaped), JSON's `\uXXXX` (surrogate pairs joined) and `\/ \" \\ \b \f \n \r \t` —
-/// so a value escaped byte by byte is found as it is once parsed. `None`: nothing to undo.
+/// byte escaped), JSON's `\uXXXX` (surrogate pairs joined) and `\/ \" \\ \b \f \t` — and
+/// line breaks dropped (raw or `\n`/`\r` escaped: MIME and PEM wrap base64 at 64 or 76
+/// columns), so a value escaped byte by byte, or encoded and wrapped, is found as it is once
+/// parsed. `None`: nothing to undo.
 pub fn unescaped(bytes: &[u8]) -> Option<Vec<u8>> {
-    if !bytes.iter().any(|&b| b == b'%' || b == b'\\') {
+    if !bytes.iter().copied().any(escape_byte) {
         return None;
     }
     let hex = |h: &[u8]| -> Option<u32> {
@@ -441,9 +448,12 @@ pub fn unescaped(bytes: &[u8]) -> Option<Vec<u8>> {
                         b'/' | b'"' | b'\\' => Some(e),
                         b'b' => Some(0x08),
                         b'f' => Some(0x0c),
-                        b'n' => Some(b'\n'),
-                        b'r' => Some(b'\r'),
                         b't' => Some(b'\t'),
+                        // Line breaks are dropped, escaped or not.
+                        b'n' | b'r' => {
+                            i += 2;
+                            continue;
+                        }
                         _ => None,
                     };
                     if let Some(c) = c {
@@ -455,7 +465,9 @@ pub fn unescaped(bytes: &[u8]) -> Option<Vec<u8>> {
                 None => {}
             }
         }
-        out.push(b);
+        if b != b'\r' && b != b'\n' {
+            out.push(b);
+        }
         i += 1;
     }
     Some(out)
@@ -614,7 +626,7 @@ impl Detector {
         self.esc_held.extend_from_slice(&out);
         // An escaped value not yet complete has an escape in the window, or is still only a
         // literal prefix of a variant, which `push_raw` holds back itself.
-        let pending = self.esc_tail.iter().any(|&b| b == b'%' || b == b'\\');
+        let pending = self.esc_tail.iter().copied().any(escape_byte);
         let ready = if pending {
             self.esc_held.len().saturating_sub(window)
         } else {
@@ -1056,7 +1068,12 @@ mod tests {
         assert_eq!(unescaped(b"plain"), None);
         assert_eq!(
             unescaped(br#"%73k\u002d\u00E9\/\"\\\n%zz\q\ud83d\ude00"#).as_deref(),
-            Some("sk-\u{e9}/\"\\\n%zz\\q\u{1f600}".as_bytes())
+            Some("sk-\u{e9}/\"\\%zz\\q\u{1f600}".as_bytes())
+        );
+        // Wrapped base64 (MIME, PEM) joins up; line breaks go, raw or escaped.
+        assert_eq!(
+            unescaped(b"c2stdGVz\r\ndC1PUEVO\nQUk=\\nx").as_deref(),
+            Some(&b"c2stdGVzdC1PUEVOQUk=x"[..])
         );
         // Truncated escapes stay as they are.
         assert_eq!(unescaped(b"a%7").as_deref(), Some(&b"a%7"[..]));

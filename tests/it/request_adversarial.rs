@@ -7,6 +7,8 @@
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
 use serde_json::json;
 
 use crate::support::clients::{dial, read_response};
@@ -254,4 +256,108 @@ fn a_client_trickling_its_body_is_cut_by_the_minimum_rate() {
             json!({"decision": "deny", "reason": "body_timeout", "status": 408}),
         );
     }
+}
+
+/// A multipart part in `Content-Transfer-Encoding: base64`, wrapped at 76 columns (and a PEM-style
+/// JSON string wrapped with `\n` escapes) with the secret's base64 straddling a line break:
+/// the upstream's MIME parser joins the lines, so the detector does too.
+#[test]
+fn a_secret_in_line_wrapped_base64_is_refused_held_or_streamed() {
+    let w = env_secrets_world(&["openai"], RULES);
+    let mut n = 0;
+    for pad in [40usize, 41, 42, 60] {
+        let mut inner = vec![b'#'; pad];
+        inner.extend_from_slice(OPENAI.as_bytes());
+        inner.extend_from_slice(b" and more text after the value");
+        let b64 = STANDARD.encode(&inner);
+        let lines: Vec<&str> = b64
+            .as_bytes()
+            .chunks(76)
+            .map(|c| std::str::from_utf8(c).expect("ascii"))
+            .collect();
+        let mime = format!(
+            "--XyZ\r\nContent-Disposition: form-data; name=\"f\"; filename=\"a.txt\"\r\nContent-Transfer-Encoding: base64\r\n\r\n{}\r\n--XyZ--\r\n",
+            lines.join("\r\n")
+        );
+        let pem = format!("{{\"pem\":\"{}\"}}", lines.join("\\n"));
+        for (what, body) in [("mime", mime), ("pem-json", pem)] {
+            for size in ["small", "large"] {
+                let mut bytes = Vec::new();
+                if size == "large" {
+                    bytes.extend(std::iter::repeat_n(b'.', 150 * 1024));
+                }
+                bytes.extend_from_slice(body.as_bytes());
+                let file = w.dir.path().join(format!("wrapped{n}"));
+                std::fs::write(&file, &bytes).expect("body");
+                let path = format!("/wrapped/{n}");
+                let out = w.curl(&[
+                    "-H",
+                    "Content-Type: multipart/form-data; boundary=XyZ",
+                    "--data-binary",
+                    &format!("@{}", file.display()),
+                    &w.url("other.test", &path),
+                ]);
+                assert_eq!(out.exit, Some(0), "{what} {size} pad {pad}: {out:#?}");
+                assert_denial(&out.response, 403, Some("other"), "secret_value_unbound");
+                for seen in w.received(&path) {
+                    assert!(!seen.complete, "{what} {size} pad {pad}: completed");
+                }
+                n += 1;
+            }
+        }
+    }
+    let records = w.lk.wait_audit(n);
+    for r in &records {
+        assert_record(
+            r,
+            json!({"rule": "other", "decision": "deny", "reason": "secret_value_unbound", "status": 403}),
+        );
+    }
+    w.sweep();
+}
+
+/// A secret (any case) in the Host header or h2 `:authority` inside an intercepted CONNECT is
+/// refused as a secret before admission compares it with the CONNECT host: admission's
+/// `host_mismatch` message quotes the host lowercased, which redaction would not recognise.
+#[test]
+fn a_secret_in_the_host_inside_a_connect_is_refused_before_admission_quotes_it() {
+    let w = env_secrets_world(&["openai"], RULES);
+    let lower = OPENAI.to_ascii_lowercase();
+    let upper = OPENAI.to_ascii_uppercase();
+    let mut n = 0;
+    for flag in ["--http1.1", "--http2"] {
+        for host in [
+            format!("{upper}.other.test"),
+            format!("{OPENAI}.other.test."),
+            format!("{lower}.other.test:{}", w.port()),
+        ] {
+            let out = w.curl(&[
+                flag,
+                "-H",
+                &format!("Host: {host}"),
+                &w.url("other.test", "/host-in-tunnel"),
+            ]);
+            assert_eq!(out.exit, Some(0), "{flag} {host}: {out:#?}");
+            assert_denial(&out.response, 403, None, "secret_value_unbound");
+            assert!(
+                !out.response.text().to_ascii_lowercase().contains(&lower),
+                "{flag}: the refusal quotes the value: {:?}",
+                out.response.text()
+            );
+            n += 1;
+        }
+    }
+    assert!(w.received("/host-in-tunnel").is_empty());
+    let records = w.lk.wait_audit(n);
+    for r in &records {
+        assert_record(
+            r,
+            json!({"decision": "deny", "reason": "secret_value_unbound", "status": 403, "upstream": null}),
+        );
+        assert!(
+            !r.to_string().to_ascii_lowercase().contains(&lower),
+            "the record holds the value: {r:#}"
+        );
+    }
+    w.sweep();
 }
