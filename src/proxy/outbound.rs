@@ -152,6 +152,20 @@ fn head_parts<'a>(head: &'a Head<'a>) -> Vec<(Part, Cow<'a, [u8]>)> {
                 .collect();
             out.push((part, Cow::Owned(percent_decode(&spaced).collect())));
         }
+        // Header and query values may be JSON (`Dropbox-API-Arg`, GraphQL `variables`) and
+        // parsed as such upstream: their JSON escapes are undone too (after percent-decoding).
+        if matches!(part, Part::HeaderValue | Part::QueryValue) {
+            let base: Cow<'_, [u8]> = if raw.contains(&b'%') {
+                Cow::Owned(percent_decode(raw).collect())
+            } else {
+                Cow::Borrowed(raw)
+            };
+            if base.contains(&b'\\') {
+                if let Some(u) = unescaped(&base) {
+                    out.push((part, Cow::Owned(u)));
+                }
+            }
+        }
         out.push((part, Cow::Borrowed(raw)));
     };
     add(Part::Method, method.as_bytes());
@@ -307,7 +321,7 @@ impl Checker<'_> {
         let mut names = BTreeSet::new();
         self.placeholders(Part::Body, body, &mut names)?;
         self.secrets(Part::Body, body)?;
-        if let Some(d) = unescaped(body) {
+        for d in decoded_views(body) {
             self.secrets(Part::Body, &d)?;
         }
         if let Some(t) = trailers {
@@ -390,9 +404,55 @@ fn check_placeholder(
 /// How many raw bytes one decoded byte may take in [`unescaped`] (`\u0041` for `A`).
 const ESCAPE_RATIO: usize = 6;
 
-/// Bytes that make [`unescaped`] differ from its input.
+/// The views of `bytes` searched besides the bytes themselves: [`unescaped`] and
+/// [`quoted_printable`], where they differ from it.
+pub fn decoded_views(bytes: &[u8]) -> Vec<Vec<u8>> {
+    unescaped(bytes)
+        .into_iter()
+        .chain(quoted_printable(bytes))
+        .collect()
+}
+
+/// `bytes` with quoted-printable escapes undone (`=XX`, either case, and `=` soft line breaks):
+/// a MIME part in `Content-Transfer-Encoding: quoted-printable` may escape every byte.
+/// `None`: no `=` in it.
+pub fn quoted_printable(bytes: &[u8]) -> Option<Vec<u8>> {
+    if !bytes.contains(&b'=') {
+        return None;
+    }
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'=' {
+            let rest = &bytes[i + 1..];
+            if rest.starts_with(b"\r\n") {
+                i += 3;
+                continue;
+            }
+            if rest.starts_with(b"\n") {
+                i += 2;
+                continue;
+            }
+            let hex = rest
+                .get(..2)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
+                .and_then(|h| u8::from_str_radix(h, 16).ok());
+            if let Some(v) = hex {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    Some(out)
+}
+
+/// Bytes that make [`decoded_views`] differ from its input.
 fn escape_byte(b: u8) -> bool {
-    matches!(b, b'%' | b'\\' | b'\r' | b'\n')
+    matches!(b, b'%' | b'\\' | b'\r' | b'\n' | b'=')
 }
 
 /// `bytes` with the escapes an upstream's parser undoes taken out — `%XX` (form bodies, any
@@ -492,12 +552,14 @@ fn check_trailers(
                     format!("placeholder in a request {} for host {host}: placeholders are never replaced in trailers", part.as_str()),
                 ));
             }
-            let decoded: Vec<u8> = if bytes.contains(&b'%') {
-                percent_decode(bytes).collect()
-            } else {
-                Vec::new()
-            };
-            for b in [bytes, &decoded[..]] {
+            let mut views: Vec<Vec<u8>> = Vec::new();
+            if bytes.contains(&b'%') {
+                views.push(percent_decode(bytes).collect());
+            }
+            if part == Part::TrailerValue {
+                views.extend(decoded_views(bytes));
+            }
+            for b in std::iter::once(bytes).chain(views.iter().map(Vec::as_slice)) {
                 if let Some(r) =
                     scrubber.and_then(|s| secret_refusal(s, bound, part, b, host, rule))
                 {
@@ -612,10 +674,13 @@ impl Detector {
         // The unescaped view of what came since the last check, with the window before it.
         let mut seen = std::mem::take(&mut self.esc_tail);
         seen.extend_from_slice(&chunk);
-        if let (Some(d), Some(s)) = (unescaped(&seen), self.scrubber.as_deref()) {
-            if let Some(r) = secret_refusal(s, &self.bound, Part::Body, &d, &self.host, &self.rule)
-            {
-                return Err(self.refused(r));
+        if let Some(s) = self.scrubber.as_deref() {
+            for d in decoded_views(&seen) {
+                if let Some(r) =
+                    secret_refusal(s, &self.bound, Part::Body, &d, &self.host, &self.rule)
+                {
+                    return Err(self.refused(r));
+                }
             }
         }
         self.esc_tail = seen.split_off(seen.len().saturating_sub(window));
@@ -1075,6 +1140,11 @@ mod tests {
             unescaped(b"c2stdGVz\r\ndC1PUEVO\nQUk=\\nx").as_deref(),
             Some(&b"c2stdGVzdC1PUEVOQUk=x"[..])
         );
+        assert_eq!(
+            quoted_printable(b"=73=6b-te=\r\nst=\nx=zz=4").as_deref(),
+            Some(&b"sk-testx=zz=4"[..])
+        );
+        assert_eq!(quoted_printable(b"no equals"), None);
         // Truncated escapes stay as they are.
         assert_eq!(unescaped(b"a%7").as_deref(), Some(&b"a%7"[..]));
         assert_eq!(unescaped(b"\\u00").as_deref(), Some(&b"\\u00"[..]));
@@ -1091,7 +1161,8 @@ mod tests {
             .map(|&b| (b as char).to_string())
             .chain(SECRET[10..].iter().map(|b| format!("\\u{b:04x}")))
             .collect();
-        for escaped in [pct, uni, half] {
+        let qp: String = SECRET.iter().map(|b| format!("={b:02X}")).collect();
+        for escaped in [pct, uni, half, qp] {
             let mut body = b"{\"a\":\"".to_vec();
             let start = body.len();
             body.extend_from_slice(escaped.as_bytes());

@@ -361,3 +361,76 @@ fn a_secret_in_the_host_inside_a_connect_is_refused_before_admission_quotes_it()
     }
     w.sweep();
 }
+
+/// Other escapes an upstream's parser undoes: a MIME part in quoted-printable with every byte
+/// `=XX` (held and streamed), JSON `\u00XX` in a header value (`Dropbox-API-Arg` is JSON) and in
+/// a query value (GraphQL `variables`, percent-encoded on top), over h1 and h2.
+#[test]
+fn a_secret_in_quoted_printable_or_json_escaped_header_and_query_values_is_refused() {
+    let w = env_secrets_world(&["openai"], RULES);
+    let qp: String = OPENAI.bytes().map(|b| format!("={b:02X}")).collect();
+    let uni: String = OPENAI.bytes().map(|b| format!("\\u{b:04x}")).collect();
+    let uni_pct: String = format!("{{\"k\":\"{uni}\"}}")
+        .bytes()
+        .map(|b| format!("%{b:02X}"))
+        .collect();
+    let mut n = 0;
+    for size in ["small", "large"] {
+        let mut bytes = Vec::new();
+        if size == "large" {
+            bytes.extend(std::iter::repeat_n(b'.', 150 * 1024));
+        }
+        bytes.extend_from_slice(
+            format!("--B\r\nContent-Transfer-Encoding: quoted-printable\r\n\r\nkey: {qp}=\r\n tail\r\n--B--\r\n").as_bytes(),
+        );
+        let file = w.dir.path().join(format!("qp-{size}"));
+        std::fs::write(&file, &bytes).expect("body");
+        for flag in ["--http1.1", "--http2"] {
+            let out = w.curl(&[
+                flag,
+                "-H",
+                "Content-Type: multipart/mixed; boundary=B",
+                "--data-binary",
+                &format!("@{}", file.display()),
+                &w.url("other.test", "/qp"),
+            ]);
+            assert_denial(&out.response, 403, Some("other"), "secret_value_unbound");
+            n += 1;
+        }
+    }
+    for flag in ["--http1.1", "--http2"] {
+        let out = w.curl(&[
+            flag,
+            "-H",
+            &format!("Dropbox-API-Arg: {{\"path\":\"{uni}\"}}"),
+            &w.url("other.test", "/json-header"),
+        ]);
+        assert_denial(&out.response, 403, Some("other"), "secret_value_unbound");
+        let out = w.curl(&[
+            flag,
+            &w.url("other.test", &format!("/json-query?variables={uni_pct}")),
+        ]);
+        assert_denial(&out.response, 403, Some("other"), "secret_value_unbound");
+        n += 2;
+    }
+    for path in ["/qp", "/json-header", "/json-query"] {
+        for seen in w.received(path) {
+            assert!(!seen.complete, "{path}: completed: {seen:#?}");
+        }
+    }
+    // A JSON header without a secret still goes through unchanged.
+    let out = w.curl(&[
+        "-H",
+        "Dropbox-API-Arg: {\"path\":\"/caf\\u00e9\"}",
+        &w.url("other.test", "/json-ok"),
+    ]);
+    assert_eq!(out.ok().status, 200, "{out:#?}");
+    let records = w.lk.wait_audit(n + 1);
+    for r in &records[..n] {
+        assert_record(
+            r,
+            json!({"rule": "other", "decision": "deny", "reason": "secret_value_unbound", "status": 403}),
+        );
+    }
+    w.sweep();
+}
