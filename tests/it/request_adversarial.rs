@@ -1,8 +1,11 @@
 //! Adversarial variants of the request-side checks (issue 11 §3, §4): bodies whose content
-//! latchkey cannot read as sent (a `Content-Encoding` from the sandbox) are refused, never
-//! forwarded unscanned; a secret written with escapes a parser on the upstream undoes
-//! (every byte `%XX`, JSON `\u00XX`) is refused in the body like in the head; a client that
-//! trickles its body is cut by the minimum body rate, not only when it stops entirely.
+//! latchkey cannot read as sent (a `Content-Encoding` or `grpc-encoding` from the sandbox) are
+//! refused (`415 uninspectable_request_body`), never forwarded unscanned; a secret written with
+//! escapes a parser on the upstream undoes (every byte `%XX`, JSON `\u00XX`, quoted-printable
+//! `=XX`, base64 wrapped across lines in a MIME part or PEM string, JSON in a header or query
+//! value) is refused like the plain value, held whole or streamed, none of it sent first; a host
+//! holding a secret inside a CONNECT is refused as a secret before admission can quote it; a
+//! client that trickles its body is cut by the minimum body progress, not only when it stops.
 
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
