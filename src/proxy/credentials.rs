@@ -169,7 +169,7 @@ pub async fn apply(
     // A body in a content coding (or gRPC messages compressed) hides its bytes from the leak
     // detector: refused, never forwarded unscanned. `aws-chunked` is framing around plain
     // bytes (S3 streaming uploads), which the detector reads as they are.
-    if scrubber.is_some() {
+    if scrubber.is_some() && !incoming.is_end_stream() {
         if let Some(why) = request_coding(headers) {
             outbound::drain(Progress::new(incoming, req.body_timeout)).await;
             return Err((
