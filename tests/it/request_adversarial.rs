@@ -444,3 +444,72 @@ fn a_secret_in_quoted_printable_or_json_escaped_header_and_query_values_is_refus
     }
     w.sweep();
 }
+
+/// A chunk extension holding a secret (`5;ext=VALUE`) is never forwarded: the body is
+/// re-framed upstream, extensions dropped. The upstream here records the raw bytes it gets.
+#[test]
+fn a_secret_in_a_chunk_extension_never_reaches_the_upstream() {
+    use std::net::TcpListener;
+    // The test's own upstream on loopback: it keeps every byte and answers 200.
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+    let keep = seen.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let mut conn = conn;
+            conn.set_read_timeout(Some(Duration::from_millis(500)))
+                .expect("timeout");
+            let mut buf = [0u8; 4096];
+            let mut got = Vec::new();
+            while !got.windows(5).any(|w| w == b"0\r\n\r\n") {
+                match conn.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(k) => got.extend_from_slice(&buf[..k]),
+                }
+            }
+            keep.lock().expect("seen").extend_from_slice(&got);
+            let _ = conn
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok");
+        }
+    });
+    let policy = format!(
+        "{}[[rules]]\nname = \"raw\"\nhosts = [\"raw.test\"]\nports = [{port}]\n",
+        secrets_toml(&["openai"])
+    );
+    let mut b = latchkey().pin("raw.test").policy("main.toml", &policy);
+    for (name, value) in SECRET_ENV {
+        b = b.env(name, value);
+    }
+    let lk = b.run();
+    for ext in [
+        format!(";ext={OPENAI}"),
+        format!(";{OPENAI}"),
+        format!(";a=\"{OPENAI}\";b"),
+    ] {
+        let mut tcp = dial(lk.addr());
+        tcp.set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("timeout");
+        let req = format!(
+            "POST http://raw.test:{port}/ext HTTP/1.1\r\nHost: raw.test:{port}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n5{ext}\r\nhello\r\n0\r\n\r\n"
+        );
+        tcp.write_all(req.as_bytes()).expect("request");
+        let resp = read_response(&mut tcp, false).expect("a response");
+        assert!(
+            !contains(&resp.body, OPENAI.as_bytes()),
+            "the response quotes the value"
+        );
+    }
+    let _ = lk.wait_audit(3);
+    let got = seen.lock().expect("seen").clone();
+    assert!(
+        contains(&got, b"hello"),
+        "the bodies reached the upstream: {}",
+        String::from_utf8_lossy(&got)
+    );
+    assert!(
+        !contains(&got, OPENAI.as_bytes()),
+        "a chunk extension carried the value upstream: {}",
+        String::from_utf8_lossy(&got)
+    );
+}
