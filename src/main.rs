@@ -187,7 +187,7 @@ struct ServeArgs {
     /// One client address's share of --max-buffered-bytes (default: an eighth of it).
     #[arg(long, env = "LATCHKEY_MAX_BUFFERED_BYTES_PER_CLIENT", value_parser = parse_bytes)]
     max_buffered_bytes_per_client: Option<usize>,
-    /// A request body that sends no byte for this long is cut: `408 body_timeout`, the
+    /// A request body that sends less than 1 KiB in this long (of latchkey waiting) is cut: `408 body_timeout`, the
     /// upstream request aborted.
     #[arg(long, env = "LATCHKEY_BODY_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     body_timeout: Duration,

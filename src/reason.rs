@@ -86,11 +86,14 @@ pub enum Reason {
     TooBusy,
     /// The client stopped sending its request body for longer than the body-progress timeout.
     BodyTimeout,
+    /// The sandbox sent a request body in a coding latchkey does not read (`Content-Encoding:
+    /// gzip`, compressed gRPC messages): its content could not be checked for secret values.
+    UninspectableRequestBody,
 }
 
 impl Reason {
     /// Every reason, for registry tests and documentation.
-    pub const ALL: [Reason; 37] = [
+    pub const ALL: [Reason; 38] = [
         Reason::Allowed,
         Reason::Tunnel,
         Reason::NoRule,
@@ -128,6 +131,7 @@ impl Reason {
         Reason::DecompressionLimit,
         Reason::TooBusy,
         Reason::BodyTimeout,
+        Reason::UninspectableRequestBody,
     ];
 
     /// The stable snake_case code used in headers, logs and audit records.
@@ -170,6 +174,7 @@ impl Reason {
             Reason::DecompressionLimit => "decompression_limit",
             Reason::TooBusy => "too_busy",
             Reason::BodyTimeout => "body_timeout",
+            Reason::UninspectableRequestBody => "uninspectable_request_body",
         }
     }
 
@@ -194,6 +199,7 @@ impl Reason {
             | Reason::AuditUnavailable
             | Reason::TooBusy => StatusCode::SERVICE_UNAVAILABLE,
             Reason::UriTooLong => StatusCode::URI_TOO_LONG,
+            Reason::UninspectableRequestBody => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Reason::HeaderTimeout | Reason::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Reason::NotTls
             | Reason::TlsHandshakeFailed

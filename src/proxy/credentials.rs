@@ -166,6 +166,19 @@ pub async fn apply(
         }
     };
 
+    // A body in a content coding (or gRPC messages compressed) hides its bytes from the leak
+    // detector: refused, never forwarded unscanned. `aws-chunked` is framing around plain
+    // bytes (S3 streaming uploads), which the detector reads as they are.
+    if scrubber.is_some() && !incoming.is_end_stream() {
+        if let Some(why) = request_coding(headers) {
+            outbound::drain(Progress::new(incoming, req.body_timeout)).await;
+            return Err((
+                Reason::UninspectableRequestBody,
+                format!("the request body to host {host} is sent {why}: latchkey cannot inspect it for secret values; send it uncompressed"),
+            ));
+        }
+    }
+
     let credential = match &rule.credential {
         Some(name) => Some(policy.credential(name).ok_or_else(|| {
             (
@@ -393,6 +406,30 @@ pub async fn apply(
         secrets: used,
         refused,
     })
+}
+
+/// Why the request body is in a form the detector cannot read, if it is: a `Content-Encoding`
+/// other than `identity` and `aws-chunked` (any value, any case, in any list position), or a
+/// `grpc-encoding` other than `identity`.
+fn request_coding(headers: &HeaderMap) -> Option<String> {
+    for (header, allowed) in [
+        (
+            http::header::CONTENT_ENCODING.as_str(),
+            &["identity", "aws-chunked"][..],
+        ),
+        ("grpc-encoding", &["identity"][..]),
+    ] {
+        for v in headers.get_all(header) {
+            let text = String::from_utf8_lossy(v.as_bytes()).to_ascii_lowercase();
+            for coding in text.split(',').map(str::trim).filter(|c| !c.is_empty()) {
+                if !allowed.contains(&coding) {
+                    let shown: String = coding.chars().take(32).collect();
+                    return Some(format!("with {header} {shown:?}"));
+                }
+            }
+        }
+    }
+    None
 }
 
 fn header_value(bytes: &[u8], name: &HeaderName) -> Result<HeaderValue, Refusal> {

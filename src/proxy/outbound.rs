@@ -152,6 +152,20 @@ fn head_parts<'a>(head: &'a Head<'a>) -> Vec<(Part, Cow<'a, [u8]>)> {
                 .collect();
             out.push((part, Cow::Owned(percent_decode(&spaced).collect())));
         }
+        // Header and query values may be JSON (`Dropbox-API-Arg`, GraphQL `variables`) and
+        // parsed as such upstream: their JSON escapes are undone too (after percent-decoding).
+        if matches!(part, Part::HeaderValue | Part::QueryValue) {
+            let base: Cow<'_, [u8]> = if raw.contains(&b'%') {
+                Cow::Owned(percent_decode(raw).collect())
+            } else {
+                Cow::Borrowed(raw)
+            };
+            if base.contains(&b'\\') {
+                if let Some(u) = unescaped(&base) {
+                    out.push((part, Cow::Owned(u)));
+                }
+            }
+        }
         out.push((part, Cow::Borrowed(raw)));
     };
     add(Part::Method, method.as_bytes());
@@ -307,6 +321,9 @@ impl Checker<'_> {
         let mut names = BTreeSet::new();
         self.placeholders(Part::Body, body, &mut names)?;
         self.secrets(Part::Body, body)?;
+        for d in decoded_views(body) {
+            self.secrets(Part::Body, &d)?;
+        }
         if let Some(t) = trailers {
             check_trailers(
                 self.scrubber,
@@ -384,6 +401,138 @@ fn check_placeholder(
     Ok(())
 }
 
+/// How many raw bytes one decoded byte may take in [`unescaped`] (`\u0041` for `A`).
+const ESCAPE_RATIO: usize = 6;
+
+/// The views of `bytes` searched besides the bytes themselves: [`unescaped`] and
+/// [`quoted_printable`], where they differ from it.
+pub fn decoded_views(bytes: &[u8]) -> Vec<Vec<u8>> {
+    unescaped(bytes)
+        .into_iter()
+        .chain(quoted_printable(bytes))
+        .collect()
+}
+
+/// `bytes` with quoted-printable escapes undone (`=XX`, either case, and `=` soft line breaks):
+/// a MIME part in `Content-Transfer-Encoding: quoted-printable` may escape every byte.
+/// `None`: no `=` in it.
+pub fn quoted_printable(bytes: &[u8]) -> Option<Vec<u8>> {
+    if !bytes.contains(&b'=') {
+        return None;
+    }
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'=' {
+            let rest = &bytes[i + 1..];
+            if rest.starts_with(b"\r\n") {
+                i += 3;
+                continue;
+            }
+            if rest.starts_with(b"\n") {
+                i += 2;
+                continue;
+            }
+            let hex = rest
+                .get(..2)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
+                .and_then(|h| u8::from_str_radix(h, 16).ok());
+            if let Some(v) = hex {
+                out.push(v);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    Some(out)
+}
+
+/// Bytes that make [`decoded_views`] differ from its input.
+fn escape_byte(b: u8) -> bool {
+    matches!(b, b'%' | b'\\' | b'\r' | b'\n' | b'=')
+}
+
+/// `bytes` with the escapes an upstream's parser undoes taken out — `%XX` (form bodies, any
+/// byte escaped), JSON's `\uXXXX` (surrogate pairs joined) and `\/ \" \\ \b \f \t` — and
+/// line breaks dropped (raw or `\n`/`\r` escaped: MIME and PEM wrap base64 at 64 or 76
+/// columns), so a value escaped byte by byte, or encoded and wrapped, is found as it is once
+/// parsed. `None`: nothing to undo.
+pub fn unescaped(bytes: &[u8]) -> Option<Vec<u8>> {
+    if !bytes.iter().copied().any(escape_byte) {
+        return None;
+    }
+    let hex = |h: &[u8]| -> Option<u32> {
+        std::str::from_utf8(h)
+            .ok()
+            .filter(|t| t.bytes().all(|b| b.is_ascii_hexdigit()))
+            .and_then(|t| u32::from_str_radix(t, 16).ok())
+    };
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if b == b'%' {
+            if let Some(v) = bytes.get(i + 1..i + 3).and_then(hex) {
+                out.push(v as u8);
+                i += 3;
+                continue;
+            }
+        } else if b == b'\\' {
+            match bytes.get(i + 1) {
+                Some(b'u') => {
+                    if let Some(hi) = bytes.get(i + 2..i + 6).and_then(hex) {
+                        let mut code = hi;
+                        let mut len = 6;
+                        if (0xd800..0xdc00).contains(&hi) && bytes.get(i + 6..i + 8) == Some(b"\\u")
+                        {
+                            if let Some(lo) = bytes.get(i + 8..i + 12).and_then(hex) {
+                                if (0xdc00..0xe000).contains(&lo) {
+                                    code = 0x10000 + ((hi - 0xd800) << 10) + (lo - 0xdc00);
+                                    len = 12;
+                                }
+                            }
+                        }
+                        if let Some(c) = char::from_u32(code) {
+                            let mut buf = [0u8; 4];
+                            out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+                            i += len;
+                            continue;
+                        }
+                    }
+                }
+                Some(&e) => {
+                    let c = match e {
+                        b'/' | b'"' | b'\\' => Some(e),
+                        b'b' => Some(0x08),
+                        b'f' => Some(0x0c),
+                        b't' => Some(b'\t'),
+                        // Line breaks are dropped, escaped or not.
+                        b'n' | b'r' => {
+                            i += 2;
+                            continue;
+                        }
+                        _ => None,
+                    };
+                    if let Some(c) = c {
+                        out.push(c);
+                        i += 2;
+                        continue;
+                    }
+                }
+                None => {}
+            }
+        }
+        if b != b'\r' && b != b'\n' {
+            out.push(b);
+        }
+        i += 1;
+    }
+    Some(out)
+}
+
 /// Trailers are checked like headers, and never carry a placeholder.
 fn check_trailers(
     scrubber: Option<&Scrubber>,
@@ -403,12 +552,14 @@ fn check_trailers(
                     format!("placeholder in a request {} for host {host}: placeholders are never replaced in trailers", part.as_str()),
                 ));
             }
-            let decoded: Vec<u8> = if bytes.contains(&b'%') {
-                percent_decode(bytes).collect()
-            } else {
-                Vec::new()
-            };
-            for b in [bytes, &decoded[..]] {
+            let mut views: Vec<Vec<u8>> = Vec::new();
+            if bytes.contains(&b'%') {
+                views.push(percent_decode(bytes).collect());
+            }
+            if part == Part::TrailerValue {
+                views.extend(decoded_views(bytes));
+            }
+            for b in std::iter::once(bytes).chain(views.iter().map(Vec::as_slice)) {
                 if let Some(r) =
                     scrubber.and_then(|s| secret_refusal(s, bound, part, b, host, rule))
                 {
@@ -441,6 +592,11 @@ pub struct Detector {
     tail: Vec<u8>,
     /// Whether the rule enables body placeholders (only for the message).
     body_placeholders: bool,
+    /// The last raw bytes received, searched again with the next chunk once unescaped
+    /// ([`unescaped`]), and the output held back for as long: an escaped value is longer than
+    /// its variants, so none of it goes out before its end has been seen.
+    esc_tail: Vec<u8>,
+    esc_held: Vec<u8>,
     pub(super) slot: Arc<OnceLock<BodyRefused>>,
 }
 
@@ -466,6 +622,8 @@ impl Detector {
             redactions: 0,
             tail: Vec::new(),
             body_placeholders: rule.placeholders.contains(&Place::Body),
+            esc_tail: Vec::new(),
+            esc_held: Vec::new(),
             slot,
         }
     }
@@ -499,8 +657,52 @@ impl Detector {
         Ok(())
     }
 
+    /// Raw bytes an escaped value may span: the longest variant, escaped byte by byte.
+    fn escape_window(&self) -> usize {
+        match (&self.stream, &self.scrubber) {
+            (Some(_), Some(s)) => s.max_pattern_len().saturating_mul(ESCAPE_RATIO),
+            _ => 0,
+        }
+    }
+
     /// Scans a chunk; returns the bytes that may go upstream now.
     pub fn push(&mut self, chunk: Bytes) -> Result<Bytes, BodyRefused> {
+        let window = self.escape_window();
+        if window == 0 {
+            return self.push_raw(chunk);
+        }
+        // The unescaped view of what came since the last check, with the window before it.
+        let mut seen = std::mem::take(&mut self.esc_tail);
+        seen.extend_from_slice(&chunk);
+        if let Some(s) = self.scrubber.as_deref() {
+            for d in decoded_views(&seen) {
+                if let Some(r) =
+                    secret_refusal(s, &self.bound, Part::Body, &d, &self.host, &self.rule)
+                {
+                    return Err(self.refused(r));
+                }
+            }
+        }
+        self.esc_tail = seen.split_off(seen.len().saturating_sub(window));
+        let out = self.push_raw(chunk)?;
+        if out.is_empty() && self.esc_held.is_empty() {
+            return Ok(out);
+        }
+        self.esc_held.extend_from_slice(&out);
+        // An escaped value not yet complete has an escape in the window, or is still only a
+        // literal prefix of a variant, which `push_raw` holds back itself.
+        let pending = self.esc_tail.iter().copied().any(escape_byte);
+        let ready = if pending {
+            self.esc_held.len().saturating_sub(window)
+        } else {
+            self.esc_held.len()
+        };
+        let rest = self.esc_held.split_off(ready);
+        Ok(Bytes::from(std::mem::replace(&mut self.esc_held, rest)))
+    }
+
+    /// [`Self::push`] without the unescaped view.
+    fn push_raw(&mut self, chunk: Bytes) -> Result<Bytes, BodyRefused> {
         // A placeholder begins with PREFIX: look for it in the chunk and across its start.
         let keep = PREFIX.len() - 1;
         let mut seam = std::mem::take(&mut self.tail);
@@ -552,7 +754,10 @@ impl Detector {
             stream.finish();
             self.unbound_seen()?;
         }
-        Ok(Bytes::from(std::mem::take(&mut self.held)))
+        let mut out = std::mem::take(&mut self.esc_held);
+        out.extend_from_slice(&self.held);
+        self.held = Vec::new();
+        Ok(Bytes::from(out))
     }
 
     /// Checks trailers like headers.
@@ -761,9 +966,15 @@ impl HttpBody for Whole {
     }
 }
 
+/// The least a request body must bring per `--body-timeout` of waiting: a client trickling a
+/// byte just inside the timeout would otherwise hold its connection (and any buffer charged to
+/// it) forever.
+pub const MIN_BODY_PROGRESS: usize = 1024;
+
 pin_project_lite::pin_project! {
-    /// The sandbox's request body, cut when no byte arrives for `timeout` while latchkey is
-    /// waiting for one (time the upstream takes to read does not count).
+    /// The sandbox's request body, cut when fewer than [`MIN_BODY_PROGRESS`] bytes arrive in
+    /// `timeout` of latchkey waiting for them (time the upstream takes to read does not count):
+    /// a body that stops, and one that trickles.
     pub struct Progress<B> {
         #[pin]
         inner: B,
@@ -771,6 +982,10 @@ pin_project_lite::pin_project! {
         // Boxed so the body stays `Unpin` (it is read with `.frame()` before dialing).
         sleep: Pin<Box<tokio::time::Sleep>>,
         waiting: bool,
+        // Waiting time and bytes since the body last made `MIN_BODY_PROGRESS`.
+        waited: Duration,
+        since: usize,
+        wait_started: tokio::time::Instant,
     }
 }
 
@@ -781,6 +996,9 @@ impl<B> Progress<B> {
             timeout,
             sleep: Box::pin(tokio::time::sleep(timeout)),
             waiting: false,
+            waited: Duration::ZERO,
+            since: 0,
+            wait_started: tokio::time::Instant::now(),
         }
     }
 }
@@ -799,13 +1017,25 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.project();
         if !*this.waiting {
-            let deadline = tokio::time::Instant::now() + *this.timeout;
-            this.sleep.as_mut().reset(deadline);
+            let now = tokio::time::Instant::now();
+            *this.wait_started = now;
+            let left = this.timeout.saturating_sub(*this.waited);
+            this.sleep.as_mut().reset(now + left);
             *this.waiting = true;
         }
         match this.inner.poll_frame(cx) {
             Poll::Ready(frame) => {
                 *this.waiting = false;
+                *this.waited += this.wait_started.elapsed();
+                let n = match &frame {
+                    Some(Ok(f)) => f.data_ref().map_or(MIN_BODY_PROGRESS, |d| d.len()),
+                    _ => MIN_BODY_PROGRESS,
+                };
+                *this.since = this.since.saturating_add(n);
+                if *this.since >= MIN_BODY_PROGRESS {
+                    *this.waited = Duration::ZERO;
+                    *this.since = 0;
+                }
                 Poll::Ready(frame.map(|r| r.map_err(Into::into)))
             }
             Poll::Pending => {
@@ -813,7 +1043,7 @@ where
                 Poll::Ready(Some(Err(Box::new(BodyRefused {
                     reason: Reason::BodyTimeout,
                     message: format!(
-                        "the client sent no request body bytes for {}s (--body-timeout)",
+                        "the client sent fewer than {MIN_BODY_PROGRESS} request body bytes in {}s (--body-timeout)",
                         this.timeout.as_secs_f64()
                     ),
                 }))))
@@ -896,6 +1126,124 @@ mod tests {
         let (out, refused) = run(&mut detector(&["openai"]), &chunks);
         assert_eq!(refused, None);
         assert_eq!(out, with, "a bound secret's bytes pass unchanged");
+    }
+
+    #[test]
+    fn unescaping_undoes_percent_and_json_escapes_only() {
+        assert_eq!(unescaped(b"plain"), None);
+        assert_eq!(
+            unescaped(br#"%73k\u002d\u00E9\/\"\\\n%zz\q\ud83d\ude00"#).as_deref(),
+            Some("sk-\u{e9}/\"\\%zz\\q\u{1f600}".as_bytes())
+        );
+        // Wrapped base64 (MIME, PEM) joins up; line breaks go, raw or escaped.
+        assert_eq!(
+            unescaped(b"c2stdGVz\r\ndC1PUEVO\nQUk=\\nx").as_deref(),
+            Some(&b"c2stdGVzdC1PUEVOQUk=x"[..])
+        );
+        assert_eq!(
+            quoted_printable(b"=73=6b-te=\r\nst=\nx=zz=4").as_deref(),
+            Some(&b"sk-testx=zz=4"[..])
+        );
+        assert_eq!(quoted_printable(b"no equals"), None);
+        // Truncated escapes stay as they are.
+        assert_eq!(unescaped(b"a%7").as_deref(), Some(&b"a%7"[..]));
+        assert_eq!(unescaped(b"\\u00").as_deref(), Some(&b"\\u00"[..]));
+    }
+
+    /// A value escaped byte by byte (`%XX`, `\u00XX`, half and half), split at every point:
+    /// refused, and none of its escaped form goes out first.
+    #[test]
+    fn an_escaped_secret_split_across_chunks_is_refused_before_any_of_it_goes_out() {
+        let pct: String = SECRET.iter().map(|b| format!("%{b:02x}")).collect();
+        let uni: String = SECRET.iter().map(|b| format!("\\u{:04X}", b)).collect();
+        let half: String = SECRET[..10]
+            .iter()
+            .map(|&b| (b as char).to_string())
+            .chain(SECRET[10..].iter().map(|b| format!("\\u{b:04x}")))
+            .collect();
+        let qp: String = SECRET.iter().map(|b| format!("={b:02X}")).collect();
+        for escaped in [pct, uni, half, qp] {
+            let mut body = b"{\"a\":\"".to_vec();
+            let start = body.len();
+            body.extend_from_slice(escaped.as_bytes());
+            body.extend_from_slice(b"\"}");
+            for cut in 1..body.len() {
+                let mut d = detector(&[]);
+                let (out, refused) = run(&mut d, &[&body[..cut], &body[cut..]]);
+                assert_eq!(
+                    refused,
+                    Some(Reason::SecretValueUnbound),
+                    "{escaped} cut at {cut}"
+                );
+                assert!(
+                    out.len() <= start,
+                    "{escaped} cut at {cut}: {:?}",
+                    String::from_utf8_lossy(&out)
+                );
+            }
+            let mut d = detector(&["openai"]);
+            let (out, refused) = run(&mut d, &[&body[..20], &body[20..]]);
+            assert_eq!(
+                (out, refused),
+                (body.clone(), None),
+                "bound: passes unchanged"
+            );
+        }
+        // Escapes of ordinary text pass byte-exact, split anywhere.
+        let body = br#"{"k":"caf\u00e9 100%25 \/"}"#.repeat(50);
+        for cut in [1, 7, 100, 500] {
+            let (out, refused) = run(&mut detector(&[]), &[&body[..cut], &body[cut..]]);
+            assert_eq!((out, refused), (body.clone(), None));
+        }
+    }
+
+    /// A byte every 0.7 s of a 1 s timeout is cut; 1 KiB every 0.7 s is not.
+    #[tokio::test(start_paused = true)]
+    async fn a_trickling_body_is_cut_by_the_minimum_progress() {
+        use http_body_util::BodyExt;
+        for (size, cut) in [(1usize, true), (MIN_BODY_PROGRESS, false)] {
+            let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(1);
+            tokio::spawn(async move {
+                for _ in 0..10 {
+                    tokio::time::sleep(Duration::from_millis(700)).await;
+                    if tx.send(Bytes::from(vec![b'x'; size])).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            let mut body = Progress::new(Chan(rx), Duration::from_secs(1));
+            let mut frames = 0;
+            let mut failed = false;
+            while let Some(f) = body.frame().await {
+                match f {
+                    Ok(_) => frames += 1,
+                    Err(e) => {
+                        failed = true;
+                        assert!(e.to_string().contains("--body-timeout"), "{e}");
+                        break;
+                    }
+                }
+            }
+            assert_eq!(failed, cut, "{size}-byte frames: {frames} read");
+            if cut {
+                assert!(frames <= 2, "{frames}");
+            }
+        }
+    }
+
+    /// A body fed frame by frame from a channel.
+    struct Chan(tokio::sync::mpsc::Receiver<Bytes>);
+
+    impl HttpBody for Chan {
+        type Data = Bytes;
+        type Error = BoxError;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+            self.0.poll_recv(cx).map(|f| f.map(|b| Ok(Frame::data(b))))
+        }
     }
 
     #[test]

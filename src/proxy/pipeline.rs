@@ -128,6 +128,21 @@ pub async fn handle(
         drain(req.into_body()).await;
         return Ok(refused(entry, Reason::HeaderTooLarge, None, &msg));
     }
+    // The host as sent, before admission reads it (its refusals quote the host, lowercased,
+    // where the record's case-sensitive redaction would miss a value) and before any lookup.
+    let as_sent = req.uri().host().into_iter().chain(
+        req.headers()
+            .get_all(HOST)
+            .iter()
+            .filter_map(|h| h.to_str().ok()),
+    );
+    for host in as_sent {
+        if let Err((reason, message)) = super::outbound::check_host(&policy, host) {
+            entry.update(|r| r.host = Some(super::outbound::REDACTED_HOST.to_string()));
+            drain(req.into_body()).await;
+            return Ok(refused(entry, reason, None, &message));
+        }
+    }
     let target = match admit(&ctx, &req) {
         Ok(t) => t,
         Err((reason, message)) => {
@@ -141,15 +156,9 @@ pub async fn handle(
         r.port = Some(target.port);
         r.path = Some(redact_query(&target.path_and_query));
     });
-    // The host as sent, before policy and long before any lookup: a secret value or a
+    // The host as normalised, before policy and long before any lookup: a secret value or a
     // placeholder in it (a subdomain under a `*.` rule) is refused whatever the rule.
-    let sent = req.uri().host().into_iter().chain(
-        req.headers()
-            .get_all(HOST)
-            .iter()
-            .filter_map(|h| h.to_str().ok()),
-    );
-    for host in sent.chain(std::iter::once(target.host.as_str())) {
+    for host in std::iter::once(target.host.as_str()) {
         if let Err((reason, message)) = super::outbound::check_host(&policy, host) {
             entry.update(|r| r.host = Some(super::outbound::REDACTED_HOST.to_string()));
             drain(req.into_body()).await;

@@ -32,6 +32,7 @@ mod policy_ops;
 mod presets;
 mod reload_admin;
 mod report_only;
+mod request_adversarial;
 mod request_checks;
 mod request_streaming;
 mod response_adversarial;

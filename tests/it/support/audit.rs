@@ -59,6 +59,8 @@ pub const REASONS: &[&str] = &[
     // Request bodies: the buffer budget is full; a client stopped sending its body.
     "too_busy",
     "body_timeout",
+    // A request body in a coding latchkey cannot read for secret values.
+    "uninspectable_request_body",
 ];
 
 /// Policy denials that report-only mode (`mode = "report"`, `--mode report`) lets through: such a
