@@ -18,19 +18,8 @@ use crate::support::clients::{dial, read_response};
 use crate::support::secrets::{contains, env_secrets_world, secrets_toml, OPENAI, SECRET_ENV};
 use crate::support::{assert_denial, assert_record, latchkey, Upstream};
 
-const RULES: &str = r#"
-[[rules]]
-name  = "openai"
-hosts = ["api.test"]
-ports = [PORT]
-[rules.inject.headers]
-authorization = "Bearer {{secret.openai}}"
-
-[[rules]]
-name  = "other"
-hosts = ["other.test"]
-ports = [PORT]
-"#;
+/// `openai` injected on api.test; other.test binds nothing.
+const RULES: &str = crate::support::secrets::OPENAI_RULES;
 
 fn gzip(bytes: &[u8]) -> Vec<u8> {
     let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());

@@ -29,19 +29,8 @@ use crate::support::secrets::{
 use crate::support::upstream::Received;
 use crate::support::{assert_denial, assert_record, latchkey, Latchkey, Upstream};
 
-const RULES: &str = r#"
-[[rules]]
-name  = "openai"
-hosts = ["api.test"]
-ports = [PORT]
-[rules.inject.headers]
-authorization = "Bearer {{secret.openai}}"
-
-[[rules]]
-name  = "other"
-hosts = ["other.test"]
-ports = [PORT]
-"#;
+/// `openai` injected on api.test; other.test binds nothing.
+const RULES: &str = crate::support::secrets::OPENAI_RULES;
 
 const MIB: usize = 1024 * 1024;
 

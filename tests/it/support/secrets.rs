@@ -54,6 +54,22 @@ pub const SECRET_ENV: &[(&str, &str)] = &[
     ("TEST_GH_KEY", GH),
 ];
 
+/// The request-side tests' rules: `openai` injected on api.test, other.test open and binding
+/// nothing (with the upstreams' ports as `PORT`, see [`Setup::ports`]).
+pub const OPENAI_RULES: &str = r#"
+[[rules]]
+name  = "openai"
+hosts = ["api.test"]
+ports = [PORT]
+[rules.inject.headers]
+authorization = "Bearer {{secret.openai}}"
+
+[[rules]]
+name  = "other"
+hosts = ["other.test"]
+ports = [PORT]
+"#;
+
 /// `[secrets.NAME]` tables for some of the test secrets (`openai`, `weird`, `maps`, `gh`), each
 /// sourced from its [`SECRET_ENV`] variable.
 pub fn secrets_toml(names: &[&str]) -> String {
