@@ -143,7 +143,7 @@ where
             match frame {
                 Some(Ok(f)) => {
                     if let Some(data) = f.data_ref() {
-                        check_first(&codings, data, cx.max_decoded, cx.host)?;
+                        check_first(&codings, data, cx.max_decoded, cx.host).await?;
                     }
                     first = Some(f);
                 }
@@ -167,8 +167,24 @@ where
 }
 
 /// Refuses a body whose first frame alone decodes past the limit, or does not decode.
-fn check_first(codings: &[Coding], data: &Bytes, limit: u64, host: &str) -> Result<(), Refusal> {
-    match decode::check_first_frame(codings, data, limit) {
+/// The dry run can inflate up to `limit` bytes, so it runs off the async workers.
+async fn check_first(
+    codings: &[Coding],
+    data: &Bytes,
+    limit: u64,
+    host: &str,
+) -> Result<(), Refusal> {
+    let (owned, frame) = (codings.to_vec(), data.clone());
+    let checked =
+        tokio::task::spawn_blocking(move || decode::check_first_frame(&owned, &frame, limit))
+            .await
+            .unwrap_or_else(|e| {
+                Err(DecodeError::Invalid {
+                    coding: "compressed",
+                    detail: format!("the decoding check did not finish: {e}"),
+                })
+            });
+    match checked {
         Ok(()) => Ok(()),
         Err(DecodeError::Limit { limit }) => Err((
             Reason::DecompressionLimit,

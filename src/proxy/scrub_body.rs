@@ -61,11 +61,13 @@ pub fn filter_headers(headers: &mut HeaderMap, scrubber: &Scrubber) -> usize {
         .keys()
         .filter(|n| {
             let values = headers.get_all(*n);
-            values.iter().nth(1).is_some()
-                && ["", ",", ", "].iter().any(|sep| {
-                    let joined = values.iter().map(HeaderValue::as_bytes).collect::<Vec<_>>();
-                    scrubber.find(&joined.join(sep.as_bytes())).is_some()
-                })
+            if values.iter().nth(1).is_none() {
+                return false;
+            }
+            let parts: Vec<&[u8]> = values.iter().map(HeaderValue::as_bytes).collect();
+            ["", ",", ", "]
+                .iter()
+                .any(|sep| scrubber.find(&parts.join(sep.as_bytes())).is_some())
         })
         .cloned()
         .collect();
