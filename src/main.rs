@@ -23,7 +23,7 @@ use latchkey::upstream::{parse_resolve, UpstreamConfig};
 /// to the audit log. Start with `latchkey serve` (example policy, CA created in ./certs), then
 /// `eval "$(latchkey env)"` in the sandbox.
 #[derive(Parser, Debug)]
-#[command(name = "latchkey", version, propagate_version = true)]
+#[command(name = "latchkey", version = env!("LATCHKEY_VERSION"), propagate_version = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

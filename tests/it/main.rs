@@ -51,3 +51,4 @@ mod secrets_streaming;
 mod shutdown;
 mod tunnel;
 mod upstream_failures;
+mod version;

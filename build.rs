@@ -1,0 +1,40 @@
+//! Stamps the git revision into `latchkey --version`, so a report names the exact build.
+//!
+//! `LATCHKEY_BUILD_REV` overrides it (release tarballs, distro builds); outside a git checkout
+//! the version says `unknown revision` rather than failing the build.
+
+use std::process::Command;
+
+fn git(args: &[&str]) -> Option<String> {
+    let out = Command::new("git").args(args).output().ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let s = String::from_utf8(out.stdout).ok()?.trim().to_string();
+    (!s.is_empty()).then_some(s)
+}
+
+fn main() {
+    println!("cargo:rerun-if-env-changed=LATCHKEY_BUILD_REV");
+    let rev = match std::env::var("LATCHKEY_BUILD_REV") {
+        Ok(r) if !r.trim().is_empty() => r.trim().to_string(),
+        _ => {
+            // Rebuild the stamp when HEAD moves (a commit, a checkout): HEAD itself, the ref it
+            // points at, and packed-refs where refs end up after `git gc`.
+            if let Some(git_dir) = git(&["rev-parse", "--git-dir"]) {
+                println!("cargo:rerun-if-changed={git_dir}/HEAD");
+                if let Some(common) = git(&["rev-parse", "--git-common-dir"]) {
+                    println!("cargo:rerun-if-changed={common}/packed-refs");
+                    if let Some(head_ref) = git(&["symbolic-ref", "-q", "HEAD"]) {
+                        println!("cargo:rerun-if-changed={common}/{head_ref}");
+                    }
+                }
+            }
+            git(&["log", "-1", "--format=%h %cs"]).unwrap_or_else(|| "unknown revision".into())
+        }
+    };
+    println!(
+        "cargo:rustc-env=LATCHKEY_VERSION={} ({rev})",
+        std::env::var("CARGO_PKG_VERSION").unwrap_or_default()
+    );
+}
