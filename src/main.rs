@@ -109,9 +109,10 @@ enum CaAction {
 
 #[derive(clap::Args, Debug)]
 struct ServeArgs {
-    /// Directory of *.toml policy files.
-    #[arg(long, env = "LATCHKEY_POLICIES", default_value = "policies")]
-    policies: PathBuf,
+    /// Directory of *.toml policy files [default: policies]. When not given and ./policies does
+    /// not exist, it is created holding the commented example policy (and its policy tests).
+    #[arg(long, env = "LATCHKEY_POLICIES")]
+    policies: Option<PathBuf>,
     /// Address the proxy listens on (port 0 picks a free port).
     #[arg(long, env = "LATCHKEY_LISTEN", default_value = "127.0.0.1:3128")]
     listen: SocketAddr,
@@ -317,9 +318,42 @@ fn load_policy(dir: &Path) -> Result<policy::Policy, ExitCode> {
     })
 }
 
-fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+/// The example policy and its tests, built in so `latchkey serve` works from any directory on
+/// a first run (after `cargo install`), not only inside a clone.
+const EXAMPLE_POLICY: &str = include_str!("../policies/example.toml");
+const EXAMPLE_POLICY_TESTS: &str = include_str!("../policies/tests/example.toml");
+
+/// The policy directory `serve` uses: the one named, or `./policies`, which a first run creates
+/// with the example policy. A directory that was named and is missing stays an error.
+fn policies_dir(named: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(dir) = named {
+        return Ok(dir.to_path_buf());
+    }
+    let dir = PathBuf::from("policies");
+    if !dir.exists() {
+        let tests = dir.join("tests");
+        std::fs::create_dir_all(&tests)
+            .with_context(|| format!("cannot create {}", tests.display()))?;
+        for (path, text) in [
+            (dir.join("example.toml"), EXAMPLE_POLICY),
+            (tests.join("example.toml"), EXAMPLE_POLICY_TESTS),
+        ] {
+            std::fs::write(&path, text)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        tracing::info!(
+            path = %dir.join("example.toml").display(),
+            "no policies directory here: wrote the example policy (edit it; latchkey reloads on change)"
+        );
+    }
+    Ok(dir)
+}
+
+fn serve(mut args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let policies = policies_dir(args.policies.as_deref())?;
+    args.policies = Some(policies.clone());
     // Validate everything before binding: an invalid policy never serves.
-    let policy = match load_policy(&args.policies) {
+    let policy = match load_policy(&policies) {
         Ok(p) => p,
         Err(code) => return Ok(code),
     };
@@ -382,7 +416,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             idle_timeout: args.idle_timeout,
             ..Limits::default()
         },
-        policies_dir: args.policies.clone(),
+        policies_dir: policies,
         report_all: args.mode == "report",
         max_decoded_body: args.max_decoded_body as u64,
         max_buffered_bytes: args.max_buffered_bytes,
