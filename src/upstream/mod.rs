@@ -89,6 +89,19 @@ impl UpstreamError {
     }
 }
 
+/// The first refusal of a non-public address is also said on latchkey's own log, not only in
+/// the 403 the sandbox gets: a newcomer trying latchkey against a local server looks there.
+fn hint_once(host: &str, refused: &impl std::fmt::Display) {
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            url.host = host,
+            "refused to dial a non-public address: {refused} (said once; every such request is \
+             refused with 403 non_public_address)"
+        );
+    }
+}
+
 /// Settings for the dialer and TLS client.
 #[derive(Debug, Clone)]
 pub struct UpstreamConfig {
@@ -187,12 +200,13 @@ impl Dialer {
             });
         }
         for addr in &addrs {
-            self.guard
-                .check(*addr, extra)
-                .map_err(|refused| UpstreamError::Refused {
+            self.guard.check(*addr, extra).map_err(|refused| {
+                hint_once(host, &refused);
+                UpstreamError::Refused {
                     host: host.to_string(),
                     refused,
-                })?;
+                }
+            })?;
         }
         Ok(addrs)
     }

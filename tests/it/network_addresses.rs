@@ -197,6 +197,15 @@ fn every_non_public_address_class_is_refused_as_a_literal_url() {
         // Hosts are recorded normalised: IPv6 in canonical form, without brackets.
         assert_refusal_record(record, &parse_ip(case.ip).to_string(), "literals");
     }
+    // latchkey's own log says it once, with the flag that opens the range: a newcomer trying
+    // latchkey against a local server looks there, not at the 403 body.
+    let log = lk.stderr_text();
+    let hints: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("refused to dial a non-public address"))
+        .collect();
+    assert_eq!(hints.len(), 1, "{log}");
+    assert!(hints[0].contains("--allow-private"), "{}", hints[0]);
 }
 
 /// `(as sent, as a rule names it, the address it means, class)`: every spelling of an address
