@@ -31,6 +31,7 @@ mod plain_http;
 mod policy_cli;
 mod policy_ops;
 mod presets;
+mod readme_snippets;
 mod reload_admin;
 mod report_only;
 mod request_adversarial;
