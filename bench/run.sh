@@ -126,6 +126,7 @@ if [ "$INSTALL" = 1 ]; then
   command -v oha >/dev/null || cargo install --locked oha
   pkgs=()
   command -v nginx >/dev/null || pkgs+=(nginx)
+  command -v openssl >/dev/null || pkgs+=(openssl)  # the test CA and upstream certificate
   if has_peer squid && ! command -v squid >/dev/null; then pkgs+=(squid-openssl); fi
   if [ ${#pkgs[@]} -gt 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${pkgs[@]}" >/dev/null

@@ -210,7 +210,7 @@ fn a_client_configured_only_by_latchkey_env_goes_through_the_proxy() {
     let port = w.upstream.port();
     let vars = env_json(&w.lk.proxy_url(), &w.lk.ca_dir());
 
-    let mut cmd = Command::new("curl");
+    let mut cmd = Command::new(crate::support::toolchain::tool("curl"));
     cmd.args(["-q", "-sS", "--max-time", "20"])
         .arg(format!("https://api.test:{port}/v1/via-env"));
     for var in SCRUBBED_ENV {

@@ -637,7 +637,7 @@ fn the_sigv4_verifier_accepts_botocore_and_rejects_a_forged_signature() {
     );
     let endpoint = format!("https://localhost:{}", verifier.port());
     let sdk = |secret: &str| -> Value {
-        let mut cmd = Command::new("python3");
+        let mut cmd = Command::new(crate::support::toolchain::python());
         cmd.arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/clients/fake_aws_sdk.py"

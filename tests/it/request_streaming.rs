@@ -76,7 +76,7 @@ fn curl_upload(lk: &Latchkey, flag: &str, url: &str) -> Upload {
     let capath = dir.join("capath");
     std::fs::create_dir(&capath).expect("capath");
     let (headers, body) = (dir.join("headers"), dir.join("body"));
-    let mut cmd = Command::new("curl");
+    let mut cmd = Command::new(crate::support::toolchain::tool("curl"));
     cmd.args(["-q", "-sS", "--max-time", "30", flag, "-x"])
         .arg(lk.proxy_url())
         .arg("--cacert")

@@ -778,7 +778,7 @@ fn a_grpc_call_round_trips_through_the_mitm_and_a_reflected_credential_is_redact
     let server = crate::support::credentials::PyServer::start("grpc_echo.py", &cert, &key, &[]);
     let lk = start(&ca, server.port());
     let call = |payload: &str| -> Value {
-        let mut cmd = std::process::Command::new("python3");
+        let mut cmd = std::process::Command::new(crate::support::toolchain::python());
         cmd.arg(format!(
             "{}/tests/clients/grpc_echo.py",
             env!("CARGO_MANIFEST_DIR")

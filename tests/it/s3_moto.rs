@@ -405,7 +405,7 @@ fn the_moto_server_rejects_wrong_signatures_and_wrong_chunk_signatures() {
     let (akid, secret) = keys(&moto);
     let endpoint = format!("https://localhost:{}", moto.port());
     let run = |secret: &str, args: &[&str]| -> Value {
-        let mut cmd = Command::new("python3");
+        let mut cmd = Command::new(crate::support::toolchain::python());
         cmd.arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/clients/s3_boto3.py"

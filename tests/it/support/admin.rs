@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use super::clients::{dial, read_response, RawResponse};
 use super::latchkey::Latchkey;
+use super::toolchain;
 
 /// Sends `METHOD PATH` to the admin listener at `addr` on a fresh connection and reads the
 /// answer. `headers` are extra `(name, value)` pairs.
@@ -201,7 +202,7 @@ pub fn parse_metrics(text: &str) -> Metrics {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/clients/parse_metrics.py"
     );
-    let mut child = Command::new("python3")
+    let mut child = Command::new(toolchain::python())
         .arg(script)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -13,6 +13,7 @@ use rustls_pki_types::CertificateDer;
 use serde_json::Value;
 
 use super::latchkey::{wait_with_timeout, Latchkey, SCRUBBED_ENV};
+use super::toolchain;
 
 /// A response as a client saw it.
 #[derive(Clone)]
@@ -146,7 +147,7 @@ impl Curl<'_> {
         std::fs::create_dir(&empty_capath).expect("empty capath");
         let headers_file = scratch.path().join("headers");
         let body_file = scratch.path().join("body");
-        let mut cmd = Command::new("curl");
+        let mut cmd = Command::new(toolchain::tool("curl"));
         cmd.arg("-q")
             .arg("-sS")
             .arg("--max-time")
@@ -214,7 +215,7 @@ fn last_header_block(dump: &str) -> (u16, Vec<(String, String)>) {
 /// Runs `tests/clients/py_request.py PROXY CA METHOD URL [HEADER...]` and returns the response.
 pub fn python_request(lk: &Latchkey, method: &str, url: &str, headers: &[&str]) -> RawResponse {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/py_request.py");
-    let mut cmd = Command::new("python3");
+    let mut cmd = Command::new(toolchain::python());
     cmd.arg(script)
         .arg(lk.proxy_url())
         .arg(lk.ca_pem_path())

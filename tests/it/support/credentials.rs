@@ -29,6 +29,7 @@ use tempfile::TempDir;
 use super::clients::{connect_tunnel, curl, read_response, tls_config, CurlOutput, RawResponse};
 use super::latchkey::{latchkey, wait_with_timeout, Latchkey, SCRUBBED_ENV};
 use super::secrets::{assert_no_leak, response_bytes};
+use super::toolchain;
 use super::{TestCa, Upstream, PINNED};
 
 /// Names the Python verifiers' certificate covers; latchkey pins every one to 127.0.0.1.
@@ -67,7 +68,7 @@ impl PyServer {
     /// Starts `tests/clients/SCRIPT --tls CERT KEY` with `env`, waits for its
     /// `listening on 127.0.0.1:PORT` line, then collects its JSON event lines.
     pub fn start(script_name: &str, cert: &Path, key: &Path, env: &[(&str, &str)]) -> PyServer {
-        let mut cmd = Command::new("python3");
+        let mut cmd = Command::new(toolchain::python());
         cmd.arg(script(script_name))
             .arg("--tls")
             .arg(cert)
@@ -81,9 +82,9 @@ impl PyServer {
         for (name, value) in env {
             cmd.env(name, value);
         }
-        let mut child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("spawn python3 {script_name}: {e}"));
+        let mut child = cmd.spawn().unwrap_or_else(|e| {
+            panic!("spawn {} {script_name}: {e}", toolchain::python().display())
+        });
         let stderr = Arc::new(Mutex::new(String::new()));
         let sink = stderr.clone();
         let pipe = child.stderr.take().expect("stderr pipe");
@@ -202,7 +203,10 @@ pub struct KeyFiles {
 }
 
 fn openssl(args: &[&str]) {
-    let out = wait_with_timeout(Command::new("openssl").args(args), Duration::from_secs(60));
+    let out = wait_with_timeout(
+        Command::new(toolchain::tool("openssl")).args(args),
+        Duration::from_secs(60),
+    );
     assert_eq!(out.code(), Some(0), "openssl {args:?} failed: {out:#?}");
 }
 
@@ -446,7 +450,7 @@ impl CredWorld {
     /// Runs `tests/clients/SCRIPT ARGS` with `LATCHKEY_PROXY` and `LATCHKEY_CA` (latchkey's) plus
     /// `env`; asserts it exited 0, records its output, returns its stdout.
     pub fn python(&self, script_name: &str, args: &[&str], env: &[(&str, &str)]) -> String {
-        let mut cmd = Command::new("python3");
+        let mut cmd = Command::new(toolchain::python());
         cmd.arg(script(script_name)).args(args);
         for var in SCRUBBED_ENV {
             cmd.env_remove(var);
@@ -468,7 +472,7 @@ impl CredWorld {
     pub fn git(&self, args: &[&str]) -> (Option<i32>, String, String) {
         let home = self.bench.path("git-home");
         std::fs::create_dir_all(&home).expect("git home");
-        let mut cmd = Command::new("git");
+        let mut cmd = Command::new(toolchain::tool("git"));
         cmd.args(args);
         for var in SCRUBBED_ENV {
             cmd.env_remove(var);

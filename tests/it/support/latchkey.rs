@@ -21,6 +21,7 @@ use tempfile::TempDir;
 
 use super::audit::check_record;
 use super::ca::TestCa;
+use super::toolchain;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_latchkey");
 
@@ -158,7 +159,7 @@ impl LatchkeyBuilder {
         }
         let mut cmd = match &self.netns {
             Some(ns) => {
-                let mut cmd = Command::new("ip");
+                let mut cmd = Command::new(toolchain::tool("ip"));
                 cmd.args(["netns", "exec", ns.as_str(), BIN]);
                 cmd
             }
@@ -468,7 +469,7 @@ impl Latchkey {
 
     /// Sends `signal` (`"TERM"`, `"HUP"`, `"INT"`) to latchkey with `kill -SIGNAL PID`.
     pub fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
+        let status = Command::new(toolchain::tool("kill"))
             .arg(format!("-{signal}"))
             .arg(self.pid().to_string())
             .status()

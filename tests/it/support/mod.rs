@@ -19,6 +19,7 @@ pub mod netns;
 pub mod problems;
 pub mod secrets;
 pub mod session;
+pub mod toolchain;
 pub mod upstream;
 
 pub use audit::{assert_record, check_record};

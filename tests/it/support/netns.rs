@@ -14,10 +14,11 @@
 //! (unique names: pid + counter), so a failing test cleans up too. Declare the [`Gateway`] first
 //! and the processes after it: locals drop in reverse order, processes before namespaces.
 //!
-//! Creating namespaces needs root. Each test calls [`available`] first and returns with a loud
-//! `SKIPPED:` line where `ip netns add` is not permitted; with `LATCHKEY_REQUIRE_NETNS=1` in the
-//! environment it fails instead, so CI cannot skip them silently.
+//! Creating namespaces needs root (CAP_NET_ADMIN): [`Netns::new`] checks once that
+//! `ip netns add` is permitted and otherwise fails the test with a message saying so, and how to
+//! exclude these tests explicitly.
 
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -31,6 +32,7 @@ use tempfile::TempDir;
 use super::ca::TestCa;
 use super::clients::{CurlOutput, RawResponse};
 use super::latchkey::{wait_with_timeout, Latchkey, SCRUBBED_ENV};
+use super::toolchain;
 
 /// The sandbox end of the sandbox ↔ latchkey link.
 pub const SANDBOX_IP: &str = "10.200.0.2";
@@ -55,7 +57,7 @@ fn unique(role: &str) -> String {
 
 /// Runs `ip ARGS...`; `Err` carries its stderr.
 fn ip(args: &[&str]) -> Result<(), String> {
-    let out = Command::new("ip")
+    let out = Command::new(toolchain::tool("ip"))
         .args(args)
         .stdin(Stdio::null())
         .output()
@@ -71,9 +73,9 @@ fn ip(args: &[&str]) -> Result<(), String> {
     }
 }
 
-/// Whether this process may create network namespaces (probed once). Prints a loud `SKIPPED:`
-/// line naming `test` when it may not, unless `LATCHKEY_REQUIRE_NETNS=1` makes that a failure.
-pub fn available(test: &str) -> bool {
+/// Panics (once per test that needs a namespace) unless this process may create network
+/// namespaces: a test that cannot build its topology fails, it is never counted as passed.
+fn require_netns() {
     static PROBE: OnceLock<Result<(), String>> = OnceLock::new();
     let probe = PROBE.get_or_init(|| {
         let name = unique("probe");
@@ -81,18 +83,12 @@ pub fn available(test: &str) -> bool {
         let _ = ip(&["netns", "del", &name]);
         Ok(())
     });
-    match probe {
-        Ok(()) => true,
-        Err(why) => {
-            if std::env::var("LATCHKEY_REQUIRE_NETNS").as_deref() == Ok("1") {
-                panic!("{test}: network namespaces are required but not permitted: {why}");
-            }
-            eprintln!(
-                "SKIPPED: {test}: creating a network namespace is not permitted here ({why}); \
-                 these tests need root and iproute2, as in CI"
-            );
-            false
-        }
+    if let Err(why) = probe {
+        panic!(
+            "this test needs root / CAP_NET_ADMIN for network namespaces ({why}); run as root, \
+             or exclude the namespace tests explicitly with `cargo test -- --skip gateway \
+             --skip an_upstream_that_never_accepts_gets_504_after_the_connect_timeout`"
+        );
     }
 }
 
@@ -106,6 +102,7 @@ pub struct Netns {
 impl Netns {
     /// Creates a namespace with its loopback up. `role` shows up in the name.
     pub fn new(role: &str) -> Netns {
+        require_netns();
         let name = unique(role);
         ip(&["netns", "add", &name]).unwrap_or_else(|e| panic!("{e}"));
         let ns = Netns { name, etc: None };
@@ -125,9 +122,9 @@ impl Netns {
     }
 
     /// `ip netns exec NAME PROGRAM`, with the proxy and CA variables of this machine removed.
-    pub fn command(&self, program: &str) -> Command {
-        let mut cmd = Command::new("ip");
-        cmd.args(["netns", "exec", self.name.as_str(), program]);
+    pub fn command(&self, program: impl AsRef<OsStr>) -> Command {
+        let mut cmd = Command::new(toolchain::tool("ip"));
+        cmd.args(["netns", "exec", self.name.as_str()]).arg(program);
         for var in SCRUBBED_ENV {
             cmd.env_remove(var);
         }
@@ -146,7 +143,7 @@ impl Netns {
     /// Runs `sh -c SCRIPT` inside the namespace, panicking on failure; returns its stdout.
     pub fn sh(&self, script: &str) -> String {
         let out = wait_with_timeout(
-            self.command("sh").arg("-c").arg(script),
+            self.command(toolchain::tool("sh")).arg("-c").arg(script),
             Duration::from_secs(10),
         );
         assert_eq!(
@@ -363,7 +360,7 @@ impl NsEcho {
             .prefix("latchkey-ns-echo")
             .tempdir()
             .expect("temp dir for echo server");
-        let mut cmd = ns.command("python3");
+        let mut cmd = ns.command(toolchain::python());
         cmd.arg("-u")
             .arg(script)
             .arg(name)
@@ -410,7 +407,7 @@ pub fn curl_in(ns: &Netns, lk: &Latchkey, args: &[&str], env: &[(&str, &str)]) -
     std::fs::create_dir(&capath).expect("empty capath");
     let headers = scratch.path().join("headers");
     let body = scratch.path().join("body");
-    let mut cmd = ns.command("curl");
+    let mut cmd = ns.command(toolchain::tool("curl"));
     cmd.arg("-q")
         .arg("-sS")
         .arg("--max-time")

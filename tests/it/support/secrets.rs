@@ -28,6 +28,7 @@ use tokio::sync::Notify;
 
 use super::clients::{connect_tunnel, curl, tls_config, CurlOutput, RawResponse};
 use super::latchkey::{latchkey, wait_with_timeout, Latchkey, SCRUBBED_ENV};
+use super::toolchain;
 use super::upstream::{
     channel_body, chunked_body, echo, full_body, handler, Handler, Received, UpBody, Upstream,
 };
@@ -643,7 +644,7 @@ impl SecretsWorld {
     /// asserting it exited 0, and records its output.
     pub fn python(&self, script: &str, args: &[&str], env: &[(&str, &str)]) -> String {
         let path = format!("{}/tests/clients/{script}", env!("CARGO_MANIFEST_DIR"));
-        let mut cmd = std::process::Command::new("python3");
+        let mut cmd = std::process::Command::new(toolchain::python());
         cmd.arg(&path).args(args);
         for var in SCRUBBED_ENV {
             cmd.env_remove(var);

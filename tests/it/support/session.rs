@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::clients::RawResponse;
 use super::latchkey::{Latchkey, SCRUBBED_ENV};
+use super::toolchain;
 
 pub struct PySession {
     child: Child,
@@ -21,7 +22,7 @@ impl PySession {
     /// with `NAME:TOKEN@` credentials).
     pub fn start(lk: &Latchkey, proxy: Option<&str>) -> Self {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/py_session.py");
-        let mut cmd = Command::new("python3");
+        let mut cmd = Command::new(toolchain::python());
         cmd.arg(script)
             .arg(proxy.map_or_else(|| lk.proxy_url(), str::to_string))
             .arg(lk.ca_pem_path())
