@@ -242,7 +242,7 @@ fn flags(help_text: &str) -> Vec<Flag> {
                 .find(|w| w.starts_with("--"))?
                 .to_string();
             let env = b.split_once("[env: ").map(|(_, rest)| {
-                rest.split(|c: char| c == '=' || c == ']')
+                rest.split(['=', ']'])
                     .next()
                     .unwrap_or_default()
                     .trim()
@@ -385,7 +385,11 @@ fn every_flag_reads_the_variable_the_readme_says_or_is_listed_as_having_none() {
         .collect();
     let mut problems = Vec::new();
     for (path, flags) in commands() {
-        let cmd = format!("latchkey {}", path.join(" "));
+        let cmd = ["latchkey".to_string()]
+            .into_iter()
+            .chain(path.iter().cloned())
+            .collect::<Vec<_>>()
+            .join(" ");
         for flag in flags {
             match (&flag.env, without.contains(&flag.long)) {
                 (None, false) => problems.push(format!(
@@ -397,13 +401,22 @@ fn every_flag_reads_the_variable_the_readme_says_or_is_listed_as_having_none() {
                     flag.long
                 )),
                 (Some(var), false) => {
-                    let documented =
-                        *var == rule_variable(&flag.long) || cli.contains(&format!("`{var}`"));
-                    if !var.starts_with("LATCHKEY_") || !documented {
+                    // LATCHKEY_<FLAG>, or LATCHKEY_<COMMAND>_<FLAG> spelled out in the section.
+                    let plain = rule_variable(&flag.long);
+                    let prefixed = path.last().map(|c| {
+                        plain.replacen(
+                            "LATCHKEY_",
+                            &format!("LATCHKEY_{}_", c.to_ascii_uppercase()),
+                            1,
+                        )
+                    });
+                    let documented = *var == plain
+                        || (prefixed.as_ref() == Some(var) && cli.contains(&format!("`{var}`")));
+                    if !documented {
                         problems.push(format!(
-                            "{cmd} {}: reads {var}, which is neither {} nor spelled out in the CLI section",
+                            "{cmd} {}: reads {var}, which is neither {plain} nor {} spelled out in the CLI section",
                             flag.long,
-                            rule_variable(&flag.long)
+                            prefixed.unwrap_or_default()
                         ));
                     }
                 }
