@@ -18,7 +18,6 @@ mod credentials_jwt;
 mod credentials_oauth;
 mod credentials_policy;
 mod credentials_sigv4;
-mod docs;
 mod gateway;
 mod identities;
 mod inner_policy;
@@ -52,3 +51,6 @@ mod secrets_streaming;
 mod shutdown;
 mod tunnel;
 mod upstream_failures;
+
+// The docs, checked against the code and the built binary.
+mod docs;
