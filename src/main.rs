@@ -68,8 +68,8 @@ enum Command {
         /// The sandbox identity asking (identities come with policy [identities]).
         #[arg(long, env = "LATCHKEY_IDENTITY", default_value = "default")]
         identity: String,
-        /// Print JSON instead of text.
-        #[arg(long)]
+        /// Print JSON instead of text. (Its variable names the command, as check's does.)
+        #[arg(long, env = "LATCHKEY_EXPLAIN_JSON")]
         json: bool,
         /// HTTP method, e.g. GET.
         method: String,

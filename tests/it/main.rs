@@ -53,3 +53,6 @@ mod secrets_streaming;
 mod shutdown;
 mod tunnel;
 mod upstream_failures;
+
+// The docs, checked against the code and the built binary.
+mod docs;
