@@ -15,7 +15,7 @@ fn version_names_the_crate_version_and_the_git_revision() {
     let expected_prefix = format!("latchkey {} (", env!("CARGO_PKG_VERSION"));
     assert!(text.starts_with(&expected_prefix), "{text}");
     // In a git checkout (CI's fresh clone included) the stamp is HEAD's short hash and date.
-    let head = Command::new("git")
+    let head = Command::new(crate::support::toolchain::tool("git"))
         .args(["log", "-1", "--format=%h %cs"])
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
