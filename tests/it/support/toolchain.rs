@@ -124,7 +124,9 @@ fn ensure_tools() -> BTreeMap<&'static str, String> {
             return fail(why);
         }
     }
-    fail(format!("still missing after `{command}`"))
+    fail(format!(
+        "still missing after `{command}` (is the directory it was installed to on PATH?)"
+    ))
 }
 
 /// Whether apt can be used here: running as root with `apt-get` on `PATH`.
