@@ -257,7 +257,7 @@ fn create_venv(dir: &Path) -> Result<(), String> {
         announce("python3 has no ensurepip: installing Debian's python3-venv with apt-get");
         apt_install(&["python3-venv"])?;
     }
-    attempt()
+    attempt().map_err(|why| format!("still failing after `{command}`: {why}"))
 }
 
 // ---------------------------------------------------------------------------------------------
