@@ -124,7 +124,9 @@ fn ensure_tools() -> BTreeMap<&'static str, String> {
             return fail(why);
         }
     }
-    fail(format!("still missing after `{command}`"))
+    fail(format!(
+        "still missing after `{command}` (is the directory it was installed to on PATH?)"
+    ))
 }
 
 /// Whether apt can be used here: running as root with `apt-get` on `PATH`.
@@ -255,7 +257,7 @@ fn create_venv(dir: &Path) -> Result<(), String> {
         announce("python3 has no ensurepip: installing Debian's python3-venv with apt-get");
         apt_install(&["python3-venv"])?;
     }
-    attempt()
+    attempt().map_err(|why| format!("still failing after `{command}`: {why}"))
 }
 
 // ---------------------------------------------------------------------------------------------
