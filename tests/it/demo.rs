@@ -237,8 +237,7 @@ fn run_printed(command: &str) -> (Option<i32>, String) {
 fn status_of(response: &str) -> u16 {
     response
         .lines()
-        .filter(|l| l.starts_with("HTTP/"))
-        .last()
+        .rfind(|l| l.starts_with("HTTP/"))
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|code| code.parse().ok())
         .unwrap_or_else(|| panic!("no status line in:\n{response}"))
