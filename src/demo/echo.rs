@@ -37,6 +37,9 @@ pub const STEP_HEADER: &str = "x-demo-step";
 
 /// How many received requests the echo remembers; older ones are forgotten.
 const REMEMBERED: usize = 64;
+/// Most connections the echo serves at once; more are closed at once. Anything on this machine
+/// can reach a loopback port, and a demo has no reason to hold more.
+const MAX_CONNECTIONS: usize = 64;
 
 /// One request as the echo received it.
 pub struct Seen {
@@ -147,14 +150,19 @@ async fn accept_loop(
     acceptor: tokio_rustls::TlsAcceptor,
     seen: Arc<Mutex<VecDeque<Seen>>>,
 ) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     loop {
         let Ok((tcp, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            continue;
+        };
         let acceptor = acceptor.clone();
         let seen = seen.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let Ok(Ok(tls)) =
                 tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await
             else {

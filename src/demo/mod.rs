@@ -362,7 +362,7 @@ impl Serve {
         }
         say(&format!(
             "latchkey demo: allow, inject, redact and deny, on this machine only (loopback, offline).\n\n\
-             demo directory  {root}\n\
+             demo directory  {root}{kept}\n\
              policy          {policy}\n\
              demo secret     {secret} (random for this run, mode 0600; never printed)\n\
              echo upstream   https://{HOST}:{port} on 127.0.0.1, certificate from its own test CA ({echo_ca})\n\
@@ -372,6 +372,11 @@ impl Serve {
              The policy:\n\n{policy_text}\n\
              The proxy is latchkey itself, started as:\n  {shown}\n\n",
             root = ws.root.display(),
+            kept = if ws.remove {
+                " (removed on exit; --dir DIR keeps the files)"
+            } else {
+                ""
+            },
             policy = ws.path(POLICY_FILE).display(),
             secret = ws.path(SECRET_FILE).display(),
             port = files.port,
@@ -848,15 +853,14 @@ async fn audit_lines(ws: &Workspace, offset: u64, ids: &[String]) -> Result<Vec<
                     .map(str::to_string)
             })
             .collect();
-        if found.len() == ids.len() && !ids.is_empty() {
+        if found.len() == ids.len() {
             return Ok(found);
         }
         if tokio::time::Instant::now() > deadline {
             return Err(format!(
-                "{} of the {} audit records did not reach {} within {}s",
+                "{} of {} audit records did not reach {AUDIT_FILE} within {}s",
                 ids.len() - found.len(),
-                ids.len().max(4),
-                AUDIT_FILE,
+                ids.len(),
                 AUDIT_DEADLINE.as_secs()
             ));
         }
