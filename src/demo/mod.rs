@@ -426,7 +426,7 @@ impl Serve {
             .take()
             .ok_or_else(|| DemoError::Serve("has no stderr pipe".to_string()))?;
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        tokio::spawn(copy_log(stderr, log, ready_tx));
+        let copier = tokio::spawn(copy_log(stderr, log, ready_tx));
 
         let outcome = tokio::select! {
             addr = ready_rx => addr.ok(),
@@ -438,6 +438,8 @@ impl Serve {
             None => {
                 let _ = child.start_kill();
                 let _ = child.wait().await;
+                // Its last words may still be in the pipe: let the copier reach the end.
+                let _ = tokio::time::timeout(Duration::from_secs(2), copier).await;
                 let tail = log_tail(&log_path);
                 let hint = if tail.contains("cannot listen") {
                     "\n(is another `latchkey demo` running? `--listen 127.0.0.1:0` picks a free port)"

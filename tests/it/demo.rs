@@ -49,10 +49,12 @@ fn demo_secret(dir: &Path) -> String {
     secret
 }
 
-/// Every audit line written, each schema-checked.
+/// Every whole audit line written so far, each schema-checked.
 fn audit_records(dir: &Path) -> Vec<Value> {
     let text = std::fs::read_to_string(dir.join("audit.jsonl")).unwrap_or_default();
-    text.lines()
+    let whole = text.rfind('\n').map_or("", |end| &text[..end]);
+    whole
+        .lines()
         .map(|line| {
             let record: Value = serde_json::from_str(line)
                 .unwrap_or_else(|e| panic!("audit line is not JSON ({e}): {line}"));
