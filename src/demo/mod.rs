@@ -87,7 +87,7 @@ pub fn run(opts: Options) -> Result<bool, DemoError> {
         )));
     }
     // One thread: latchkey is started from it, and its parent-death signal is tied to the
-    // thread that started it (see `spawn_serve`).
+    // thread that started it (see `Serve::start`).
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -112,6 +112,12 @@ async fn demo(opts: Options) -> Result<bool, DemoError> {
     };
     if !passed || opts.once {
         let stopped = serve.stop().await;
+        if !stopped {
+            say(&format!(
+                "FAILED: latchkey serve did not exit cleanly on SIGTERM (see {})\n",
+                ws.path(LOG_FILE).display()
+            ));
+        }
         return Ok(passed && stopped);
     }
     say(&format!(
@@ -563,7 +569,8 @@ async fn self_check(
     let ca = ws.path(CA_DIR).join(crate::proxy::ca::CA_CERT_FILE);
     let curl = |extra: &str, path: &str| {
         format!(
-            "curl -sS -i --noproxy '' --proxy http://{proxy} --cacert {}{extra} https://{HOST}:{port}{path}",
+            "curl -sS -i --noproxy '' --proxy {} --cacert {}{extra} https://{HOST}:{port}{path}",
+            sh_word(&format!("http://{proxy}")),
             sh_quote(&ca)
         )
     };
@@ -931,12 +938,16 @@ fn indent(text: &str, by: &str) -> String {
 
 /// A word the shell reads back as `path`, quoted only when it needs to be.
 fn sh_quote(path: &Path) -> String {
-    let s = path.to_string_lossy();
+    sh_word(&path.to_string_lossy())
+}
+
+/// `s` as one shell word (no globbing, no splitting), quoted only when it needs to be.
+fn sh_word(s: &str) -> String {
     let plain = !s.is_empty()
         && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || "/._-+=:,@".contains(c));
     if plain {
-        s.into_owned()
+        s.to_string()
     } else {
         format!("'{}'", s.replace('\'', "'\\''"))
     }
@@ -951,6 +962,8 @@ mod tests {
         assert_eq!(sh_quote(Path::new("/tmp/a-b/c.pem")), "/tmp/a-b/c.pem");
         assert_eq!(sh_quote(Path::new("/tmp/a b")), "'/tmp/a b'");
         assert_eq!(sh_quote(Path::new("/tmp/it's")), "'/tmp/it'\\''s'");
+        assert_eq!(sh_word("http://[::1]:3130"), "'http://[::1]:3130'");
+        assert_eq!(sh_word("http://127.0.0.1:3130"), "http://127.0.0.1:3130");
     }
 
     #[test]
