@@ -6,6 +6,7 @@
 
 pub mod admin;
 pub mod audit;
+pub mod demo;
 pub mod metrics;
 pub mod policy;
 pub mod policy_cli;

@@ -81,6 +81,21 @@ enum Command {
         #[command(subcommand)]
         action: CaAction,
     },
+    /// Show allow, inject, redact and deny working, offline: a local HTTPS echo upstream, a
+    /// demo policy and secret, and `latchkey serve` on them; prints each curl command and what
+    /// it showed, checks every outcome, then stays up for the commands to be pasted.
+    Demo {
+        /// Keep the demo's files (policy, CA, audit log, log) here; default: a temp directory,
+        /// removed on exit.
+        #[arg(long, env = "LATCHKEY_DEMO_DIR")]
+        dir: Option<PathBuf>,
+        /// Address the demo's latchkey listens on (loopback; port 0 picks a free port).
+        #[arg(long, env = "LATCHKEY_DEMO_LISTEN", default_value = latchkey::demo::DEFAULT_LISTEN)]
+        listen: SocketAddr,
+        /// Exit after the self-check (0 when every check passed) instead of staying up.
+        #[arg(long, env = "LATCHKEY_DEMO_ONCE")]
+        once: bool,
+    },
     /// Print the environment a sandbox needs (proxy variables and a trust bundle).
     Env {
         /// The proxy URL the sandbox reaches latchkey at.
@@ -90,6 +105,10 @@ enum Command {
         ca_dir: PathBuf,
         #[arg(long, env = "LATCHKEY_FORMAT", value_enum, default_value = "shell")]
         format: sandbox_env::Format,
+        /// Hosts kept off the proxy (NO_PROXY/no_proxy); `''` leaves both out, so loopback
+        /// requests go through latchkey too.
+        #[arg(long = "no-proxy", env = "LATCHKEY_NO_PROXY", value_name = "LIST", default_value = sandbox_env::DEFAULT_NO_PROXY)]
+        no_proxy: String,
     },
 }
 
@@ -297,13 +316,22 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             url,
         } => policy_cli::explain(&policies, Some(&identity), json, &method, &url),
         Command::Ca { action } => ca(action),
+        Command::Demo { dir, listen, once } => {
+            let passed = latchkey::demo::run(latchkey::demo::Options { dir, listen, once })?;
+            Ok(if passed {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            })
+        }
         Command::Env {
             proxy,
             ca_dir,
             format,
+            no_proxy,
         } => {
             let (ca, _) = CertAuthority::load_or_create(&ca_dir)?;
-            let vars = sandbox_env::variables(&proxy, &ca_dir, ca.cert_pem())?;
+            let vars = sandbox_env::variables(&proxy, &ca_dir, ca.cert_pem(), &no_proxy)?;
             print!("{}", sandbox_env::render(&vars, format));
             Ok(ExitCode::SUCCESS)
         }

@@ -55,14 +55,28 @@ pub enum EnvError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("--no-proxy {0:?}: a host list must not hold control characters")]
+    NoProxy(String),
 }
 
-/// Writes the combined bundle and returns the variables, in a stable order.
+/// `NO_PROXY` by default: loopback stays off the proxy, so a sandbox's local services (a dev
+/// server, a test database) keep working. The rendered output says so, because a trial
+/// against a local upstream then silently bypasses latchkey.
+pub const DEFAULT_NO_PROXY: &str = "localhost,127.0.0.1,::1";
+
+/// Writes the combined bundle and returns the variables, in a stable order. `no_proxy` is the
+/// `NO_PROXY`/`no_proxy` list; empty leaves both out, so every request goes through latchkey.
 pub fn variables(
     proxy_url: &str,
     ca_dir: &Path,
     ca_pem: &str,
+    no_proxy: &str,
 ) -> Result<Vec<(String, String)>, EnvError> {
+    // The list also lands in a comment line of `eval`ed shell output: a line break there
+    // would turn the rest of the list into a command.
+    if no_proxy.chars().any(char::is_control) {
+        return Err(EnvError::NoProxy(no_proxy.to_string()));
+    }
     let ca_dir = ca_dir.canonicalize().map_err(|source| EnvError::Path {
         path: ca_dir.to_path_buf(),
         source,
@@ -90,28 +104,49 @@ pub fn variables(
         source,
     })?;
     let bundle = bundle.display().to_string();
-    let no_proxy = "localhost,127.0.0.1,::1".to_string();
     let mut vars = vec![
         ("HTTP_PROXY".to_string(), proxy_url.to_string()),
         ("HTTPS_PROXY".to_string(), proxy_url.to_string()),
         ("http_proxy".to_string(), proxy_url.to_string()),
         ("https_proxy".to_string(), proxy_url.to_string()),
-        ("NO_PROXY".to_string(), no_proxy.clone()),
-        ("no_proxy".to_string(), no_proxy),
-        ("SSL_CERT_DIR".to_string(), ca_dir.display().to_string()),
     ];
+    if !no_proxy.is_empty() {
+        vars.push(("NO_PROXY".to_string(), no_proxy.to_string()));
+        vars.push(("no_proxy".to_string(), no_proxy.to_string()));
+    }
+    vars.push(("SSL_CERT_DIR".to_string(), ca_dir.display().to_string()));
     vars.extend(BUNDLE_VARS.iter().map(|v| (v.to_string(), bundle.clone())));
     Ok(vars)
 }
 
-/// Renders variables in a format.
+/// The comment line printed before `NO_PROXY` in the shell and dotenv formats.
+fn no_proxy_comment(list: &str) -> String {
+    format!(
+        "# NO_PROXY: requests to {} bypass latchkey (curl applies it even over -x); \
+         --no-proxy '' to send them through latchkey too\n",
+        list.replace(',', ", ")
+    )
+}
+
+/// Renders variables in a format. The shell and dotenv formats say in a comment which hosts
+/// `NO_PROXY` keeps away from latchkey; JSON has no comments and stays plain.
 pub fn render(vars: &[(String, String)], format: Format) -> String {
+    let line = |k: &str, v: &str, text: String| -> String {
+        if k == "NO_PROXY" {
+            no_proxy_comment(v) + &text
+        } else {
+            text
+        }
+    };
     match format {
         Format::Shell => vars
             .iter()
-            .map(|(k, v)| format!("export {k}='{}'\n", v.replace('\'', "'\\''")))
+            .map(|(k, v)| line(k, v, format!("export {k}='{}'\n", v.replace('\'', "'\\''"))))
             .collect(),
-        Format::Dotenv => vars.iter().map(|(k, v)| format!("{k}={v}\n")).collect(),
+        Format::Dotenv => vars
+            .iter()
+            .map(|(k, v)| line(k, v, format!("{k}={v}\n")))
+            .collect(),
         Format::Json => {
             let map: serde_json::Map<String, serde_json::Value> = vars
                 .iter()
@@ -137,7 +172,13 @@ mod tests {
     #[test]
     fn every_bundle_variable_points_at_a_bundle_holding_the_ca() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let vars = variables("http://127.0.0.1:3128", dir.path(), "PEM-CA\n").expect("vars");
+        let vars = variables(
+            "http://127.0.0.1:3128",
+            dir.path(),
+            "PEM-CA\n",
+            DEFAULT_NO_PROXY,
+        )
+        .expect("vars");
         for name in BUNDLE_VARS {
             let (_, path) = vars.iter().find(|(k, _)| k == name).expect(name);
             let text = std::fs::read_to_string(path).expect("bundle");
@@ -146,5 +187,52 @@ mod tests {
         assert!(vars
             .iter()
             .any(|(k, v)| k == "HTTPS_PROXY" && v == "http://127.0.0.1:3128"));
+    }
+
+    fn vars_with(no_proxy: &str) -> Result<Vec<(String, String)>, EnvError> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        variables("http://127.0.0.1:3128", dir.path(), "PEM-CA\n", no_proxy)
+    }
+
+    #[test]
+    fn shell_and_dotenv_say_in_a_comment_that_no_proxy_bypasses_latchkey() {
+        let vars = vars_with(DEFAULT_NO_PROXY).expect("vars");
+        for format in [Format::Shell, Format::Dotenv] {
+            let text = render(&vars, format);
+            let lines: Vec<&str> = text.lines().collect();
+            let comments: Vec<usize> = (0..lines.len())
+                .filter(|&i| lines[i].starts_with('#'))
+                .collect();
+            assert_eq!(comments.len(), 1, "{format:?}: {text}");
+            let (comment, next) = (lines[comments[0]], lines[comments[0] + 1]);
+            assert!(
+                comment.contains("localhost, 127.0.0.1, ::1 bypass latchkey")
+                    && comment.contains("--no-proxy ''"),
+                "{comment}"
+            );
+            assert!(
+                next.contains("NO_PROXY="),
+                "{format:?}: the comment precedes NO_PROXY: {text}"
+            );
+        }
+        let json: serde_json::Value =
+            serde_json::from_str(&render(&vars, Format::Json)).expect("JSON stays valid");
+        assert_eq!(json["NO_PROXY"], DEFAULT_NO_PROXY);
+    }
+
+    #[test]
+    fn an_empty_no_proxy_list_leaves_both_variables_and_the_comment_out() {
+        let vars = vars_with("").expect("vars");
+        assert!(
+            !vars.iter().any(|(k, _)| k.eq_ignore_ascii_case("no_proxy")),
+            "{vars:?}"
+        );
+        assert!(!render(&vars, Format::Shell).contains('#'));
+    }
+
+    #[test]
+    fn a_no_proxy_list_with_a_line_break_is_refused() {
+        let err = vars_with("localhost\nrm -rf ~").expect_err("a newline would end the comment");
+        assert!(err.to_string().starts_with("--no-proxy "), "{err}");
     }
 }

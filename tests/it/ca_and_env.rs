@@ -1,4 +1,5 @@
-//! `latchkey ca init|show`, the CA created by `serve`, and `latchkey env`.
+//! `latchkey ca init|show`, the CA created by `serve`, and `latchkey env` (its `NO_PROXY`
+//! comment and `--no-proxy`).
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -7,10 +8,10 @@ use std::time::Duration;
 
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::support::latchkey::{wait_with_timeout, SCRUBBED_ENV};
-use crate::support::{api_policy, https_world, run_cli, Echo};
+use crate::support::{api_policy, assert_record, https_world, latchkey, run_cli, Echo, Upstream};
 
 const CERT_VARS: &[&str] = &[
     "SSL_CERT_FILE",
@@ -184,8 +185,10 @@ fn env_prints_shell_export_lines_by_default() {
         .filter(|l| !l.trim().is_empty())
         .collect();
     assert!(
-        lines.iter().all(|l| l.starts_with("export ")),
-        "every line should be an export: {}",
+        lines
+            .iter()
+            .all(|l| l.starts_with("export ") || l.starts_with("# NO_PROXY: ")),
+        "every line should be an export or the NO_PROXY comment: {}",
         out.stdout
     );
     assert!(
@@ -226,4 +229,179 @@ fn a_client_configured_only_by_latchkey_env_goes_through_the_proxy() {
     assert_eq!(Echo::parse(&out.stdout).path, "/v1/via-env");
     let records = w.lk.wait_audit(1);
     assert_eq!(records[0]["decision"], "allow", "{:#}", records[0]);
+}
+
+/// `latchkey env ARGS...` for a fresh CA, with `extra` environment variables.
+fn env_output(args: &[&str], extra: &[(&str, &str)]) -> String {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ca_dir = dir.path().join("ca");
+    ca_init(&ca_dir);
+    let mut cmd = Command::new(crate::support::latchkey::BIN);
+    cmd.args(["env", "--proxy", "http://127.0.0.1:3128", "--ca-dir"])
+        .arg(&ca_dir)
+        .args(args);
+    for var in SCRUBBED_ENV {
+        cmd.env_remove(var);
+    }
+    cmd.env_remove("LATCHKEY_NO_PROXY");
+    for (name, value) in extra {
+        cmd.env(name, value);
+    }
+    let out = wait_with_timeout(&mut cmd, Duration::from_secs(20));
+    assert_eq!(out.code(), Some(0), "{out:#?}");
+    out.stdout
+}
+
+fn no_proxy_lines(text: &str) -> Vec<&str> {
+    text.lines()
+        .filter(|l| l.to_ascii_lowercase().contains("no_proxy"))
+        .collect()
+}
+
+#[test]
+fn env_says_in_a_comment_that_no_proxy_sends_loopback_around_latchkey() {
+    for (format, line) in [
+        ("shell", "export NO_PROXY='localhost,127.0.0.1,::1'"),
+        ("dotenv", "NO_PROXY=localhost,127.0.0.1,::1"),
+    ] {
+        let text = env_output(&["--format", format], &[]);
+        let lines: Vec<&str> = text.lines().collect();
+        let at = lines
+            .iter()
+            .position(|l| *l == line)
+            .unwrap_or_else(|| panic!("{format}: no {line:?} in:\n{text}"));
+        let comment = lines[at - 1];
+        assert!(
+            comment
+                .starts_with("# NO_PROXY: requests to localhost, 127.0.0.1, ::1 bypass latchkey")
+                && comment.contains("--no-proxy ''"),
+            "{format}: the line before NO_PROXY should explain it: {comment:?}"
+        );
+        assert_eq!(
+            lines.iter().filter(|l| l.starts_with('#')).count(),
+            1,
+            "{format}: one comment line:\n{text}"
+        );
+    }
+    // JSON has no comments: the output stays one valid object.
+    let v: Value =
+        serde_json::from_str(env_output(&["--format", "json"], &[]).trim()).expect("env JSON");
+    assert_eq!(v["NO_PROXY"], "localhost,127.0.0.1,::1");
+    assert_eq!(v["no_proxy"], "localhost,127.0.0.1,::1");
+}
+
+#[test]
+fn env_no_proxy_empty_removes_both_variables_in_every_format() {
+    for format in ["shell", "dotenv", "json"] {
+        for (args, extra) in [
+            (vec!["--no-proxy", "", "--format", format], vec![]),
+            (vec!["--format", format], vec![("LATCHKEY_NO_PROXY", "")]),
+        ] {
+            let text = env_output(&args, &extra);
+            assert!(
+                no_proxy_lines(&text).is_empty(),
+                "{format} {args:?} {extra:?}: NO_PROXY should be gone:\n{text}"
+            );
+            assert!(text.contains("HTTPS_PROXY"), "{text}");
+            if format == "json" {
+                serde_json::from_str::<Value>(text.trim()).expect("env JSON stays valid");
+            }
+        }
+    }
+}
+
+#[test]
+fn env_no_proxy_list_replaces_the_default() {
+    let list = "localhost,.internal.example";
+    let text = env_output(&["--no-proxy", list], &[]);
+    let lines = no_proxy_lines(&text);
+    assert_eq!(
+        lines,
+        [
+            "# NO_PROXY: requests to localhost, .internal.example bypass latchkey (curl applies it even over -x); --no-proxy '' to send them through latchkey too",
+            "export NO_PROXY='localhost,.internal.example'",
+            "export no_proxy='localhost,.internal.example'",
+        ],
+        "{text}"
+    );
+    let v: Value = serde_json::from_str(
+        env_output(&["--format", "json"], &[("LATCHKEY_NO_PROXY", list)]).trim(),
+    )
+    .expect("env JSON");
+    assert_eq!(v["NO_PROXY"], list);
+    assert_eq!(v["no_proxy"], list);
+}
+
+#[test]
+fn env_no_proxy_with_a_line_break_is_refused_naming_the_flag() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = run_cli([
+        "env".as_ref(),
+        "--ca-dir".as_ref(),
+        dir.path().join("ca").as_os_str(),
+        "--no-proxy".as_ref(),
+        "localhost\necho pwned".as_ref(),
+    ]);
+    assert_eq!(out.code(), Some(1), "{out:#?}");
+    assert!(out.stderr.contains("--no-proxy"), "{out:#?}");
+    assert!(out.stdout.is_empty(), "{out:#?}");
+}
+
+#[test]
+fn a_loopback_upstream_bypasses_latchkey_under_the_default_no_proxy_and_not_with_an_empty_one() {
+    let upstream = Upstream::http();
+    let port = upstream.port();
+    let lk = latchkey()
+        .policy(
+            "main.toml",
+            &format!("[[rules]]\nname = \"local\"\nhosts = [\"127.0.0.1\"]\nports = [{port}]\n"),
+        )
+        .run();
+    let curl_with = |vars: &serde_json::Map<String, Value>, path: &str| {
+        let mut cmd = Command::new("curl");
+        cmd.args(["-q", "-sS", "--max-time", "20"])
+            .arg(format!("http://127.0.0.1:{port}{path}"));
+        for var in SCRUBBED_ENV {
+            cmd.env_remove(var);
+        }
+        for (name, value) in vars {
+            if let Some(value) = value.as_str() {
+                cmd.env(name, value);
+            }
+        }
+        let out = wait_with_timeout(&mut cmd, Duration::from_secs(30));
+        assert_eq!(out.code(), Some(0), "{out:#?}");
+        Echo::parse(&out.stdout)
+    };
+
+    // Default: curl goes straight to the upstream; latchkey sees nothing.
+    let default = env_json(&lk.proxy_url(), &lk.ca_dir());
+    assert_eq!(curl_with(&default, "/around").path, "/around");
+    // --no-proxy '': the same request goes through latchkey and is audited.
+    let out = run_cli([
+        "env".as_ref(),
+        "--proxy".as_ref(),
+        lk.proxy_url().as_ref(),
+        "--ca-dir".as_ref(),
+        lk.ca_dir().as_os_str(),
+        "--format".as_ref(),
+        "json".as_ref(),
+        "--no-proxy".as_ref(),
+        "".as_ref(),
+    ]);
+    assert_eq!(out.code(), Some(0), "{out:#?}");
+    let through: serde_json::Map<String, Value> =
+        serde_json::from_str(out.stdout.trim()).expect("env JSON");
+    assert_eq!(curl_with(&through, "/through").path, "/through");
+
+    assert_eq!(
+        upstream.received().len(),
+        2,
+        "both requests reached the upstream"
+    );
+    let records = lk.wait_audit(1);
+    assert_record(
+        &records[0],
+        json!({"path": "/through", "decision": "allow", "rule": "local", "status": 200}),
+    );
 }

@@ -18,6 +18,7 @@ mod credentials_jwt;
 mod credentials_oauth;
 mod credentials_policy;
 mod credentials_sigv4;
+mod demo;
 mod first_run;
 mod gateway;
 mod identities;
