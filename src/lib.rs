@@ -1,7 +1,7 @@
 //! latchkey: a credential-brokering egress proxy for AI-agent sandboxes.
 //!
 //! The public surface is deliberately small: load a [`policy::Policy`], open an
-//! [`audit::AuditLog`], build a [`proxy::Proxy`] and serve. See `DESIGN.md` for the request path
+//! [`audit::AuditLog`], build a [`proxy::Proxy`] and serve. See `docs/architecture.md` for the request path
 //! and the invariants each module upholds.
 
 pub mod admin;

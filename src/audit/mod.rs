@@ -54,7 +54,7 @@ pub enum AuditError {
     Thread(std::io::Error),
 }
 
-/// One audit record (DESIGN.md §5). Field names are a contract.
+/// One audit record (README "Audit record"; docs/architecture.md). Field names are a contract.
 ///
 /// Until [`Entry`] scrubs it on the way out, `method`, `host` and `path` are as the sandbox sent
 /// them and may hold a secret value it pasted there: `Debug` shows their lengths only.

@@ -257,6 +257,8 @@ fn flags(help_text: &str) -> Vec<Flag> {
 fn subcommands(help_text: &str) -> Vec<String> {
     help_block(help_text, "Commands:")
         .iter()
+        // A command's line is indented two spaces; a wrapped description, further.
+        .filter(|l| l.starts_with("  ") && !l.starts_with("   "))
         .filter_map(|l| l.split_whitespace().next())
         .filter(|name| *name != "help")
         .map(str::to_string)
