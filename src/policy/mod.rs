@@ -16,10 +16,12 @@
 
 pub mod cases;
 mod compile;
+mod credential;
 pub mod explain;
 mod host;
 pub mod identity;
 pub mod lint;
+mod rule;
 mod schema;
 
 use std::collections::HashMap;
