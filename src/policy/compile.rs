@@ -193,11 +193,11 @@ pub fn compile_sources_with(
             let name_span = name.span();
             let name = name.into_inner();
             let field = format!("secrets.{name}");
-            let before = cx.errors.len();
             let origin = Origin {
                 file: file.to_path_buf(),
                 line: line_col(text, name_span.start).0,
             };
+            let mut unique = false;
             if !crate::secrets::template::valid_name(&name) {
                 cx.error(
                     name_span,
@@ -210,12 +210,12 @@ pub fn compile_sources_with(
                 );
             } else {
                 declared.insert(name.clone(), origin.clone());
+                unique = true;
             }
             let span = entry.raw.source.as_ref().map(|s| s.span());
-            let source = cx.secret(&field, entry.raw);
-            if let (Some(source), Some(span), true) =
-                (source, span, entry.complete && cx.errors.len() == before)
-            {
+            // A source that parsed is read (phase 4) even if its entry has other problems, so
+            // a missing value is reported in the same run; any problem fails the whole load.
+            if let (Some(source), Some(span), true) = (cx.secret(&field, entry.raw), span, unique) {
                 secret_at.insert(name.clone(), (fi, span, origin));
                 secret_sources.push((name, source));
             }
@@ -236,9 +236,9 @@ pub fn compile_sources_with(
             let name_span = name.span();
             let name = name.into_inner();
             let before = cx.errors.len();
-            if !crate::secrets::template::valid_name(&name)
-                || !credential_names.insert(name.clone())
-            {
+            let unique = crate::secrets::template::valid_name(&name)
+                && credential_names.insert(name.clone());
+            if !unique {
                 cx.error(
                     name_span.clone(),
                     format!("credentials.{name}: credential names must be unique and use letters, digits, '-' and single '_'"),
@@ -252,11 +252,13 @@ pub fn compile_sources_with(
             let compiled = cx.credential(&name, entry.raw, |key, span, source| {
                 material.push((key, span, source));
             });
-            if let (Some(c), true) = (compiled, entry.complete && cx.errors.len() == before) {
+            if unique {
                 for (key, span, source) in material {
                     secret_at.insert(key.clone(), (fi, span, origin.clone()));
                     secret_sources.push((key, source));
                 }
+            }
+            if let (Some(c), true) = (compiled, entry.complete && cx.errors.len() == before) {
                 credentials.insert(name, Arc::new(c));
             }
         }
@@ -313,6 +315,7 @@ pub fn compile_sources_with(
             let name = name.into_inner();
             let field = format!("identities.{name}");
             let before = cx.errors.len();
+            let mut unique = false;
             if !crate::secrets::template::valid_name(&name) {
                 cx.error(
                     name_span.clone(),
@@ -323,6 +326,8 @@ pub fn compile_sources_with(
                     name_span.clone(),
                     format!("{field}: identity {name:?} is defined twice or reserved"),
                 );
+            } else {
+                unique = true;
             }
             let raw_id = entry.raw;
             let mut sources = Vec::new();
@@ -378,16 +383,16 @@ pub fn compile_sources_with(
                     Err(e) => cx.error(token.span(), format!("{field}.token: {e}")),
                 }
             }
+            if let (Some((span, source)), true) = (token_source, unique) {
+                let key = token_key(&name);
+                let origin = Origin {
+                    file: file.to_path_buf(),
+                    line: line_col(text, name_span.start).0,
+                };
+                secret_at.insert(key.clone(), (fi, span, origin));
+                secret_sources.push((key, source));
+            }
             if entry.complete && cx.errors.len() == before {
-                if let Some((span, source)) = token_source {
-                    let key = token_key(&name);
-                    let origin = Origin {
-                        file: file.to_path_buf(),
-                        line: line_col(text, name_span.start).0,
-                    };
-                    secret_at.insert(key.clone(), (fi, span, origin));
-                    secret_sources.push((key, source));
-                }
                 identities.push(Identity {
                     name,
                     has_token: raw_id.token.is_some(),

@@ -233,7 +233,11 @@ pub(super) fn parse(text: &str) -> Result<toml_edit::ImDocument<&str>, (Range<us
         // never report an empty problem.
         let message = match e.message().trim() {
             "" => "invalid TOML: a control character or malformed token here".to_string(),
-            m => format!("invalid TOML: {m}"),
+            // One problem, one line: toml puts what it expected on a second line.
+            m => format!(
+                "invalid TOML: {}",
+                m.split_whitespace().collect::<Vec<_>>().join(" ")
+            ),
         };
         (e.span().unwrap_or(0..0), message)
     })
@@ -502,10 +506,12 @@ impl<'a> Fields<'a> {
         read: impl FnOnce(&Self, &mut dyn Report, &str) -> Option<T>,
     ) -> Option<T> {
         if self.get(key).is_none() {
-            r.error(
-                self.span.clone(),
-                format!("{}: missing key `{key}`", self.at(key)),
-            );
+            let what = if self.path.is_empty() {
+                format!("missing top-level key `{key}`")
+            } else {
+                format!("{}: missing key `{key}`", self.path)
+            };
+            r.error(self.span.clone(), what);
             return None;
         }
         read(self, r, key)
