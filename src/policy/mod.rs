@@ -536,3 +536,6 @@ fn join<T: std::fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod validate_tests;

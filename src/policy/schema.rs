@@ -170,7 +170,7 @@ pub struct RawBasicAuth {
 const TOP_KEYS: &[&str] = &["secrets", "rules", "identities", "credentials"];
 const SECRET_KEYS: &[&str] = &["source", "ttl", "timeout"];
 const IDENTITY_KEYS: &[&str] = &["token", "sources", "rules"];
-const RULE_KEYS: &[&str] = &[
+pub(super) const RULE_KEYS: &[&str] = &[
     "name",
     "description",
     "hosts",
