@@ -538,7 +538,9 @@ impl FileCx<'_> {
         let timeout = duration("timeout", &secret.timeout, 10);
         // A missing source was reported while reading.
         let raw_source = secret.source.as_ref()?;
-        let (ttl, timeout) = (ttl?, timeout?);
+        // A bad ttl or timeout (reported) does not stop the source being checked.
+        let durations = ttl.zip(timeout);
+        let (ttl, timeout) = durations.unwrap_or_default();
         match Source::parse(raw_source.get_ref(), ttl, timeout) {
             Ok(source) => {
                 if !matches!(source, Source::Exec { .. })
@@ -550,7 +552,7 @@ impl FileCx<'_> {
                     );
                     return None;
                 }
-                Some(source)
+                durations.map(|_| source)
             }
             Err(e) => {
                 self.error(raw_source.span(), format!("{field}.source: {e}"));

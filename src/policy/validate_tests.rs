@@ -195,3 +195,17 @@ proptest! {
         );
     }
 }
+
+#[test]
+fn a_bad_ttl_does_not_hide_a_bad_source_in_the_same_secret() {
+    let e = errors("[secrets.k]\nsource = \"vault:k\"\nttl = \"soon\"\n");
+    assert_eq!(e.len(), 2, "{e:?}");
+    assert!(
+        e[0].starts_with("test.toml:2:10: secrets.k.source: "),
+        "{e:?}"
+    );
+    assert!(
+        e[1].starts_with("test.toml:3:7: secrets.k.ttl: \"soon\""),
+        "{e:?}"
+    );
+}
