@@ -21,6 +21,7 @@ pub mod explain;
 mod host;
 pub mod identity;
 pub mod lint;
+mod read;
 mod rule;
 mod schema;
 
