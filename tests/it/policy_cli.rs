@@ -293,13 +293,15 @@ const EVERY_ERROR: &[(&str, u32, u32, &str)] = &[
     ("a.toml", 170, 1, "identities.norules: missing key `rules`"),
     ("a.toml", 171, 26, "identities.norules.sources[1]: 10.0.0.0/99: prefix length 99 is out of range for IPv4 (0-32)"),
     ("a.toml", 174, 9, "identities.badtoken.token: the value is not env:VAR, file:PATH or exec:COMMAND"),
-    ("b.toml", 2, 11, "secrets: expected a table, found a string"),
-    ("b.toml", 5, 8, "rules[0].name: duplicate rule name \"shared\", first defined at {dir}/a.toml:149"),
-    ("b.toml", 6, 10, "rules[0].hosts[0]: \"*\" would match every host; did you mean \"*.example.com\"?"),
-    ("b.toml", 9, 8, "rules[1].name: duplicate rule name \"api\", first defined at {dir}/a.toml:78"),
-    ("b.toml", 12, 14, "credentials.aws: credential names must be unique and use letters, digits, '-' and single '_'"),
-    ("b.toml", 17, 13, "identities.ci: identity \"ci\" is defined twice or reserved"),
+    ("b.toml", 2, 10, "secrets.shared: duplicate secret \"shared\", first declared at {dir}/a.toml:30"),
+    ("b.toml", 6, 8, "rules[0].name: duplicate rule name \"shared\", first defined at {dir}/a.toml:149"),
+    ("b.toml", 7, 10, "rules[0].hosts[0]: \"*\" would match every host; did you mean \"*.example.com\"?"),
+    ("b.toml", 10, 8, "rules[1].name: duplicate rule name \"api\", first defined at {dir}/a.toml:78"),
+    ("b.toml", 13, 14, "credentials.aws: credential names must be unique and use letters, digits, '-' and single '_'"),
+    ("b.toml", 18, 13, "identities.ci: identity \"ci\" is defined twice or reserved"),
     ("c.toml", 6, 1, "invalid TOML: invalid array expected `]`"),
+    ("d.toml", 2, 9, "rules: expected a list of tables, found a string; write each rule as [[rules]]"),
+    ("d.toml", 3, 14, "identities: expected a table, found a list"),
 ];
 
 fn every_error_dir() -> std::path::PathBuf {
@@ -308,7 +310,7 @@ fn every_error_dir() -> std::path::PathBuf {
 
 /// The fixture's files, to hand to `latchkey serve`.
 fn every_error_files() -> Vec<(&'static str, String)> {
-    ["a.toml", "b.toml", "c.toml"]
+    ["a.toml", "b.toml", "c.toml", "d.toml"]
         .into_iter()
         .map(|name| {
             let text = std::fs::read_to_string(every_error_dir().join(name))
