@@ -209,3 +209,23 @@ fn a_bad_ttl_does_not_hide_a_bad_source_in_the_same_secret() {
         "{e:?}"
     );
 }
+
+#[test]
+fn every_toml_spelling_of_a_valid_rule_compiles() {
+    for text in [
+        "[secrets.k]\nsource = \"exec:true\"\n[[rules]]\nname = \"a\"\nhosts = [\"a.com\"]\n[rules.inject.headers]\nx-key = \"{{secret.k}}\"\n",
+        "[secrets.k]\nsource = \"exec:true\"\n[[rules]]\nname = \"a\"\nhosts = [\"a.com\"]\ninject.headers.x-key = \"{{secret.k}}\"\n",
+        "secrets.k.source = \"exec:true\"\n[[rules]]\n\"name\" = \"a\"\nhosts = [\"a.com\"]\ninject = { headers = { x-key = \"{{secret.k}}\" } }\n",
+        "secrets = { k = { source = \"exec:true\" } }\nrules = [{ name = \"a\", hosts = [\"a.com\"], inject = { headers = { x-key = \"{{secret.k}}\" } } }]\n",
+    ] {
+        let policy = super::compile::compile_sources_with(
+            &[(Path::new("test.toml"), text)],
+            super::SecretLoading::Skip,
+        )
+        .unwrap_or_else(|e| panic!("{e:?}\n{text}"));
+        let rule = &policy.rules()[0];
+        assert_eq!(rule.name, "a", "{text}");
+        assert_eq!(rule.inject_headers.len(), 1, "{text}");
+        assert!(rule.bound.contains("k"), "{text}");
+    }
+}
