@@ -275,6 +275,11 @@ pub fn compile_sources_with(
             errors: &mut errors,
         };
         for (index, entry) in std::mem::take(&mut raw.rules).into_iter().enumerate() {
+            // Computed once per rule: a location costs a scan from the start of the file.
+            let origin = Origin {
+                file: file.to_path_buf(),
+                line: line_col(text, entry.span.start).0,
+            };
             let mut unique = true;
             if let Some(name) = &entry.raw.name {
                 let trimmed = name.get_ref().trim().to_string();
@@ -287,14 +292,10 @@ pub fn compile_sources_with(
                     );
                     unique = false;
                 } else {
-                    let origin = Origin {
-                        file: file.to_path_buf(),
-                        line: line_col(text, entry.span.start).0,
-                    };
-                    names.insert(trimmed, origin);
+                    names.insert(trimmed, origin.clone());
                 }
             }
-            if let Some(rule) = cx.rule(index, entry, &secret_names, &credential_names) {
+            if let Some(rule) = cx.rule(index, entry, origin, &secret_names, &credential_names) {
                 if unique {
                     rules.push(rule);
                 }

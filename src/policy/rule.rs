@@ -6,7 +6,7 @@ use std::collections::{BTreeSet, HashSet};
 use globset::{GlobBuilder, GlobSetBuilder};
 use http::{HeaderName, Method};
 
-use super::compile::{line_col, FileCx};
+use super::compile::FileCx;
 use super::host::normalize_host;
 use super::schema::{Entry, RawRule};
 use super::{HostPattern, Origin, PathMatcher, Rule};
@@ -20,6 +20,7 @@ impl FileCx<'_> {
         &mut self,
         index: usize,
         entry: Entry<RawRule>,
+        origin: Origin,
         secrets: &HashSet<String>,
         credentials: &HashSet<String>,
     ) -> Option<Rule> {
@@ -474,10 +475,7 @@ impl FileCx<'_> {
             allow_private,
             report,
             credential,
-            origin: Origin {
-                file: self.file.to_path_buf(),
-                line: line_col(self.text, span.start).0,
-            },
+            origin,
         })
     }
 }
