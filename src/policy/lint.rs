@@ -30,7 +30,7 @@ use serde::Serialize;
 
 use super::compile::line_col;
 use super::identity::RuleSet;
-use super::schema::RawPolicyFile;
+use super::schema;
 use super::{HostPattern, Policy, Rule, Scheme};
 
 /// One warning, located like a [`super::PolicyError`].
@@ -107,24 +107,27 @@ fn spans(sources: &[(&Path, &str)]) -> Spans {
     let mut out = Spans::default();
     for (file, text) in sources {
         // The policy compiled, so every file parses; a file that does not is simply skipped.
-        let Ok(raw) = toml::from_str::<RawPolicyFile>(text) else {
+        let Some(raw) = schema::read_lenient(text) else {
             continue;
         };
         for rule in &raw.rules {
-            let rule = rule.get_ref();
-            let name = rule.name.get_ref().trim().to_string();
+            let rule = &rule.raw;
+            let Some(name) = &rule.name else {
+                continue;
+            };
+            let name_span = name.span();
+            let name = name.get_ref().trim().to_string();
             if let Some(flag) = &rule.dangerously_inject_into_wildcard {
                 out.wildcard_flags
                     .insert(name.clone(), Loc::at(file, text, flag.span()));
             }
-            out.rules
-                .insert(name, Loc::at(file, text, rule.name.span()));
+            out.rules.insert(name, Loc::at(file, text, name_span));
         }
-        for name in raw.secrets.keys() {
+        for (name, _) in &raw.secrets {
             out.secrets
                 .insert(name.get_ref().clone(), Loc::at(file, text, name.span()));
         }
-        for name in raw.credentials.keys() {
+        for (name, _) in &raw.credentials {
             out.credentials
                 .insert(name.get_ref().clone(), Loc::at(file, text, name.span()));
         }
@@ -132,7 +135,7 @@ fn spans(sources: &[(&Path, &str)]) -> Spans {
             out.identities
                 .insert(name.get_ref().clone(), Loc::at(file, text, name.span()));
             let locs = id
-                .get_ref()
+                .raw
                 .sources
                 .iter()
                 .flat_map(|list| list.get_ref().iter())

@@ -16,10 +16,13 @@
 
 pub mod cases;
 mod compile;
+mod credential;
 pub mod explain;
 mod host;
 pub mod identity;
 pub mod lint;
+mod read;
+mod rule;
 mod schema;
 
 use std::collections::HashMap;
@@ -534,3 +537,6 @@ fn join<T: std::fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod validate_tests;

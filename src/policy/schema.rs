@@ -1,51 +1,63 @@
 //! Raw policy types: exactly what a policy file says, with source spans, before validation.
 //!
-//! Nothing here is trusted; `compile` turns these into a [`super::Policy`] or reports every
-//! problem it finds. Unknown keys are errors (`deny_unknown_fields`), never silently ignored.
+//! Nothing here is trusted. A file is parsed into a spanned TOML document, then read key by key:
+//! each top-level table, each `[[rules]]` entry and each named secret, credential and identity is
+//! read on its own, so an unknown key or a value of the wrong type is reported where it is and
+//! never hides a problem elsewhere. An entry with any such problem is marked incomplete and is
+//! never compiled into the policy; `compile` still checks what could be read of it.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 
-use serde::Deserialize;
 use toml::Spanned;
 
-/// One policy file.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+use super::read::Fields;
+
+/// Where the readers send each problem they find.
+pub(super) trait Report {
+    fn error(&mut self, span: Range<usize>, message: String);
+    /// Problems reported so far, to tell whether an entry added any.
+    fn count(&self) -> usize;
+}
+
+/// One entry (a rule, a secret, ...) as read, and whether it was read without a problem.
+#[derive(Debug)]
+pub struct Entry<T> {
+    /// The entry's table (its `[header]`, or the inline table).
+    pub span: Range<usize>,
+    pub raw: T,
+    /// False when a key was unknown, missing or of the wrong type: the entry must not be used.
+    pub complete: bool,
+}
+
+/// One policy file. Named entries keep their file order.
+#[derive(Debug, Default)]
 pub struct RawPolicyFile {
-    #[serde(default)]
-    pub secrets: BTreeMap<Spanned<String>, Spanned<RawSecret>>,
-    #[serde(default)]
-    pub rules: Vec<Spanned<RawRule>>,
-    #[serde(default)]
-    pub identities: BTreeMap<Spanned<String>, Spanned<RawIdentity>>,
-    #[serde(default)]
-    pub credentials: BTreeMap<Spanned<String>, Spanned<RawCredential>>,
+    pub secrets: Vec<(Spanned<String>, Entry<RawSecret>)>,
+    pub rules: Vec<Entry<RawRule>>,
+    pub identities: Vec<(Spanned<String>, Entry<RawIdentity>)>,
+    pub credentials: Vec<(Spanned<String>, Entry<RawCredential>)>,
 }
 
 /// `[credentials.NAME.assume_role]`: trade the base keys for a role's temporary keys.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Default)]
 pub struct RawAssumeRole {
-    pub role_arn: String,
-    #[serde(default)]
+    pub role_arn: Option<String>,
     pub session_name: Option<String>,
-    #[serde(default)]
     pub duration: Option<String>,
-    #[serde(default)]
     pub external_id: Option<String>,
     /// Default `https://sts.amazonaws.com` (region us-east-1).
-    #[serde(default)]
     pub sts_endpoint: Option<String>,
-    #[serde(default)]
     pub sts_region: Option<String>,
 }
 
 /// `[credentials.NAME]`: a signing or token-minting credential. Which keys apply depends on
 /// `kind`; compile rejects keys that do not belong to it.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Default)]
 pub struct RawCredential {
-    pub kind: Spanned<String>,
+    pub kind: Option<Spanned<String>>,
+    /// Every known key present, valid or not (for "does not apply" and "needs" checks).
+    pub keys: Vec<(&'static str, Range<usize>)>,
     // aws_sigv4
     pub access_key_id: Option<Spanned<String>>,
     pub secret_access_key: Option<Spanned<String>>,
@@ -75,95 +87,341 @@ pub struct RawCredential {
     pub alg: Option<Spanned<String>>,
     pub ttl: Option<Spanned<String>>,
     pub header: Option<Spanned<String>>,
-    pub claims: Option<Spanned<BTreeMap<String, toml::Value>>>,
+    /// Claim name, its span, and its value as JSON.
+    pub claims: Option<Spanned<Claims>>,
 }
 
+/// JWT claims: name, where its value is, and the value as JSON.
+pub type Claims = Vec<(String, Range<usize>, serde_json::Value)>;
+
+/// A table of strings, each key and value with its span.
+pub type StringMap = Vec<(Spanned<String>, Spanned<String>)>;
+
 /// `[identities.NAME]`: how a sandbox is recognised and which rules it may use.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Default)]
 pub struct RawIdentity {
     /// A secret source; the sandbox sends it as `Proxy-Authorization`.
-    #[serde(default)]
     pub token: Option<Spanned<String>>,
     /// Client address ranges.
-    #[serde(default)]
     pub sources: Option<Spanned<Vec<Spanned<String>>>>,
-    /// Rule names this identity may use; `["*"]` for all.
-    pub rules: Spanned<Vec<Spanned<String>>>,
+    /// Rule names this identity may use; `["*"]` for all. Required.
+    pub rules: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 /// `[secrets.NAME]`: where a secret's value comes from.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Default)]
 pub struct RawSecret {
-    pub source: Spanned<String>,
+    /// Required.
+    pub source: Option<Spanned<String>>,
     /// exec only: how long a fetched value is used.
-    #[serde(default)]
     pub ttl: Option<Spanned<String>>,
     /// exec only: how long the helper may run.
-    #[serde(default)]
     pub timeout: Option<Spanned<String>>,
 }
 
 /// One `[[rules]]` entry.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Default)]
 pub struct RawRule {
-    pub name: Spanned<String>,
+    /// Required.
+    pub name: Option<Spanned<String>>,
     /// Free text for reviewers; shown by `explain`.
-    #[serde(default)]
     pub description: Option<String>,
-    pub hosts: Spanned<Vec<Spanned<String>>>,
-    #[serde(default)]
+    /// Required.
+    pub hosts: Option<Spanned<Vec<Spanned<String>>>>,
     pub ports: Option<Spanned<Vec<Spanned<i64>>>>,
-    #[serde(default)]
     pub methods: Option<Spanned<Vec<Spanned<String>>>>,
-    #[serde(default)]
     pub paths: Option<Spanned<Vec<Spanned<String>>>>,
-    #[serde(default)]
     pub tunnel: Option<Spanned<bool>>,
-    #[serde(default)]
     pub inject: Option<RawInject>,
     /// Secrets bound to this rule's hosts for placeholders, besides those it injects.
-    #[serde(default)]
     pub secrets: Option<Spanned<Vec<Spanned<String>>>>,
     /// Where placeholders may be replaced: header, basic_auth, query, body.
-    #[serde(default)]
     pub placeholders: Option<Spanned<Vec<Spanned<String>>>>,
     /// Auth headers this rule does not strip (e.g. cookie).
-    #[serde(default)]
     pub keep_headers: Option<Spanned<Vec<Spanned<String>>>>,
     /// A `[credentials.NAME]` that signs or authenticates this rule's requests.
-    #[serde(default)]
     pub credential: Option<Spanned<String>>,
     /// `enforce` (default) or `report`: a request this rule comes closest to but does not
     /// allow goes through and is audited with `would_deny = true`.
-    #[serde(default)]
     pub mode: Option<Spanned<String>>,
     /// Non-public address ranges this rule may reach (e.g. an internal service).
-    #[serde(default)]
     pub allow_private: Option<Spanned<Vec<Spanned<String>>>>,
     /// Required to bind a secret to a wildcard host: every matching host receives it.
-    #[serde(default)]
     pub dangerously_inject_into_wildcard: Option<Spanned<bool>>,
 }
 
 /// `[rules.inject]`: what latchkey adds to an allowed request.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Default)]
 pub struct RawInject {
-    #[serde(default)]
-    pub headers: BTreeMap<Spanned<String>, Spanned<String>>,
-    #[serde(default)]
-    pub query: BTreeMap<Spanned<String>, Spanned<String>>,
-    #[serde(default)]
+    pub headers: StringMap,
+    pub query: StringMap,
     pub basic_auth: Option<Spanned<RawBasicAuth>>,
 }
 
 /// `inject.basic_auth = { user = "...", password = "{{secret.x}}" }`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Default)]
 pub struct RawBasicAuth {
-    pub user: Spanned<String>,
-    pub password: Spanned<String>,
+    pub user: Option<Spanned<String>>,
+    pub password: Option<Spanned<String>>,
+}
+
+const TOP_KEYS: &[&str] = &["secrets", "rules", "identities", "credentials"];
+pub(super) const SECRET_KEYS: &[&str] = &["source", "ttl", "timeout"];
+pub(super) const IDENTITY_KEYS: &[&str] = &["token", "sources", "rules"];
+pub(super) const RULE_KEYS: &[&str] = &[
+    "name",
+    "description",
+    "hosts",
+    "ports",
+    "methods",
+    "paths",
+    "tunnel",
+    "inject",
+    "secrets",
+    "placeholders",
+    "keep_headers",
+    "credential",
+    "mode",
+    "allow_private",
+    "dangerously_inject_into_wildcard",
+];
+const INJECT_KEYS: &[&str] = &["headers", "query", "basic_auth"];
+const BASIC_KEYS: &[&str] = &["user", "password"];
+const ASSUME_ROLE_KEYS: &[&str] = &[
+    "role_arn",
+    "session_name",
+    "duration",
+    "external_id",
+    "sts_endpoint",
+    "sts_region",
+];
+/// Every key any credential kind takes, besides `kind`.
+pub(super) const CREDENTIAL_KEYS: &[&str] = &[
+    "access_key_id",
+    "secret_access_key",
+    "session_token",
+    "region",
+    "service",
+    "max_signed_body",
+    "assume_role",
+    "app_id",
+    "installation_id",
+    "private_key",
+    "api",
+    "permissions",
+    "repositories",
+    "key",
+    "scopes",
+    "token_uri",
+    "token_url",
+    "client_id",
+    "client_secret",
+    "scope",
+    "audience",
+    "alg",
+    "ttl",
+    "header",
+    "claims",
+];
+
+/// Parses one file's text into a spanned document; a syntax error stops this file only.
+pub(super) fn parse(text: &str) -> Result<toml_edit::ImDocument<&str>, (Range<usize>, String)> {
+    toml_edit::ImDocument::parse(text).map_err(|e| {
+        // toml leaves the message empty for some errors (a control character in a comment);
+        // never report an empty problem.
+        let message = match e.message().trim() {
+            "" => "invalid TOML: a control character or malformed token here".to_string(),
+            // One problem, one line: toml puts what it expected on a second line.
+            m => format!(
+                "invalid TOML: {}",
+                m.split_whitespace().collect::<Vec<_>>().join(" ")
+            ),
+        };
+        (e.span().unwrap_or(0..0), message)
+    })
+}
+
+/// Reads a parsed file, reporting every unknown key, missing key and wrongly typed value.
+pub(super) fn read_file(doc: &toml_edit::Table, r: &mut dyn Report) -> RawPolicyFile {
+    let root = Fields::new(doc, 0..0, String::new(), TOP_KEYS, r);
+    RawPolicyFile {
+        secrets: root
+            .named_tables("secrets", r)
+            .into_iter()
+            .map(|(name, t)| (name, entry(t, r, read_secret)))
+            .collect(),
+        rules: root
+            .table_list("rules", r)
+            .into_iter()
+            .map(|t| entry(t, r, read_rule))
+            .collect(),
+        identities: root
+            .named_tables("identities", r)
+            .into_iter()
+            .map(|(name, t)| (name, entry(t, r, read_identity)))
+            .collect(),
+        credentials: root
+            .named_tables("credentials", r)
+            .into_iter()
+            .map(|(name, t)| (name, entry(t, r, read_credential)))
+            .collect(),
+    }
+}
+
+/// Reads a file whose problems do not matter here (it compiled, or the caller reports them
+/// elsewhere); `None` if it does not parse.
+pub(super) fn read_lenient(text: &str) -> Option<RawPolicyFile> {
+    struct Discard(usize);
+    impl Report for Discard {
+        fn error(&mut self, _: Range<usize>, _: String) {
+            self.0 += 1;
+        }
+        fn count(&self) -> usize {
+            self.0
+        }
+    }
+    let doc = parse(text).ok()?;
+    Some(read_file(doc.as_table(), &mut Discard(0)))
+}
+
+/// Reads one entry, noting whether it added a problem. `None`: not a table (already reported).
+fn entry<T: Default>(
+    table: Result<Fields<'_>, Range<usize>>,
+    r: &mut dyn Report,
+    read: impl FnOnce(&Fields<'_>, &mut dyn Report) -> T,
+) -> Entry<T> {
+    match table {
+        Ok(t) => {
+            let before = r.count();
+            let raw = read(&t, r);
+            Entry {
+                span: t.span.clone(),
+                raw,
+                complete: t.complete && r.count() == before,
+            }
+        }
+        Err(span) => Entry {
+            span,
+            raw: T::default(),
+            complete: false,
+        },
+    }
+}
+
+fn read_secret(t: &Fields<'_>, r: &mut dyn Report) -> RawSecret {
+    RawSecret {
+        source: t.required(r, "source", Fields::string),
+        ttl: t.string(r, "ttl"),
+        timeout: t.string(r, "timeout"),
+    }
+}
+
+fn read_identity(t: &Fields<'_>, r: &mut dyn Report) -> RawIdentity {
+    RawIdentity {
+        token: t.string(r, "token"),
+        sources: t.strings(r, "sources"),
+        rules: t.required(r, "rules", Fields::strings),
+    }
+}
+
+fn read_rule(t: &Fields<'_>, r: &mut dyn Report) -> RawRule {
+    RawRule {
+        name: t.required(r, "name", Fields::string),
+        description: t.string(r, "description").map(Spanned::into_inner),
+        hosts: t.required(r, "hosts", Fields::strings),
+        ports: t.ints(r, "ports"),
+        methods: t.strings(r, "methods"),
+        paths: t.strings(r, "paths"),
+        tunnel: t.boolean(r, "tunnel"),
+        inject: t.table(r, "inject", INJECT_KEYS).map(|i| RawInject {
+            headers: i
+                .string_map(r, "headers")
+                .map(Spanned::into_inner)
+                .unwrap_or_default(),
+            query: i
+                .string_map(r, "query")
+                .map(Spanned::into_inner)
+                .unwrap_or_default(),
+            basic_auth: i.table(r, "basic_auth", BASIC_KEYS).map(|b| {
+                Spanned::new(
+                    b.span.clone(),
+                    RawBasicAuth {
+                        user: b.required(r, "user", Fields::string),
+                        password: b.required(r, "password", Fields::string),
+                    },
+                )
+            }),
+        }),
+        secrets: t.strings(r, "secrets"),
+        placeholders: t.strings(r, "placeholders"),
+        keep_headers: t.strings(r, "keep_headers"),
+        credential: t.string(r, "credential"),
+        mode: t.string(r, "mode"),
+        allow_private: t.strings(r, "allow_private"),
+        dangerously_inject_into_wildcard: t.boolean(r, "dangerously_inject_into_wildcard"),
+    }
+}
+
+fn read_credential(t: &Fields<'_>, r: &mut dyn Report) -> RawCredential {
+    let plain = |v: Option<Spanned<Vec<Spanned<String>>>>| {
+        v.map(|l| {
+            let span = l.span();
+            Spanned::new(
+                span,
+                l.into_inner().into_iter().map(|s| s.into_inner()).collect(),
+            )
+        })
+    };
+    RawCredential {
+        kind: t.required(r, "kind", Fields::string),
+        keys: CREDENTIAL_KEYS
+            .iter()
+            .filter_map(|k| t.get(k).map(|(span, _)| (*k, span)))
+            .collect(),
+        access_key_id: t.string(r, "access_key_id"),
+        secret_access_key: t.string(r, "secret_access_key"),
+        session_token: t.string(r, "session_token"),
+        region: t.string(r, "region"),
+        service: t.string(r, "service"),
+        max_signed_body: t.int(r, "max_signed_body"),
+        assume_role: t.table(r, "assume_role", ASSUME_ROLE_KEYS).map(|a| {
+            let s = |r: &mut dyn Report, k| a.string(r, k).map(Spanned::into_inner);
+            let raw = RawAssumeRole {
+                role_arn: a
+                    .required(r, "role_arn", Fields::string)
+                    .map(Spanned::into_inner),
+                session_name: s(r, "session_name"),
+                duration: s(r, "duration"),
+                external_id: s(r, "external_id"),
+                sts_endpoint: s(r, "sts_endpoint"),
+                sts_region: s(r, "sts_region"),
+            };
+            Spanned::new(a.span.clone(), raw)
+        }),
+        app_id: t.string(r, "app_id"),
+        installation_id: t.string(r, "installation_id"),
+        private_key: t.string(r, "private_key"),
+        api: t.string(r, "api"),
+        permissions: t.string_map(r, "permissions").map(|m| {
+            let span = m.span();
+            let map = m.into_inner().into_iter();
+            Spanned::new(
+                span,
+                map.map(|(k, v)| (k.into_inner(), v.into_inner())).collect(),
+            )
+        }),
+        repositories: plain(t.strings(r, "repositories")),
+        key: t.string(r, "key"),
+        scopes: plain(t.strings(r, "scopes")),
+        token_uri: t.string(r, "token_uri"),
+        token_url: t.string(r, "token_url"),
+        client_id: t.string(r, "client_id"),
+        client_secret: t.string(r, "client_secret"),
+        scope: t.string(r, "scope"),
+        audience: t.string(r, "audience"),
+        alg: t.string(r, "alg"),
+        ttl: t.string(r, "ttl"),
+        header: t.string(r, "header"),
+        claims: t.claims(r, "claims"),
+    }
 }

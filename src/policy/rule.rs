@@ -1,0 +1,537 @@
+//! Validation of one `[[rules]]` entry: every problem in it is reported, and only an entry with
+//! none becomes a [`Rule`].
+
+use std::collections::{BTreeSet, HashSet};
+
+use globset::{GlobBuilder, GlobSetBuilder};
+use http::{HeaderName, Method};
+
+use super::compile::FileCx;
+use super::host::normalize_host;
+use super::schema::{Entry, RawRule};
+use super::{HostPattern, Origin, PathMatcher, Rule};
+use crate::secrets::placeholder::Place;
+use crate::secrets::Template;
+
+impl FileCx<'_> {
+    /// Validates one rule; records every problem and returns `None` if there was any (here or
+    /// while reading the entry).
+    pub(super) fn rule(
+        &mut self,
+        index: usize,
+        entry: Entry<RawRule>,
+        origin: Origin,
+        secrets: &HashSet<String>,
+        credentials: &HashSet<String>,
+    ) -> Option<Rule> {
+        let before = self.errors.len();
+        let at = |field: &str| format!("rules[{index}].{field}");
+        let (span, raw) = (entry.span, entry.raw);
+
+        let name = raw.name.as_ref().map(|n| n.get_ref().trim().to_string());
+        if let (Some(raw_name), Some(name)) = (&raw.name, &name) {
+            if name.is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':'))
+            {
+                self.error(
+                    raw_name.span(),
+                    format!(
+                        "{}: rule name {:?} must be non-empty and use only letters, digits, '-', '_', '.', ':'",
+                        at("name"),
+                        raw_name.get_ref()
+                    ),
+                );
+            }
+        }
+
+        // A missing or mistyped `hosts` was reported while reading; errors about the hosts then
+        // point at the rule.
+        let hosts_span = raw.hosts.as_ref().map_or(span.clone(), |h| h.span());
+        let raw_hosts = raw.hosts.map(|h| h.into_inner());
+        if raw_hosts.as_ref().is_some_and(|h| h.is_empty()) {
+            self.error(
+                hosts_span.clone(),
+                format!("{}: a rule needs at least one host", at("hosts")),
+            );
+        }
+        let mut hosts = Vec::new();
+        for (i, h) in raw_hosts.iter().flatten().enumerate() {
+            match parse_host_pattern(h.get_ref()) {
+                Ok(p) => hosts.push(p),
+                Err(msg) => self.error(h.span(), format!("{}: {msg}", at(&format!("hosts[{i}]")))),
+            }
+        }
+
+        let ports = raw.ports.map(|ports| {
+            let span = ports.span();
+            let ports = ports.into_inner();
+            if ports.is_empty() {
+                self.error(
+                    span,
+                    format!(
+                        "{}: an empty list allows nothing; remove the key for the default port",
+                        at("ports")
+                    ),
+                );
+            }
+            let mut out = Vec::new();
+            for (i, p) in ports.iter().enumerate() {
+                match u16::try_from(*p.get_ref()) {
+                    Ok(port) if port != 0 => out.push(port),
+                    _ => self.error(
+                        p.span(),
+                        format!(
+                            "{}: invalid port {}: must be 1 to 65535",
+                            at(&format!("ports[{i}]")),
+                            p.get_ref()
+                        ),
+                    ),
+                }
+            }
+            out
+        });
+
+        let methods = raw.methods.map(|methods| {
+            let span = methods.span();
+            let methods = methods.into_inner();
+            if methods.is_empty() {
+                self.error(
+                    span,
+                    format!(
+                        "{}: an empty list allows nothing; remove the key to allow every method",
+                        at("methods")
+                    ),
+                );
+            }
+            let mut out = Vec::new();
+            for (i, m) in methods.iter().enumerate() {
+                let text = m.get_ref();
+                let valid = !text.is_empty()
+                    && text.chars().all(|c| {
+                        c.is_ascii_uppercase() || c.is_ascii_digit() || c == '-' || c == '_'
+                    });
+                match Method::from_bytes(text.as_bytes()) {
+                    Ok(method) if valid => out.push(method),
+                    _ => {
+                        let hint = if text.chars().any(|c| c.is_ascii_lowercase()) {
+                            format!("; did you mean {:?}?", text.to_ascii_uppercase())
+                        } else if text == "*" {
+                            "; remove the key to allow every method".to_string()
+                        } else {
+                            String::new()
+                        };
+                        self.error(
+                            m.span(),
+                            format!(
+                                "{}: invalid method {text:?}: methods are upper-case tokens{hint}",
+                                at(&format!("methods[{i}]"))
+                            ),
+                        )
+                    }
+                }
+            }
+            out
+        });
+
+        let paths = raw.paths.and_then(|paths| {
+            let span = paths.span();
+            let paths = paths.into_inner();
+            if paths.is_empty() {
+                self.error(
+                    span.clone(),
+                    format!(
+                        "{}: an empty list allows nothing; remove the key to allow every path",
+                        at("paths")
+                    ),
+                );
+            }
+            let mut builder = GlobSetBuilder::new();
+            let mut globs = Vec::new();
+            for (i, p) in paths.iter().enumerate() {
+                let text = p.get_ref();
+                let field = at(&format!("paths[{i}]"));
+                if !text.starts_with('/') {
+                    self.error(
+                        p.span(),
+                        format!("{field}: path glob {text:?} must start with '/'"),
+                    );
+                    continue;
+                }
+                if text.contains('?') {
+                    self.error(
+                        p.span(),
+                        format!(
+                            "{field}: path glob {text:?} contains '?': globs match the path only, never the query"
+                        ),
+                    );
+                    continue;
+                }
+                match GlobBuilder::new(text)
+                    .literal_separator(true)
+                    .backslash_escape(true)
+                    .build()
+                {
+                    Ok(glob) => {
+                        builder.add(glob);
+                        globs.push(text.clone());
+                    }
+                    Err(e) => self.error(
+                        p.span(),
+                        format!("{field}: invalid path glob {text:?}: {}", e.kind()),
+                    ),
+                }
+            }
+            match builder.build() {
+                Ok(set) => Some(PathMatcher { globs, set }),
+                Err(e) => {
+                    self.error(span, format!("{}: {e}", at("paths")));
+                    None
+                }
+            }
+        });
+
+        let tunnel = raw.tunnel.map(|t| (*t.get_ref(), t.span()));
+        if let Some((true, tspan)) = &tunnel {
+            if methods.is_some() || paths.is_some() || raw.inject.is_some() {
+                self.error(
+                    tspan.clone(),
+                    format!(
+                        "{}: a tunnel rule relays encrypted bytes that latchkey cannot see, so it cannot restrict methods or paths or inject headers; remove those keys or set tunnel = false",
+                        at("tunnel")
+                    ),
+                );
+            }
+        }
+
+        let mut inject_headers = Vec::new();
+        let mut inject_query = Vec::new();
+        let mut inject_basic = None;
+        let mut bound: BTreeSet<String> = BTreeSet::new();
+        // A template's secrets must be declared; every referenced secret is bound.
+        let mut template = |cx: &mut Self, field: &str, v: &toml::Spanned<String>| {
+            match Template::parse(v.get_ref()) {
+                Ok(t) => {
+                    let mut ok = true;
+                    for name in t.secrets() {
+                        if !secrets.contains(name) {
+                            cx.error(
+                                v.span(),
+                                format!("{field}: unknown secret {name:?}: declare [secrets.{name}] with a source"),
+                            );
+                            ok = false;
+                        }
+                        bound.insert(name.to_string());
+                    }
+                    ok.then_some(t)
+                }
+                Err(e) => {
+                    cx.error(v.span(), format!("{field}: {e}"));
+                    None
+                }
+            }
+        };
+        let mut injected_names: Vec<HeaderName> = Vec::new();
+        if let Some(inject) = raw.inject {
+            for (k, v) in inject.headers {
+                let field = at(&format!("inject.headers.{}", k.get_ref()));
+                let name = match HeaderName::from_bytes(k.get_ref().as_bytes()) {
+                    Ok(n) => n,
+                    Err(_) => {
+                        self.error(
+                            k.span(),
+                            format!("{field}: invalid header name {:?}", k.get_ref()),
+                        );
+                        continue;
+                    }
+                };
+                if crate::proxy::hop::is_hop_by_hop(&name) || name == http::header::HOST {
+                    self.error(
+                        k.span(),
+                        format!(
+                            "{field}: header {name} is managed by latchkey and cannot be injected"
+                        ),
+                    );
+                    continue;
+                }
+                let literal_ok = v
+                    .get_ref()
+                    .bytes()
+                    .all(|b| b == b'\t' || (b' '..=b'~').contains(&b));
+                if !literal_ok {
+                    self.error(
+                        v.span(),
+                        format!(
+                            "{field}: header value is not valid (control characters or non-ASCII)"
+                        ),
+                    );
+                    continue;
+                }
+                if let Some(t) = template(self, &field, &v) {
+                    injected_names.push(name.clone());
+                    inject_headers.push((name, t));
+                }
+            }
+            for (k, v) in inject.query {
+                let field = at(&format!("inject.query.{}", k.get_ref()));
+                if k.get_ref().is_empty() {
+                    self.error(k.span(), format!("{field}: empty query parameter name"));
+                    continue;
+                }
+                if let Some(t) = template(self, &field, &v) {
+                    inject_query.push((k.get_ref().clone(), t));
+                }
+            }
+            if let Some(basic) = inject.basic_auth {
+                // A missing user or password was reported while reading.
+                let basic = basic.into_inner();
+                if let Some(user) = basic.user.as_ref().filter(|u| u.get_ref().contains(':')) {
+                    self.error(
+                        user.span(),
+                        format!(
+                            "{}: a basic-auth user cannot contain ':'",
+                            at("inject.basic_auth.user")
+                        ),
+                    );
+                }
+                let user = basic
+                    .user
+                    .as_ref()
+                    .and_then(|u| template(self, &at("inject.basic_auth.user"), u));
+                let password = basic
+                    .password
+                    .as_ref()
+                    .and_then(|p| template(self, &at("inject.basic_auth.password"), p));
+                if let (Some(u), Some(p)) = (user, password) {
+                    injected_names.push(http::header::AUTHORIZATION);
+                    inject_basic = Some((u, p));
+                }
+            }
+        }
+        if let Some(list) = raw.secrets {
+            for (i, s) in list.into_inner().iter().enumerate() {
+                if secrets.contains(s.get_ref()) {
+                    bound.insert(s.get_ref().clone());
+                } else {
+                    self.error(
+                        s.span(),
+                        format!(
+                            "{}: unknown secret {:?}: declare [secrets.{}] with a source",
+                            at(&format!("secrets[{i}]")),
+                            s.get_ref(),
+                            s.get_ref()
+                        ),
+                    );
+                }
+            }
+        }
+        let placeholders = match raw.placeholders {
+            None => vec![Place::Header],
+            Some(list) => {
+                let mut out = Vec::new();
+                for (i, p) in list.into_inner().iter().enumerate() {
+                    match Place::parse(p.get_ref()) {
+                        Some(place) => out.push(place),
+                        None => self.error(
+                            p.span(),
+                            format!(
+                                "{}: unknown place {:?}: use header, basic_auth, query or body",
+                                at(&format!("placeholders[{i}]")),
+                                p.get_ref()
+                            ),
+                        ),
+                    }
+                }
+                out
+            }
+        };
+        let mut keep_headers = Vec::new();
+        if let Some(list) = raw.keep_headers {
+            for (i, h) in list.into_inner().iter().enumerate() {
+                match HeaderName::from_bytes(h.get_ref().as_bytes()) {
+                    Ok(n) => keep_headers.push(n),
+                    Err(_) => self.error(
+                        h.span(),
+                        format!(
+                            "{}: invalid header name {:?}",
+                            at(&format!("keep_headers[{i}]")),
+                            h.get_ref()
+                        ),
+                    ),
+                }
+            }
+        }
+        let credential = match &raw.credential {
+            None => None,
+            Some(c) if credentials.contains(c.get_ref()) => {
+                let name = c.get_ref().clone();
+                bound.insert(crate::signing::token_name(&name));
+                for field in [
+                    "access_key_id",
+                    "secret_access_key",
+                    "session_token",
+                    "private_key",
+                    "key",
+                    "client_secret",
+                ] {
+                    bound.insert(crate::signing::field_key(&name, field));
+                }
+                Some(name)
+            }
+            Some(c) => {
+                self.error(
+                    c.span(),
+                    format!(
+                        "{}: unknown credential {:?}: declare [credentials.{}]",
+                        at("credential"),
+                        c.get_ref(),
+                        c.get_ref()
+                    ),
+                );
+                None
+            }
+        };
+        let report = match &raw.mode {
+            None => false,
+            Some(m) => match m.get_ref().as_str() {
+                "enforce" => false,
+                "report" => true,
+                other => {
+                    self.error(
+                        m.span(),
+                        format!(
+                            "{}: unknown mode {other:?}: use \"enforce\" or \"report\"",
+                            at("mode")
+                        ),
+                    );
+                    false
+                }
+            },
+        };
+        let mut allow_private = Vec::new();
+        if let Some(list) = raw.allow_private {
+            for (i, c) in list.into_inner().iter().enumerate() {
+                match crate::upstream::guard::Cidr::parse(c.get_ref()) {
+                    Ok(cidr) => allow_private.push(cidr),
+                    Err(e) => self.error(
+                        c.span(),
+                        format!("{}: {e}", at(&format!("allow_private[{i}]"))),
+                    ),
+                }
+            }
+        }
+        let wildcard_ok = raw
+            .dangerously_inject_into_wildcard
+            .as_ref()
+            .is_some_and(|b| *b.get_ref());
+        if !bound.is_empty()
+            && !wildcard_ok
+            && hosts.iter().any(|h| matches!(h, HostPattern::Wildcard(_)))
+        {
+            self.error(
+                hosts_span.clone(),
+                format!(
+                    "{}: rule binds secret(s) {} to a wildcard host, so every matching host would receive them; name the hosts, or set dangerously_inject_into_wildcard = true",
+                    at("hosts"),
+                    bound.iter().map(|b| format!("{b:?}")).collect::<Vec<_>>().join(", ")
+                ),
+            );
+        }
+        if matches!(tunnel, Some((true, _))) && credential.is_some() {
+            self.error(
+                hosts_span.clone(),
+                format!("{}: a tunnel rule cannot use a credential: latchkey cannot see inside the tunnel", at("credential")),
+            );
+        }
+        if matches!(tunnel, Some((true, _))) && !bound.is_empty() && credential.is_none() {
+            self.error(
+                hosts_span.clone(),
+                format!(
+                    "{}: a tunnel rule cannot bind secrets: latchkey cannot see inside the tunnel",
+                    at("secrets")
+                ),
+            );
+        }
+
+        if self.errors.len() > before || !entry.complete {
+            return None;
+        }
+        Some(Rule {
+            name: name?,
+            description: raw.description,
+            hosts,
+            ports,
+            methods,
+            paths,
+            tunnel: matches!(tunnel, Some((true, _))),
+            inject_headers,
+            inject_query,
+            inject_basic,
+            injected_names,
+            bound,
+            placeholders,
+            keep_headers,
+            allow_private,
+            report,
+            credential,
+            origin,
+        })
+    }
+}
+
+/// Parses one `hosts` entry into a pattern, with a suggestion when it looks like a mistake.
+fn parse_host_pattern(raw: &str) -> Result<HostPattern, String> {
+    let trimmed = raw.trim();
+    if trimmed.is_empty() {
+        return Err("empty host".to_string());
+    }
+    if let Some((_, rest)) = trimmed.split_once("://") {
+        let host = rest.split(['/', ':']).next().unwrap_or_default();
+        return Err(format!(
+            "{raw:?} is a URL: hosts take a bare host name; did you mean {host:?} (with ports/paths in their own keys)?"
+        ));
+    }
+    if trimmed.contains('/') {
+        return Err(format!(
+            "{raw:?} contains '/': put paths in the rule's `paths` key"
+        ));
+    }
+    if trimmed == "*" || trimmed == "*." {
+        return Err(format!(
+            "{raw:?} would match every host; did you mean \"*.example.com\"?"
+        ));
+    }
+    if let Some(suffix) = trimmed.strip_prefix("*.") {
+        if suffix.contains('*') {
+            return Err(format!(
+                "{raw:?}: '*' is only allowed as the whole first label (\"*.example.com\")"
+            ));
+        }
+        let suffix = normalize_host(suffix).map_err(|e| e.to_string())?;
+        if suffix.parse::<std::net::IpAddr>().is_ok() {
+            return Err(format!("{raw:?}: a wildcard cannot precede an IP address"));
+        }
+        if !suffix.contains('.') {
+            return Err(format!(
+                "{raw:?} would match a whole top-level domain; name the domain (\"*.example.{suffix}\")"
+            ));
+        }
+        return Ok(HostPattern::Wildcard(suffix));
+    }
+    if trimmed.contains('*') {
+        return Err(format!(
+            "{raw:?}: '*' is only allowed as the whole first label (\"*.example.com\")"
+        ));
+    }
+    if let Some((h, p)) = trimmed.rsplit_once(':') {
+        if !h.contains(':') && p.chars().all(|c| c.is_ascii_digit()) {
+            return Err(format!(
+                "{raw:?} contains a port: write hosts = [{h:?}] and ports = [{p}]"
+            ));
+        }
+    }
+    normalize_host(trimmed)
+        .map(HostPattern::Exact)
+        .map_err(|e| e.to_string())
+}
