@@ -352,7 +352,7 @@ impl Policy {
         &self.secrets
     }
 
-    /// `sha256:` and the first 16 hex digits of a digest over every file's name and content.
+    /// `sha256:` and the full 64-hex SHA-256 over every file's name and content.
     pub fn digest(&self) -> &str {
         &self.digest
     }
