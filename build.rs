@@ -14,6 +14,19 @@ fn git(args: &[&str]) -> Option<String> {
     (!s.is_empty()).then_some(s)
 }
 
+/// A crate built from its published package has no `.git`, but `cargo package` recorded the
+/// commit in `.cargo_vcs_info.json` (`{"git": {"sha1": "…"}, …}`).
+fn packaged_rev() -> Option<String> {
+    let text = std::fs::read_to_string(".cargo_vcs_info.json").ok()?;
+    let after = text.split("\"sha1\"").nth(1)?;
+    let sha: String = after
+        .trim_start_matches([' ', ':', '"'])
+        .chars()
+        .take_while(char::is_ascii_hexdigit)
+        .collect();
+    (sha.len() >= 7).then(|| format!("{}, packaged", &sha[..7]))
+}
+
 fn main() {
     println!("cargo:rerun-if-env-changed=LATCHKEY_BUILD_REV");
     let rev = match std::env::var("LATCHKEY_BUILD_REV") {
@@ -30,7 +43,9 @@ fn main() {
                     }
                 }
             }
-            git(&["log", "-1", "--format=%h %cs"]).unwrap_or_else(|| "unknown revision".into())
+            git(&["log", "-1", "--format=%h %cs"])
+                .or_else(packaged_rev)
+                .unwrap_or_else(|| "unknown revision".into())
         }
     };
     println!(
