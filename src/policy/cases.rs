@@ -24,40 +24,32 @@ use std::fmt;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
 use toml::Spanned;
 
 use super::compile::line_col;
 use super::explain::{explain, ExplainError, Explanation, Verdict};
+use super::read::Fields;
+use super::schema::Report;
 use super::{Policy, PolicyError};
 use crate::reason::Reason;
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// A case file as read: each case that read without a problem, with its index in the file.
+#[derive(Debug)]
 struct RawCaseFile {
-    #[serde(default)]
-    cases: Vec<Spanned<RawCase>>,
+    cases: Vec<(usize, Spanned<RawCase>)>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug)]
 struct RawCase {
-    #[serde(default)]
     name: Option<Spanned<String>>,
-    #[serde(default)]
     identity: Option<Spanned<String>>,
     method: Spanned<String>,
     url: Spanned<String>,
-    #[serde(default)]
     headers: BTreeMap<Spanned<String>, Spanned<String>>,
     expect: Spanned<String>,
-    #[serde(default)]
     rule: Option<Spanned<String>>,
-    #[serde(default)]
     reason: Option<Spanned<String>>,
-    #[serde(default)]
     secrets: Option<Spanned<Vec<Spanned<String>>>>,
-    #[serde(default)]
     credential: Option<Spanned<String>>,
 }
 
@@ -155,6 +147,68 @@ struct Cx<'a> {
     errors: Vec<PolicyError>,
 }
 
+impl Report for Cx<'_> {
+    fn error(&mut self, span: Range<usize>, message: String) {
+        Cx::error(self, span, message);
+    }
+
+    fn count(&self) -> usize {
+        self.errors.len()
+    }
+}
+
+/// The keys a case takes, for unknown-key reports and did-you-mean hints.
+const CASE_KEYS: &[&str] = &[
+    "name",
+    "identity",
+    "method",
+    "url",
+    "headers",
+    "expect",
+    "rule",
+    "reason",
+    "secrets",
+    "credential",
+];
+
+/// Reads a case file key by key (the policy files' reader): an unknown key or a wrong type is
+/// reported where it sits, and every other case is still read. A case with a problem is left
+/// out, so it never runs as something it does not say.
+fn read_case_file(table: &toml_edit::Table, cx: &mut Cx<'_>) -> RawCaseFile {
+    let root = Fields::new(table, 0..0, String::new(), &["cases"], cx);
+    let mut cases = Vec::new();
+    for (index, entry) in root
+        .table_list_of("cases", CASE_KEYS, cx)
+        .into_iter()
+        .enumerate()
+    {
+        let Ok(f) = entry else { continue };
+        let before = cx.count();
+        let method = f.required(cx, "method", |f, r, k| f.string(r, k));
+        let url = f.required(cx, "url", |f, r, k| f.string(r, k));
+        let expect = f.required(cx, "expect", |f, r, k| f.string(r, k));
+        let case = RawCase {
+            name: f.string(cx, "name"),
+            identity: f.string(cx, "identity"),
+            method: method.unwrap_or_else(|| Spanned::new(0..0, String::new())),
+            url: url.unwrap_or_else(|| Spanned::new(0..0, String::new())),
+            headers: f
+                .string_map(cx, "headers")
+                .map(|m| m.into_inner().into_iter().collect())
+                .unwrap_or_default(),
+            expect: expect.unwrap_or_else(|| Spanned::new(0..0, String::new())),
+            rule: f.string(cx, "rule"),
+            reason: f.string(cx, "reason"),
+            secrets: f.strings(cx, "secrets"),
+            credential: f.string(cx, "credential"),
+        };
+        if f.complete && cx.count() == before {
+            cases.push((index, Spanned::new(f.span.clone(), case)));
+        }
+    }
+    RawCaseFile { cases }
+}
+
 impl Cx<'_> {
     fn error(&mut self, span: Range<usize>, message: String) {
         let (line, col) = line_col(self.text, span.start);
@@ -178,21 +232,22 @@ pub fn parse_cases(
         text,
         errors: Vec::new(),
     };
-    let raw = match toml::from_str::<RawCaseFile>(text) {
-        Ok(raw) => raw,
-        Err(e) => {
-            cx.error(e.span().unwrap_or(0..0), e.message().to_string());
+    let doc = match super::schema::parse(text) {
+        Ok(doc) => doc,
+        Err((span, message)) => {
+            cx.error(span, message);
             return Err(cx.errors);
         }
     };
-    if raw.cases.is_empty() {
+    let raw = read_case_file(doc.as_table(), &mut cx);
+    if raw.cases.is_empty() && cx.errors.is_empty() {
         cx.error(
             0..0,
             "no [[cases]] in this file: add at least one case (method, url, expect)".to_string(),
         );
     }
     let mut cases = Vec::new();
-    for (i, raw_case) in raw.cases.into_iter().enumerate() {
+    for (i, raw_case) in raw.cases {
         let span = raw_case.span();
         if let Some(case) = validate(&mut cx, i, span, raw_case.into_inner(), policy) {
             cases.push(case);
@@ -201,6 +256,8 @@ pub fn parse_cases(
     if cx.errors.is_empty() {
         Ok(cases)
     } else {
+        // Reported as found; shown in file order, like `check`.
+        cx.errors.sort_by_key(|e| (e.line, e.col));
         Err(cx.errors)
     }
 }
@@ -531,8 +588,39 @@ authorization = "Bearer {{secret.k}}"
             "{e:?}"
         );
         let e = errors("[[cases]]\nmethod = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"allow\"\ncolour = \"blue\"\n");
+        assert_eq!(e.len(), 1, "{e:?}");
         assert!(
-            e[0].starts_with("t.toml:5:1: unknown field `colour`"),
+            e[0].starts_with("t.toml:5:1: cases[0]: unknown key `colour`; known keys:"),
+            "{e:?}"
+        );
+        // An unknown key hides nothing: the same case's other problems and every other case's
+        // are reported too, in file order, each at its line and column, with a did-you-mean.
+        let e = errors(
+            "[[cases]]\nmethd = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"maybe\"\n\n\
+             [[cases]]\nmethod = 7\nurl = \"https://api.test/\"\nexpect = \"allow\"\n\n\
+             [[cases]]\nmethod = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"deny\"\nreason = \"nope\"\n",
+        );
+        assert_eq!(
+            e,
+            [
+                "t.toml:1:1: cases[0]: missing key `method`",
+                "t.toml:2:1: cases[0]: unknown key `methd`; did you mean `method`?",
+                "t.toml:7:10: cases[1].method: expected a string, found an integer",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .chain(
+                e.iter()
+                    .filter(|m| m.starts_with("t.toml:15:10: cases[2].reason"))
+                    .cloned()
+            )
+            .collect::<Vec<_>>(),
+            "{e:?}"
+        );
+        assert_eq!(e.len(), 4, "{e:?}");
+        let e = errors("cases = \"x\"\n");
+        assert!(
+            e[0].starts_with("t.toml:1:9: cases: expected a list of tables, found a string; write each case as [[cases]]"),
             "{e:?}"
         );
         let e = errors("");

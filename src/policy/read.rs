@@ -286,6 +286,16 @@ impl<'a> Fields<'a> {
         key: &str,
         r: &mut dyn Report,
     ) -> Vec<Result<Fields<'a>, Range<usize>>> {
+        self.table_list_of(key, RULE_KEYS, r)
+    }
+
+    /// A list of tables (`[[key]]` or `key = [{ ... }]`) whose entries take the keys `known`.
+    pub(super) fn table_list_of(
+        &self,
+        key: &str,
+        known: &[&str],
+        r: &mut dyn Report,
+    ) -> Vec<Result<Fields<'a>, Range<usize>>> {
         let Some((span, item)) = self.get(key) else {
             return Vec::new();
         };
@@ -294,7 +304,7 @@ impl<'a> Fields<'a> {
             Item::ArrayOfTables(list) => {
                 for (i, t) in list.iter().enumerate() {
                     let at = t.span().unwrap_or_else(|| span.clone());
-                    out.push(Ok(Fields::new(t, at, format!("{key}[{i}]"), RULE_KEYS, r)));
+                    out.push(Ok(Fields::new(t, at, format!("{key}[{i}]"), known, r)));
                 }
             }
             Item::Value(Value::Array(list)) => {
@@ -302,7 +312,7 @@ impl<'a> Fields<'a> {
                     let at = v.span().unwrap_or_else(|| span.clone());
                     let path = format!("{key}[{i}]");
                     match v.as_inline_table() {
-                        Some(t) => out.push(Ok(Fields::new(t, at, path, RULE_KEYS, r))),
+                        Some(t) => out.push(Ok(Fields::new(t, at, path, known, r))),
                         None => {
                             r.error(
                                 at.clone(),
@@ -316,8 +326,9 @@ impl<'a> Fields<'a> {
             other => r.error(
                 span,
                 format!(
-                    "{}; write each rule as [[{key}]]",
-                    mismatch(key, "a list of tables", other)
+                    "{}; write each {} as [[{key}]]",
+                    mismatch(key, "a list of tables", other),
+                    key.strip_suffix('s').unwrap_or("entry")
                 ),
             ),
         }
