@@ -172,8 +172,7 @@ const CASE_KEYS: &[&str] = &[
 ];
 
 /// Reads a case file key by key (the policy files' reader): an unknown key or a wrong type is
-/// reported where it sits, and every other case is still read. A case with a problem is left
-/// out, so it never runs as something it does not say.
+/// reported where it sits, and every other case is still read and checked.
 fn read_case_file(table: &toml_edit::Table, cx: &mut Cx<'_>) -> RawCaseFile {
     let root = Fields::new(table, 0..0, String::new(), &["cases"], cx);
     let mut cases = Vec::new();
@@ -183,28 +182,31 @@ fn read_case_file(table: &toml_edit::Table, cx: &mut Cx<'_>) -> RawCaseFile {
         .enumerate()
     {
         let Ok(f) = entry else { continue };
-        let before = cx.count();
         let method = f.required(cx, "method", |f, r, k| f.string(r, k));
         let url = f.required(cx, "url", |f, r, k| f.string(r, k));
         let expect = f.required(cx, "expect", |f, r, k| f.string(r, k));
+        // Without these three there is nothing to check the rest against; with them, the
+        // case's own checks still run (and report) even beside an unknown key. A file with any
+        // problem runs none of its cases.
+        let (Some(method), Some(url), Some(expect)) = (method, url, expect) else {
+            continue;
+        };
         let case = RawCase {
             name: f.string(cx, "name"),
             identity: f.string(cx, "identity"),
-            method: method.unwrap_or_else(|| Spanned::new(0..0, String::new())),
-            url: url.unwrap_or_else(|| Spanned::new(0..0, String::new())),
+            method,
+            url,
             headers: f
                 .string_map(cx, "headers")
                 .map(|m| m.into_inner().into_iter().collect())
                 .unwrap_or_default(),
-            expect: expect.unwrap_or_else(|| Spanned::new(0..0, String::new())),
+            expect,
             rule: f.string(cx, "rule"),
             reason: f.string(cx, "reason"),
             secrets: f.strings(cx, "secrets"),
             credential: f.string(cx, "credential"),
         };
-        if f.complete && cx.count() == before {
-            cases.push((index, Spanned::new(f.span.clone(), case)));
-        }
+        cases.push((index, Spanned::new(f.span.clone(), case)));
     }
     RawCaseFile { cases }
 }
@@ -618,6 +620,16 @@ authorization = "Bearer {{secret.k}}"
             "{e:?}"
         );
         assert_eq!(e.len(), 4, "{e:?}");
+        // An unknown key beside a bad `expect` in the same case: both reported.
+        let e = errors(
+            "[[cases]]\nmethod = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"maybe\"\nrul = \"x\"\n",
+        );
+        assert_eq!(e.len(), 2, "{e:?}");
+        assert!(e[0].starts_with("t.toml:4:10: cases[0].expect"), "{e:?}");
+        assert!(
+            e[1].starts_with("t.toml:5:1: cases[0]: unknown key `rul`; did you mean `rule`?"),
+            "{e:?}"
+        );
         let e = errors("cases = \"x\"\n");
         assert!(
             e[0].starts_with("t.toml:1:9: cases: expected a list of tables, found a string; write each case as [[cases]]"),
