@@ -456,7 +456,7 @@ fn escape_byte(b: u8) -> bool {
 }
 
 /// `bytes` with the escapes an upstream's parser undoes taken out — `%XX` (form bodies, any
-/// byte escaped), JSON's `\uXXXX` (surrogate pairs joined) and `\/ \" \\ \b \f \t` — and
+/// byte escaped), JSON's `\u` with four hex digits (surrogate pairs joined) and `\/ \" \\ \b \f \t` — and
 /// line breaks dropped (raw or `\n`/`\r` escaped: MIME and PEM wrap base64 at 64 or 76
 /// columns), so a value escaped byte by byte, or encoded and wrapped, is found as it is once
 /// parsed. `None`: nothing to undo.
