@@ -256,6 +256,46 @@ impl std::fmt::Display for Reason {
     }
 }
 
+/// A request latchkey will not pass on, or could not complete: why (a stable [`Reason`]), under
+/// which rule, and one sentence for the sandbox. Every phase returns it with `?`; one place
+/// drains the request body, scrubs the message, answers and records it.
+///
+/// `message` is built from names, hosts and paths, never from a secret value; it is still
+/// scrubbed before anyone sees it, because a URL the sandbox sent may hold one.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {message}", reason.code())]
+pub struct Refusal {
+    pub reason: Reason,
+    /// The rule that matched (or came closest), when there was one.
+    pub rule: Option<String>,
+    pub message: String,
+}
+
+impl Refusal {
+    pub fn new(reason: Reason, message: impl Into<String>) -> Self {
+        Self {
+            reason,
+            rule: None,
+            message: message.into(),
+        }
+    }
+
+    /// Names the rule the request was under, unless a more specific phase already did.
+    #[must_use]
+    pub fn under(mut self, rule: &str) -> Self {
+        if self.rule.is_none() {
+            self.rule = Some(rule.to_string());
+        }
+        self
+    }
+}
+
+impl From<(Reason, String)> for Refusal {
+    fn from((reason, message): (Reason, String)) -> Self {
+        Self::new(reason, message)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
