@@ -13,8 +13,10 @@
 #            --report PATH (default bench/results.md; --smoke writes bench/out/results-smoke.md)
 #            --keep (re-measure some peers/scenarios and merge into the previous run's data)
 #            --profile (perf record latchkey-1w's measured runs; reports in bench/out/profile-sN.txt)
+#            --baseline PATH (a second latchkey binary, e.g. the commit before a change, run as peer
+#                             `latchkey-base` with `--workers 1` in the same passes: before/after side by side)
 #   env:     LATCHKEY=PATH (binary to measure), BENCH_AUDIT=PATH (latchkey's --audit, e.g. /dev/null)
-#   peers:     latchkey-1w,latchkey,envoy,squid,mitmproxy   (direct always runs as the control)
+#   peers:     latchkey-1w,latchkey,latchkey-base,envoy,squid,mitmproxy   (direct always runs as the control)
 #   scenarios: 1..5 (see below)
 #
 # Pinning: load generator (oha) and nginx on CPU 0, the proxy alone on CPU 1.
@@ -31,6 +33,7 @@ PEERS="latchkey-1w,latchkey,envoy,squid,mitmproxy"
 SCENARIOS="1,2,3,4,5"
 INSTALL=1 BUILD=1 EXTRAS=1 SCRUB=0 IDLE_CONNS=10000 MODE=full KEEP=0 PROFILE=0 HALF=1
 HALF_PEERS="latchkey-1w"
+BASELINE=""
 REPORT="$HERE/results.md"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -50,17 +53,21 @@ while [ $# -gt 0 ]; do
     --half-peers) HALF_PEERS="$2"; shift ;;
     --idle-conns) IDLE_CONNS="$2"; shift ;;
     --scrub) SCRUB=1 ;;
-    --keep) KEEP=1 ;;
-    --profile) PROFILE=1 ;;  # merge into the previous bench/out/runs.jsonl (replacing rows of the selected peers+scenarios)
+    --keep) KEEP=1 ;;  # merge into the previous bench/out/runs.jsonl (replacing rows of the selected peers+scenarios)
+    --profile) PROFILE=1 ;;
+    --baseline) BASELINE="$2"; shift ;;
     -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
 done
+# A baseline binary runs as one more peer, beside the build under test, in the same passes.
+if [ -n "$BASELINE" ] && [[ ",$PEERS," != *",latchkey-base,"* ]]; then PEERS="$PEERS,latchkey-base"; fi
+if [ -n "$BASELINE" ] && [[ ",$HALF_PEERS," != *",latchkey-base,"* ]]; then HALF_PEERS="$HALF_PEERS,latchkey-base"; fi
 
 # Ports (loopback only).
 P_HTTP=18080 P_HTTPS=18443 P_TUN=18444
-P_LK1=13128 P_LK=13127 P_ENVOY=13129 P_SQUID=13130 P_MITM=13131 P_LKIDLE=13140
+P_LK1=13128 P_LK=13127 P_LKBASE=13126 P_ENVOY=13129 P_SQUID=13130 P_MITM=13131 P_LKIDLE=13140
 
 NCPU=$(nproc)
 if [ "$NCPU" -ge 2 ]; then CPU_LOAD=0 CPU_PROXY=1; else CPU_LOAD=0 CPU_PROXY=0; fi
@@ -187,9 +194,10 @@ export BENCH_KEY="bench-secret-value-0123456789abcdef"
 export RUST_LOG=warn
 declare -A PROXY_PID PROXY_PORT PROXY_CA
 start_latchkey() { # name port workers-args...
-  local name=$1 port=$2; shift 2
+  local name=$1 port=$2 bin=$LATCHKEY; shift 2
+  [ "$name" = latchkey-base ] && bin=$BASELINE
   mkdir -p "$OUT/$name-ca"
-  taskset -c "$CPU_PROXY" "$LATCHKEY" serve --policies "$CONF/policies" --listen "127.0.0.1:$port" --admin off \
+  taskset -c "$CPU_PROXY" "$bin" serve --policies "$CONF/policies" --listen "127.0.0.1:$port" --admin off \
     --ca-dir "$OUT/$name-ca" --audit "${BENCH_AUDIT:-$OUT/$name-audit.jsonl}" --upstream-ca "$OUT/ca.pem" \
     --allow-private 127.0.0.0/8 "$@" 2>"$OUT/$name.stderr" &
   local pid=$!; PIDS+=($pid)
@@ -202,6 +210,10 @@ start_latchkey() { # name port workers-args...
 }
 has_peer latchkey-1w && start_latchkey latchkey-1w $P_LK1 --workers 1
 has_peer latchkey && start_latchkey latchkey $P_LK
+if has_peer latchkey-base; then
+  [ -x "${BASELINE:-}" ] || { echo "--baseline: no latchkey binary at '${BASELINE:-}'" >&2; exit 1; }
+  start_latchkey latchkey-base $P_LKBASE --workers 1
+fi
 
 if has_peer envoy; then
   ENVOY_BIN=$("$VENV/bin/python" -c 'import envoy._bin,os;print(os.path.join(os.path.dirname(envoy._bin.__file__),"envoy"))' 2>/dev/null || command -v envoy || true)
@@ -313,7 +325,7 @@ run_one() { # pass scenario proxy [rate] -> appends to runs.jsonl (half.jsonl wi
 }
 
 IFS=, read -r -a SCEN_LIST <<< "$SCENARIOS"
-PROXY_ORDER=(latchkey-1w latchkey envoy squid mitmproxy)
+PROXY_ORDER=(latchkey-1w latchkey latchkey-base envoy squid mitmproxy)
 for pass in $(seq 1 "$REPS"); do
   for s in "${SCEN_LIST[@]}"; do
     for attempt in 1 2; do
@@ -429,13 +441,14 @@ fi
   echo "cpu=$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1)"
   echo "kernel=$(uname -r)"
   echo "latchkey=$("$LATCHKEY" --version 2>/dev/null || echo '?') (git $(cd "$ROOT" && git rev-parse --short HEAD)$(cd "$ROOT" && git diff --quiet -- src || echo '+dirty src'))"
+  [ -n "$BASELINE" ] && echo "baseline=$("$BASELINE" --version 2>/dev/null || echo '?') ($BASELINE)"
   echo "oha=$(oha --version 2>/dev/null)"
   echo "nginx=$(nginx -v 2>&1 | sed 's/.*: //')"
   echo "squid=$(squid -v 2>/dev/null | head -n 1)"
   echo "envoy=$([ -n "${ENVOY_BIN:-}" ] && "$ENVOY_BIN" --version 2>/dev/null | grep -o 'version: [^ ]*' | head -n 1)"
   echo "mitmproxy=$([ -n "${MITM_BIN:-}" ] && "$MITM_BIN" --version 2>/dev/null | head -n 1)"
   echo "mode=$MODE reps=$REPS warmup=${WARMUP}s duration=${DURATION}s peers=$PEERS scenarios=$SCENARIOS"
-  for n in latchkey-1w latchkey; do
+  for n in latchkey-1w latchkey latchkey-base; do
     f="$OUT/$n-audit.jsonl"
     echo "audit_lines_$n=$( [ -f "$f" ] && wc -l < "$f" || echo 0)"
   done

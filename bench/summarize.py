@@ -7,8 +7,9 @@ SCEN = {1: "plain HTTP forward, keep-alive, 64 conns",
         3: "HTTPS MITM, new connection per request (`--disable-keepalive`), 16 conns",
         4: "CONNECT passthrough (`tunnel = true` / splice / plain CONNECT), keep-alive, 64 conns",
         5: "64 KiB responses through MITM, redaction on (latchkey), keep-alive, 64 conns"}
-ORDER = ["direct", "latchkey-1w", "latchkey", "envoy", "squid", "mitmproxy"]
+ORDER = ["direct", "latchkey-1w", "latchkey-base", "latchkey", "envoy", "squid", "mitmproxy"]
 LABEL = {"direct": "direct (control)", "latchkey-1w": "latchkey `--workers 1`",
+         "latchkey-base": "baseline latchkey `--workers 1` (`--baseline`)",
          "latchkey": "latchkey (default workers)", "envoy": "Envoy `--concurrency 1`",
          "squid": "Squid 5.7 (ssl-bump for MITM)", "mitmproxy": "mitmdump"}
 
@@ -60,7 +61,7 @@ P("Load generator and nginx pinned to CPU 0, the proxy alone to CPU 1 (`taskset`
 P("## How this was run\n")
 P(f"- mode: `{env.get('mode')}`")
 P(f"- machine: {env.get('nproc')} CPUs, {env.get('cpu')}, Linux {env.get('kernel')}")
-for k in ("latchkey", "oha", "nginx", "squid", "envoy", "mitmproxy"):
+for k in ("latchkey", "baseline", "oha", "nginx", "squid", "envoy", "mitmproxy"):
     P(f"- {k}: {env.get(k) or 'not run'}")
 P("- each figure is the median over passes of one run of `oha -z DURATION` after a discarded warm-up run "
   "of the same shape; the proxy order rotates every pass; a direct control runs before and after "
@@ -107,6 +108,20 @@ for s in sorted({r["scenario"] for r in rows}):
     dr = f"{lk['rps'] / d['rps']:.2f}×" if d and d["rps"] else "—"
     P(f"| {s} | {dr} | {rat('envoy')} | {rat('squid')} | {rat('mitmproxy')} |")
 P()
+
+if any(p == "latchkey-base" for (_, p) in summary):
+    P("## Before / after (`--baseline`: the two builds in the same passes)\n")
+    P(f"This build: {env.get('latchkey')}. Baseline: {env.get('baseline')}. Ratios < 1 mean this build needs less.\n")
+    P("| scenario | CPU µs/req before → after | CPU ratio | req/s before → after | p99 ms before → after |")
+    P("|---|---:|---:|---:|---:|")
+    for s in sorted({sc for (sc, _) in summary}):
+        b, a = summary.get((s, "latchkey-base")), summary.get((s, "latchkey-1w"))
+        if not a or not b:
+            continue
+        ratio = f"{a['cpu'] / b['cpu']:.2f}×" if a["cpu"] and b["cpu"] else "—"
+        P(f"| {s} | {f(b['cpu'], '{:.0f}')} → {f(a['cpu'], '{:.0f}')} | {ratio} | {f(b['rps'])} → {f(a['rps'])} | "
+          f"{f(b['p99'], '{:.2f}')} → {f(a['p99'], '{:.2f}')} |")
+    P()
 
 half = load(os.path.join(out, "half.jsonl"))
 if half:
