@@ -178,25 +178,43 @@ async fn phases(
     // send: provisionally an upstream error, so a request cut short (shutdown, the client
     // leaving) is recorded as allowed by policy and not completed.
     verdict.record_outcome(entry, Reason::UpstreamError, None);
-    let res = outgoing::send(proxy, rule, &target, out.request, &out.body_refused, entry).await?;
+    let plan = out.plan;
+    let res = outgoing::send(proxy, rule, &target, out.request, &plan.body_refused, entry).await?;
 
-    // respond: record what came back, then decode decision, strip, scrub (`response::filter`).
+    // respond: decode decision, strip, scrub.
+    respond(proxy, &verdict, &target.host, res, plan, entry).await
+}
+
+/// The respond phase: records what came back, then turns it into what the sandbox may see
+/// (`response::filter`).
+///
+/// Assumes: `res` is the upstream's answer to the request the broker built under `verdict`.
+/// Guarantees: on `Ok`, the record holds the outcome, the status and the upstream address, and
+/// the response is safe to send ([`response::filter`]'s guarantees).
+async fn respond(
+    proxy: &Proxy,
+    verdict: &decide::Verdict<'_>,
+    host: &str,
+    res: Response<Incoming>,
+    plan: outgoing::Plan,
+    entry: &mut Entry,
+) -> Result<Answer, Refusal> {
     let upstream = res.extensions().get::<UpstreamAddr>().map(|a| a.0);
     verdict.record_outcome(entry, Reason::Allowed, Some(res.status().as_u16()));
     entry.update(|r| r.upstream = upstream.map(|a| a.to_string()));
     let response_cx = response::ResponseCx {
-        host: &target.host,
-        is_head: out.is_head,
-        scan: out.scan,
+        host,
+        is_head: plan.is_head,
+        scan: plan.scan,
         max_decoded: proxy.max_decoded_body,
         counters: entry.counters(),
     };
     let response = response::filter(res, response_cx)
         .await
-        .map_err(|r| r.under(&rule.name))?;
+        .map_err(|r| r.under(&verdict.rule.name))?;
     Ok(Answer {
         response,
-        body_refused: out.body_refused,
+        body_refused: plan.body_refused,
     })
 }
 

@@ -26,6 +26,11 @@ use crate::upstream::{find_upstream_error, Body};
 /// The request as latchkey sends it, and what the response phase needs to know about it.
 pub(super) struct Outgoing {
     pub request: Request<Body>,
+    pub plan: Plan,
+}
+
+/// What the respond and record phases need to know about the request that was sent.
+pub(super) struct Plan {
     /// Where the streaming body detector leaves its refusal if it cuts the upload off: the
     /// client's error does not always carry it (an h2 upstream sees only a stream reset).
     pub body_refused: Arc<OnceLock<BodyRefused>>,
@@ -118,9 +123,11 @@ pub(super) async fn broker(
     head.extensions = http::Extensions::new();
     Ok(Outgoing {
         request: Request::from_parts(head, brokered.body),
-        body_refused: brokered.refused,
-        scan,
-        is_head,
+        plan: Plan {
+            body_refused: brokered.refused,
+            scan,
+            is_head,
+        },
     })
 }
 
