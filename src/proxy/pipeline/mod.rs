@@ -12,9 +12,9 @@
 //!
 //! Each phase is a function whose doc comment says what it may assume and what it guarantees;
 //! each returns `Result<_, Refusal>`, and `?` carries a refusal to [`refuse`], the one place
-//! that drains the request body, answers and records. The phases live in [`admit`], [`decide`],
-//! [`outgoing`] (broker, send) and [`super::response`] (respond). This module composes them and
-//! decides nothing itself.
+//! that drains the request body, answers and records. The phases live in [`admit`], [`decide`]
+//! and [`outgoing`] (broker, send); respond (over [`super::response`]) and record are here. This
+//! module composes them and decides nothing itself.
 
 mod admit;
 mod decide;
