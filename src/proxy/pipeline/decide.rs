@@ -204,6 +204,46 @@ mod tests {
     }
 
     #[test]
+    fn a_compiled_policy_feeds_the_verdict_and_only_explain_words_an_allow() {
+        let text = "[[rules]]\nname = \"api\"\nhosts = [\"api.test\"]\nmethods = [\"GET\"]\n\n\
+                    [[rules]]\nname = \"watch\"\nhosts = [\"watch.test\"]\nmethods = [\"GET\"]\nmode = \"report\"\n";
+        let policy = crate::policy::compile_sources(&[(std::path::Path::new("p.toml"), text)])
+            .unwrap_or_else(|e| panic!("policy: {e:?}"));
+        let report = Rule::report_only();
+        let target = |host, method| crate::policy::Target {
+            identity: None,
+            scheme: crate::policy::Scheme::Https,
+            host,
+            port: 443,
+            method,
+            path: "/x",
+        };
+        let (get, post) = (http::Method::GET, http::Method::POST);
+        let allow = policy.decide(&target("api.test", &get));
+        assert!(allow.message.is_empty(), "the hot path formats no sentence");
+        let explained = policy.decide_explained(&target("api.test", &get));
+        assert_eq!(
+            explained.message,
+            "rule 'api' allows GET https://api.test/x"
+        );
+        let v = verdict(allow, false, &report).expect("allowed");
+        assert_eq!(v.record_rule(), "api");
+        let denied = verdict(policy.decide(&target("api.test", &post)), false, &report);
+        let r = denied.expect_err("refused");
+        assert_eq!(
+            (r.reason, r.rule.as_deref()),
+            (Reason::MethodNotAllowed, Some("api"))
+        );
+        assert!(r.message.contains("allows only GET"), "{}", r.message);
+        let v = verdict(policy.decide(&target("watch.test", &post)), false, &report)
+            .expect("a report-mode rule lets its near miss through");
+        assert_eq!(
+            (v.rule.name.as_str(), v.record_rule()),
+            ("report-only", "watch")
+        );
+    }
+
+    #[test]
     fn report_mode_never_lets_a_denial_through_that_is_not_policys() {
         let (audit, report) = (rule("audit-me", true), Rule::report_only());
         for reason in Reason::ALL.into_iter().filter(|r| !r.is_allow()) {
