@@ -86,6 +86,13 @@ fn decide(c: &mut Criterion) {
         group.bench_function(name, |b| {
             b.iter(|| black_box(policy.decide(black_box(&target))))
         });
+        // What the allow path cost before issue 13: the allow sentence formatted on every
+        // decision (`decide` now leaves it to `explain`).
+        if name.ends_with("_allow") {
+            group.bench_function(format!("{name}_explained"), |b| {
+                b.iter(|| black_box(policy.decide_explained(black_box(&target))))
+            });
+        }
     }
     group.finish();
 }

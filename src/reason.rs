@@ -1,6 +1,8 @@
 //! Stable reason codes: the one vocabulary shared by decisions, responses, logs and audit records.
 //!
 //! A code is a contract: scripts and dashboards match on it. Add codes freely; never rename one.
+//! Also here, because every module that maps a failure to a reason needs it: [`Refusal`], and
+//! the one walk over an error's chain of sources ([`find_cause`], [`chain_text`]).
 
 use http::StatusCode;
 
@@ -296,6 +298,34 @@ impl From<(Reason, String)> for Refusal {
     }
 }
 
+/// `err` and each error it was caused by, outermost first: the one walk over a chain of sources.
+pub fn causes<'a>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(err), |e| e.source())
+}
+
+/// The first error of type `T` in `err`'s chain, `err` included: how a failure deep inside
+/// hyper's client is traced back to the cause latchkey gave it (a guard refusal, a body the
+/// detector cut off) and so to its reason.
+pub fn find_cause<'a, T: std::error::Error + 'static>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a T> {
+    causes(err).find_map(|e| e.downcast_ref::<T>())
+}
+
+/// `a: b: c` from an error and its sources, for a message that says what failed.
+pub fn chain_text(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = String::new();
+    for (i, e) in causes(err).enumerate() {
+        if i > 0 {
+            out.push_str(": ");
+        }
+        out.push_str(&e.to_string());
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -323,5 +353,23 @@ mod tests {
                 assert!(s.is_client_error(), "{code}");
             }
         }
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("outer")]
+    struct Outer(#[source] Inner);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("inner")]
+    struct Inner;
+
+    #[test]
+    fn a_cause_is_found_anywhere_in_the_chain_and_the_chain_reads_outermost_first() {
+        let e = Outer(Inner);
+        assert!(find_cause::<Inner>(&e).is_some());
+        assert!(find_cause::<Outer>(&e).is_some());
+        assert!(find_cause::<Refusal>(&e).is_none());
+        assert_eq!(chain_text(&e), "outer: inner");
+        assert_eq!(chain_text(&Inner), "inner");
     }
 }

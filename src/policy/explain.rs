@@ -240,7 +240,7 @@ pub fn explain(
                 },
             ),
             _ => {
-                let d = policy.decide(&target);
+                let d = policy.decide_explained(&target);
                 // The proxy refuses `;` parameters and `//` under the rule that allowed a request
                 // when that rule restricts paths; say so here too.
                 let rule_check = d.rule.filter(|_| d.reason.is_allow()).map(|r| {

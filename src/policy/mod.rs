@@ -258,7 +258,8 @@ pub struct Decision<'p> {
     pub reason: Reason,
     /// The matching rule on allow; on deny, the rule that came closest (if any).
     pub rule: Option<&'p Rule>,
-    /// A sentence for the deny body, logs and `explain`.
+    /// A sentence for the deny body, logs and `explain`; empty on an allow from
+    /// [`Policy::decide`] (see [`Policy::decide_explained`]).
     pub message: String,
 }
 
@@ -381,7 +382,8 @@ impl Policy {
             .any(|r| !r.bound.is_empty() || r.credential.is_some())
     }
 
-    /// Decides one HTTP request.
+    /// Decides one HTTP request. An allow carries an empty message: the proxy's allow path is
+    /// the hot one and never reads it ([`Self::decide_explained`] words it too).
     pub fn decide(&self, t: &Target<'_>) -> Decision<'_> {
         // Built only where a message needs it: the allow path is the hot one.
         let url = UrlDisplay(t.scheme, t.host, t.port, t.path);
@@ -415,7 +417,7 @@ impl Policy {
                 return Decision {
                     reason: Reason::Allowed,
                     rule: Some(rule),
-                    message: format!("rule '{}' allows {} {url}", rule.name, t.method),
+                    message: String::new(),
                 };
             }
         }
@@ -461,6 +463,16 @@ impl Policy {
             rule: Some(rule),
             message: format!("no rule allows {} {url}: {why}", t.method),
         }
+    }
+
+    /// [`Self::decide`], with the sentence for an allow as well (`explain`, `test`).
+    pub fn decide_explained(&self, t: &Target<'_>) -> Decision<'_> {
+        let mut d = self.decide(t);
+        if let (Reason::Allowed, Some(rule)) = (d.reason, d.rule) {
+            let url = UrlDisplay(t.scheme, t.host, t.port, t.path);
+            d.message = format!("rule '{}' allows {} {url}", rule.name, t.method);
+        }
+        d
     }
 
     /// Decides a `CONNECT host:port` before any TLS: refuse unless some rule could allow a

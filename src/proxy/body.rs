@@ -1,4 +1,6 @@
 //! Body wrappers: count bytes each way and finish the audit record when the response ends.
+//!
+//! They carry an [`Entry`] to its end and never decide anything; nothing here depends on policy.
 
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
@@ -156,14 +158,7 @@ where
 pub(super) fn refusal_in<'a>(
     err: &'a (dyn std::error::Error + 'static),
 ) -> Option<&'a super::credentials::BodyRefused> {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    while let Some(e) = cur {
-        if let Some(r) = e.downcast_ref::<super::credentials::BodyRefused>() {
-            return Some(r);
-        }
-        cur = e.source();
-    }
-    None
+    crate::reason::find_cause(err)
 }
 
 /// Wraps a response body so the audit record is written when it finishes. `request_refused`

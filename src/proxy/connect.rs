@@ -6,6 +6,10 @@
 //!   TCP segments is still intercepted, and anything that is not TLS is dropped and audited;
 //! - an SNI that differs from the CONNECT host is refused before a certificate is presented;
 //! - raw bytes are relayed only for a `tunnel = true` rule, over the same guarded dialer.
+//!
+//! The gate admits with the pipeline's own checks (`pipeline::host_clean` and friends), and an
+//! intercepted connection hands each inner request to `pipeline::handle` under a pinned
+//! [`Ctx`]: one admission, one pipeline, whichever listener. It dials only through `upstream`.
 
 use std::io;
 use std::sync::Arc;
@@ -18,120 +22,33 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio_rustls::LazyConfigAcceptor;
 
 use super::pipeline::{self, Ctx};
-use super::respond::refuse;
-use super::{body, Proxy, MAX_HEADER_BYTES};
+use super::{body, respond, Proxy, MAX_HEADER_BYTES};
 use crate::audit::Entry;
-use crate::policy::{normalize_host, ConnectDecision};
-use crate::reason::Reason;
-use crate::upstream::Body;
+use crate::policy::{normalize_host, ConnectDecision, Policy};
+use crate::reason::{Reason, Refusal};
+use crate::upstream::{Body, Dialed};
 
-/// Handles `CONNECT host:port` on the proxy hop.
+/// What the gate lets a CONNECT become.
+enum Opened {
+    /// A `tunnel = true` rule: the upstream is already dialed.
+    Tunnel(Dialed),
+    /// Interception: each inner request goes through the pipeline under this context.
+    Intercept(Ctx),
+}
+
+/// Handles `CONNECT host:port` on the proxy hop: the gate, then `200` and the tunnel or the
+/// interception; a refusal is answered and recorded in one place ([`respond::refused`]).
 pub async fn handle(proxy: Arc<Proxy>, ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Body> {
     let policy = proxy.policy();
     // Back-pressure from a slow audit sink: wait for queue room without holding a thread.
     proxy.audit.room().await;
-    let mut entry = Entry::start(
-        proxy.audit.clone(),
-        ctx.client,
-        &ctx.identity,
-        policy.digest(),
-    );
-    entry.scrub_with(policy.secrets().clone());
+    let mut entry = proxy.open_record(ctx.client, &ctx.identity, &policy);
     entry.update(|r| {
         r.method = Some("CONNECT".to_string());
         r.scheme = Some("https".to_string());
     });
-
-    // admit: authority-form `host:port`, port required, host normalised.
-    if super::headers_too_large(req.headers()) {
-        let msg = format!("request headers exceed {MAX_HEADER_BYTES} bytes");
-        return refused(entry, Reason::HeaderTooLarge, None, &msg);
-    }
-    if let Err((reason, msg)) = super::limits::check_framing(req.headers()) {
-        return refused(entry, reason, None, &msg);
-    }
-    let Some(authority) = req.uri().authority().cloned() else {
-        return refused(entry, Reason::BadRequest, None, "CONNECT needs host:port");
-    };
-    entry.update(|r| r.host = Some(authority.host().to_string()));
-    if authority.as_str().contains('@') {
-        return refused(
-            entry,
-            Reason::UserinfoInUrl,
-            None,
-            "CONNECT authority carries userinfo ('@')",
-        );
-    }
-    let Some(port) = authority.port_u16().filter(|p| *p != 0) else {
-        return refused(
-            entry,
-            Reason::MissingPort,
-            None,
-            &format!("CONNECT {authority} has no port: write host:port"),
-        );
-    };
-    // The host as sent, before it is normalised, resolved or put in a certificate: a secret
-    // value or a placeholder in it (a subdomain under a `*.` rule) would leak to DNS.
-    if let Err((reason, msg)) = super::outbound::check_host(&policy, authority.host()) {
-        entry.update(|r| {
-            r.host = Some(super::outbound::REDACTED_HOST.to_string());
-            r.port = Some(port);
-        });
-        return refused(entry, reason, None, &msg);
-    }
-    let host = match normalize_host(authority.host()) {
-        Ok(h) => h,
-        Err(e) => return refused(entry, Reason::BadRequest, None, &e.to_string()),
-    };
-    entry.update(|r| {
-        r.host = Some(host.clone());
-        r.port = Some(port);
-    });
-    // The raw head as sent: hyper drops a Content-Length next to Transfer-Encoding.
-    if let Some(Err((reason, msg))) = ctx
-        .heads
-        .as_ref()
-        .and_then(|h| h.framing_of("CONNECT", &req.uri().to_string()))
-    {
-        return refused(entry, reason, None, &msg);
-    }
-    // fail closed: nothing goes through while its record cannot be written.
-    if !proxy.audit.is_healthy() {
-        return refused(entry, Reason::AuditUnavailable, None, super::AUDIT_DOWN);
-    }
-
-    // gate: decided before any TLS and before any upstream connection.
-    let identity = if policy.identities().is_empty() {
-        None
-    } else {
-        match policy.identity(&ctx.identity) {
-            Some(i) => Some(i),
-            None => {
-                let msg = format!(
-                    "identity '{}' is not defined by the policy in force",
-                    ctx.identity
-                );
-                return refused(entry, Reason::ProxyAuthRequired, None, &msg);
-            }
-        }
-    };
-    match policy.decide_connect(&host, port, identity) {
-        ConnectDecision::Deny(d)
-            if !(d.reason.is_policy_denial()
-                && (proxy.report_all || d.rule.is_some_and(|r| r.report))) =>
-        {
-            refused(entry, d.reason, d.rule_name(), &d.message)
-        }
-        ConnectDecision::Tunnel(rule) => {
-            let rule_name = rule.name.clone();
-            entry.update(|r| r.rule = Some(rule_name.clone()));
-            // Dial first, so an unreachable upstream is a 502 the client can see.
-            let dialed = match proxy.dialer.dial(&host, port, &rule.allow_private).await {
-                Ok(d) => d,
-                Err(e) => return refused(entry, e.reason(), Some(&rule_name), &e.to_string()),
-            };
-            entry.outcome(Reason::Tunnel, Some(&rule_name), Some(200));
-            entry.update(|r| r.upstream = Some(dialed.addr.to_string()));
+    match gate(&proxy, &ctx, &policy, &mut entry, &req).await {
+        Ok(Opened::Tunnel(dialed)) => {
             tokio::spawn(async move {
                 match hyper::upgrade::on(req).await {
                     Ok(upgraded) => tunnel(upgraded, dialed.stream, entry).await,
@@ -142,17 +59,11 @@ pub async fn handle(proxy: Arc<Proxy>, ctx: Arc<Ctx>, req: Request<Incoming>) ->
             });
             Response::new(body::empty())
         }
-        // Report-only: intercept anyway, so each inner request is decided and marked.
-        ConnectDecision::Deny(_) | ConnectDecision::Intercept => {
-            let ctx = Arc::new(Ctx {
-                client: ctx.client,
-                identity: ctx.identity.clone(),
-                connect: Some((host, port)),
-                heads: None,
-            });
+        Ok(Opened::Intercept(inner)) => {
+            let inner = Arc::new(inner);
             tokio::spawn(async move {
                 match hyper::upgrade::on(req).await {
-                    Ok(upgraded) => intercept(proxy, ctx, upgraded, entry).await,
+                    Ok(upgraded) => intercept(proxy, inner, upgraded, entry).await,
                     Err(e) => {
                         entry.outcome(Reason::TlsHandshakeFailed, None, None);
                         tracing::debug!(error = %e, "CONNECT upgrade failed");
@@ -161,15 +72,90 @@ pub async fn handle(proxy: Arc<Proxy>, ctx: Arc<Ctx>, req: Request<Incoming>) ->
             });
             Response::new(body::empty())
         }
+        Err(refusal) => respond::refused(entry, &refusal),
     }
 }
 
-fn refused(mut entry: Entry, reason: Reason, rule: Option<&str>, message: &str) -> Response<Body> {
-    let message = entry.scrub_text(message);
-    let res = refuse(reason, rule, &message, entry.id());
-    entry.outcome(reason, rule, Some(res.status().as_u16()));
-    entry.finish();
-    res
+/// The gate: admits the authority, then decides, before any TLS and before any upstream
+/// connection (a tunnel's dial aside, which the decision allowed).
+///
+/// Assumes: `ctx` is the proxy hop's, identified. Guarantees: on `Ok`, the authority is
+/// `host:port` with a port, no userinfo, no secret value or placeholder in the host as sent,
+/// the host normalised, the framing unambiguous, the audit log healthy, the identity defined,
+/// and policy lets some request to it through (or report-only mode would let it be decided per
+/// request). The record names the host and port as admitted.
+async fn gate(
+    proxy: &Proxy,
+    ctx: &Ctx,
+    policy: &Policy,
+    entry: &mut Entry,
+    req: &Request<Incoming>,
+) -> Result<Opened, Refusal> {
+    // admit: authority-form `host:port`, port required, host normalised.
+    pipeline::header_block_fits(req.headers())?;
+    pipeline::parsed_framing(req.headers())?;
+    let Some(authority) = req.uri().authority() else {
+        return Err(Refusal::new(Reason::BadRequest, "CONNECT needs host:port"));
+    };
+    entry.update(|r| r.host = Some(authority.host().to_string()));
+    if authority.as_str().contains('@') {
+        return Err(Refusal::new(
+            Reason::UserinfoInUrl,
+            "CONNECT authority carries userinfo ('@')",
+        ));
+    }
+    let Some(port) = authority.port_u16().filter(|p| *p != 0) else {
+        return Err(Refusal::new(
+            Reason::MissingPort,
+            format!("CONNECT {authority} has no port: write host:port"),
+        ));
+    };
+    // The host as sent, before it is normalised, resolved or put in a certificate: a secret
+    // value or a placeholder in it (a subdomain under a `*.` rule) would leak to DNS.
+    if let Err(refusal) = pipeline::host_clean(policy, authority.host(), entry) {
+        entry.update(|r| r.port = Some(port));
+        return Err(refusal);
+    }
+    let host = normalize_host(authority.host())
+        .map_err(|e| Refusal::new(Reason::BadRequest, e.to_string()))?;
+    entry.update(|r| {
+        r.host = Some(host.clone());
+        r.port = Some(port);
+    });
+    // The raw head as sent: hyper drops a Content-Length next to Transfer-Encoding.
+    pipeline::raw_framing(ctx, req.method(), req.uri(), req.version())?;
+    pipeline::audit_healthy(proxy)?;
+
+    // decide: before any TLS and before any upstream connection.
+    let identity = pipeline::identity(policy, &ctx.identity)?;
+    match policy.decide_connect(&host, port, identity) {
+        ConnectDecision::Deny(d)
+            if !(d.reason.is_policy_denial()
+                && (proxy.report_all || d.rule.is_some_and(|r| r.report))) =>
+        {
+            Err(Refusal {
+                reason: d.reason,
+                rule: d.rule_name().map(str::to_string),
+                message: d.message,
+            })
+        }
+        ConnectDecision::Tunnel(rule) => {
+            entry.update(|r| r.rule = Some(rule.name.clone()));
+            // Dial first, so an unreachable upstream is a 502 the client can see.
+            let dialed = proxy
+                .dialer
+                .dial(&host, port, &rule.allow_private)
+                .await
+                .map_err(|e| Refusal::new(e.reason(), e.to_string()).under(&rule.name))?;
+            entry.outcome(Reason::Tunnel, Some(&rule.name), Some(200));
+            entry.update(|r| r.upstream = Some(dialed.addr.to_string()));
+            Ok(Opened::Tunnel(dialed))
+        }
+        // Report-only: intercept anyway, so each inner request is decided and marked.
+        ConnectDecision::Deny(_) | ConnectDecision::Intercept => Ok(Opened::Intercept(
+            Ctx::pinned(ctx.client, ctx.identity.clone(), host, port),
+        )),
+    }
 }
 
 /// Relays raw bytes both ways for a `tunnel = true` rule; the record is written when it ends.
@@ -194,7 +180,7 @@ async fn tunnel(upgraded: Upgraded, mut upstream: tokio::net::TcpStream, entry: 
 
 /// Terminates the sandbox's TLS with a leaf for the CONNECT host and serves h1/h2 inside.
 async fn intercept(proxy: Arc<Proxy>, ctx: Arc<Ctx>, upgraded: Upgraded, entry: Entry) {
-    let Some((host, _)) = ctx.connect.clone() else {
+    let Some((host, _)) = ctx.pinned.clone() else {
         return;
     };
     let metrics = proxy.metrics().clone();
@@ -256,10 +242,7 @@ async fn intercept(proxy: Arc<Proxy>, ctx: Arc<Ctx>, upgraded: Upgraded, entry: 
 
     // The inner connection gets its own idle timeout and raw-head view (HTTP/1 inside TLS).
     let io = super::limits::Idle::new(tls, proxy.limits.idle_timeout);
-    let ctx = Arc::new(Ctx {
-        heads: Some(io.heads()),
-        ..(*ctx).clone()
-    });
+    let ctx = Arc::new((*ctx).clone().with_heads(io.heads()));
     let (audit_proxy, client) = (proxy.clone(), ctx.client);
     let header_timeout = proxy.limits.header_timeout;
     let mut shutdown = proxy.shutdown.subscribe();

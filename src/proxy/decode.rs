@@ -8,6 +8,7 @@
 //!
 //! The decoders are `flate2`'s and `brotli-decompressor`'s `Read` adaptors over a source that
 //! says `WouldBlock` while it waits for the next frame; both resume where they stopped.
+//! This module knows bytes and codings only: nothing of secrets, policy or sockets.
 
 use std::collections::VecDeque;
 use std::io::{self, BufReader, Read};
@@ -45,12 +46,24 @@ impl Coding {
     }
 }
 
-/// The codings of a response body in the order they were applied (`identity` dropped), or the
-/// `Content-Encoding` text when latchkey cannot undo it (unknown coding, not ASCII, too many).
-pub fn codings(headers: &HeaderMap) -> Result<Vec<Coding>, String> {
+/// A `Content-Encoding` latchkey cannot undo; its text is what the refusal quotes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CodingError {
+    #[error("(not ASCII)")]
+    NotAscii,
+    /// The whole header value that named an unknown coding.
+    #[error("{0}")]
+    Unknown(String),
+    #[error("{0} stacked codings")]
+    Stacked(usize),
+}
+
+/// The codings of a response body in the order they were applied (`identity` dropped), or why
+/// latchkey cannot undo them (unknown coding, not ASCII, too many).
+pub fn codings(headers: &HeaderMap) -> Result<Vec<Coding>, CodingError> {
     let mut out = Vec::new();
     for value in headers.get_all(http::header::CONTENT_ENCODING) {
-        let text = value.to_str().map_err(|_| "(not ASCII)".to_string())?;
+        let text = value.to_str().map_err(|_| CodingError::NotAscii)?;
         for token in text.split(',') {
             let token = token.trim().to_ascii_lowercase();
             match token.as_str() {
@@ -58,12 +71,12 @@ pub fn codings(headers: &HeaderMap) -> Result<Vec<Coding>, String> {
                 "gzip" | "x-gzip" => out.push(Coding::Gzip),
                 "deflate" => out.push(Coding::Deflate),
                 "br" => out.push(Coding::Brotli),
-                _ => return Err(text.trim().to_string()),
+                _ => return Err(CodingError::Unknown(text.trim().to_string())),
             }
         }
     }
     if out.len() > MAX_CODINGS {
-        return Err(format!("{} stacked codings", out.len()));
+        return Err(CodingError::Stacked(out.len()));
     }
     Ok(out)
 }
@@ -464,7 +477,7 @@ mod tests {
         h.append("content-encoding", "identity".parse().expect("v"));
         assert_eq!(codings(&h), Ok(vec![Coding::Gzip, Coding::Brotli]));
         h.append("content-encoding", "zstd".parse().expect("v"));
-        assert_eq!(codings(&h), Err("zstd".to_string()));
+        assert_eq!(codings(&h), Err(CodingError::Unknown("zstd".to_string())));
         let mut h = HeaderMap::new();
         h.insert(
             "content-encoding",

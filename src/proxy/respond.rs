@@ -1,10 +1,19 @@
-//! The one place that turns a reason into the response the sandbox sees.
+//! The one place that turns a refusal into what the sandbox sees, and writes its record.
+//!
+//! Every refused request ends here, whichever phase refused it: the pipeline, the CONNECT gate,
+//! the proxy hop's identify step, and the connection-level answers hyper cannot give (over the
+//! connection caps, a stalled header block). [`refuse`] builds the `http::Response`;
+//! [`refuse_raw`] writes the same status, headers and sentence as HTTP/1.1 bytes for a socket
+//! hyper does not (or no longer) serve. Both take their head from [`head`], so the two can never
+//! disagree on a header. It depends on `audit`, `reason` and `upstream`'s body type, nothing that
+//! decides.
 
 use http::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
-use http::Response;
+use http::{HeaderMap, Response};
 
 use super::body;
-use crate::reason::Reason;
+use crate::audit::Entry;
+use crate::reason::{Reason, Refusal};
 use crate::upstream::Body;
 
 pub const DECISION_HEADER: &str = "x-latchkey-decision";
@@ -16,15 +25,80 @@ pub const ID_HEADER: &str = "x-latchkey-id";
 /// sentence. `message` must never contain a secret value: callers build it from names, hosts
 /// and paths only.
 pub fn refuse(reason: Reason, rule: Option<&str>, message: &str, id: &str) -> Response<Body> {
-    let (decision, prefix) = if reason.is_allow() {
-        ("allow", "upstream error")
-    } else {
-        ("deny", "denied")
-    };
-    let text = format!("latchkey: {prefix}: {message}\n");
-    let mut res = Response::new(body::full(text));
+    let mut res = Response::new(body::full(sentence(reason, message)));
     *res.status_mut() = reason.status();
-    let h = res.headers_mut();
+    *res.headers_mut() = head(reason, rule, id);
+    res
+}
+
+/// The same answer as [`refuse`], as the bytes of an HTTP/1.1 response that closes the
+/// connection: for a socket hyper never served (over the connection caps) or has let go of (a
+/// header block that stalled).
+pub fn refuse_raw(reason: Reason, message: &str, id: &str) -> Vec<u8> {
+    let text = sentence(reason, message);
+    let status = reason.status();
+    let mut out = format!(
+        "HTTP/1.1 {} {}\r\nconnection: close\r\n",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or_default()
+    )
+    .into_bytes();
+    for (name, value) in &head(reason, None, id) {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(format!("content-length: {}\r\n\r\n", text.len()).as_bytes());
+    out.extend_from_slice(text.as_bytes());
+    out
+}
+
+/// Ends a refused request: scrubs the message (a denial may quote a URL the sandbox pasted a
+/// secret into), answers it and writes the record with the status the sandbox gets.
+pub fn refused(mut entry: Entry, refusal: &Refusal) -> Response<Body> {
+    let message = entry.scrub_text(&refusal.message);
+    let rule = refusal.rule.as_deref();
+    let res = refuse(refusal.reason, rule, &message, entry.id());
+    entry.outcome(refusal.reason, rule, Some(res.status().as_u16()));
+    entry.finish();
+    res
+}
+
+/// [`refused`] for a connection hyper does not serve: the record is written, and the bytes to
+/// send (after which the connection closes) are returned.
+pub fn refused_raw(mut entry: Entry, refusal: &Refusal) -> Vec<u8> {
+    let message = entry.scrub_text(&refusal.message);
+    let bytes = refuse_raw(refusal.reason, &message, entry.id());
+    let rule = refusal.rule.as_deref();
+    entry.outcome(refusal.reason, rule, Some(refusal.reason.status().as_u16()));
+    entry.finish();
+    bytes
+}
+
+/// Records a request hyper already answered (a head it could not parse) or that was never
+/// answered: the outcome under the reason's status, no rule.
+pub fn recorded(mut entry: Entry, reason: Reason) {
+    entry.outcome(reason, None, Some(reason.status().as_u16()));
+    entry.finish();
+}
+
+/// `latchkey: denied: …` (or `upstream error: …` after policy allowed the request).
+fn sentence(reason: Reason, message: &str) -> String {
+    let prefix = if reason.is_allow() {
+        "upstream error"
+    } else {
+        "denied"
+    };
+    format!("latchkey: {prefix}: {message}\n")
+}
+
+/// The headers of every refusal: latchkey's decision, rule and reason, the record's id, a
+/// plain-text body that is never cached, and what the reason asks of the client (credentials
+/// for `407`, a retry for the connection caps).
+fn head(reason: Reason, rule: Option<&str>, id: &str) -> HeaderMap {
+    let decision = if reason.is_allow() { "allow" } else { "deny" };
+    let mut h = HeaderMap::with_capacity(8);
     h.insert(DECISION_HEADER, HeaderValue::from_static(decision));
     h.insert(
         RULE_HEADER,
@@ -40,11 +114,59 @@ pub fn refuse(reason: Reason, rule: Option<&str>, message: &str, id: &str) -> Re
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    if reason == Reason::ProxyAuthRequired {
-        h.insert(
-            http::header::PROXY_AUTHENTICATE,
-            HeaderValue::from_static("Basic realm=\"latchkey\", charset=\"UTF-8\""),
+    match reason {
+        Reason::ProxyAuthRequired => {
+            h.insert(
+                http::header::PROXY_AUTHENTICATE,
+                HeaderValue::from_static("Basic realm=\"latchkey\", charset=\"UTF-8\""),
+            );
+        }
+        Reason::TooManyConnections => {
+            h.insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        _ => {}
+    }
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_raw_refusal_carries_the_same_status_headers_and_sentence_as_a_response() {
+        let raw = refuse_raw(Reason::TooManyConnections, "too many", "id-1");
+        let text = String::from_utf8(raw).expect("ascii");
+        let (head_text, body_text) = text.split_once("\r\n\r\n").expect("a head");
+        let mut lines = head_text.lines();
+        assert_eq!(lines.next(), Some("HTTP/1.1 503 Service Unavailable"));
+        let headers: Vec<&str> = lines.collect();
+        let res = refuse(Reason::TooManyConnections, None, "too many", "id-1");
+        for (name, value) in res.headers() {
+            let line = format!("{}: {}", name, value.to_str().expect("ascii"));
+            assert!(headers.contains(&line.as_str()), "{line} in {headers:?}");
+        }
+        assert!(headers.contains(&"connection: close"));
+        assert!(headers.contains(&"retry-after: 1"));
+        assert!(headers.contains(&"x-latchkey-rule: none"));
+        assert_eq!(body_text, "latchkey: denied: too many\n");
+        let length = format!("content-length: {}", body_text.len());
+        assert!(headers.contains(&length.as_str()));
+    }
+
+    #[test]
+    fn an_upstream_failure_says_so_and_keeps_the_rule() {
+        let res = refuse(Reason::UpstreamTimeout, Some("api"), "slow", "id-2");
+        assert_eq!(res.status(), http::StatusCode::GATEWAY_TIMEOUT);
+        let h = res.headers();
+        assert_eq!(h[DECISION_HEADER], "allow");
+        assert_eq!(h[RULE_HEADER], "api");
+        assert_eq!(h[REASON_HEADER], "upstream_timeout");
+        assert_eq!(h[ID_HEADER], "id-2");
+        assert!(!h.contains_key(http::header::RETRY_AFTER));
+        assert_eq!(
+            sentence(Reason::UpstreamTimeout, "slow"),
+            "latchkey: upstream error: slow\n"
         );
     }
-    res
 }

@@ -17,6 +17,9 @@
 //! Informational (1xx) responses never reach the sandbox: hyper's client consumes them, and a
 //! `101` (which it hands on) is refused. A bodiless response (HEAD, 204, 304) reaches it with
 //! its scrubbed head only: data or trailers an upstream sends with one are dropped.
+//!
+//! Whether to scan is the pipeline's decision (it knows the policy); this module takes the
+//! matcher and must not depend on `policy`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,7 +33,7 @@ use http_body_util::BodyExt;
 use super::decode::{self, Coding, DecodeError};
 use super::{hop, scrub_body};
 use crate::audit::Counters;
-use crate::reason::Reason;
+use crate::reason::{Reason, Refusal};
 use crate::secrets::scrub::Scrubber;
 use crate::upstream::{Body, BoxError};
 
@@ -50,10 +53,12 @@ pub struct ResponseCx<'a> {
     pub counters: Arc<Counters>,
 }
 
-/// A refusal of the response, before its head reached the sandbox.
-pub type Refusal = (Reason, String);
-
 /// Turns the upstream's response into the one the sandbox gets.
+///
+/// Assumes: `res` is the upstream's response exactly as hyper's client returned it (no header
+/// touched yet). Guarantees: on `Ok`, nothing an upstream may not send reaches the sandbox
+/// (foreign transfer codings, hop-by-hop or `x-latchkey-*` headers, a forged reason phrase, on
+/// a scanned response any secret value); on `Err`, no byte of the response was sent.
 pub async fn filter<B>(mut res: Response<B>, cx: ResponseCx<'_>) -> Result<Response<Body>, Refusal>
 where
     B: http_body::Body<Data = Bytes> + Send + Sync + Unpin + 'static,
@@ -62,7 +67,7 @@ where
     // 0. a protocol switch: latchkey never asks an upstream to upgrade (`Upgrade` is
     // hop-by-hop and stripped), so a 101 is a switch to bytes nobody inspects. Refused.
     if res.status().is_informational() {
-        return Err((
+        return Err(Refusal::new(
             Reason::UpstreamError,
             format!(
                 "{} answered {} to a request that asked for no protocol switch",
@@ -73,7 +78,7 @@ where
     }
     // 1. transfer codings, as received.
     if let Some(coding) = foreign_transfer_coding(res.headers()) {
-        return Err((
+        return Err(Refusal::new(
             Reason::UninspectableBody,
             format!(
                 "the response from {} uses transfer coding {coding:?}; latchkey accepts only chunked",
@@ -94,11 +99,12 @@ where
     // 2. content codings, as received (scanned responses only: others pass through as sent).
     let codings = match &cx.scan {
         Some(_) if !bodiless => decode::codings(res.headers()).map_err(|coding| {
-            (
+            Refusal::new(
                 Reason::UninspectableBody,
                 format!(
-                    "the response from {} is encoded as {coding:?}, which latchkey cannot inspect for secrets",
-                    cx.host
+                    "the response from {} is encoded as {:?}, which latchkey cannot inspect for secrets",
+                    cx.host,
+                    coding.to_string()
                 ),
             )
         })?,
@@ -149,7 +155,7 @@ where
                 }
                 Some(Err(e)) => {
                     let e: BoxError = e.into();
-                    return Err((
+                    return Err(Refusal::new(
                         Reason::UpstreamError,
                         format!("reading the response from {}: {e}", cx.host),
                     ));
@@ -186,11 +192,11 @@ async fn check_first(
             });
     match checked {
         Ok(()) => Ok(()),
-        Err(DecodeError::Limit { limit }) => Err((
+        Err(DecodeError::Limit { limit }) => Err(Refusal::new(
             Reason::DecompressionLimit,
             format!("the response from {host} decodes to more than {limit} bytes, latchkey's limit for an inspected body"),
         )),
-        Err(e) => Err((
+        Err(e) => Err(Refusal::new(
             Reason::UninspectableBody,
             format!("the response from {host} cannot be decoded for inspection: {e}"),
         )),

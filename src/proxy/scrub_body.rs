@@ -5,6 +5,8 @@
 //! length), so server-sent events still arrive one by one. Compressed bodies are decoded in
 //! bounded slices by [`super::decode`], and the redacted body goes out uncompressed. Trailers
 //! are scrubbed like headers, not dropped: gRPC carries its status in them.
+//! It takes the matcher it is given and must not depend on `policy` (the pipeline decides
+//! whether a response is scanned).
 
 use std::pin::Pin;
 use std::sync::atomic::Ordering;

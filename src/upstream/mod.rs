@@ -455,14 +455,7 @@ pub fn client(connector: Connector) -> Client {
 pub fn find_upstream_error<'a>(
     err: &'a (dyn std::error::Error + 'static),
 ) -> Option<&'a UpstreamError> {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    while let Some(e) = cur {
-        if let Some(u) = e.downcast_ref::<UpstreamError>() {
-            return Some(u);
-        }
-        cur = e.source();
-    }
-    None
+    crate::reason::find_cause(err)
 }
 
 #[cfg(test)]

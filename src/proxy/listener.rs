@@ -1,0 +1,250 @@
+//! The listener and the proxy hop: accepting connections, serving HTTP/1.1 on each, and the
+//! answers hyper cannot give.
+//!
+//! A connection's path, top to bottom:
+//!
+//! ```text
+//! accept ─▶ caps (503) ─▶ HTTP/1.1 proxy hop ─▶ identify (407) ─┬─ CONNECT ─▶ connect::handle
+//!                                                                └─ http://  ─▶ pipeline::handle
+//! ```
+//!
+//! Every request leaves here with a [`Ctx`] built by [`Ctx::proxy_hop`] and named by identify:
+//! the same context the CONNECT interception hands the pipeline. Parse errors on the proxy hop
+//! (malformed request line, header block over the limit) are answered by hyper and audited
+//! here; a header block that stalls gets `408` through [`respond::refused_raw`]. This module
+//! never decides policy and never dials.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Method, Request};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::pipeline::{self, Ctx};
+use super::{connect, limits, respond, Proxy, MAX_HEADER_BYTES};
+use crate::reason::{Reason, Refusal};
+use crate::upstream;
+
+impl Proxy {
+    /// Accepts connections until shutdown begins.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener) {
+        let mut shutdown = self.shutdown.subscribe();
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, peer)) => match self.connections.acquire(peer.ip(), &self.limits) {
+                        Ok(slot) => {
+                            tokio::spawn(self.clone().connection(stream, peer, slot));
+                        }
+                        Err(why) => {
+                            tokio::spawn(self.clone().over_limit(stream, peer, why));
+                        }
+                    },
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off instead of spinning.
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+                _ = shutdown.changed() => break,
+            }
+        }
+    }
+
+    /// Answers a connection over the caps with `503` and closes it.
+    async fn over_limit(self: Arc<Self>, mut stream: TcpStream, peer: SocketAddr, why: String) {
+        use tokio::io::AsyncWriteExt;
+        self.audit.room().await;
+        tracing::warn!(client.addr = %peer, why, "connection refused: over limit");
+        let refusal = Refusal::new(Reason::TooManyConnections, why);
+        let answer = respond::refused_raw(self.connection_record(peer), &refusal);
+        let _ = tokio::time::timeout(Duration::from_secs(2), stream.write_all(&answer)).await;
+        let _ = stream.shutdown().await;
+    }
+
+    /// Serves one sandbox connection on the proxy hop (HTTP/1.1).
+    async fn connection(
+        self: Arc<Self>,
+        stream: TcpStream,
+        peer: SocketAddr,
+        _slot: limits::ConnectionSlot,
+    ) {
+        let _ = stream.set_nodelay(true);
+        // A second handle on the socket, so latchkey can still answer `408` after hyper gives up
+        // on a header block that never completed (hyper closes without a response).
+        let (stream, raw) = match stream
+            .into_std()
+            .and_then(|s| s.try_clone().map(|c| (s, c)))
+            .and_then(|(s, c)| TcpStream::from_std(s).map(|s| (s, c)))
+        {
+            Ok(pair) => pair,
+            Err(e) => {
+                tracing::warn!(client.addr = %peer, error = %e, "cannot set up connection");
+                return;
+            }
+        };
+        let io = limits::Idle::new(stream, self.limits.idle_timeout);
+        let partial = io.partial();
+        let ctx = Arc::new(Ctx::proxy_hop(peer, Some(io.heads())));
+        let proxy = self.clone();
+        let service = service_fn(move |req: Request<Incoming>| {
+            let proxy = proxy.clone();
+            let ctx = ctx.clone();
+            // The Nth request hyper hands over is judged by the Nth raw head on the connection.
+            if let Some(heads) = &ctx.heads {
+                heads.begin_request();
+            }
+            async move {
+                // identify: per request on the proxy hop (a CONNECT's identity then holds for
+                // every request inside it).
+                let ctx = match proxy.identify(&req, &ctx).await {
+                    Ok(ctx) => ctx,
+                    Err(res) => return Ok::<_, Infallible>(res),
+                };
+                if req.method() == Method::CONNECT {
+                    Ok(connect::handle(proxy, ctx, req).await)
+                } else {
+                    pipeline::handle(proxy, ctx, req).await
+                }
+            }
+        });
+        let conn = hyper::server::conn::http1::Builder::new()
+            .max_buf_size(MAX_HEADER_BYTES)
+            .timer(TokioTimer::new())
+            .header_read_timeout(self.limits.header_timeout)
+            .serve_connection(TokioIo::new(io), service)
+            .with_upgrades();
+        tokio::pin!(conn);
+        let mut shutdown = self.shutdown.subscribe();
+        let result = tokio::select! {
+            r = conn.as_mut() => r,
+            _ = shutdown.changed() => {
+                // Finish the request in flight, then close instead of keeping alive.
+                conn.as_mut().graceful_shutdown();
+                conn.await
+            }
+        };
+        if let Err(e) = result {
+            if e.is_timeout() {
+                // An idle keep-alive connection simply closes; a half-sent request is slowloris.
+                if partial.load(std::sync::atomic::Ordering::Relaxed) {
+                    self.header_timeout(raw, peer);
+                }
+                return;
+            }
+            self.connection_error(&e, peer);
+        }
+    }
+
+    /// The refusal of a header block that did not arrive in time.
+    fn header_timeout_refusal(&self) -> Refusal {
+        Refusal::new(
+            Reason::HeaderTimeout,
+            format!(
+                "the request header block did not arrive within {}s",
+                self.limits.header_timeout.as_secs()
+            ),
+        )
+    }
+
+    /// A stalled header block inside an intercepted connection: `408` over TLS, a record.
+    pub(super) async fn header_timeout_tls<T: tokio::io::AsyncWrite + Unpin>(
+        &self,
+        mut io: T,
+        peer: SocketAddr,
+    ) {
+        use tokio::io::AsyncWriteExt;
+        let answer =
+            respond::refused_raw(self.connection_record(peer), &self.header_timeout_refusal());
+        let _ = tokio::time::timeout(Duration::from_secs(2), async {
+            let _ = io.write_all(&answer).await;
+            let _ = io.shutdown().await;
+        })
+        .await;
+    }
+
+    /// A client sent part of a request and stalled: `408`, an audit record, close.
+    fn header_timeout(&self, mut raw: std::net::TcpStream, peer: SocketAddr) {
+        use std::io::Write;
+        let answer =
+            respond::refused_raw(self.connection_record(peer), &self.header_timeout_refusal());
+        // Non-blocking and best effort: the socket may already be gone.
+        let _ = raw.write(&answer);
+        let _ = raw.shutdown(std::net::Shutdown::Both);
+    }
+
+    /// Works out which sandbox sent `req`; without identities in the policy, `default`.
+    /// An unknown token or an unidentified client gets `407` and an audit record.
+    ///
+    /// Guarantees: on `Ok`, the context names an identity the policy in force defines (or
+    /// `default` when it defines none), for this request or the CONNECT it opens.
+    async fn identify(
+        &self,
+        req: &Request<Incoming>,
+        ctx: &Arc<Ctx>,
+    ) -> Result<Arc<Ctx>, http::Response<upstream::Body>> {
+        let policy = self.policy();
+        if policy.identities().is_empty() {
+            return Ok(ctx.clone());
+        }
+        let auth = req
+            .headers()
+            .get(http::header::PROXY_AUTHORIZATION)
+            .map(|v| v.as_bytes());
+        match crate::policy::identity::identify(
+            policy.identities(),
+            policy.secrets(),
+            auth,
+            ctx.client.ip(),
+        )
+        .await
+        {
+            Ok(identity) => Ok(Arc::new(ctx.identified(&identity.name))),
+            Err(e) => {
+                let mut entry = self.open_record(ctx.client, "unidentified", &policy);
+                let uri = req.uri();
+                let connect = req.method() == Method::CONNECT;
+                entry.update(|r| {
+                    r.method = Some(req.method().to_string());
+                    r.host = uri.host().map(str::to_ascii_lowercase);
+                    r.scheme = if connect {
+                        Some("https".to_string())
+                    } else {
+                        uri.scheme_str().map(str::to_ascii_lowercase)
+                    };
+                    r.port = uri.port_u16().or(match r.scheme.as_deref() {
+                        Some("http") => Some(80),
+                        Some("https") => Some(443),
+                        _ => None,
+                    });
+                    if !connect {
+                        r.path = uri
+                            .path_and_query()
+                            .map(|pq| crate::audit::redact_query(pq.as_str()));
+                    }
+                });
+                let refusal = Refusal::new(Reason::ProxyAuthRequired, e.to_string());
+                Err(respond::refused(entry, &refusal))
+            }
+        }
+    }
+
+    /// Audits what hyper refused before our service saw a request.
+    pub(super) fn connection_error(&self, e: &hyper::Error, peer: SocketAddr) {
+        let reason = if e.is_parse_too_large() {
+            Reason::HeaderTooLarge
+        } else if e.is_parse() {
+            Reason::BadRequest
+        } else {
+            tracing::debug!(client.addr = %peer, error = %e, "connection closed with error");
+            return;
+        };
+        tracing::info!(client.addr = %peer, error = %e, "malformed request refused");
+        respond::recorded(self.connection_record(peer), reason);
+    }
+}

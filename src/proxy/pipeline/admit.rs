@@ -1,0 +1,324 @@
+//! The admit phase: what is being asked for, in one normal form, unambiguously framed.
+//!
+//! Each check here runs on the request head alone, before policy sees the request and long
+//! before any lookup or dial. The CONNECT gate runs the same checks on its own head
+//! ([`super::super::connect`]), so every listener admits alike. Admission knows no rule: checks
+//! that depend on the rule that matched belong to the decide phase.
+
+use http::header::HOST;
+use http::request::Parts;
+use http::{Uri, Version};
+
+use super::super::{limits, outbound, Proxy, AUDIT_DOWN, MAX_HEADER_BYTES};
+use super::Ctx;
+use crate::audit::{redact_query, Entry, Record};
+use crate::policy::{display_authority, normalize_host, Policy, Scheme};
+use crate::reason::{Reason, Refusal};
+
+/// A request target after admission: normalised, unambiguous, ready for policy.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Admitted {
+    pub scheme: Scheme,
+    /// Normalised ([`normalize_host`]): lowercase, IPv6 without brackets, no trailing dot.
+    pub host: String,
+    pub port: u16,
+    /// Origin-form, `/` at least; the query as sent.
+    pub path_and_query: String,
+}
+
+impl Admitted {
+    /// The path without the query: what policy matches.
+    pub fn path(&self) -> &str {
+        self.path_and_query
+            .split_once('?')
+            .map_or(self.path_and_query.as_str(), |(p, _)| p)
+    }
+}
+
+/// Refuses everything while the audit log cannot be written: nothing goes through unrecorded.
+///
+/// Guarantees: on `Ok`, the log was healthy when the request arrived.
+pub(crate) fn audit_healthy(proxy: &Proxy) -> Result<(), Refusal> {
+    if proxy.audit.is_healthy() {
+        Ok(())
+    } else {
+        Err(Refusal::new(Reason::AuditUnavailable, AUDIT_DOWN))
+    }
+}
+
+/// Refuses framing two parsers could read differently (`ambiguous_framing`): on the headers
+/// hyper parsed ([`parsed_framing`]), then on HTTP/1 on the raw head as sent ([`raw_framing`]).
+///
+/// Guarantees: on `Ok`, `Content-Length` / `Transfer-Encoding` have one reading.
+pub(super) fn framing(head: &Parts, ctx: &Ctx) -> Result<(), Refusal> {
+    parsed_framing(&head.headers)?;
+    raw_framing(ctx, &head.method, &head.uri, head.version)
+}
+
+/// The framing rules on the headers as hyper parsed them: the only check for h2.
+pub(crate) fn parsed_framing(headers: &http::HeaderMap) -> Result<(), Refusal> {
+    limits::check_framing(headers).map_err(Refusal::from)
+}
+
+/// The framing rules on the raw HTTP/1 head, which hyper normalises some of away.
+///
+/// Assumes: on an HTTP/1 connection with a raw-head view, `begin_request` was called for this
+/// request, so the view knows which head is this request's.
+pub(crate) fn raw_framing(
+    ctx: &Ctx,
+    method: &http::Method,
+    uri: &Uri,
+    version: Version,
+) -> Result<(), Refusal> {
+    let Some(heads) = ctx.heads.as_ref().filter(|_| version < Version::HTTP_2) else {
+        return Ok(());
+    };
+    // The sniffer keys a head by the target as `Uri` displays it: formatted only here.
+    match heads.framing_of(method.as_str(), &uri.to_string()) {
+        Some(Err(refusal)) => Err(Refusal::from(refusal)),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses a request target over `--max-uri-len` (`uri_too_long`) and a header block over
+/// [`MAX_HEADER_BYTES`] (`header_too_large`).
+///
+/// Guarantees: on `Ok`, what later phases copy or scan of the head is bounded.
+pub(super) fn within_limits(head: &Parts, max_uri_len: usize) -> Result<(), Refusal> {
+    if target_len(&head.uri) > max_uri_len {
+        return Err(Refusal::new(
+            Reason::UriTooLong,
+            format!("request target longer than {max_uri_len} bytes"),
+        ));
+    }
+    header_block_fits(&head.headers)
+}
+
+/// Refuses a header block over [`MAX_HEADER_BYTES`] as counted on the wire (`name: value\r\n`):
+/// hyper's read buffer limit is approximate, so this is the exact check.
+pub(crate) fn header_block_fits(headers: &http::HeaderMap) -> Result<(), Refusal> {
+    let len: usize = headers
+        .iter()
+        .map(|(k, v)| k.as_str().len() + v.len() + 4)
+        .sum();
+    if len > MAX_HEADER_BYTES {
+        return Err(Refusal::new(
+            Reason::HeaderTooLarge,
+            format!("request headers exceed {MAX_HEADER_BYTES} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+/// The length of `uri` as it displays (`scheme://authority/path?query`), without formatting it.
+fn target_len(uri: &Uri) -> usize {
+    uri.scheme_str().map_or(0, |s| s.len() + 3)
+        + uri.authority().map_or(0, |a| a.as_str().len())
+        + uri.path().len()
+        + uri.query().map_or(0, |q| q.len() + 1)
+}
+
+/// Refuses a host whose spelling holds a secret value or a placeholder, whatever the rule:
+/// before any lookup, so the value never reaches DNS. The record then shows the host as
+/// `[REDACTED]` (its own case-sensitive redaction would miss a lowercased value).
+///
+/// Guarantees: on `Ok`, `host` may be logged, recorded and looked up.
+pub(crate) fn host_clean(policy: &Policy, host: &str, entry: &mut Entry) -> Result<(), Refusal> {
+    outbound::check_host(policy, host).map_err(|refusal| {
+        entry.update(|r| r.host = Some(outbound::REDACTED_HOST.to_string()));
+        Refusal::from(refusal)
+    })
+}
+
+/// [`host_clean`] on every spelling of the host the sandbox sent (the URI's, each `Host`
+/// header's), before [`target`] reads them: its refusals quote the host, lowercased.
+///
+/// Assumes: the head is within the limits. Guarantees: on `Ok`, no spelling of the host the
+/// sandbox sent carries a secret value or a placeholder.
+pub(super) fn hosts_as_sent(
+    policy: &Policy,
+    head: &Parts,
+    entry: &mut Entry,
+) -> Result<(), Refusal> {
+    let as_sent = head.uri.host().into_iter().chain(
+        head.headers
+            .get_all(HOST)
+            .iter()
+            .filter_map(|h| h.to_str().ok()),
+    );
+    for host in as_sent {
+        host_clean(policy, host, entry)?;
+    }
+    Ok(())
+}
+
+/// Works out the target of a request and refuses anything ambiguous.
+///
+/// Assumes: `ctx.pinned` is the authority a connection-level gate already checked, if any.
+/// Guarantees: on `Ok`, the scheme is http or https, the host normalised, the port non-zero,
+/// no userinfo, inside a pinned connection every authority the request names is the pinned one,
+/// and the path is origin-form with a single reading (`path::ambiguity`).
+pub(super) fn target(ctx: &Ctx, head: &Parts) -> Result<Admitted, Refusal> {
+    let uri = &head.uri;
+    let (scheme, host, port) = match &ctx.pinned {
+        Some((chost, cport)) => {
+            // Inside a CONNECT: the URI authority (h2 `:authority`, absolute-form) and the Host
+            // header must each name the CONNECT authority; absent means the CONNECT's. Every
+            // Host header must be ASCII before anything else is compared.
+            let hosts = head.headers.get_all(HOST).iter().map(|h| {
+                h.to_str()
+                    .map_err(|_| Refusal::new(Reason::BadRequest, "Host header is not ASCII"))
+            });
+            let hosts = hosts.collect::<Result<Vec<&str>, Refusal>>()?;
+            if let Some(s) = uri.scheme_str() {
+                if s != "https" {
+                    return Err(Refusal::new(
+                        Reason::HostMismatch,
+                        format!(
+                            "{s}:// request inside a CONNECT to {}",
+                            display_authority(chost, *cport)
+                        ),
+                    ));
+                }
+            }
+            let seen = uri.authority().map(|a| a.as_str()).into_iter().chain(hosts);
+            for authority in seen {
+                let (h, p) = split_authority(authority, 443)?;
+                if h != *chost || p != *cport {
+                    return Err(Refusal::new(
+                        Reason::HostMismatch,
+                        format!(
+                            "request for {} inside a CONNECT to {}",
+                            display_authority(&h, p),
+                            display_authority(chost, *cport)
+                        ),
+                    ));
+                }
+            }
+            (Scheme::Https, chost.clone(), *cport)
+        }
+        None => {
+            let scheme = match uri.scheme_str() {
+                None => {
+                    return Err(Refusal::new(
+                        Reason::NotAProxyRequest,
+                        "latchkey is a forward proxy: send absolute-form requests (http://host/path) or CONNECT",
+                    ))
+                }
+                Some("http") => Scheme::Http,
+                Some("https") => Scheme::Https,
+                Some(other) => {
+                    return Err(Refusal::new(
+                        Reason::BadRequest,
+                        format!("unsupported scheme {other:?}"),
+                    ))
+                }
+            };
+            let authority = uri
+                .authority()
+                .ok_or_else(|| Refusal::new(Reason::BadRequest, "URL has no host"))?;
+            let (h, p) = split_authority(authority.as_str(), scheme.default_port())?;
+            (scheme, h, p)
+        }
+    };
+    let path = match uri.path() {
+        "" => "/",
+        p => p,
+    };
+    if !path.starts_with('/') {
+        return Err(Refusal::new(
+            Reason::BadRequest,
+            format!("unsupported request target {path:?}"),
+        ));
+    }
+    if let Some(why) = super::super::path::ambiguity(path) {
+        return Err(Refusal::new(
+            Reason::AmbiguousPath,
+            format!("path {path:?} {why}: an upstream may resolve it differently than policy matched it"),
+        ));
+    }
+    let path_and_query = match uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_string(),
+    };
+    Ok(Admitted {
+        scheme,
+        host,
+        port,
+        path_and_query,
+    })
+}
+
+/// Splits and normalises `host[:port]`; userinfo is refused outright.
+fn split_authority(authority: &str, default_port: u16) -> Result<(String, u16), Refusal> {
+    if authority.contains('@') {
+        return Err(Refusal::new(
+            Reason::UserinfoInUrl,
+            format!("URL authority {authority:?} carries userinfo ('@'); send credentials through latchkey's policy, not in the URL"),
+        ));
+    }
+    let bad = || Refusal::new(Reason::BadRequest, format!("invalid host {authority:?}"));
+    let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
+        let (h, tail) = rest.split_once(']').ok_or_else(bad)?;
+        let port = match tail.strip_prefix(':') {
+            Some(p) => Some(p),
+            None if tail.is_empty() => None,
+            None => return Err(bad()),
+        };
+        (format!("[{h}]"), port)
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h.to_string(), Some(p)),
+            None => (authority.to_string(), None),
+        }
+    };
+    let port = match port {
+        None | Some("") => default_port,
+        Some(p) => match p.parse::<u16>() {
+            Ok(p) if p != 0 => p,
+            _ => return Err(bad()),
+        },
+    };
+    let host =
+        normalize_host(&host).map_err(|e| Refusal::new(Reason::BadRequest, e.to_string()))?;
+    Ok((host, port))
+}
+
+/// Records what is known of the target before admission, so a refused request still shows
+/// what it asked for (admission replaces these with the normalised values).
+pub(super) fn prefill(r: &mut Record, ctx: &Ctx, head: &Parts) {
+    let uri = &head.uri;
+    r.method = Some(head.method.to_string());
+    match &ctx.pinned {
+        Some((host, port)) => {
+            r.scheme = Some("https".to_string());
+            r.host = Some(host.clone());
+            r.port = Some(*port);
+        }
+        None => {
+            r.scheme = uri.scheme_str().map(str::to_ascii_lowercase);
+            r.host = uri.host().map(str::to_ascii_lowercase);
+            r.port = uri.port_u16().or(match uri.scheme_str() {
+                Some("http") => Some(80),
+                Some("https") => Some(443),
+                _ => None,
+            });
+        }
+    }
+    r.path = uri
+        .path_and_query()
+        .map(|pq| redact_query(pq.as_str()))
+        .or_else(|| Some(uri.path().to_string()));
+}
+
+/// Records the admitted target, in normal form, over what [`prefill`] guessed.
+pub(super) fn record_target(r: &mut Record, target: &Admitted) {
+    r.scheme = Some(target.scheme.as_str().to_string());
+    r.host = Some(target.host.clone());
+    r.port = Some(target.port);
+    r.path = Some(redact_query(&target.path_and_query));
+}
+
+#[cfg(test)]
+#[path = "admit_tests.rs"]
+mod tests;

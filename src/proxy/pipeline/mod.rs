@@ -1,0 +1,263 @@
+//! The request pipeline: one function that takes a request from the sandbox to the upstream and
+//! back, one named phase per line. Every listener feeds it the same way: it builds a [`Ctx`]
+//! (who is asking, and the authority a connection-level gate pinned, if any) and calls
+//! [`handle`] per request. Today that is the plain proxy hop and each request inside an
+//! intercepted CONNECT; a transparent or SOCKS5 listener would do the same.
+//!
+//! ```text
+//! admit ─▶ identify ─▶ decide ─▶ broker ─▶ send ─▶ respond ─▶ record
+//!   │          │          │         │        │        │
+//!   └──────────┴──────────┴─────────┴────────┴────────┴──▶ refuse (drain, answer, record)
+//! ```
+//!
+//! Each phase is a function whose doc comment says what it may assume and what it guarantees;
+//! each returns `Result<_, Refusal>`, and `?` carries a refusal to [`refuse`], the one place
+//! that drains the request body, answers and records. The phases live in [`admit`], [`decide`]
+//! and [`outgoing`] (broker, send); respond (over [`super::response`]) and record are here. This
+//! module composes them and decides nothing itself.
+
+mod admit;
+mod decide;
+mod outgoing;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::header::HeaderValue;
+use http::request::Parts;
+use http::{Request, Response};
+use hyper::body::Incoming;
+
+use super::limits::HeadSniff;
+use super::respond::{self, ID_HEADER};
+use super::{body, response, Proxy, IDENTITY_DEFAULT};
+use crate::audit::Entry;
+use crate::policy::{Policy, Target};
+use crate::reason::{Reason, Refusal};
+use crate::upstream::{Body, UpstreamAddr};
+
+pub(crate) use admit::{audit_healthy, header_block_fits, host_clean, parsed_framing, raw_framing};
+pub(crate) use decide::identity;
+
+/// Who is asking and through what: what a listener hands the pipeline with each request.
+///
+/// The proxy hop makes one per request ([`Ctx::proxy_hop`], then [`Ctx::identified`]); an
+/// intercepted CONNECT makes one per connection, pinned to the authority its gate checked
+/// ([`Ctx::pinned`]). Nothing in the pipeline knows which listener a request came from beyond
+/// what this says.
+#[derive(Debug, Clone)]
+pub struct Ctx {
+    pub client: SocketAddr,
+    pub identity: Arc<str>,
+    /// The host and port a connection-level gate already checked (the CONNECT authority).
+    /// Every request on such a connection must be for exactly this authority.
+    pub pinned: Option<(String, u16)>,
+    /// Raw request heads on this HTTP/1 connection, to catch framing hyper normalises away.
+    pub heads: Option<Arc<HeadSniff>>,
+}
+
+impl Ctx {
+    /// A request on the proxy hop: the target is in the request itself (absolute-form), and
+    /// the identity is `default` until the hop's identify step names one.
+    pub fn proxy_hop(client: SocketAddr, heads: Option<Arc<HeadSniff>>) -> Self {
+        Self {
+            client,
+            identity: Arc::from(IDENTITY_DEFAULT),
+            pinned: None,
+            heads,
+        }
+    }
+
+    /// Requests on a connection whose destination a gate checked before any byte of them was
+    /// read: inside an intercepted CONNECT, under the CONNECT's identity.
+    pub fn pinned(client: SocketAddr, identity: Arc<str>, host: String, port: u16) -> Self {
+        Self {
+            client,
+            identity,
+            pinned: Some((host, port)),
+            heads: None,
+        }
+    }
+
+    /// This context with the identity the listener found for the sandbox.
+    #[must_use]
+    pub fn identified(&self, identity: &str) -> Self {
+        Self {
+            identity: Arc::from(identity),
+            ..self.clone()
+        }
+    }
+
+    /// This context with a raw-head view of the (HTTP/1) connection the requests arrive on.
+    #[must_use]
+    pub fn with_heads(self, heads: Arc<HeadSniff>) -> Self {
+        Self {
+            heads: Some(heads),
+            ..self
+        }
+    }
+}
+
+/// Handles one request end to end. Never fails: every outcome is a response and a record.
+pub async fn handle(
+    proxy: Arc<Proxy>,
+    ctx: Arc<Ctx>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    // The policy in force when the request arrived holds for all of it, whatever a reload does.
+    let policy = proxy.policy();
+    // Back-pressure from a slow audit sink: wait for queue room without holding a thread.
+    proxy.audit.room().await;
+    let mut entry = proxy.open_record(ctx.client, &ctx.identity, &policy);
+    let (head, body) = req.into_parts();
+    entry.update(|r| admit::prefill(r, &ctx, &head));
+    // The request body, until the broker phase takes it: a refusal before then drains it.
+    let mut body = Some(body);
+    let run = phases(&proxy, &ctx, &policy, &mut entry, head, &mut body);
+    match run.await {
+        Ok(answer) => Ok(record(answer, entry)),
+        Err(refusal) => Ok(refuse(entry, body, refusal).await),
+    }
+}
+
+/// What the respond phase hands the record phase.
+struct Answer {
+    response: Response<Body>,
+    body_refused: Arc<std::sync::OnceLock<super::credentials::BodyRefused>>,
+}
+
+/// The phases in order, one per line; `?` is a refusal.
+async fn phases(
+    proxy: &Arc<Proxy>,
+    ctx: &Ctx,
+    policy: &Policy,
+    entry: &mut Entry,
+    head: Parts,
+    body: &mut Option<Incoming>,
+) -> Result<Answer, Refusal> {
+    // admit: nothing goes through unrecorded; one framing, within the limits; no secret in the
+    // host as sent; then the target in normal form (its host checked again, as normalised).
+    admit::audit_healthy(proxy)?;
+    admit::framing(&head, ctx)?;
+    admit::within_limits(&head, proxy.limits.max_uri_len)?;
+    admit::hosts_as_sent(policy, &head, entry)?;
+    let target = admit::target(ctx, &head)?;
+    entry.update(|r| admit::record_target(r, &target));
+    admit::host_clean(policy, &target.host, entry)?;
+
+    // identify: the identity the listener found must still exist in the policy in force.
+    let identity = decide::identity(policy, &ctx.identity)?;
+
+    // decide: deny by default; report-only lets a policy denial through, marked.
+    let decision = policy.decide(&Target {
+        identity,
+        scheme: target.scheme,
+        host: &target.host,
+        port: target.port,
+        method: &head.method,
+        path: target.path(),
+    });
+    let verdict = decide::verdict(decision, proxy.report_all, &proxy.report_rule)?;
+    if let Some(w) = &verdict.would_deny {
+        tracing::warn!(audit.id = %entry.id(), reason = w.reason.code(), message = %entry.scrub_text(&w.message), "report-only: would deny");
+    }
+    let rule = verdict.rule;
+    decide::rule_path(&target, rule)?;
+    entry.update(|r| {
+        r.rule = Some(verdict.record_rule().to_string());
+        r.would_deny = verdict.would_deny.is_some();
+    });
+
+    // broker: strip, check, placeholders, inject, sign.
+    let incoming = body
+        .take()
+        .ok_or_else(|| Refusal::new(Reason::BadRequest, "the request body was already read"))?;
+    let out = outgoing::broker(proxy, ctx, policy, rule, &target, head, incoming, entry).await?;
+
+    // send: provisionally an upstream error, so a request cut short (shutdown, the client
+    // leaving) is recorded as allowed by policy and not completed.
+    verdict.record_outcome(entry, Reason::UpstreamError, None);
+    let plan = out.plan;
+    let res = outgoing::send(proxy, rule, &target, out.request, &plan.body_refused, entry).await?;
+
+    // respond: decode decision, strip, scrub.
+    respond(proxy, &verdict, &target.host, res, plan, entry).await
+}
+
+/// The respond phase: records what came back, then turns it into what the sandbox may see
+/// (`response::filter`).
+///
+/// Assumes: `res` is the upstream's answer to the request the broker built under `verdict`.
+/// Guarantees: on `Ok`, the record holds the outcome, the status and the upstream address, and
+/// the response is safe to send ([`response::filter`]'s guarantees).
+async fn respond(
+    proxy: &Proxy,
+    verdict: &decide::Verdict<'_>,
+    host: &str,
+    res: Response<Incoming>,
+    plan: outgoing::Plan,
+    entry: &mut Entry,
+) -> Result<Answer, Refusal> {
+    let upstream = res.extensions().get::<UpstreamAddr>().map(|a| a.0);
+    verdict.record_outcome(entry, Reason::Allowed, Some(res.status().as_u16()));
+    entry.update(|r| r.upstream = upstream.map(|a| a.to_string()));
+    let response_cx = response::ResponseCx {
+        host,
+        is_head: plan.is_head,
+        scan: plan.scan,
+        max_decoded: proxy.max_decoded_body,
+        counters: entry.counters(),
+    };
+    let response = response::filter(res, response_cx)
+        .await
+        .map_err(|r| r.under(&verdict.rule.name))?;
+    Ok(Answer {
+        response,
+        body_refused: plan.body_refused,
+    })
+}
+
+/// The record phase: the response carries the record's id, and its body writes the record
+/// when it ends, fails or is dropped (`body::audited`), exactly once.
+fn record(answer: Answer, entry: Entry) -> Response<Body> {
+    let mut res = answer.response;
+    if let Ok(v) = HeaderValue::from_str(entry.id()) {
+        res.headers_mut().insert(ID_HEADER, v);
+    }
+    res.map(|b| body::audited(b, entry, Some(answer.body_refused)))
+}
+
+/// The one end of every refused request: reads what is left of the request body, then answers
+/// and records ([`respond::refused`]).
+///
+/// A body whose framing is in doubt (`ambiguous_framing`) is not read: where it ends is
+/// exactly what two parsers disagree on.
+async fn refuse(entry: Entry, body: Option<Incoming>, refusal: Refusal) -> Response<Body> {
+    if let Some(body) = body.filter(|_| refusal.reason != Reason::AmbiguousFraming) {
+        drain(body).await;
+    }
+    respond::refused(entry, &refusal)
+}
+
+/// Reads and discards a refused request's body (bounded in size and time) before answering:
+/// answering first makes h2 reset the stream, and some clients then report a framing error
+/// instead of the refusal.
+async fn drain(mut body: Incoming) {
+    use http_body::Body as _;
+    use http_body_util::BodyExt;
+    const LIMIT: usize = 1024 * 1024;
+    if body.is_end_stream() {
+        return;
+    }
+    let read = async {
+        let mut seen = 0usize;
+        while let Some(Ok(frame)) = body.frame().await {
+            seen += frame.data_ref().map_or(0, |d| d.len());
+            if seen > LIMIT {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(2), read).await;
+}

@@ -1,0 +1,315 @@
+//! The broker and send phases: the request as it leaves latchkey, and the upstream's answer.
+//!
+//! Broker turns the sandbox's request into the one the upstream gets (hop-by-hop headers and
+//! `Host` gone, then `credentials::apply`: check, strip, placeholders, inject, sign) and decides
+//! whether the response will be scanned. Send hands it to the pooled, guarded client and maps
+//! every failure to a reason. Only `upstream` dials: this module calls its client.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use http::header::{HeaderValue, ACCEPT_ENCODING, HOST};
+use http::request::Parts;
+use http::{HeaderMap, Request, Response, Uri, Version};
+use hyper::body::Incoming;
+
+use super::super::credentials::{self, BodyRefused};
+use super::super::{body, hop, Proxy};
+use super::admit::Admitted;
+use super::Ctx;
+use crate::audit::Entry;
+use crate::policy::{display_url, Policy, Rule};
+use crate::reason::{chain_text, Reason, Refusal};
+use crate::secrets::scrub::Scrubber;
+use crate::upstream::{find_upstream_error, Body};
+
+/// The request as latchkey sends it, and what the response phase needs to know about it.
+pub(super) struct Outgoing {
+    pub request: Request<Body>,
+    pub plan: Plan,
+}
+
+/// What the respond and record phases need to know about the request that was sent.
+pub(super) struct Plan {
+    /// Where the streaming body detector leaves its refusal if it cuts the upload off: the
+    /// client's error does not always carry it (an h2 upstream sees only a stream reset).
+    pub body_refused: Arc<OnceLock<BodyRefused>>,
+    /// The matcher for secret values when the response must be scanned.
+    pub scan: Option<Arc<Scrubber>>,
+    /// A HEAD request: its response has no body whatever the headers say.
+    pub is_head: bool,
+}
+
+/// The broker phase: strips what is the sandbox's own, checks and brokers credentials, and
+/// builds the upstream request.
+///
+/// Assumes: `target` was admitted and `rule` allowed it (or is the empty report rule).
+/// Guarantees: on `Ok`, the request holds no hop-by-hop header, no `Host` (hyper writes the
+/// authority), no secret the rule does not bind and no placeholder left unreplaced; its body is
+/// watched as it streams; `accept-encoding` is narrowed to what latchkey decodes when the
+/// response will be scanned. The record names the secrets used.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn broker(
+    proxy: &Arc<Proxy>,
+    ctx: &Ctx,
+    policy: &Policy,
+    rule: &Rule,
+    target: &Admitted,
+    mut head: Parts,
+    incoming: Incoming,
+    entry: &mut Entry,
+) -> Result<Outgoing, Refusal> {
+    let is_head = head.method == http::Method::HEAD;
+    // The host as the sandbox spelled it, each place it did, for the leak check (taken out of
+    // the headers first: the request goes on without them).
+    let host_headers = take_all(&mut head.headers, HOST);
+    let lossy: Vec<String> = host_headers
+        .iter()
+        .filter(|v| std::str::from_utf8(v.as_bytes()).is_err())
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .collect();
+    let mut lossy = lossy.iter().map(String::as_str);
+    let mut sent_hosts: Vec<&str> = Vec::with_capacity(host_headers.len() + 2);
+    sent_hosts.extend(head.uri.host());
+    for v in &host_headers {
+        sent_hosts.extend(
+            std::str::from_utf8(v.as_bytes())
+                .ok()
+                .or_else(|| lossy.next()),
+        );
+    }
+    sent_hosts.push(&target.host);
+    hop::strip(&mut head.headers);
+
+    let mut path_and_query = target.path_and_query.clone();
+    let exchanger = proxy.exchanger(ctx.client, ctx.identity.clone());
+    let request_cx = credentials::RequestCx {
+        method: head.method.as_str(),
+        scheme: target.scheme.as_str(),
+        host: &target.host,
+        port: target.port,
+        identity: &ctx.identity,
+        exchanger: &*exchanger,
+        sent_hosts: &sent_hosts,
+        client: ctx.client.ip(),
+        budget: &proxy.budget,
+        body_timeout: proxy.body_timeout,
+    };
+    let brokered = credentials::apply(
+        policy,
+        rule,
+        &request_cx,
+        &mut head.headers,
+        &mut path_and_query,
+        incoming,
+        entry.counters(),
+    )
+    .await
+    .map_err(|r| Refusal::from(r).under(&rule.name))?;
+    entry.update(|r| r.secrets = brokered.secrets.iter().cloned().collect());
+
+    let scan = scan_for(policy, rule, &target.host)?;
+    if scan.is_some() {
+        narrow_accept_encoding(&mut head.headers);
+    }
+    head.uri = upstream_uri(target, &path_and_query).map_err(|e| {
+        Refusal::new(
+            Reason::BadRequest,
+            format!("cannot build upstream URL: {e}"),
+        )
+        .under(&rule.name)
+    })?;
+    head.version = Version::HTTP_11;
+    head.extensions = http::Extensions::new();
+    Ok(Outgoing {
+        request: Request::from_parts(head, brokered.body),
+        plan: Plan {
+            body_refused: brokered.refused,
+            scan,
+            is_head,
+        },
+    })
+}
+
+/// The send phase: the pooled client for the rule's `allow_private` set (which resolves, guards
+/// and dials), response headers within `--response-timeout`.
+///
+/// Guarantees: on `Err`, the reason says whose failure it was — a body the detector refused
+/// mid-stream wins over the transport error it caused; then the guard's or the dialer's
+/// classification; else `upstream_error` with the error chain — and the message names the URL
+/// (scrubbed: the sandbox may have pasted a secret into it).
+pub(super) async fn send(
+    proxy: &Proxy,
+    rule: &Rule,
+    target: &Admitted,
+    request: Request<Body>,
+    body_refused: &OnceLock<BodyRefused>,
+    entry: &Entry,
+) -> Result<Response<Incoming>, Refusal> {
+    let client = proxy.client_for(&rule.allow_private);
+    let sent_at = Instant::now();
+    let sent = tokio::time::timeout(proxy.response_timeout, client.request(request)).await;
+    let res = match sent {
+        Ok(Ok(res)) => res,
+        Ok(Err(e)) => {
+            if let Some(r) = body_refused.get().or_else(|| body::refusal_in(&e)) {
+                return Err(Refusal::new(r.reason, r.message.clone()).under(&rule.name));
+            }
+            let (reason, why) = match find_upstream_error(&e) {
+                Some(u) => (u.reason(), u.to_string()),
+                None => (Reason::UpstreamError, chain_text(&e)),
+            };
+            let url = display_url(target.scheme, &target.host, target.port, target.path());
+            let why = entry.scrub_text(&why);
+            let url = entry.scrub_text(&url);
+            tracing::warn!(audit.id = %entry.id(), url.host = %target.host, error = %why, "upstream failed");
+            return Err(Refusal::new(reason, format!("{url}: {why}")).under(&rule.name));
+        }
+        Err(_) => {
+            return Err(Refusal::new(
+                Reason::UpstreamTimeout,
+                format!(
+                    "{} did not answer within {}s",
+                    target.host,
+                    proxy.response_timeout.as_secs()
+                ),
+            )
+            .under(&rule.name))
+        }
+    };
+    proxy
+        .metrics()
+        .upstream_latency
+        .observe(sent_at.elapsed().as_secs_f64());
+    Ok(res)
+}
+
+/// The matcher responses are scanned with, when they must be: this rule or any other rule that
+/// names the host binds a secret, so that host may have received one and may reflect it.
+fn scan_for(policy: &Policy, rule: &Rule, host: &str) -> Result<Option<Arc<Scrubber>>, Refusal> {
+    if rule.bound.is_empty() && rule.credential.is_none() && !policy.binds_secrets_to(host) {
+        return Ok(None);
+    }
+    policy.secrets().scrubber().map_err(|e| {
+        Refusal::new(
+            Reason::SecretUnavailable,
+            format!("cannot inspect the response for secret values: {e}"),
+        )
+        .under(&rule.name)
+    })
+}
+
+/// The absolute URL the upstream request goes to (the default port left out).
+fn upstream_uri(target: &Admitted, path_and_query: &str) -> Result<Uri, http::uri::InvalidUri> {
+    Uri::try_from(display_url(
+        target.scheme,
+        &target.host,
+        target.port,
+        path_and_query,
+    ))
+}
+
+/// Removes every value of `name` from `headers` and returns them, in order.
+fn take_all(headers: &mut HeaderMap, name: http::header::HeaderName) -> Vec<HeaderValue> {
+    match headers.entry(name) {
+        http::header::Entry::Occupied(e) => e.remove_entry_mult().1.collect(),
+        http::header::Entry::Vacant(_) => Vec::new(),
+    }
+}
+
+/// Keeps only the content codings latchkey can decode for inspection.
+fn narrow_accept_encoding(headers: &mut HeaderMap) {
+    let Some(v) = headers.get(ACCEPT_ENCODING) else {
+        return;
+    };
+    let kept: Vec<String> = v
+        .to_str()
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|t| {
+            let coding = t
+                .split(';')
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_ascii_lowercase();
+            matches!(
+                coding.as_str(),
+                "gzip" | "x-gzip" | "deflate" | "br" | "identity"
+            )
+        })
+        .map(str::to_string)
+        .collect();
+    let value = if kept.is_empty() {
+        "identity".to_string()
+    } else {
+        kept.join(", ")
+    };
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        headers.insert(ACCEPT_ENCODING, v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::Scheme;
+
+    fn admitted(scheme: Scheme, host: &str, port: u16) -> Admitted {
+        Admitted {
+            scheme,
+            host: host.to_string(),
+            port,
+            path_and_query: "/a?b=c".to_string(),
+        }
+    }
+
+    #[test]
+    fn the_upstream_url_leaves_out_the_default_port_and_brackets_ipv6() {
+        let uri = |t: &Admitted| upstream_uri(t, &t.path_and_query).expect("uri").to_string();
+        assert_eq!(
+            uri(&admitted(Scheme::Https, "api.test", 443)),
+            "https://api.test/a?b=c"
+        );
+        assert_eq!(
+            uri(&admitted(Scheme::Http, "api.test", 8080)),
+            "http://api.test:8080/a?b=c"
+        );
+        assert_eq!(
+            uri(&admitted(Scheme::Https, "::1", 8443)),
+            "https://[::1]:8443/a?b=c"
+        );
+        assert_eq!(
+            uri(&admitted(Scheme::Http, "::1", 80)),
+            "http://[::1]/a?b=c"
+        );
+    }
+
+    #[test]
+    fn every_host_header_is_taken_in_order() {
+        let mut h = HeaderMap::new();
+        h.append(HOST, HeaderValue::from_static("a.test"));
+        h.append(HOST, HeaderValue::from_static("b.test"));
+        h.append("x-other", HeaderValue::from_static("kept"));
+        let taken = take_all(&mut h, HOST);
+        assert_eq!(taken, ["a.test", "b.test"]);
+        assert!(!h.contains_key(HOST));
+        assert_eq!(h.len(), 1);
+        assert!(take_all(&mut h, HOST).is_empty());
+    }
+
+    #[test]
+    fn accept_encoding_is_narrowed_to_what_latchkey_decodes() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            ACCEPT_ENCODING,
+            HeaderValue::from_static("zstd, GZIP;q=1, br"),
+        );
+        narrow_accept_encoding(&mut h);
+        assert_eq!(h[ACCEPT_ENCODING], "GZIP;q=1, br");
+        h.insert(ACCEPT_ENCODING, HeaderValue::from_static("zstd"));
+        narrow_accept_encoding(&mut h);
+        assert_eq!(h[ACCEPT_ENCODING], "identity");
+    }
+}

@@ -1,0 +1,217 @@
+//! Policy reloads: on SIGHUP, on `POST /reload`, and when a policy file changes.
+//!
+//! A reload loads, validates and compiles the whole directory off the async workers, then swaps
+//! the compiled policy in atomically; an invalid set leaves the policy in force untouched, and
+//! the error is kept for `/status`. Requests already running keep the policy they started with.
+//! This module reads files and swaps an `Arc`; it knows nothing of connections or requests.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use super::Proxy;
+
+/// The outcome of the last reload, for `/status`.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct ReloadState {
+    /// RFC 3339 time of the last successful load.
+    pub last_ok: Option<String>,
+    /// The error of the last failed reload, cleared by a successful one.
+    pub last_error: Option<String>,
+    pub reloads: u64,
+    pub errors: u64,
+}
+
+/// Why a reload left the policy in force as it was.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ReloadError {
+    /// The policy directory did not load, validate or compile: every problem, one per line.
+    #[error("{0}")]
+    Invalid(String),
+    /// The blocking task that loads the directory did not finish.
+    #[error("reload task failed: {0}")]
+    Task(String),
+}
+
+/// `/reload` answers with the error as a JSON string.
+impl serde::Serialize for ReloadError {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// Where the policy comes from, and the record of reloading it.
+pub(super) struct Reloader {
+    dir: PathBuf,
+    state: Mutex<ReloadState>,
+    /// One reload at a time: two would race to swap.
+    one_at_a_time: tokio::sync::Mutex<()>,
+}
+
+impl Reloader {
+    /// A reloader for the policy just loaded from `dir`.
+    pub fn new(dir: PathBuf) -> Self {
+        Self {
+            dir,
+            state: Mutex::new(ReloadState {
+                last_ok: Some(now()),
+                ..ReloadState::default()
+            }),
+            one_at_a_time: tokio::sync::Mutex::new(()),
+        }
+    }
+}
+
+impl Proxy {
+    /// The last reload's outcome.
+    pub fn reload_state(&self) -> ReloadState {
+        self.reloader
+            .state
+            .lock()
+            .map(|s| s.clone())
+            .unwrap_or_default()
+    }
+
+    /// Loads, validates and compiles the policy directory, then swaps it in. An invalid set
+    /// leaves the policy in force untouched; the error is kept for `/status` and counted.
+    /// Returns whether the policy changed.
+    pub async fn reload(&self, why: &str) -> Result<bool, ReloadError> {
+        let _one_at_a_time = self.reloader.one_at_a_time.lock().await;
+        let dir = self.reloader.dir.clone();
+        let loaded = tokio::task::spawn_blocking(move || crate::policy::load_dir(&dir)).await;
+        let result = match loaded {
+            Ok(Ok(policy)) => Ok(policy),
+            Ok(Err(e)) => Err(ReloadError::Invalid(e.to_string())),
+            Err(e) => Err(ReloadError::Task(e.to_string())),
+        };
+        let metrics = self.metrics().clone();
+        let mut state = self
+            .reloader
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match result {
+            Ok(policy) => {
+                let old = self.policy.load();
+                let changed = old.digest() != policy.digest();
+                state.last_ok = Some(now());
+                state.last_error = None;
+                if changed {
+                    tracing::info!(why, policy.digest = %policy.digest(), policy.rules = policy.rules().len(), "policy reloaded");
+                    // Values handed out under the old policy stay redacted under the new one.
+                    policy.secrets().carry_over_from(old.secrets());
+                    self.policy.store(Arc::new(policy));
+                    state.reloads += 1;
+                    metrics
+                        .policy_reloads
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                Ok(changed)
+            }
+            Err(e) => {
+                tracing::error!(why, error = %e, "policy reload refused; the policy in force stays");
+                state.last_error = Some(e.to_string());
+                state.errors += 1;
+                metrics
+                    .policy_reload_errors
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                Err(e)
+            }
+        }
+    }
+
+    /// Reloads on SIGHUP and whenever a policy file changes (polled each second, so editors'
+    /// rename-over saves and symlink swaps of mounted config are seen as well), until shutdown.
+    pub async fn watch_policies(self: Arc<Self>) {
+        let mut shutdown = self.shutdown.subscribe();
+        #[cfg(unix)]
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+        let dir = self.reloader.dir.clone();
+        let mut last = dir_fingerprint(&dir);
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            #[cfg(unix)]
+            let hup_fut = async {
+                match hup.as_mut() {
+                    Some(h) => {
+                        h.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            #[cfg(not(unix))]
+            let hup_fut = std::future::pending::<()>();
+            tokio::select! {
+                () = hup_fut => {
+                    let _ = self.reload("SIGHUP").await;
+                }
+                _ = tick.tick() => {
+                    let now = dir_fingerprint(&dir);
+                    if now != last {
+                        // Debounce: wait until the directory stops changing.
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                        let settled = dir_fingerprint(&dir);
+                        if settled == now {
+                            last = settled;
+                            let _ = self.reload("policy files changed").await;
+                        }
+                    }
+                }
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+}
+
+/// The current time in RFC 3339, to the second.
+fn now() -> String {
+    humantime::format_rfc3339_seconds(SystemTime::now()).to_string()
+}
+
+/// A cheap fingerprint of the policy files: names, sizes and modification times.
+fn dir_fingerprint(dir: &Path) -> Vec<(PathBuf, u64, Option<SystemTime>)> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let path = e.path();
+            if path.extension().is_some_and(|x| x == "toml") {
+                // metadata() follows symlinks, so a swapped target shows up too.
+                if let Ok(m) = std::fs::metadata(&path) {
+                    out.push((path, m.len(), m.modified().ok()));
+                }
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fingerprint_sees_policy_files_only_and_changes_with_them() {
+        let dir = std::env::temp_dir().join(format!("latchkey-reload-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        std::fs::write(dir.join("a.toml"), "x").expect("write");
+        std::fs::write(dir.join("notes.txt"), "ignored").expect("write");
+        let before = dir_fingerprint(&dir);
+        assert_eq!(before.len(), 1);
+        std::fs::write(dir.join("a.toml"), "longer").expect("write");
+        assert_ne!(dir_fingerprint(&dir), before);
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+        assert!(dir_fingerprint(&dir).is_empty());
+    }
+
+    #[test]
+    fn a_reload_error_is_its_message_in_json() {
+        let e = ReloadError::Invalid("a.toml:1:1: bad".to_string());
+        assert_eq!(
+            serde_json::to_value(&e).expect("json"),
+            serde_json::json!("a.toml:1:1: bad")
+        );
+        let e = ReloadError::Task("panicked".to_string());
+        assert_eq!(e.to_string(), "reload task failed: panicked");
+    }
+}
