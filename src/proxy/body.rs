@@ -86,7 +86,7 @@ pin_project_lite::pin_project! {
 /// exchange ended, whatever the response stream says.
 struct Finisher {
     entry: Option<Entry>,
-    request_refused: Option<Arc<std::sync::OnceLock<super::credentials::BodyRefused>>>,
+    request_refused: Option<Arc<std::sync::OnceLock<super::request_body::BodyRefused>>>,
 }
 
 impl Finisher {
@@ -155,10 +155,10 @@ where
 /// The refusal that cut a body off, if that is what this error is (or wraps).
 pub(super) fn refusal_in<'a>(
     err: &'a (dyn std::error::Error + 'static),
-) -> Option<&'a super::credentials::BodyRefused> {
+) -> Option<&'a super::request_body::BodyRefused> {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(e) = cur {
-        if let Some(r) = e.downcast_ref::<super::credentials::BodyRefused>() {
+        if let Some(r) = e.downcast_ref::<super::request_body::BodyRefused>() {
             return Some(r);
         }
         cur = e.source();
@@ -171,7 +171,7 @@ pub(super) fn refusal_in<'a>(
 pub fn audited(
     body: Body,
     entry: Entry,
-    request_refused: Option<Arc<std::sync::OnceLock<super::credentials::BodyRefused>>>,
+    request_refused: Option<Arc<std::sync::OnceLock<super::request_body::BodyRefused>>>,
 ) -> Body {
     let counters = entry.counters();
     Audited {

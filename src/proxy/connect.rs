@@ -72,9 +72,14 @@ pub async fn handle(proxy: Arc<Proxy>, ctx: Arc<Ctx>, req: Request<Incoming>) ->
     };
     // The host as sent, before it is normalised, resolved or put in a certificate: a secret
     // value or a placeholder in it (a subdomain under a `*.` rule) would leak to DNS.
-    if let Err((reason, msg)) = super::outbound::check_host(&policy, authority.host()) {
+    if let Err(crate::reason::Refusal {
+        reason,
+        message: msg,
+        ..
+    }) = crate::secrets::leak::check_host(policy.secrets(), authority.host())
+    {
         entry.update(|r| {
-            r.host = Some(super::outbound::REDACTED_HOST.to_string());
+            r.host = Some(crate::secrets::leak::REDACTED_HOST.to_string());
             r.port = Some(port);
         });
         return refused(entry, reason, None, &msg);

@@ -17,7 +17,7 @@ use http::{Request, Response, Uri, Version};
 use hyper::body::Incoming;
 
 use super::respond::{refuse, ID_HEADER};
-use super::{body, credentials, hop, response, Proxy};
+use super::{body, broker, hop, response, Proxy};
 use crate::audit::{redact_query, Entry};
 use crate::policy::{display_authority, normalize_host, Scheme, Target};
 use crate::reason::Reason;
@@ -137,8 +137,11 @@ pub async fn handle(
             .filter_map(|h| h.to_str().ok()),
     );
     for host in as_sent {
-        if let Err((reason, message)) = super::outbound::check_host(&policy, host) {
-            entry.update(|r| r.host = Some(super::outbound::REDACTED_HOST.to_string()));
+        if let Err(crate::reason::Refusal {
+            reason, message, ..
+        }) = crate::secrets::leak::check_host(policy.secrets(), host)
+        {
+            entry.update(|r| r.host = Some(crate::secrets::leak::REDACTED_HOST.to_string()));
             drain(req.into_body()).await;
             return Ok(refused(entry, reason, None, &message));
         }
@@ -159,8 +162,11 @@ pub async fn handle(
     // The host as normalised, before policy and long before any lookup: a secret value or a
     // placeholder in it (a subdomain under a `*.` rule) is refused whatever the rule.
     for host in std::iter::once(target.host.as_str()) {
-        if let Err((reason, message)) = super::outbound::check_host(&policy, host) {
-            entry.update(|r| r.host = Some(super::outbound::REDACTED_HOST.to_string()));
+        if let Err(crate::reason::Refusal {
+            reason, message, ..
+        }) = crate::secrets::leak::check_host(policy.secrets(), host)
+        {
+            entry.update(|r| r.host = Some(crate::secrets::leak::REDACTED_HOST.to_string()));
             drain(req.into_body()).await;
             return Ok(refused(entry, reason, None, &message));
         }
@@ -258,19 +264,19 @@ pub async fn handle(
     let mut path_and_query = target.path_and_query.clone();
     let exchanger = proxy.exchanger(ctx.client, ctx.identity.clone());
     let method = parts.method.to_string();
-    let request_cx = credentials::RequestCx {
+    let request_cx = broker::RequestCx {
         method: &method,
         scheme: target.scheme.as_str(),
         host: &target.host,
         port: target.port,
         identity: &ctx.identity,
-        exchanger: &*exchanger,
+        exchanger: &exchanger,
         sent_hosts: &sent_hosts,
         client: ctx.client.ip(),
         budget: &proxy.budget,
         body_timeout: proxy.body_timeout,
     };
-    let brokered = match credentials::apply(
+    let brokered = match broker::apply(
         &policy,
         rule,
         &request_cx,
@@ -282,7 +288,9 @@ pub async fn handle(
     .await
     {
         Ok(b) => b,
-        Err((reason, message)) => return Ok(refused(entry, reason, Some(&rule.name), &message)),
+        Err(crate::reason::Refusal {
+            reason, message, ..
+        }) => return Ok(refused(entry, reason, Some(&rule.name), &message)),
     };
     entry.update(|r| r.secrets = brokered.secrets.iter().cloned().collect());
     let body_refused = brokered.refused.clone();

@@ -16,7 +16,7 @@ use http::{HeaderMap, HeaderValue};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::BodyExt;
 
-use super::credentials::BodyRefused;
+use super::request_body::BodyRefused;
 use super::decode::{DecodeError, Decoder, Pull};
 use crate::audit::Counters;
 use crate::reason::Reason;
