@@ -7,8 +7,8 @@
 //! 2. the body: streamed to the upstream through the leak [`Detector`] unless a feature
 //!    needs it whole (a signed SigV4 payload up to `max_signed_body`, body placeholders up to
 //!    [`SCAN_LIMIT`]); a small body that is already there when the head is read is held whole
-//!    (up to [`PEEK_LIMIT`]) and checked before dialing. Every held byte is charged to the
-//!    buffer budget ([`super::budget`]);
+//!    (up to [`PEEK_LIMIT`](super::request_body::PEEK_LIMIT)) and checked before dialing.
+//!    Every held byte is charged to the buffer budget ([`super::budget`]);
 //! 3. a body held whole is checked like the head (placeholders, secret values, trailers);
 //! 4. strip the sandbox's auth headers on a rule that injects;
 //! 5. replace allowed placeholders; 6. inject the rule's headers, query and basic auth;
@@ -32,7 +32,7 @@ use hyper::body::Incoming;
 
 use super::body;
 use super::budget::Budget;
-use super::request_body::{self, drain, BodyRefused, Prefixed, Progress, Read, Whole, PEEK_LIMIT};
+use super::request_body::{self, drain, BodyRefused, Prefixed, Progress, Read, Whole};
 use crate::audit::Counters;
 use crate::policy::{Policy, Rule};
 use crate::reason::{Reason, Refusal};

@@ -37,7 +37,7 @@ pub struct Detector {
     /// Whether the rule enables body placeholders (only for the message).
     body_placeholders: bool,
     /// The last raw bytes received, searched again with the next chunk once unescaped
-    /// ([`unescaped`]), and the output held back for as long: an escaped value is longer than
+    /// ([`super::decoded::unescaped`]), and the output held back for as long: an escaped value is longer than
     /// its variants, so none of it goes out before its end has been seen.
     esc_tail: Vec<u8>,
     esc_held: Vec<u8>,
@@ -218,7 +218,6 @@ impl Detector {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::secrets::decoded::{quoted_printable, unescaped};
     use crate::secrets::scrub::ScrubSecret;
 
     const SECRET: &[u8] = b"sk-test-OPENAI-4f9a1c7e2b8d";

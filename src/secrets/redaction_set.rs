@@ -44,7 +44,7 @@ pub(super) struct Change {
 }
 
 impl std::ops::BitOrAssign for Change {
-    pub(super) fn bitor_assign(&mut self, other: Change) {
+    fn bitor_assign(&mut self, other: Change) {
         self.added |= other.added;
         self.removed |= other.removed;
     }
@@ -231,7 +231,7 @@ pub(super) struct Shared {
     pub(super) epoch: Instant,
     /// The store a reload replaced this one with: values handed out here afterwards are
     /// added there too, so the new policy still redacts them.
-    pub(super) successor: Mutex<Weak<Shared>>,
+    pub(super) successor: arc_swap::ArcSwap<Weak<Shared>>,
 }
 
 impl Shared {
@@ -242,7 +242,7 @@ impl Shared {
             added: AtomicU64::new(0),
             next_sweep_ms: AtomicU64::new(u64::MAX),
             epoch: Instant::now(),
-            successor: Mutex::new(Weak::new()),
+            successor: arc_swap::ArcSwap::from_pointee(Weak::new()),
         }
     }
 
@@ -264,7 +264,8 @@ impl Shared {
     }
 
     pub(super) fn successor(&self) -> Option<Arc<Shared>> {
-        lock(&self.successor).upgrade()
+        // Read on every value handed out: lock-free (set once, by a reload).
+        self.successor.load().upgrade()
     }
 
     pub(super) fn mint(&self, name: &str, key: &str, value: &SecretValue) {

@@ -17,10 +17,11 @@
 //! handed out, so an upstream that reflects an old key is still scrubbed. Minted values are
 //! kept by (name, key) — the key is the host and/or identity a JWT's claims use — so handing
 //! out a value already in the set changes nothing. The set is bounded:
-//! - at most [`MAX_LIVE_PER_NAME`] minted values per name are *live* (one per key); a new key
-//!   past that retires the least recently used one;
+//! - at most [`MAX_LIVE_PER_NAME`](super::MAX_LIVE_PER_NAME) minted values per name are
+//!   *live* (one per key); a new key past that retires the least recently used one;
 //! - retired values leave after [`RETIRED_KEEP`], and earlier when there are more than
-//!   [`MAX_RETIRED_PER_NAME`] under one name or [`MAX_RETIRED`] in all (oldest first);
+//!   [`MAX_RETIRED_PER_NAME`](super::MAX_RETIRED_PER_NAME) under one name or
+//!   [`MAX_RETIRED`](super::MAX_RETIRED) in all (oldest first);
 //! - a live minted value not handed out for [`RETIRED_KEEP`] leaves too.
 //!
 //! A value handed out again after it left is added again before it leaves latchkey, so the
@@ -174,6 +175,8 @@ struct State {
 pub(super) struct Slot {
     pub(super) name: String,
     pub(super) source: Source,
+    /// An `env:` value: read once at load and never changed, so handed out without a lock.
+    fixed: Option<SecretValue>,
     state: Mutex<State>,
     /// Single flight for exec helpers: N concurrent first uses run the helper once.
     fetch: tokio::sync::Mutex<()>,
@@ -265,11 +268,16 @@ impl SecretStore {
                 Some(Err(e)) => errors.push((name.clone(), e)),
                 None => {}
             }
+            let fixed = match source {
+                Source::Env(_) => state.current.clone(),
+                _ => None,
+            };
             slots.insert(
                 name.clone(),
                 Arc::new(Slot {
                     name,
                     source,
+                    fixed,
                     state: Mutex::new(state),
                     fetch: tokio::sync::Mutex::new(()),
                 }),
@@ -300,7 +308,10 @@ impl SecretStore {
             .get(name)
             .ok_or_else(|| SecretError::Unknown(name.to_string()))?;
         match &slot.source {
-            Source::Env(_) => slot.current().ok_or_else(|| slot.unavailable("not loaded")),
+            Source::Env(_) => slot
+                .fixed
+                .clone()
+                .ok_or_else(|| slot.unavailable("not loaded")),
             Source::File(path) => self.get_file(slot, path),
             Source::Exec { ttl, timeout, .. } => self.get_exec(slot, *ttl, *timeout).await,
         }
@@ -401,7 +412,9 @@ impl SecretStore {
         }
         // First the forwarding, then the snapshot: a value `old` hands out meanwhile is in one
         // or the other (or both: adding a value twice changes nothing).
-        *lock(&old.shared.successor) = Arc::downgrade(&self.shared);
+        old.shared
+            .successor
+            .store(Arc::new(Arc::downgrade(&self.shared)));
         let now = Instant::now();
         let old_current: Vec<(Arc<str>, SecretValue)> = old
             .slots

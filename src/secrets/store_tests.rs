@@ -1,6 +1,8 @@
 //! Tests of the secret store: sources, rotation, exec helpers, the redaction set.
 
 use super::*;
+use crate::secrets::redaction_set::Values;
+use crate::secrets::{MAX_LIVE_PER_NAME, MAX_RETIRED, MAX_RETIRED_PER_NAME};
 
 const SECRET: &str = "sk-test-0123456789abcdef";
 

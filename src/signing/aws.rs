@@ -245,16 +245,19 @@ async fn assume(
         "" => "/",
         p => p,
     };
-    let mut form = form_urlencoded::Serializer::new(String::new());
-    form.append_pair("Action", "AssumeRole")
-        .append_pair("Version", "2011-06-15")
-        .append_pair("RoleArn", &role.role_arn)
-        .append_pair("RoleSessionName", &role.session_name)
-        .append_pair("DurationSeconds", &role.duration.as_secs().to_string());
-    if let Some(x) = &role.external_id {
-        form.append_pair("ExternalId", x);
-    }
-    let form = form.finish();
+    // Built in a block: the serializer (not `Send`) is gone before the exchange is awaited.
+    let form = {
+        let mut form = form_urlencoded::Serializer::new(String::new());
+        form.append_pair("Action", "AssumeRole")
+            .append_pair("Version", "2011-06-15")
+            .append_pair("RoleArn", &role.role_arn)
+            .append_pair("RoleSessionName", &role.session_name)
+            .append_pair("DurationSeconds", &role.duration.as_secs().to_string());
+        if let Some(x) = &role.external_id {
+            form.append_pair("ExternalId", x);
+        }
+        form.finish()
+    };
     let mut headers = HeaderMap::new();
     headers.insert(
         http::header::CONTENT_TYPE,

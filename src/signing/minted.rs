@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, AUTHORIZATION};
 use http::HeaderMap;
 
-use super::exchange::{self, TokenTransport};
+use super::exchange::{self, json_str, TokenTransport};
 use super::{
     failed, jwt, now_unix, secret, sensitive, set_bearer, token_name, CredentialError, JwtAlg,
     Kind, Target, TokenCache, field_key, REFRESH_MARGIN,
@@ -210,7 +210,6 @@ pub(super) async fn attach(
             let bearer = *header == AUTHORIZATION;
             set_bearer(headers, header, &token, bearer)
         }
-    }
         Kind::AwsSigV4 { .. } => Err(failed(name, "an aws_sigv4 credential signs; it mints no token")),
     }
 }

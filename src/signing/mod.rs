@@ -393,43 +393,4 @@ mod tests {
         };
         assert_eq!(whole_body_needed(&jwt, &headers(&[])), None);
     }
-
-    #[test]
-    fn only_a_classic_signed_payload_needs_the_whole_body() {
-        let hex = "ab".repeat(32);
-        type Case<'a> = (&'a [(&'a str, &'a str)], Option<usize>);
-        let cases: &[Case] = &[
-            (&[], Some(1024)),
-            (&[("x-amz-content-sha256", &hex)], Some(1024)),
-            (&[("x-amz-content-sha256", "UNSIGNED-PAYLOAD")], None),
-            (
-                &[("x-amz-content-sha256", "STREAMING-UNSIGNED-PAYLOAD-TRAILER")],
-                None,
-            ),
-            (
-                &[("x-amz-content-sha256", "STREAMING-AWS4-HMAC-SHA256-PAYLOAD")],
-                None,
-            ),
-            (
-                &[(
-                    "x-amz-content-sha256",
-                    "STREAMING-AWS4-HMAC-SHA256-PAYLOAD-TRAILER",
-                )],
-                None,
-            ),
-            // Refused by apply, so never worth buffering.
-            (&[("x-amz-content-sha256", "garbage")], None),
-        ];
-        for (h, want) in cases {
-            assert_eq!(whole_body_needed(&aws(1024), &headers(h)), *want, "{h:?}");
-        }
-        assert_eq!(whole_body_needed(&aws(0), &headers(&[])), None);
-        let jwt = Kind::Jwt {
-            alg: JwtAlg::Hs256,
-            ttl: None,
-            header: AUTHORIZATION,
-            claims: Vec::new(),
-        };
-        assert_eq!(whole_body_needed(&jwt, &headers(&[])), None);
-    }
 }

@@ -63,13 +63,13 @@ impl TokenCache {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let now = Instant::now();
-        let slot = {
-            let entry = slots
-                .entry(key.to_string())
-                .or_insert_with(|| (Arc::default(), now));
+        // A known key (every request after the first) costs no allocation.
+        if let Some(entry) = slots.get_mut(key) {
             entry.1 = now;
-            entry.0.clone()
-        };
+            return entry.0.clone();
+        }
+        let slot: Arc<Slot> = Arc::default();
+        slots.insert(key.to_string(), (slot.clone(), now));
         if slots.len() > MAX_SLOTS {
             let mut idle: Vec<(Instant, String)> = slots
                 .iter()
