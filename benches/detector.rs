@@ -133,7 +133,11 @@ fn store(c: &mut Criterion) {
     std::fs::write(&path, "sk-bench-0123456789abcdefghijklmnopqrstuvwxyz\n").expect("write");
     let store = SecretStore::load(vec![("k".to_string(), Source::File(path))])
         .unwrap_or_else(|_| panic!("cannot load the bench secret"));
-    store.set_minted("credential:t", "", &SecretValue::new(b"minted-token-0123".to_vec()));
+    store.set_minted(
+        "credential:t",
+        "",
+        &SecretValue::new(b"minted-token-0123".to_vec()),
+    );
     assert!(store.scrubber().expect("scrubber").is_some());
     let mut g = c.benchmark_group("store");
     g.bench_function("scrubber_once", |b| {
@@ -153,9 +157,7 @@ fn store(c: &mut Criterion) {
     let old = zeroize::Zeroizing::new(value.expose().to_vec());
     let mut g = c.benchmark_group("value");
     g.bench_function("clone/shared", |b| b.iter(|| black_box(value.clone())));
-    g.bench_function("clone/old_copy", |b| {
-        b.iter(|| black_box(old.clone()))
-    });
+    g.bench_function("clone/old_copy", |b| b.iter(|| black_box(old.clone())));
     g.finish();
 }
 

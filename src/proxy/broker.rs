@@ -250,7 +250,14 @@ pub async fn apply(
 
     // 6. inject, last before signing.
     inject::headers(headers, &rule.inject_headers, store, identity, &mut used).await?;
-    inject::query_params(path_and_query, &rule.inject_query, store, identity, &mut used).await?;
+    inject::query_params(
+        path_and_query,
+        &rule.inject_query,
+        store,
+        identity,
+        &mut used,
+    )
+    .await?;
     if let Some(basic) = &rule.inject_basic {
         inject::basic(headers, basic, store, identity, &mut used).await?;
     }

@@ -72,7 +72,9 @@ impl Exchanger<'_> {
             Err(failure) => {
                 let (reason, status) = match &failure {
                     ExchangeFailure::Timeout => (Reason::UpstreamTimeout, None),
-                    ExchangeFailure::Read { status, .. } => (Reason::CredentialFailed, Some(*status)),
+                    ExchangeFailure::Read { status, .. } => {
+                        (Reason::CredentialFailed, Some(*status))
+                    }
                     ExchangeFailure::Unreachable(_) => (Reason::CredentialFailed, None),
                     // Not sent: the record is left as it stands, as before any dial.
                     ExchangeFailure::Build(_) => return Err(TransportError(failure.to_string())),

@@ -42,8 +42,8 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 
-pub use ca::{CertAuthority, InitOutcome};
 pub use broker::SCAN_LIMIT;
+pub use ca::{CertAuthority, InitOutcome};
 pub use exchange::Exchanger;
 pub use pipeline::Ctx;
 

@@ -12,7 +12,6 @@ use super::{SecretError, SecretValue};
 /// The most bytes an exec helper may print on stdout (and the most of its stderr logged).
 const HELPER_OUTPUT_LIMIT: usize = 64 * 1024;
 
-
 /// Kills a helper's process group when dropped, unless disarmed: on timeout, on an output
 /// overrun, and when the request waiting for the helper goes away. Declared after the child,
 /// so it runs before the child is dropped and reaped: until then the group id is the id of a

@@ -85,7 +85,10 @@ pub async fn query_params(
     }
     let mut rendered = Vec::with_capacity(templates.len());
     for (k, t) in templates {
-        rendered.push((k.as_str(), t.render(store, identity).await.map_err(unavailable)?));
+        rendered.push((
+            k.as_str(),
+            t.render(store, identity).await.map_err(unavailable)?,
+        ));
         used.extend(t.secrets().map(str::to_string));
     }
     let pairs: Vec<(&str, &[u8])> = rendered.iter().map(|(k, v)| (*k, &v[..])).collect();
@@ -110,11 +113,19 @@ pub async fn basic(
             .to_vec(),
     );
     creds.push(b':');
-    creds.extend_from_slice(&password.render(store, identity).await.map_err(unavailable)?);
+    creds.extend_from_slice(
+        &password
+            .render(store, identity)
+            .await
+            .map_err(unavailable)?,
+    );
     let encoded =
         zeroize::Zeroizing::new(base64::engine::general_purpose::STANDARD.encode(&*creds));
     let value = zeroize::Zeroizing::new(format!("Basic {}", &*encoded));
-    headers.insert(AUTHORIZATION, header_value(value.as_bytes(), &AUTHORIZATION)?);
+    headers.insert(
+        AUTHORIZATION,
+        header_value(value.as_bytes(), &AUTHORIZATION)?,
+    );
     used.extend(user.secrets().map(str::to_string));
     used.extend(password.secrets().map(str::to_string));
     Ok(())

@@ -345,7 +345,14 @@ impl Checker<'_> {
 
     fn secrets(&self, part: Part, bytes: &[u8]) -> Result<(), Refusal> {
         match self.scrubber.and_then(|s| {
-            secret_refusal(s, self.binding.bound, part, bytes, self.host, self.binding.rule)
+            secret_refusal(
+                s,
+                self.binding.bound,
+                part,
+                bytes,
+                self.host,
+                self.binding.rule,
+            )
         }) {
             Some(r) => Err(r),
             None => Ok(()),

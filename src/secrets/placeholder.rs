@@ -75,7 +75,8 @@ pub fn find(hay: &[u8]) -> Vec<Found> {
         let tail = &hay[name_start..];
         // The suffix is looked for only where a name can end: a prefix with no suffix after it
         // costs a bounded look, not a scan of the rest of the input.
-        let end_rel = memchr::memmem::find(&tail[..tail.len().min(MAX_NAME + SUFFIX.len())], SUFFIX);
+        let end_rel =
+            memchr::memmem::find(&tail[..tail.len().min(MAX_NAME + SUFFIX.len())], SUFFIX);
         match end_rel {
             Some(i) => {
                 let name = std::str::from_utf8(&tail[..i])

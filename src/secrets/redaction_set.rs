@@ -136,7 +136,13 @@ impl Values {
 
     /// Records that `value` is handed out under (`name`, `key`). No change when the key
     /// already holds it (the common case, a cached token).
-    pub(super) fn mint(&mut self, name: &str, key: &str, value: &SecretValue, now: Instant) -> Change {
+    pub(super) fn mint(
+        &mut self,
+        name: &str,
+        key: &str,
+        value: &SecretValue,
+        now: Instant,
+    ) -> Change {
         if let Some(l) = self.live.get_mut(name).and_then(|m| m.get_mut(key)) {
             if &l.value == value {
                 l.used = now;

@@ -306,7 +306,11 @@ impl Scrubber {
     /// redacts them) for which `wanted` holds: the names `scrub` would report, searched for
     /// without building the scrubbed copy. The request-side leak check asks it "is any secret
     /// here that may not be?" over bodies up to 8 MiB.
-    pub fn find_where(&self, input: &[u8], mut wanted: impl FnMut(&str) -> bool) -> Option<Arc<str>> {
+    pub fn find_where(
+        &self,
+        input: &[u8],
+        mut wanted: impl FnMut(&str) -> bool,
+    ) -> Option<Arc<str>> {
         let mut first = None;
         self.for_each_match(input, |found| {
             let name = &self.names[self.name_of_pattern[found.pattern()]];
@@ -579,7 +583,6 @@ impl fmt::Debug for StreamScrubber {
             .finish_non_exhaustive()
     }
 }
-
 
 #[cfg(test)]
 #[path = "scrub_tests.rs"]

@@ -40,7 +40,6 @@
 //!
 //! Error messages name secrets, never values.
 
-
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -56,7 +55,6 @@ use super::SecretValue;
 
 /// Shortest accepted secret: shorter values would match noise when redacting.
 pub const MIN_SECRET_LEN: usize = 8;
-
 
 /// Where a secret's value comes from. `Debug` leaves the command out: an operator may have
 /// written a value into it.

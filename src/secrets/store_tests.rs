@@ -389,8 +389,8 @@ async fn a_timed_out_helper_is_killed_with_everything_it_started() {
         "sleep 30 & echo $! > {p}; sh -c 'echo $$ >> {p}; exec sleep 30'",
         p = pidfile.display()
     );
-    let store = SecretStore::load(vec![("e".into(), exec(cmd, Duration::from_millis(500)))])
-        .expect("load");
+    let store =
+        SecretStore::load(vec![("e".into(), exec(cmd, Duration::from_millis(500)))]).expect("load");
     let e = store.get("e").await.expect_err("times out").to_string();
     assert!(e.contains("within"), "{e}");
     let pids = pids(&pidfile);
@@ -408,8 +408,8 @@ async fn a_helper_whose_caller_goes_away_is_killed_with_its_children() {
         "sleep 30 & echo $! > {p}; echo $$ >> {p}; wait",
         p = pidfile.display()
     );
-    let store = SecretStore::load(vec![("e".into(), exec(cmd, Duration::from_secs(60)))])
-        .expect("load");
+    let store =
+        SecretStore::load(vec![("e".into(), exec(cmd, Duration::from_secs(60)))]).expect("load");
     let cancelled = tokio::time::timeout(Duration::from_millis(500), store.get("e")).await;
     assert!(cancelled.is_err(), "the helper should still be running");
     let pids = pids(&pidfile);
@@ -427,8 +427,8 @@ async fn a_helper_printing_too_much_is_refused_and_killed() {
         "echo $$ > {p}; echo $$ >> {p}; yes sk-endless-output-0123456789",
         p = pidfile.display()
     );
-    let store = SecretStore::load(vec![("e".into(), exec(cmd, Duration::from_secs(30)))])
-        .expect("load");
+    let store =
+        SecretStore::load(vec![("e".into(), exec(cmd, Duration::from_secs(30)))]).expect("load");
     let started = Instant::now();
     let e = store.get("e").await.expect_err("refused").to_string();
     assert!(e.contains("more than"), "{e}");

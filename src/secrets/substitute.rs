@@ -142,7 +142,10 @@ mod tests {
         let size = replaced_len(body, &values());
         let out = replace_exact(body, &values(), size);
         assert_eq!(out.len(), size);
-        assert_eq!(&out[..], b"{\"a\":\"s3cr3t value/+\",\"b\":\"s3cr3t value/+\"}");
+        assert_eq!(
+            &out[..],
+            b"{\"a\":\"s3cr3t value/+\",\"b\":\"s3cr3t value/+\"}"
+        );
 
         let mut pq = "/p/__LATCHKEY_k__?q=__LATCHKEY_k__".to_string();
         query_in(&mut pq, &values());

@@ -9,11 +9,11 @@ use http::header::HeaderValue;
 use http::HeaderMap;
 
 use super::exchange::{Exchange, TokenTransport};
-use super::sts;
 use super::sigv4::{self, derive_region_service, Payload};
+use super::sts;
 use super::{
-    aws_chunked, failed, field_key, secret, Applied, AssumeRole, CredentialError, SignBody,
-    Target, TokenCache, REFRESH_MARGIN,
+    aws_chunked, failed, field_key, secret, Applied, AssumeRole, CredentialError, SignBody, Target,
+    TokenCache, REFRESH_MARGIN,
 };
 use crate::secrets::{SecretStore, SecretValue};
 
@@ -59,7 +59,13 @@ pub(super) async fn sign(
         (Some(r), Some(s)) => (r.clone(), s.clone()),
         _ => {
             let (dr, ds) = derive_region_service(t.host).ok_or_else(|| {
-                failed(name, format!("cannot derive region and service from host {}: set region and service", t.host))
+                failed(
+                    name,
+                    format!(
+                        "cannot derive region and service from host {}: set region and service",
+                        t.host
+                    ),
+                )
             })?;
             (region.clone().unwrap_or(dr), service.clone().unwrap_or(ds))
         }
@@ -92,9 +98,7 @@ pub(super) async fn sign(
     };
     let payload = match form.payload {
         Payload::Classic => match body {
-            SignBody::Whole(b) if b.len() <= max_signed_body => {
-                sigv4::SignPayload::Bytes(b)
-            }
+            SignBody::Whole(b) if b.len() <= max_signed_body => sigv4::SignPayload::Bytes(b),
             _ => sigv4::SignPayload::Unsigned,
         },
         Payload::Unsigned => sigv4::SignPayload::Unsigned,
@@ -137,8 +141,7 @@ pub(super) async fn sign(
                 &region,
                 &service,
             );
-            let signer =
-                aws_chunked::ChunkSigner::new(key, stamp, &region, &service, &seed);
+            let signer = aws_chunked::ChunkSigner::new(key, stamp, &region, &service, &seed);
             aws_chunked::Mode::Resign {
                 signer: Box::new(signer),
                 trailer,

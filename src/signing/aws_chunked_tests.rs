@@ -69,12 +69,7 @@ fn framed(chunks: &[&[u8]], sig: Option<&str>, tail: &str) -> Vec<u8> {
 }
 
 /// Runs `input` through the framing, fed in pieces of `split` bytes.
-fn run(
-    mode: Mode,
-    expected: Option<u64>,
-    input: &[u8],
-    split: usize,
-) -> Result<Vec<u8>, String> {
+fn run(mode: Mode, expected: Option<u64>, input: &[u8], split: usize) -> Result<Vec<u8>, String> {
     let mut f = Framing::new(mode, expected);
     let mut out = Vec::new();
     for piece in input.chunks(split.max(1)) {
@@ -146,8 +141,7 @@ fn the_trailer_is_re_signed_like_aws_sigv4_signs_it() {
     let chunks: [&[u8]; 2] = [&data, b""];
     let trailers = [("x-amz-checksum-crc32", "sOO8/Q==")];
     let want = reference(&chunks, &trailers);
-    let tail =
-        format!("x-amz-checksum-crc32:sOO8/Q==\r\nx-amz-trailer-signature:{DUMMY}\r\n\r\n");
+    let tail = format!("x-amz-checksum-crc32:sOO8/Q==\r\nx-amz-trailer-signature:{DUMMY}\r\n\r\n");
     let input = framed(&chunks, Some(DUMMY), &tail);
     let out = run(resign(true), Some(9000), &input, 333).expect("re-signed");
     assert_eq!(out.len(), input.len());

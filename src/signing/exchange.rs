@@ -42,7 +42,6 @@ impl std::fmt::Debug for Exchange {
     }
 }
 
-
 /// What a token endpoint answered.
 #[derive(Clone)]
 pub struct Answer {
@@ -181,6 +180,9 @@ mod tests {
                 body: Bytes::from_static(b"{\"access_token\":\"tok-secret\"}"),
             }
         );
-        assert!(answer.contains("200") && !answer.contains("tok-secret"), "{answer}");
+        assert!(
+            answer.contains("200") && !answer.contains("tok-secret"),
+            "{answer}"
+        );
     }
 }

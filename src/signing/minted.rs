@@ -12,8 +12,8 @@ use http::HeaderMap;
 
 use super::exchange::{self, json_str, TokenTransport};
 use super::{
-    failed, jwt, now_unix, secret, sensitive, set_bearer, token_name, CredentialError, JwtAlg,
-    Kind, Target, TokenCache, field_key, REFRESH_MARGIN,
+    failed, field_key, jwt, now_unix, secret, sensitive, set_bearer, token_name, CredentialError,
+    JwtAlg, Kind, Target, TokenCache, REFRESH_MARGIN,
 };
 use crate::secrets::{SecretStore, SecretValue};
 
@@ -135,10 +135,11 @@ pub(super) async fn attach(
                     // Sized for the worst case (every byte escaped), so it never reallocates
                     // and leaves no unwiped copy of the client secret behind.
                     let mut form = zeroize::Zeroizing::new(String::with_capacity(
-                        256 + 3 * (client_id.len()
-                            + secret_text.len()
-                            + scope.as_ref().map_or(0, String::len)
-                            + audience.as_ref().map_or(0, String::len)),
+                        256 + 3
+                            * (client_id.len()
+                                + secret_text.len()
+                                + scope.as_ref().map_or(0, String::len)
+                                + audience.as_ref().map_or(0, String::len)),
                     ));
                     {
                         let mut pairs = form_urlencoded::Serializer::new(&mut *form);
@@ -210,6 +211,9 @@ pub(super) async fn attach(
             let bearer = *header == AUTHORIZATION;
             set_bearer(headers, header, &token, bearer)
         }
-        Kind::AwsSigV4 { .. } => Err(failed(name, "an aws_sigv4 credential signs; it mints no token")),
+        Kind::AwsSigV4 { .. } => Err(failed(
+            name,
+            "an aws_sigv4 credential signs; it mints no token",
+        )),
     }
 }

@@ -75,10 +75,14 @@ pub fn parse(body: &[u8]) -> Result<AssumedKeys, StsError> {
                 None
             }
             Event::Text(t) => Some(Zeroizing::new(
-                t.xml10_content().map_err(|_| malformed(&reader))?.into_owned(),
+                t.xml10_content()
+                    .map_err(|_| malformed(&reader))?
+                    .into_owned(),
             )),
             Event::CData(c) => Some(Zeroizing::new(
-                c.xml10_content().map_err(|_| malformed(&reader))?.into_owned(),
+                c.xml10_content()
+                    .map_err(|_| malformed(&reader))?
+                    .into_owned(),
             )),
             Event::GeneralRef(r) => {
                 let resolved = match r.resolve_char_ref().map_err(|_| malformed(&reader))? {
@@ -161,7 +165,10 @@ mod tests {
 
     #[test]
     fn what_is_missing_is_named_and_broken_xml_refused_without_its_text() {
-        let no_token = ANSWER.replace("<SessionToken><![CDATA[FwoG<token>&more]]></SessionToken>", "");
+        let no_token = ANSWER.replace(
+            "<SessionToken><![CDATA[FwoG<token>&more]]></SessionToken>",
+            "",
+        );
         assert_eq!(
             parse(no_token.as_bytes()).err(),
             Some(StsError::Missing {
@@ -171,7 +178,11 @@ mod tests {
         // A field outside `Credentials` does not count.
         let outside = "<R><AccessKeyId>A</AccessKeyId><Credentials/></R>";
         let err = parse(outside.as_bytes()).err().expect("refused");
-        assert!(err.to_string().contains("AccessKeyId, SecretAccessKey, SessionToken"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("AccessKeyId, SecretAccessKey, SessionToken"),
+            "{err}"
+        );
         for broken in [
             "<R><Credentials><SecretAccessKey>wJalrXUtnFEMI</Oops></Credentials></R>",
             "<R><Credentials><SecretAccessKey>wJalr&bogus;XUtnFEMI</SecretAccessKey></Credentials></R>",
