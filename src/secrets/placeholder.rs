@@ -61,6 +61,8 @@ const MAX_NAME: usize = 64;
 /// byte-by-byte `windows()` scan, since every header value, query and held body is searched.
 static PREFIX_FINDER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
     std::sync::LazyLock::new(|| memchr::memmem::Finder::new(PREFIX));
+static SUFFIX_FINDER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(SUFFIX));
 
 fn find_from(hay: &[u8], from: usize) -> Option<usize> {
     PREFIX_FINDER.find(hay.get(from..)?).map(|i| i + from)
@@ -75,8 +77,7 @@ pub fn find(hay: &[u8]) -> Vec<Found> {
         let tail = &hay[name_start..];
         // The suffix is looked for only where a name can end: a prefix with no suffix after it
         // costs a bounded look, not a scan of the rest of the input.
-        let end_rel =
-            memchr::memmem::find(&tail[..tail.len().min(MAX_NAME + SUFFIX.len())], SUFFIX);
+        let end_rel = SUFFIX_FINDER.find(&tail[..tail.len().min(MAX_NAME + SUFFIX.len())]);
         match end_rel {
             Some(i) => {
                 let name = std::str::from_utf8(&tail[..i])
