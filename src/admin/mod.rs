@@ -193,22 +193,12 @@ fn explain(proxy: &Proxy, query: &str) -> Response<Body> {
     let mut method = None;
     let mut url = None;
     let mut identity = None;
-    for (k, v) in query
-        .split('&')
-        .filter_map(|p| p.split_once('='))
-        .map(|(k, v)| {
-            (
-                k,
-                percent_encoding::percent_decode_str(v)
-                    .decode_utf8_lossy()
-                    .into_owned(),
-            )
-        })
-    {
-        match k {
-            "method" => method = Some(v),
-            "url" => url = Some(v),
-            "identity" => identity = Some(v),
+    // A form-encoded query (`+` is a space), as browsers and `curl --data-urlencode -G` send it.
+    for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+        match &*k {
+            "method" => method = Some(v.into_owned()),
+            "url" => url = Some(v.into_owned()),
+            "identity" => identity = Some(v.into_owned()),
             _ => {}
         }
     }

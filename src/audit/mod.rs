@@ -489,19 +489,31 @@ pub fn new_id() -> String {
 }
 
 /// Replaces every query value with `REDACTED`, keeping parameter names for reviewers.
+///
+/// Names stay exactly as sent rather than decoded by `form_urlencoded` and written back: a
+/// reviewer (and the record's own secret scrubbing) sees the bytes the sandbox sent. One pass,
+/// one allocation: it runs on every request.
 pub fn redact_query(path_and_query: &str) -> String {
+    const MASK: &str = "=REDACTED";
     let Some((path, query)) = path_and_query.split_once('?') else {
         return path_and_query.to_string();
     };
-    let redacted: Vec<String> = query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some((k, _)) => format!("{k}=REDACTED"),
-            None if pair.is_empty() => String::new(),
-            None => pair.to_string(),
-        })
-        .collect();
-    format!("{path}?{}", redacted.join("&"))
+    let mut out = String::with_capacity(path_and_query.len() + 8 * (query.len() / 4 + 1));
+    out.push_str(path);
+    out.push('?');
+    for (i, pair) in query.split('&').enumerate() {
+        if i > 0 {
+            out.push('&');
+        }
+        match pair.split_once('=') {
+            Some((k, _)) => {
+                out.push_str(k);
+                out.push_str(MASK);
+            }
+            None => out.push_str(pair),
+        }
+    }
+    out
 }
 
 fn scrub_str(store: Option<&SecretStore>, text: &str) -> String {
@@ -689,6 +701,8 @@ mod tests {
             "/a?key=REDACTED&x=REDACTED&flag"
         );
         assert_eq!(redact_query("/a"), "/a");
+        assert_eq!(redact_query("/a?"), "/a?");
+        assert_eq!(redact_query("/a?&k%41=v=w&&b"), "/a?&k%41=REDACTED&&b");
     }
 
     #[test]

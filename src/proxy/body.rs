@@ -88,7 +88,7 @@ pin_project_lite::pin_project! {
 /// exchange ended, whatever the response stream says.
 struct Finisher {
     entry: Option<Entry>,
-    request_refused: Option<Arc<std::sync::OnceLock<super::credentials::BodyRefused>>>,
+    request_refused: Option<Arc<std::sync::OnceLock<super::request_body::BodyRefused>>>,
 }
 
 impl Finisher {
@@ -157,7 +157,7 @@ where
 /// The refusal that cut a body off, if that is what this error is (or wraps).
 pub(super) fn refusal_in<'a>(
     err: &'a (dyn std::error::Error + 'static),
-) -> Option<&'a super::credentials::BodyRefused> {
+) -> Option<&'a super::request_body::BodyRefused> {
     crate::reason::find_cause(err)
 }
 
@@ -166,7 +166,7 @@ pub(super) fn refusal_in<'a>(
 pub fn audited(
     body: Body,
     entry: Entry,
-    request_refused: Option<Arc<std::sync::OnceLock<super::credentials::BodyRefused>>>,
+    request_refused: Option<Arc<std::sync::OnceLock<super::request_body::BodyRefused>>>,
 ) -> Body {
     let counters = entry.counters();
     Audited {

@@ -15,18 +15,19 @@
 //! `respond`. Only `upstream` dials.
 
 mod body;
+mod broker;
 pub mod budget;
 pub mod ca;
 mod connect;
-mod credentials;
 mod decode;
+mod exchange;
 pub mod hop;
 pub mod limits;
 mod listener;
-mod outbound;
 pub mod path;
 mod pipeline;
 mod reload;
+mod request_body;
 mod respond;
 mod response;
 mod scrub_body;
@@ -38,14 +39,14 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
+pub use broker::SCAN_LIMIT;
 pub use ca::{CertAuthority, InitOutcome};
-pub use credentials::SCAN_LIMIT;
+pub use exchange::Exchanger;
 pub use pipeline::Ctx;
 pub use reload::{ReloadError, ReloadState};
 
 use crate::audit::{AuditLog, Entry};
 use crate::policy::Policy;
-use crate::reason::Reason;
 use crate::upstream::{self, Client, Connector, Dialer, UpstreamConfig, UpstreamError};
 
 /// Largest request header block accepted on the proxy hop and inside intercepted connections.
@@ -142,100 +143,6 @@ impl Proxy {
             ),
             body_timeout: config.body_timeout,
         }))
-    }
-
-    /// The way the signing module reaches token endpoints: this proxy's guarded client, each
-    /// exchange audited with `rule = "credential:NAME"` for the sandbox that caused it.
-    pub fn exchanger(
-        self: &Arc<Self>,
-        client: SocketAddr,
-        identity: Arc<str>,
-    ) -> Box<crate::signing::Exchanger> {
-        let proxy = self.clone();
-        Box::new(move |ex: crate::signing::Exchange| {
-            let proxy = proxy.clone();
-            let identity = identity.clone();
-            Box::pin(async move { proxy.exchange(ex, client, &identity).await })
-        })
-    }
-
-    async fn exchange(
-        &self,
-        ex: crate::signing::Exchange,
-        client: SocketAddr,
-        identity: &str,
-    ) -> Result<(u16, bytes::Bytes), String> {
-        use http_body_util::BodyExt;
-        let policy = self.policy();
-        self.audit.room().await;
-        let mut entry = Entry::start(self.audit.clone(), client, identity, policy.digest());
-        entry.scrub_with(policy.secrets().clone());
-        let uri: http::Uri = ex.url.parse().map_err(|e| format!("invalid URL: {e}"))?;
-        let rule = crate::signing::token_name(&ex.credential);
-        entry.update(|r| {
-            r.method = Some("POST".to_string());
-            r.scheme = uri.scheme_str().map(str::to_string);
-            r.host = uri.host().map(str::to_ascii_lowercase);
-            r.port = uri.port_u16().or(Some(443));
-            r.path = Some(uri.path().to_string());
-            r.rule = Some(rule.clone());
-        });
-        let mut req = http::Request::post(uri.clone());
-        for (k, v) in ex.headers {
-            req = req.header(k, v);
-        }
-        let req = req
-            .body(body::full(ex.body))
-            .map_err(|e| format!("cannot build the request: {e}"))?;
-        let sent = tokio::time::timeout(self.response_timeout, self.client.request(req)).await;
-        let res = match sent {
-            Ok(Ok(res)) => res,
-            Ok(Err(e)) => {
-                let why = match upstream::find_upstream_error(&e) {
-                    Some(u) => u.to_string(),
-                    None => e.to_string(),
-                };
-                entry.outcome(Reason::CredentialFailed, Some(&rule), None);
-                entry.finish();
-                return Err(why);
-            }
-            Err(_) => {
-                entry.outcome(Reason::UpstreamTimeout, Some(&rule), None);
-                entry.finish();
-                return Err("timed out".to_string());
-            }
-        };
-        let status = res.status().as_u16();
-        let upstream_addr = res
-            .extensions()
-            .get::<upstream::UpstreamAddr>()
-            .map(|a| a.0);
-        let counters = entry.counters();
-        // Token responses are small; refuse anything absurd rather than buffer it.
-        let limited = http_body_util::Limited::new(res.into_body(), 1024 * 1024);
-        let bytes = match limited.collect().await {
-            Ok(b) => b.to_bytes(),
-            Err(e) => {
-                entry.outcome(Reason::CredentialFailed, Some(&rule), Some(status));
-                entry.finish();
-                return Err(format!("cannot read the response: {e}"));
-            }
-        };
-        counters
-            .down
-            .fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        self.metrics()
-            .secret_fetches
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let reason = if (200..300).contains(&status) {
-            Reason::Allowed
-        } else {
-            Reason::CredentialFailed
-        };
-        entry.outcome(reason, Some(&rule), Some(status));
-        entry.update(|r| r.upstream = upstream_addr.map(|a| a.to_string()));
-        entry.finish();
-        Ok((status, bytes))
     }
 
     /// The client whose connector opens exactly `extra` on top of `--allow-private`.

@@ -18,8 +18,8 @@ use http::{HeaderMap, HeaderValue};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use http_body_util::BodyExt;
 
-use super::credentials::BodyRefused;
 use super::decode::{DecodeError, Decoder, Pull};
+use super::request_body::BodyRefused;
 use crate::audit::Counters;
 use crate::reason::Reason;
 use crate::secrets::scrub::{Scrubber, StreamScrubber};

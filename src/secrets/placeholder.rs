@@ -54,11 +54,18 @@ pub struct Found {
     pub name: Option<String>,
 }
 
+/// The longest name a placeholder may carry (as secret names).
+const MAX_NAME: usize = 64;
+
+/// The prefix searcher, built once: `memmem` (SIMD where the CPU has it) rather than a
+/// byte-by-byte `windows()` scan, since every header value, query and held body is searched.
+static PREFIX_FINDER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(PREFIX));
+static SUFFIX_FINDER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(SUFFIX));
+
 fn find_from(hay: &[u8], from: usize) -> Option<usize> {
-    hay.get(from..)?
-        .windows(PREFIX.len())
-        .position(|w| w == PREFIX)
-        .map(|i| i + from)
+    PREFIX_FINDER.find(hay.get(from..)?).map(|i| i + from)
 }
 
 /// Every placeholder in `hay`, in order.
@@ -68,10 +75,9 @@ pub fn find(hay: &[u8]) -> Vec<Found> {
     while let Some(start) = find_from(hay, pos) {
         let name_start = start + PREFIX.len();
         let tail = &hay[name_start..];
-        let end_rel = tail
-            .windows(SUFFIX.len())
-            .position(|w| w == SUFFIX)
-            .filter(|&i| i <= 64);
+        // The suffix is looked for only where a name can end: a prefix with no suffix after it
+        // costs a bounded look, not a scan of the rest of the input.
+        let end_rel = SUFFIX_FINDER.find(&tail[..tail.len().min(MAX_NAME + SUFFIX.len())]);
         match end_rel {
             Some(i) => {
                 let name = std::str::from_utf8(&tail[..i])

@@ -88,9 +88,13 @@ use std::ops::{ControlFlow, Range};
 use std::sync::Arc;
 
 use aho_corasick::{AhoCorasick, AhoCorasickKind, Input, Match, MatchKind};
-use base64::Engine as _;
 use bytes::Bytes;
-use zeroize::{Zeroize, Zeroizing};
+use zeroize::Zeroizing;
+
+use super::sieve::Sieve;
+use super::variants::variants_of;
+#[cfg(test)]
+use super::variants::{base64_aligned, json_escaped, percent_encoded, JsonStyle, PercentForm};
 
 /// Secrets shorter than this are refused: they would match noise.
 pub const MIN_SECRET_LEN: usize = 8;
@@ -101,9 +105,6 @@ pub const MIN_VARIANT_LEN: usize = 6;
 /// Up to this many bytes of variants, the automaton is a full DFA: the fastest to search, and
 /// still small at that size (a few MiB at most). Past it, `aho-corasick` picks a leaner form.
 const DFA_PATTERN_BYTES_LIMIT: usize = 64 * 1024;
-
-/// The most bytes one byte of a secret becomes in any variant (a control character as `\u00XX`).
-const MAX_EXPANSION: usize = 6;
 
 /// One secret value to scrub, by name. The value bytes are borrowed only during construction.
 pub struct ScrubSecret<'a> {
@@ -297,6 +298,27 @@ impl Scrubber {
                 &self.names[self.name_of_pattern[found.pattern()]],
             ));
             ControlFlow::Break(())
+        });
+        first
+    }
+
+    /// The name of the first secret found in `input` (in the order [`scrub`](Self::scrub)
+    /// redacts them) for which `wanted` holds: the names `scrub` would report, searched for
+    /// without building the scrubbed copy. The request-side leak check asks it "is any secret
+    /// here that may not be?" over bodies up to 8 MiB.
+    pub fn find_where(
+        &self,
+        input: &[u8],
+        mut wanted: impl FnMut(&str) -> bool,
+    ) -> Option<Arc<str>> {
+        let mut first = None;
+        self.for_each_match(input, |found| {
+            let name = &self.names[self.name_of_pattern[found.pattern()]];
+            if wanted(name) {
+                first = Some(Arc::clone(name));
+                return ControlFlow::Break(());
+            }
+            ControlFlow::Continue(())
         });
         first
     }
@@ -559,329 +581,6 @@ impl fmt::Debug for StreamScrubber {
             .field("redactions", &self.redactions)
             .field("redacted_names", &self.redacted_names)
             .finish_non_exhaustive()
-    }
-}
-
-/// A fast test that most of a haystack holds no variant, so the automaton need not read it.
-///
-/// Every `q`-byte substring (*gram*) of every variant is hashed into a bit table. A haystack is
-/// sampled every `stride` bytes, `stride = shortest variant - q + 1`, so every occurrence of a
-/// variant, being at least that long, contains a whole sampled gram, whose bit is set. Around a
-/// sample whose bit is set, the window that could hold such an occurrence (`max_pattern_len`
-/// either side) is a candidate; everywhere else is ruled out. With 128 table bits per gram,
-/// about one sample in 128 of unrelated input is a false candidate.
-struct Sieve {
-    /// Gram length in bytes, 4 to 8.
-    gram_len: usize,
-    /// Distance between samples; at least 1.
-    stride: usize,
-    /// Keeps the low `gram_len` bytes of a little-endian `u64`.
-    gram_mask: u64,
-    /// `64 - log2(table bits)`: a hash's top bits index the table.
-    hash_shift: u32,
-    table: Box<[u64]>,
-}
-
-impl Sieve {
-    /// Bits in the table per gram: the table's fill, so the false-candidate rate, is about 1/128.
-    const BITS_PER_GRAM: usize = 128;
-    const MIN_TABLE_BITS: usize = 1 << 12;
-    /// 2 MiB. Past it the table would be too full to rule much out; the automaton then reads the
-    /// whole haystack.
-    const MAX_TABLE_BITS: usize = 1 << 24;
-
-    fn build(patterns: &[&[u8]]) -> Option<Sieve> {
-        let shortest = patterns.iter().map(|p| p.len()).min()?;
-        // Long grams are more selective, short ones allow a longer stride; half the shortest
-        // variant balances the two.
-        let gram_len = (shortest / 2).clamp(4, 8);
-        if shortest < gram_len {
-            return None;
-        }
-        let stride = shortest - gram_len + 1;
-        let grams: usize = patterns.iter().map(|p| p.len() - gram_len + 1).sum();
-        let table_bits = grams
-            .checked_mul(Self::BITS_PER_GRAM)?
-            .next_power_of_two()
-            .max(Self::MIN_TABLE_BITS);
-        if table_bits > Self::MAX_TABLE_BITS {
-            return None;
-        }
-        let mut sieve = Sieve {
-            gram_len,
-            stride,
-            gram_mask: u64::MAX >> (8 * (8 - gram_len)),
-            hash_shift: 64 - table_bits.trailing_zeros(),
-            table: vec![0u64; table_bits / 64].into_boxed_slice(),
-        };
-        for pattern in patterns {
-            for at in 0..=pattern.len() - gram_len {
-                let bit = sieve.bit_of(sieve.gram_at(pattern, at));
-                sieve.table[bit / 64] |= 1 << (bit % 64);
-            }
-        }
-        Some(sieve)
-    }
-
-    /// The gram starting at `at`, as the low bytes of a little-endian `u64`. `at + gram_len`
-    /// must not pass the end of `bytes`.
-    #[inline]
-    fn gram_at(&self, bytes: &[u8], at: usize) -> u64 {
-        let word = match bytes.get(at..at + 8) {
-            Some(eight) => {
-                let mut word = [0u8; 8];
-                word.copy_from_slice(eight);
-                word
-            }
-            None => {
-                let mut word = [0u8; 8];
-                let tail = bytes.get(at..).unwrap_or_default();
-                word[..tail.len()].copy_from_slice(tail);
-                word
-            }
-        };
-        u64::from_le_bytes(word) & self.gram_mask
-    }
-
-    #[inline]
-    fn bit_of(&self, gram: u64) -> usize {
-        (gram.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> self.hash_shift) as usize
-    }
-
-    #[inline]
-    fn may_hold(&self, haystack: &[u8], at: usize) -> bool {
-        let bit = self.bit_of(self.gram_at(haystack, at));
-        self.table[bit / 64] & (1 << (bit % 64)) != 0
-    }
-
-    /// The windows of `haystack` that may hold a variant, in order of their start (they may
-    /// overlap). Every occurrence of a variant lies wholly inside at least one of them.
-    fn candidate_windows<'h>(
-        &'h self,
-        haystack: &'h [u8],
-        max_pattern_len: usize,
-    ) -> impl Iterator<Item = Range<usize>> + 'h {
-        let samples = haystack
-            .len()
-            .checked_sub(self.gram_len)
-            .map_or(0, |last| last / self.stride + 1);
-        (0..samples)
-            .map(move |i| i * self.stride)
-            .filter(move |&at| self.may_hold(haystack, at))
-            .map(move |at| {
-                // An occurrence holding the gram at `at` starts no earlier than
-                // `at + gram_len - max_pattern_len` and ends no later than `at + max_pattern_len`.
-                let start = (at + self.gram_len).saturating_sub(max_pattern_len);
-                let end = (at + max_pattern_len).min(haystack.len());
-                start..end
-            })
-    }
-}
-
-impl Drop for Sieve {
-    fn drop(&mut self) {
-        self.table.zeroize();
-    }
-}
-
-/// Every encoding of `value` the scrubber looks for, raw first, possibly with repeats and
-/// variants too short to use (the caller drops those).
-fn variants_of(value: &[u8]) -> Vec<Zeroizing<Vec<u8>>> {
-    let mut variants = vec![Zeroizing::new(value.to_vec())];
-    for engine in [
-        &base64::engine::general_purpose::STANDARD_NO_PAD,
-        &base64::engine::general_purpose::URL_SAFE_NO_PAD,
-    ] {
-        for alignment in 0..3 {
-            variants.push(base64_aligned(engine, value, alignment));
-        }
-    }
-    // A form or style that would write the value unchanged adds nothing (the duplicate would
-    // be dropped in `Scrubber::new`): skip building it. Tokens and API keys are mostly such
-    // values, and the 42 copies would be most of the cost of building the matcher.
-    for upper in [true, false] {
-        for form in PercentForm::ALL {
-            if !value.iter().all(|&b| form.keeps(b)) {
-                variants.push(percent_encoded(value, form, upper));
-            }
-        }
-    }
-    // Printable ASCII without `"`, `\`, `/`, `<`, `>`, `&` is written as is by every style.
-    let json_plain = value
-        .iter()
-        .all(|&b| (b' '..=b'~').contains(&b) && !b"\"\\/<>&".contains(&b));
-    if json_plain {
-        return variants;
-    }
-    for bits in 0..(1u8 << 5) {
-        let style = JsonStyle {
-            escape_slash: bits & 1 != 0,
-            short_controls: bits & 2 != 0,
-            upper_hex: bits & 4 != 0,
-            escape_non_ascii: bits & 8 != 0,
-            escape_html: bits & 16 != 0,
-        };
-        variants.push(json_escaped(value, style));
-    }
-    variants
-}
-
-/// The base64 characters fully determined by `value` when it starts at byte offset
-/// `alignment` (0, 1 or 2) modulo 3 inside a larger encoded blob.
-fn base64_aligned(
-    engine: &base64::engine::GeneralPurpose,
-    value: &[u8],
-    alignment: usize,
-) -> Zeroizing<Vec<u8>> {
-    let mut shifted = Zeroizing::new(Vec::with_capacity(alignment + value.len()));
-    shifted.resize(alignment, 0);
-    shifted.extend_from_slice(value);
-    let Some(encoded_len) = base64::encoded_len(shifted.len(), false) else {
-        return Zeroizing::new(Vec::new());
-    };
-    let mut encoded = Zeroizing::new(vec![0u8; encoded_len]);
-    if engine
-        .encode_slice(shifted.as_slice(), encoded.as_mut_slice())
-        .is_err()
-    {
-        return Zeroizing::new(Vec::new());
-    }
-    // Character i carries bits 6i..6i+6; the secret has bits 8a..8(a+n).
-    let first = (8 * alignment).div_ceil(6);
-    let end = (8 * (alignment + value.len())) / 6;
-    encoded.copy_within(first..end, 0);
-    encoded.truncate(end - first);
-    encoded
-}
-
-/// Which bytes a percent-encoder leaves as they are.
-#[derive(Clone, Copy)]
-enum PercentForm {
-    /// Python `quote(v, safe='')`: only the unreserved `A-Za-z0-9-._~`.
-    Unreserved,
-    /// Python `quote(v)`: unreserved and `/`.
-    UnreservedAndSlash,
-    /// JavaScript `encodeURIComponent`: unreserved and `!'()*`.
-    UriComponent,
-    /// Only RFC 3986 reserved characters, `%` and bytes never literal in a URL are encoded.
-    ReservedOnly,
-    /// `application/x-www-form-urlencoded`: unreserved kept, space as `+`.
-    Form,
-    /// Every byte but `A-Za-z0-9` (Rust `percent_encoding::NON_ALPHANUMERIC`, PHP-style
-    /// over-encoders): `-` and `.` become `%2D`, `%2E`.
-    Alphanumeric,
-    /// Java `URLEncoder`: alphanumerics and `-._*` kept, space as `+`, `~` encoded.
-    Java,
-}
-
-impl PercentForm {
-    const ALL: [PercentForm; 7] = [
-        PercentForm::Unreserved,
-        PercentForm::UnreservedAndSlash,
-        PercentForm::UriComponent,
-        PercentForm::ReservedOnly,
-        PercentForm::Form,
-        PercentForm::Alphanumeric,
-        PercentForm::Java,
-    ];
-
-    fn keeps(self, byte: u8) -> bool {
-        let unreserved = byte.is_ascii_alphanumeric() || b"-._~".contains(&byte);
-        match self {
-            PercentForm::Unreserved | PercentForm::Form => unreserved,
-            PercentForm::UnreservedAndSlash => unreserved || byte == b'/',
-            PercentForm::UriComponent => unreserved || b"!'()*".contains(&byte),
-            PercentForm::ReservedOnly => {
-                byte.is_ascii_graphic() && !b":/?#[]@!$&'()*+,;=%".contains(&byte)
-            }
-            PercentForm::Alphanumeric => byte.is_ascii_alphanumeric(),
-            PercentForm::Java => byte.is_ascii_alphanumeric() || b"-._*".contains(&byte),
-        }
-    }
-}
-
-fn percent_encoded(value: &[u8], form: PercentForm, upper: bool) -> Zeroizing<Vec<u8>> {
-    let digits = hex_digits(upper);
-    let mut out = Zeroizing::new(Vec::with_capacity(value.len() * MAX_EXPANSION));
-    for &byte in value {
-        if form.keeps(byte) {
-            out.push(byte);
-        } else if matches!(form, PercentForm::Form | PercentForm::Java) && byte == b' ' {
-            out.push(b'+');
-        } else {
-            out.extend_from_slice(&[
-                b'%',
-                digits[usize::from(byte >> 4)],
-                digits[usize::from(byte & 0xf)],
-            ]);
-        }
-    }
-    out
-}
-
-/// One way of writing a value inside a JSON string.
-#[derive(Clone, Copy)]
-struct JsonStyle {
-    /// `/` as `\/`.
-    escape_slash: bool,
-    /// `\b`, `\f`, `\n`, `\r`, `\t` rather than `\u00XX`.
-    short_controls: bool,
-    /// Hex digits of `\u` escapes in upper case.
-    upper_hex: bool,
-    /// Every non-ASCII character as `\uXXXX` (Python's `ensure_ascii`).
-    escape_non_ascii: bool,
-    /// Go's HTML-safe escaping: `<`, `>`, `&`, U+2028 and U+2029 as `\uXXXX`.
-    escape_html: bool,
-}
-
-/// `value` as it appears between the quotes of a JSON string written in `style`. Bytes that are
-/// not UTF-8 are kept as they are (no JSON encoder writes them; a lenient one may pass them on).
-fn json_escaped(value: &[u8], style: JsonStyle) -> Zeroizing<Vec<u8>> {
-    let mut out = Zeroizing::new(Vec::with_capacity(value.len() * MAX_EXPANSION));
-    for chunk in value.utf8_chunks() {
-        for c in chunk.valid().chars() {
-            let short = match c {
-                '"' => Some(b'"'),
-                '\\' => Some(b'\\'),
-                '/' if style.escape_slash => Some(b'/'),
-                '\u{8}' if style.short_controls => Some(b'b'),
-                '\u{c}' if style.short_controls => Some(b'f'),
-                '\n' if style.short_controls => Some(b'n'),
-                '\r' if style.short_controls => Some(b'r'),
-                '\t' if style.short_controls => Some(b't'),
-                _ => None,
-            };
-            let as_unicode_escape = c < ' '
-                || (style.escape_html && matches!(c, '<' | '>' | '&' | '\u{2028}' | '\u{2029}'))
-                || (style.escape_non_ascii && !c.is_ascii());
-            if let Some(letter) = short {
-                out.extend_from_slice(&[b'\\', letter]);
-            } else if as_unicode_escape {
-                let mut units = [0u16; 2];
-                for &unit in c.encode_utf16(&mut units).iter() {
-                    push_unicode_escape(&mut out, unit, style.upper_hex);
-                }
-            } else {
-                let mut utf8 = [0u8; 4];
-                out.extend_from_slice(c.encode_utf8(&mut utf8).as_bytes());
-            }
-        }
-        out.extend_from_slice(chunk.invalid());
-    }
-    out
-}
-
-fn push_unicode_escape(out: &mut Vec<u8>, unit: u16, upper: bool) {
-    let digits = hex_digits(upper);
-    let nibble = |shift: u16| digits[usize::from((unit >> shift) & 0xf)];
-    out.extend_from_slice(&[b'\\', b'u', nibble(12), nibble(8), nibble(4), nibble(0)]);
-}
-
-fn hex_digits(upper: bool) -> &'static [u8; 16] {
-    if upper {
-        b"0123456789ABCDEF"
-    } else {
-        b"0123456789abcdef"
     }
 }
 

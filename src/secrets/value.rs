@@ -1,19 +1,23 @@
 //! [`SecretValue`]: bytes that cannot be printed, serialised or compared in variable time.
 
 use std::fmt;
+use std::sync::Arc;
 
 use zeroize::Zeroizing;
 
 /// A secret's value. It has no `Display` and no `Serialize`; `Debug` prints a placeholder; the
-/// bytes are wiped on drop; equality is constant-time. The only way to the bytes is
-/// [`SecretValue::expose`], whose call sites are where a secret legitimately leaves latchkey
-/// (an injected header) or is looked for (redaction).
+/// bytes are wiped when the last clone drops; equality is constant-time. The only way to the
+/// bytes is [`SecretValue::expose`], whose call sites are where a secret legitimately leaves
+/// latchkey (an injected header) or is looked for (redaction).
+///
+/// Shared, not copied: a clone (every `SecretStore::get`, every token handed out) is a
+/// reference count, so the hot path neither allocates nor leaves copies to wipe.
 #[derive(Clone)]
-pub struct SecretValue(Zeroizing<Vec<u8>>);
+pub struct SecretValue(Arc<Zeroizing<Vec<u8>>>);
 
 impl SecretValue {
     pub fn new(bytes: Vec<u8>) -> Self {
-        Self(Zeroizing::new(bytes))
+        Self(Arc::new(Zeroizing::new(bytes)))
     }
 
     /// The raw bytes. Keep the result short-lived and never format it.

@@ -28,6 +28,7 @@ use tokio_rustls::client::TlsStream;
 
 pub mod guard;
 pub mod hostform;
+pub mod token_transport;
 
 pub use guard::{AddressGuard, Cidr};
 

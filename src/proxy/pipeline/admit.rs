@@ -9,11 +9,12 @@ use http::header::HOST;
 use http::request::Parts;
 use http::{Uri, Version};
 
-use super::super::{limits, outbound, Proxy, AUDIT_DOWN, MAX_HEADER_BYTES};
+use super::super::{limits, Proxy, AUDIT_DOWN, MAX_HEADER_BYTES};
 use super::Ctx;
 use crate::audit::{redact_query, Entry, Record};
 use crate::policy::{display_authority, normalize_host, Policy, Scheme};
 use crate::reason::{Reason, Refusal};
+use crate::secrets::leak;
 
 /// A request target after admission: normalised, unambiguous, ready for policy.
 #[derive(Debug, PartialEq, Eq)]
@@ -124,9 +125,8 @@ fn target_len(uri: &Uri) -> usize {
 ///
 /// Guarantees: on `Ok`, `host` may be logged, recorded and looked up.
 pub(crate) fn host_clean(policy: &Policy, host: &str, entry: &mut Entry) -> Result<(), Refusal> {
-    outbound::check_host(policy, host).map_err(|refusal| {
-        entry.update(|r| r.host = Some(outbound::REDACTED_HOST.to_string()));
-        Refusal::from(refusal)
+    leak::check_host(policy.secrets(), host).inspect_err(|_| {
+        entry.update(|r| r.host = Some(leak::REDACTED_HOST.to_string()));
     })
 }
 

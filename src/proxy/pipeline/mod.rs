@@ -124,7 +124,7 @@ pub async fn handle(
 /// What the respond phase hands the record phase.
 struct Answer {
     response: Response<Body>,
-    body_refused: Arc<std::sync::OnceLock<super::credentials::BodyRefused>>,
+    body_refused: Arc<std::sync::OnceLock<super::request_body::BodyRefused>>,
 }
 
 /// The phases in order, one per line; `?` is a refusal.

@@ -1,7 +1,7 @@
 //! The broker and send phases: the request as it leaves latchkey, and the upstream's answer.
 //!
 //! Broker turns the sandbox's request into the one the upstream gets (hop-by-hop headers and
-//! `Host` gone, then `credentials::apply`: check, strip, placeholders, inject, sign) and decides
+//! `Host` gone, then `broker::apply`: check, strip, placeholders, inject, sign) and decides
 //! whether the response will be scanned. Send hands it to the pooled, guarded client and maps
 //! every failure to a reason. Only `upstream` dials: this module calls its client.
 
@@ -13,7 +13,8 @@ use http::request::Parts;
 use http::{HeaderMap, Request, Response, Uri, Version};
 use hyper::body::Incoming;
 
-use super::super::credentials::{self, BodyRefused};
+use super::super::broker;
+use super::super::request_body::BodyRefused;
 use super::super::{body, hop, Proxy};
 use super::admit::Admitted;
 use super::Ctx;
@@ -83,19 +84,19 @@ pub(super) async fn broker(
 
     let mut path_and_query = target.path_and_query.clone();
     let exchanger = proxy.exchanger(ctx.client, ctx.identity.clone());
-    let request_cx = credentials::RequestCx {
+    let request_cx = broker::RequestCx {
         method: head.method.as_str(),
         scheme: target.scheme.as_str(),
         host: &target.host,
         port: target.port,
         identity: &ctx.identity,
-        exchanger: &*exchanger,
+        exchanger: &exchanger,
         sent_hosts: &sent_hosts,
         client: ctx.client.ip(),
         budget: &proxy.budget,
         body_timeout: proxy.body_timeout,
     };
-    let brokered = credentials::apply(
+    let brokered = broker::apply(
         policy,
         rule,
         &request_cx,
@@ -105,7 +106,7 @@ pub(super) async fn broker(
         entry.counters(),
     )
     .await
-    .map_err(|r| Refusal::from(r).under(&rule.name))?;
+    .map_err(|r| r.under(&rule.name))?;
     entry.update(|r| r.secrets = brokered.secrets.iter().cloned().collect());
 
     let scan = scan_for(policy, rule, &target.host)?;

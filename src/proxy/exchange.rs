@@ -1,0 +1,106 @@
+//! The token exchanger: how a request's credential reaches its token endpoint — through the
+//! proxy's guarded upstream client ([`upstream::token_transport`]), each exchange audited with
+//! `rule = "credential:NAME"` for the sandbox whose request caused it.
+//!
+//! Built per request as a borrow of the proxy (nothing allocated); it does work only when the
+//! credential has no cached token.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::Proxy;
+use crate::audit::Entry;
+use crate::reason::Reason;
+use crate::signing::exchange::{Answer, BoxFuture, Exchange, TokenTransport, TransportError};
+use crate::signing::token_name;
+use crate::upstream::token_transport::{ExchangeFailure, TokenClient};
+
+/// Token exchanges on behalf of one request's client and identity.
+pub struct Exchanger<'a> {
+    proxy: &'a Proxy,
+    client: SocketAddr,
+    identity: Arc<str>,
+}
+
+impl Proxy {
+    /// The way the signing module reaches token endpoints: this proxy's guarded client, each
+    /// exchange audited for the sandbox that caused it. Cheap: a borrow and the identity.
+    pub fn exchanger(&self, client: SocketAddr, identity: Arc<str>) -> Exchanger<'_> {
+        Exchanger {
+            proxy: self,
+            client,
+            identity,
+        }
+    }
+}
+
+impl TokenTransport for Exchanger<'_> {
+    fn post(&self, ex: Exchange) -> BoxFuture<'_, Result<Answer, TransportError>> {
+        Box::pin(self.exchange(ex))
+    }
+}
+
+impl Exchanger<'_> {
+    async fn exchange(&self, ex: Exchange) -> Result<Answer, TransportError> {
+        let proxy = self.proxy;
+        let policy = proxy.policy();
+        proxy.audit.room().await;
+        let mut entry = Entry::start(
+            proxy.audit.clone(),
+            self.client,
+            &self.identity,
+            policy.digest(),
+        );
+        entry.scrub_with(policy.secrets().clone());
+        let uri: http::Uri = ex
+            .url
+            .parse()
+            .map_err(|e| TransportError(format!("invalid URL: {e}")))?;
+        let rule = token_name(&ex.credential);
+        entry.update(|r| {
+            r.method = Some("POST".to_string());
+            r.scheme = uri.scheme_str().map(str::to_string);
+            r.host = uri.host().map(str::to_ascii_lowercase);
+            r.port = uri.port_u16().or(Some(443));
+            r.path = Some(uri.path().to_string());
+            r.rule = Some(rule.clone());
+        });
+        let transport = TokenClient::new(proxy.client.clone(), proxy.response_timeout);
+        let sent = match transport.send(uri, ex).await {
+            Ok(sent) => sent,
+            Err(failure) => {
+                let (reason, status) = match &failure {
+                    ExchangeFailure::Timeout => (Reason::UpstreamTimeout, None),
+                    ExchangeFailure::Read { status, .. } => {
+                        (Reason::CredentialFailed, Some(*status))
+                    }
+                    ExchangeFailure::Unreachable(_) => (Reason::CredentialFailed, None),
+                    // Not sent: the record is left as it stands, as before any dial.
+                    ExchangeFailure::Build(_) => return Err(TransportError(failure.to_string())),
+                };
+                entry.outcome(reason, Some(&rule), status);
+                entry.finish();
+                return Err(TransportError(failure.to_string()));
+            }
+        };
+        let status = sent.answer.status;
+        entry
+            .counters()
+            .down
+            .fetch_add(sent.answer.body.len() as u64, Ordering::Relaxed);
+        proxy
+            .metrics()
+            .secret_fetches
+            .fetch_add(1, Ordering::Relaxed);
+        let reason = if (200..300).contains(&status) {
+            Reason::Allowed
+        } else {
+            Reason::CredentialFailed
+        };
+        entry.outcome(reason, Some(&rule), Some(status));
+        entry.update(|r| r.upstream = sent.upstream.map(|a| a.to_string()));
+        entry.finish();
+        Ok(sent.answer)
+    }
+}

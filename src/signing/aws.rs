@@ -1,0 +1,423 @@
+//! AWS credentials: SigV4 over the request as latchkey sends it (the payload form the sandbox
+//! declared, checked against its framing), with the base keys or a role's temporary keys from
+//! STS `AssumeRole` (cached, answer parsed by [`super::sts`]).
+
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::header::HeaderValue;
+use http::HeaderMap;
+
+use super::exchange::{Exchange, TokenTransport};
+use super::sigv4::{self, derive_region_service, Payload};
+use super::sts;
+use super::{
+    aws_chunked, failed, field_key, secret, Applied, AssumeRole, CredentialError, SignBody, Target,
+    TokenCache, REFRESH_MARGIN,
+};
+use crate::secrets::{SecretStore, SecretValue};
+
+/// An `aws_sigv4` credential's settings.
+pub(super) struct Aws<'a> {
+    pub assume_role: &'a Option<AssumeRole>,
+    pub region: &'a Option<String>,
+    pub service: &'a Option<String>,
+    pub has_session_token: bool,
+    pub max_signed_body: usize,
+}
+
+/// Signs the request in place; what is left to do on an aws-chunked body is in the result.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn sign(
+    name: &str,
+    cred: Aws<'_>,
+    store: &SecretStore,
+    cache: &TokenCache,
+    transport: &dyn TokenTransport,
+    t: &Target<'_>,
+    headers: &mut HeaderMap,
+    path_and_query: &str,
+    body: SignBody<'_>,
+) -> Result<Applied, CredentialError> {
+    let Aws {
+        assume_role,
+        region,
+        service,
+        has_session_token,
+        max_signed_body,
+    } = cred;
+    let mut applied = Applied::default();
+    if presigned(path_and_query) {
+        return Err(CredentialError::PresignedQuery {
+            name: name.to_string(),
+        });
+    }
+    // Before any key is fetched or STS called: a form latchkey cannot sign is the
+    // sandbox's to fix.
+    let form = PayloadForm::of(name, headers)?;
+    let (region, service) = match (region, service) {
+        (Some(r), Some(s)) => (r.clone(), s.clone()),
+        _ => {
+            let (dr, ds) = derive_region_service(t.host).ok_or_else(|| {
+                failed(
+                    name,
+                    format!(
+                        "cannot derive region and service from host {}: set region and service",
+                        t.host
+                    ),
+                )
+            })?;
+            (region.clone().unwrap_or(dr), service.clone().unwrap_or(ds))
+        }
+    };
+    let base_akid = secret(store, name, "access_key_id").await?;
+    let base_secret = secret(store, name, "secret_access_key").await?;
+    let base_token = if has_session_token {
+        Some(secret(store, name, "session_token").await?)
+    } else {
+        None
+    };
+    let (akid, secret_key, token) = match assume_role {
+        None => (base_akid, base_secret, base_token),
+        Some(role) => {
+            let keys = sigv4::Keys {
+                akid: &base_akid,
+                secret: &base_secret,
+                token: base_token.as_ref(),
+            };
+            let packed = cache
+                .get(name, REFRESH_MARGIN, || {
+                    assume(name, role, &keys, transport)
+                })
+                .await?;
+            let (a, s, t) = unpack_keys(name, &packed)?;
+            store.set_minted(&field_key(name, "assumed_secret_access_key"), "", &s);
+            store.set_minted(&field_key(name, "assumed_session_token"), "", &t);
+            (a, s, Some(t))
+        }
+    };
+    let payload = match form.payload {
+        Payload::Classic => match body {
+            SignBody::Whole(b) if b.len() <= max_signed_body => sigv4::SignPayload::Bytes(b),
+            _ => sigv4::SignPayload::Unsigned,
+        },
+        Payload::Unsigned => sigv4::SignPayload::Unsigned,
+        Payload::StreamingUnsignedTrailer => {
+            sigv4::SignPayload::Literal(sigv4::STREAMING_UNSIGNED_TRAILER)
+        }
+        Payload::StreamingSigned { trailer: false } => {
+            sigv4::SignPayload::Literal(sigv4::STREAMING_SIGNED)
+        }
+        Payload::StreamingSigned { trailer: true } => {
+            sigv4::SignPayload::Literal(sigv4::STREAMING_SIGNED_TRAILER)
+        }
+    };
+    let seed = sigv4::sign(
+        &sigv4::Keys {
+            akid: &akid,
+            secret: &secret_key,
+            token: token.as_ref(),
+        },
+        &region,
+        &service,
+        t,
+        headers,
+        path_and_query,
+        payload,
+        form.declared,
+    )
+    .map_err(|why| failed(name, why))?;
+    let mode = match form.payload {
+        Payload::StreamingUnsignedTrailer => aws_chunked::Mode::Check,
+        Payload::StreamingSigned { trailer } => {
+            // The chunk signatures use the seed's own timestamp and scope.
+            let stamp = headers
+                .get("x-amz-date")
+                .and_then(|v| v.to_str().ok())
+                .ok_or_else(|| failed(name, "the signer set no x-amz-date"))?;
+            let key = aws_chunked::signing_key(
+                secret_key.expose(),
+                stamp.get(..8).unwrap_or(stamp),
+                &region,
+                &service,
+            );
+            let signer = aws_chunked::ChunkSigner::new(key, stamp, &region, &service, &seed);
+            aws_chunked::Mode::Resign {
+                signer: Box::new(signer),
+                trailer,
+            }
+        }
+        Payload::Classic | Payload::Unsigned => return Ok(applied),
+    };
+    applied.chunked = Some(aws_chunked::Framing::new(mode, form.decoded_length));
+    Ok(applied)
+}
+
+/// Whether the request carries presigned query authentication: `X-Amz-Signature` among the
+/// query's parameter names as AWS decodes them (`form_urlencoded`, so `X%2DAmz%2DSignature`
+/// counts), or anywhere in the raw query (a presigned URL nested in a value counts too:
+/// refusing it is the safe side).
+fn presigned(path_and_query: &str) -> bool {
+    let Some((_, q)) = path_and_query.split_once('?') else {
+        return false;
+    };
+    q.to_ascii_lowercase().contains("x-amz-signature=")
+        || form_urlencoded::parse(q.as_bytes())
+            .any(|(k, _)| k.eq_ignore_ascii_case("x-amz-signature"))
+}
+
+/// The payload form of an AWS request as the sandbox declared it, checked for consistency
+/// with its framing headers.
+struct PayloadForm {
+    payload: Payload,
+    /// The sandbox sent `x-amz-content-sha256` (so the upstream expects one).
+    declared: bool,
+    /// `x-amz-decoded-content-length`, which the aws-chunked data must add up to.
+    decoded_length: Option<u64>,
+}
+
+impl PayloadForm {
+    fn of(name: &str, headers: &HeaderMap) -> Result<PayloadForm, CredentialError> {
+        let refuse = |why: String| CredentialError::BadRequest {
+            name: name.to_string(),
+            why,
+        };
+        let payload = Payload::declared(headers).map_err(refuse)?;
+        let streaming = matches!(
+            payload,
+            Payload::StreamingUnsignedTrailer | Payload::StreamingSigned { .. }
+        );
+        let aws_chunked = headers
+            .get_all(http::header::CONTENT_ENCODING)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|c| c.trim().eq_ignore_ascii_case("aws-chunked"));
+        // aws-chunked framing under a classic payload hash would be stored as the object.
+        if aws_chunked && !streaming {
+            return Err(refuse(
+                "Content-Encoding aws-chunked needs a STREAMING-* x-amz-content-sha256".to_string(),
+            ));
+        }
+        let mut lengths = headers.get_all("x-amz-decoded-content-length").iter();
+        let decoded_length = match (lengths.next(), lengths.next()) {
+            (None, _) => None,
+            (Some(v), None) => Some(
+                v.to_str()
+                    .ok()
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .ok_or_else(|| {
+                        refuse("x-amz-decoded-content-length is not a number".to_string())
+                    })?,
+            ),
+            (Some(_), Some(_)) => {
+                return Err(refuse(
+                    "x-amz-decoded-content-length is sent more than once".to_string(),
+                ))
+            }
+        };
+        if decoded_length.is_some() && !streaming {
+            return Err(refuse(
+                "x-amz-decoded-content-length without a STREAMING-* x-amz-content-sha256"
+                    .to_string(),
+            ));
+        }
+        Ok(PayloadForm {
+            payload,
+            declared: headers.contains_key("x-amz-content-sha256"),
+            decoded_length,
+        })
+    }
+}
+
+/// Calls STS AssumeRole with the base keys; the three temporary values come back packed in
+/// one secret (`akid\nsecret\ntoken`) for the token cache.
+async fn assume(
+    name: &str,
+    role: &AssumeRole,
+    keys: &sigv4::Keys<'_>,
+    transport: &dyn TokenTransport,
+) -> Result<(SecretValue, Duration), CredentialError> {
+    let uri: http::Uri = role
+        .sts_endpoint
+        .parse()
+        .map_err(|e| failed(name, format!("sts_endpoint: {e}")))?;
+    let host = uri.host().unwrap_or_default().to_ascii_lowercase();
+    let port = uri.port_u16().unwrap_or(443);
+    let path = match uri.path() {
+        "" => "/",
+        p => p,
+    };
+    // Built in a block: the serializer (not `Send`) is gone before the exchange is awaited.
+    let form = {
+        let mut form = form_urlencoded::Serializer::new(String::new());
+        form.append_pair("Action", "AssumeRole")
+            .append_pair("Version", "2011-06-15")
+            .append_pair("RoleArn", &role.role_arn)
+            .append_pair("RoleSessionName", &role.session_name)
+            .append_pair("DurationSeconds", &role.duration.as_secs().to_string());
+        if let Some(x) = &role.external_id {
+            form.append_pair("ExternalId", x);
+        }
+        form.finish()
+    };
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-www-form-urlencoded; charset=utf-8"),
+    );
+    let target = Target {
+        method: "POST",
+        scheme: "https",
+        host: &host,
+        port,
+        identity: "",
+    };
+    sigv4::sign(
+        keys,
+        &role.sts_region,
+        "sts",
+        &target,
+        &mut headers,
+        path,
+        sigv4::SignPayload::Bytes(form.as_bytes()),
+        false,
+    )
+    .map_err(|why| failed(name, format!("cannot sign AssumeRole: {why}")))?;
+    let answer = transport
+        .post(Exchange {
+            credential: name.to_string(),
+            url: role.sts_endpoint.clone(),
+            headers: headers
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            body: Bytes::from(form),
+        })
+        .await
+        .map_err(|why| failed(name, format!("STS {}: {why}", role.sts_endpoint)))?;
+    if !(200..300).contains(&answer.status) {
+        return Err(failed(
+            name,
+            format!("STS AssumeRole answered {}", answer.status),
+        ));
+    }
+    let keys = sts::parse(&answer.body).map_err(|e| failed(name, e.to_string()))?;
+    let lifetime = keys
+        .expiration
+        .as_deref()
+        .and_then(|e| humantime::parse_rfc3339_weak(e).ok())
+        .and_then(|e| e.duration_since(SystemTime::now()).ok())
+        .unwrap_or(role.duration);
+    let mut packed = Vec::with_capacity(
+        keys.access_key_id.len() + keys.secret_access_key.len() + keys.session_token.len() + 2,
+    );
+    for (i, part) in [
+        &keys.access_key_id,
+        &keys.secret_access_key,
+        &keys.session_token,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if i > 0 {
+            packed.push(b'\n');
+        }
+        packed.extend_from_slice(part.as_bytes());
+    }
+    Ok((SecretValue::new(packed), lifetime))
+}
+
+fn unpack_keys(
+    name: &str,
+    packed: &SecretValue,
+) -> Result<(SecretValue, SecretValue, SecretValue), CredentialError> {
+    let mut parts = packed.expose().split(|&b| b == b'\n');
+    match (parts.next(), parts.next(), parts.next()) {
+        (Some(a), Some(s), Some(t)) => Ok((
+            SecretValue::new(a.to_vec()),
+            SecretValue::new(s.to_vec()),
+            SecretValue::new(t.to_vec()),
+        )),
+        _ => Err(failed(name, "cached role keys are malformed")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::header::HeaderName;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (n, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(n.as_bytes()).expect("name"),
+                HeaderValue::from_str(v).expect("value"),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn presigned_queries_are_found_in_any_spelling() {
+        for pq in [
+            "/b/k?X-Amz-Signature=abc",
+            "/b/k?a=1&x-amz-signature=abc",
+            "/b/k?X%2DAmz%2DSignature=abc",
+            "/b/k?next=https://s3/o?X-Amz-Signature=abc",
+        ] {
+            assert!(presigned(pq), "{pq}");
+        }
+        for pq in ["/b/k", "/b/k?X-Amz-Signed=1", "/X-Amz-Signature=/k"] {
+            assert!(!presigned(pq), "{pq}");
+        }
+    }
+
+    #[test]
+    fn payload_forms_are_read_and_contradictions_refused() {
+        let form = |h: &[(&str, &str)]| PayloadForm::of("c", &headers(h));
+        let ok = form(&[
+            ("x-amz-content-sha256", "STREAMING-AWS4-HMAC-SHA256-PAYLOAD"),
+            ("content-encoding", "gzip, aws-chunked"),
+            ("x-amz-decoded-content-length", "42"),
+        ])
+        .expect("valid");
+        assert_eq!(ok.payload, Payload::StreamingSigned { trailer: false });
+        assert!(ok.declared);
+        assert_eq!(ok.decoded_length, Some(42));
+        assert!(!form(&[]).expect("classic").declared);
+        let refused: &[&[(&str, &str)]] = &[
+            &[(
+                "x-amz-content-sha256",
+                "STREAMING-AWS4-ECDSA-P256-SHA256-PAYLOAD",
+            )],
+            &[("x-amz-content-sha256", "abc")],
+            &[
+                ("x-amz-content-sha256", "UNSIGNED-PAYLOAD"),
+                ("x-amz-content-sha256", "UNSIGNED-PAYLOAD"),
+            ],
+            &[("content-encoding", "aws-chunked")],
+            &[
+                ("x-amz-content-sha256", "UNSIGNED-PAYLOAD"),
+                ("content-encoding", "AWS-Chunked"),
+            ],
+            &[("x-amz-decoded-content-length", "5")],
+            &[
+                ("x-amz-content-sha256", "STREAMING-UNSIGNED-PAYLOAD-TRAILER"),
+                ("x-amz-decoded-content-length", "-1"),
+            ],
+            &[
+                ("x-amz-content-sha256", "STREAMING-UNSIGNED-PAYLOAD-TRAILER"),
+                ("x-amz-decoded-content-length", "5"),
+                ("x-amz-decoded-content-length", "5"),
+            ],
+        ];
+        for h in refused {
+            assert!(
+                matches!(form(h), Err(CredentialError::BadRequest { .. })),
+                "{h:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,326 @@
+//! Tests of the aws-chunked framing checks and chunk re-signing.
+
+use super::*;
+use aws_credential_types::Credentials;
+use aws_sigv4::sign::v4;
+use http_body_util::BodyExt;
+
+const SECRET: &str = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY";
+const STAMP: &str = "20130524T000000Z";
+const SEED: &str = "4f232c4386841ef735655705268965c44a0e4690baa4adea153f7db9fa80a0a9";
+
+fn signer() -> ChunkSigner {
+    let key = signing_key(SECRET.as_bytes(), "20130524", "us-east-1", "s3");
+    ChunkSigner::new(key, STAMP, "us-east-1", "s3", SEED)
+}
+
+/// aws-sigv4's own chunk and trailer signing, for the same key, time and chain.
+fn reference(chunks: &[&[u8]], trailers: &[(&str, &str)]) -> Vec<String> {
+    let identity = Credentials::new("AKID", SECRET, None, None, "test").into();
+    let time = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_369_353_600);
+    let params = v4::SigningParams::builder()
+        .identity(&identity)
+        .region("us-east-1")
+        .name("s3")
+        .time(time)
+        .settings(())
+        .build()
+        .expect("params");
+    let mut previous = SEED.to_string();
+    let mut out = Vec::new();
+    for c in chunks {
+        let s = v4::sign_chunk(&Bytes::copy_from_slice(c), &previous, &params)
+            .expect("sign chunk")
+            .signature()
+            .to_string();
+        previous = s.clone();
+        out.push(s);
+    }
+    if !trailers.is_empty() {
+        let mut headers = aws_smithy_runtime_api::http::Headers::new();
+        for (n, v) in trailers {
+            headers.insert(n.to_string(), v.to_string());
+        }
+        out.push(
+            v4::sign_trailer(&headers, &previous, &params)
+                .expect("sign trailer")
+                .signature()
+                .to_string(),
+        );
+    }
+    out
+}
+
+/// The aws-chunked framing of `chunks` (each signed with `sig`), then `tail`.
+fn framed(chunks: &[&[u8]], sig: Option<&str>, tail: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    for c in chunks {
+        match sig {
+            Some(s) => out.extend(format!("{:x};chunk-signature={s}\r\n", c.len()).bytes()),
+            None => out.extend(format!("{:x}\r\n", c.len()).bytes()),
+        }
+        out.extend_from_slice(c);
+        if !c.is_empty() {
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+    out.extend(tail.bytes());
+    out
+}
+
+/// Runs `input` through the framing, fed in pieces of `split` bytes.
+fn run(mode: Mode, expected: Option<u64>, input: &[u8], split: usize) -> Result<Vec<u8>, String> {
+    let mut f = Framing::new(mode, expected);
+    let mut out = Vec::new();
+    for piece in input.chunks(split.max(1)) {
+        f.feed(Bytes::copy_from_slice(piece));
+        while let Some(b) = f.next_out().map_err(|e| e.to_string())? {
+            out.extend_from_slice(&b);
+        }
+    }
+    f.finish().map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+fn resign(trailer: bool) -> Mode {
+    Mode::Resign {
+        signer: Box::new(signer()),
+        trailer,
+    }
+}
+
+const DUMMY: &str = "0000000000000000000000000000000000000000000000000000000000000000";
+
+#[test]
+fn re_signed_chunks_match_aws_sigv4_and_keep_the_length() {
+    let a = vec![b'a'; 65536];
+    let b = vec![b'b'; 1024];
+    let chunks: [&[u8]; 3] = [&a, &b, b""];
+    let want = reference(&chunks, &[]);
+    let input = framed(&chunks, Some(DUMMY), "\r\n");
+    for split in [1, 7, 100, 65536, input.len()] {
+        let out = run(resign(false), Some(66560), &input, split).expect("re-signed");
+        assert_eq!(out.len(), input.len(), "split {split}");
+        let mut expected = Vec::new();
+        for (c, s) in chunks.iter().zip(&want) {
+            expected.extend(format!("{:x};chunk-signature={s}\r\n", c.len()).bytes());
+            expected.extend_from_slice(c);
+            if !c.is_empty() {
+                expected.extend_from_slice(b"\r\n");
+            }
+        }
+        expected.extend_from_slice(b"\r\n");
+        assert!(
+            out == expected,
+            "split {split}: output differs from aws-sigv4's signing"
+        );
+    }
+}
+
+#[test]
+fn a_large_piece_of_input_is_re_signed_one_chunk_at_a_time() {
+    let data = vec![3u8; 64 * 1024];
+    let chunks: Vec<&[u8]> = vec![&data, &data, &data, &data, b""];
+    let input = framed(&chunks, Some(DUMMY), "\r\n");
+    let mut f = Framing::new(resign(false), None);
+    f.feed(Bytes::from(input.clone()));
+    let mut total = 0;
+    while let Some(b) = f.next_out().expect("valid") {
+        total += b.len();
+        let queued: usize = f.out.iter().map(Bytes::len).sum();
+        assert!(queued <= data.len() + 2, "{queued} bytes queued at once");
+    }
+    f.finish().expect("complete");
+    assert_eq!(total, input.len());
+    assert!(f.held_at_most() > MAX_CHUNK);
+}
+
+#[test]
+fn the_trailer_is_re_signed_like_aws_sigv4_signs_it() {
+    let data = vec![7u8; 9000];
+    let chunks: [&[u8]; 2] = [&data, b""];
+    let trailers = [("x-amz-checksum-crc32", "sOO8/Q==")];
+    let want = reference(&chunks, &trailers);
+    let tail = format!("x-amz-checksum-crc32:sOO8/Q==\r\nx-amz-trailer-signature:{DUMMY}\r\n\r\n");
+    let input = framed(&chunks, Some(DUMMY), &tail);
+    let out = run(resign(true), Some(9000), &input, 333).expect("re-signed");
+    assert_eq!(out.len(), input.len());
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.contains(&format!("2328;chunk-signature={}\r\n", want[0])));
+    assert!(text.contains(&format!("0;chunk-signature={}\r\n", want[1])));
+    assert!(text.ends_with(&format!(
+        "x-amz-checksum-crc32:sOO8/Q==\r\nx-amz-trailer-signature:{}\r\n\r\n",
+        want[2]
+    )));
+}
+
+#[test]
+fn the_unsigned_trailer_form_passes_through_byte_for_byte() {
+    let data = vec![b'x'; 960];
+    let input = framed(&[&data, b""], None, "x-amz-checksum-crc32:/OvNCw==\r\n\r\n");
+    assert_eq!(input.len(), 1003, "the shape boto3 sends for 960 bytes");
+    for split in [1, 2, 5, 999, 1003] {
+        let out = run(Mode::Check, Some(960), &input, split).expect("valid");
+        assert_eq!(out, input, "split {split}");
+    }
+    // Without a trailer, too.
+    let input = framed(&[&data, b""], None, "\r\n");
+    assert_eq!(run(Mode::Check, None, &input, 10).expect("valid"), input);
+}
+
+#[test]
+fn malformed_framing_is_refused_in_every_position() {
+    let data = vec![b'x'; 100];
+    let ok_tail = "x-amz-checksum-crc32:AAAAAA==\r\n\r\n";
+    let cases: Vec<(&str, Vec<u8>, Option<u64>)> = vec![
+        ("not hex", b"zz\r\n".to_vec(), None),
+        ("empty size", b"\r\nabc".to_vec(), None),
+        ("bare LF", b"64\n".to_vec(), None),
+        (
+            "longer chunk",
+            framed(&[&data], None, "")
+                .into_iter()
+                .take(104)
+                .chain(*b"xx\r\n")
+                .collect(),
+            None,
+        ),
+        ("truncated", framed(&[&data], None, "")[..50].to_vec(), None),
+        ("no final chunk", framed(&[&data], None, ""), None),
+        (
+            "no closing line",
+            framed(&[&data, b""], None, "x-amz-checksum-crc32:AAAAAA==\r\n"),
+            None,
+        ),
+        (
+            "after the end",
+            framed(&[&data, b""], None, "\r\n\r\nmore"),
+            None,
+        ),
+        (
+            "extension",
+            framed(&[&data, b""], Some(DUMMY), "\r\n"),
+            None,
+        ),
+        (
+            "length mismatch",
+            framed(&[&data, b""], None, ok_tail),
+            Some(99),
+        ),
+        (
+            "length short",
+            framed(&[&data, b""], None, ok_tail),
+            Some(101),
+        ),
+        (
+            "bad trailer",
+            framed(&[&data, b""], None, "no colon\r\n\r\n"),
+            None,
+        ),
+        (
+            "signature unsigned",
+            framed(
+                &[&data, b""],
+                None,
+                &format!("x-amz-trailer-signature:{DUMMY}\r\n\r\n"),
+            ),
+            None,
+        ),
+        ("huge line", vec![b'1'; 4096], None),
+    ];
+    for (what, input, expected) in cases {
+        for split in [1, 3, input.len().max(1)] {
+            let r = run(Mode::Check, expected, &input, split);
+            assert!(r.is_err(), "{what} (split {split}) was accepted");
+        }
+    }
+    let signed: Vec<(&str, Vec<u8>, bool)> = vec![
+        ("no signature", framed(&[&data, b""], None, "\r\n"), false),
+        (
+            "short signature",
+            framed(&[&data, b""], Some("abc"), "\r\n"),
+            false,
+        ),
+        ("other extension", b"64;foo=bar\r\n".to_vec(), false),
+        (
+            "trailer on plain form",
+            framed(&[&data, b""], Some(DUMMY), ok_tail),
+            false,
+        ),
+        (
+            "unsigned trailer",
+            framed(&[&data, b""], Some(DUMMY), ok_tail),
+            true,
+        ),
+        (
+            "empty trailer",
+            framed(
+                &[&data, b""],
+                Some(DUMMY),
+                &format!("x-amz-trailer-signature:{DUMMY}\r\n\r\n"),
+            ),
+            true,
+        ),
+        (
+            "line after signature",
+            framed(
+                &[&data, b""],
+                Some(DUMMY),
+                &format!("x-amz-trailer-signature:{DUMMY}\r\na:b\r\n\r\n"),
+            ),
+            true,
+        ),
+        (
+            "bad trailer signature",
+            framed(
+                &[&data, b""],
+                Some(DUMMY),
+                "a:b\r\nx-amz-trailer-signature:xyz\r\n\r\n",
+            ),
+            true,
+        ),
+    ];
+    for (what, input, trailer) in signed {
+        assert!(
+            run(resign(trailer), None, &input, 5).is_err(),
+            "{what} was accepted"
+        );
+    }
+}
+
+#[test]
+fn a_chunk_over_the_cap_is_refused_before_it_is_held() {
+    let head = format!("{:x};chunk-signature={DUMMY}\r\n", MAX_CHUNK + 1);
+    let mut f = Framing::new(resign(false), None);
+    f.feed(Bytes::from(head));
+    let e = f.next_out().expect_err("refused");
+    assert!(e.to_string().contains("at most 1048576 bytes"), "{e}");
+    // At the cap is fine.
+    let data = vec![1u8; MAX_CHUNK];
+    let input = framed(&[&data, b""], Some(DUMMY), "\r\n");
+    assert!(run(resign(false), None, &input, 65536).is_ok());
+}
+
+#[tokio::test]
+async fn the_body_fails_and_reports_once_on_bad_framing() {
+    let told = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let sink = told.clone();
+    let inner = http_body_util::Full::new(Bytes::from_static(b"5\r\nhello\r\n"));
+    let body = AwsChunked::new(
+        inner,
+        Framing::new(Mode::Check, Some(5)),
+        Box::new(move |m| sink.lock().expect("sink").push(m)),
+    );
+    let e = body.collect().await.expect_err("truncated");
+    assert!(
+        e.to_string().contains("ended before the final chunk"),
+        "{e}"
+    );
+    assert_eq!(told.lock().expect("told").len(), 1);
+}
+
+#[test]
+fn debug_shows_no_key_material() {
+    let s = format!("{:?}", signer());
+    assert!(!s.contains(SEED) && !s.contains("key"), "{s}");
+}

@@ -1,0 +1,219 @@
+//! Tokens latchkey mints or exchanges itself: GitHub App installation tokens, Google
+//! service-account access tokens, OAuth2 client credentials, and generic JWTs it signs. Each
+//! is cached in the [`TokenCache`] and registered with the secret store before it leaves, so
+//! a response reflecting it is redacted.
+
+use std::time::{Duration, SystemTime};
+
+use base64::Engine;
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue, AUTHORIZATION};
+use http::HeaderMap;
+
+use super::exchange::{self, json_str, TokenTransport};
+use super::{
+    failed, field_key, jwt, now_unix, secret, sensitive, set_bearer, token_name, CredentialError,
+    JwtAlg, Kind, Target, TokenCache, REFRESH_MARGIN,
+};
+use crate::secrets::{SecretStore, SecretValue};
+
+/// Attaches the token of a minting credential (every kind but `aws_sigv4`, which signs).
+pub(super) async fn attach(
+    name: &str,
+    kind: &Kind,
+    store: &SecretStore,
+    cache: &TokenCache,
+    transport: &dyn TokenTransport,
+    t: &Target<'_>,
+    headers: &mut HeaderMap,
+) -> Result<(), CredentialError> {
+    match kind {
+        Kind::GithubApp {
+            app_id,
+            installation_id,
+            api,
+            permissions,
+            repositories,
+        } => {
+            let token = cache
+                .get(name, REFRESH_MARGIN, || async {
+                    let key = secret(store, name, "private_key").await?;
+                    let now = now_unix();
+                    let claims = serde_json::json!({"iat": now.saturating_sub(60), "exp": now + 540, "iss": app_id});
+                    let app_jwt = jwt::sign(JwtAlg::Rs256, key.expose(), None, &claims)
+                        .map_err(|e| failed(name, format!("cannot sign the app JWT: {e}")))?;
+                    let mut body = serde_json::Map::new();
+                    if let Some(p) = permissions {
+                        body.insert("permissions".into(), serde_json::json!(p));
+                    }
+                    if let Some(r) = repositories {
+                        body.insert("repositories".into(), serde_json::json!(r));
+                    }
+                    let url = format!(
+                        "{}/app/installations/{installation_id}/access_tokens",
+                        api.trim_end_matches('/')
+                    );
+                    let headers = vec![
+                        (AUTHORIZATION, sensitive(format!("Bearer {app_jwt}"))?),
+                        (http::header::ACCEPT, HeaderValue::from_static("application/vnd.github+json")),
+                        (http::header::CONTENT_TYPE, HeaderValue::from_static("application/json")),
+                        (http::header::USER_AGENT, HeaderValue::from_static("latchkey")),
+                        (HeaderName::from_static("x-github-api-version"), HeaderValue::from_static("2022-11-28")),
+                    ];
+                    let json = exchange::json(transport, name, url, headers, serde_json::Value::Object(body).to_string().into()).await?;
+                    let token = json_str(&json, "token").ok_or_else(|| failed(name, "token endpoint answered without a token"))?;
+                    let expires = json_str(&json, "expires_at")
+                        .and_then(|s| humantime::parse_rfc3339_weak(&s).ok())
+                        .and_then(|t| t.duration_since(SystemTime::now()).ok())
+                        .unwrap_or(Duration::from_secs(3600));
+                    Ok((SecretValue::new(token.into_bytes()), expires))
+                })
+                .await?;
+            store.set_minted(&token_name(name), "", &token);
+            let api_host = http::Uri::try_from(api.as_str())
+                .ok()
+                .and_then(|u| u.host().map(str::to_ascii_lowercase));
+            if api_host.as_deref() == Some(t.host) {
+                set_bearer(headers, &AUTHORIZATION, &token, true)
+            } else {
+                // git over HTTPS (github.com): installation tokens go in Basic auth.
+                let mut raw = b"x-access-token:".to_vec();
+                raw.extend_from_slice(token.expose());
+                let enc =
+                    zeroize::Zeroizing::new(base64::engine::general_purpose::STANDARD.encode(&raw));
+                let mut hv = sensitive(format!("Basic {}", &*enc))?;
+                hv.set_sensitive(true);
+                headers.insert(AUTHORIZATION, hv);
+                Ok(())
+            }
+        }
+        Kind::GoogleServiceAccount { scopes, token_uri } => {
+            let token = cache
+                .get(name, REFRESH_MARGIN, || async {
+                    let key = secret(store, name, "key").await?;
+                    let sa: serde_json::Value = serde_json::from_slice(key.expose())
+                        .map_err(|e| failed(name, format!("key is not a service-account JSON file: {e}")))?;
+                    let field = |f: &str| {
+                        json_str(&sa, f).ok_or_else(|| failed(name, format!("service-account key has no {f}")))
+                    };
+                    let email = field("client_email")?;
+                    let pem = SecretValue::new(field("private_key")?.into_bytes());
+                    store.set_minted(&field_key(name, "private_key"), "", &pem);
+                    let kid = json_str(&sa, "private_key_id");
+                    let uri = match token_uri {
+                        Some(u) => u.clone(),
+                        None => field("token_uri")?,
+                    };
+                    let now = now_unix();
+                    let claims = serde_json::json!({
+                        "iss": email, "scope": scopes.join(" "), "aud": uri, "iat": now, "exp": now + 3600,
+                    });
+                    let assertion = jwt::sign(JwtAlg::Rs256, pem.expose(), kid.as_deref(), &claims)
+                        .map_err(|e| failed(name, format!("cannot sign the assertion: {e}")))?;
+                    let form = form_urlencoded::Serializer::new(String::new())
+                        .append_pair("grant_type", "urn:ietf:params:oauth:grant-type:jwt-bearer")
+                        .append_pair("assertion", &assertion)
+                        .finish();
+                    let json = exchange::json(transport, name, uri, exchange::form_headers(), form.into()).await?;
+                    exchange::access_token(name, &json)
+                })
+                .await?;
+            store.set_minted(&token_name(name), "", &token);
+            set_bearer(headers, &AUTHORIZATION, &token, true)
+        }
+        Kind::OAuth2ClientCredentials {
+            token_url,
+            client_id,
+            scope,
+            audience,
+        } => {
+            let token = cache
+                .get(name, REFRESH_MARGIN, || async {
+                    let client_secret = secret(store, name, "client_secret").await?;
+                    let secret_text = std::str::from_utf8(client_secret.expose())
+                        .map_err(|_| failed(name, "client_secret is not UTF-8"))?;
+                    // Sized for the worst case (every byte escaped), so it never reallocates
+                    // and leaves no unwiped copy of the client secret behind.
+                    let mut form = zeroize::Zeroizing::new(String::with_capacity(
+                        256 + 3
+                            * (client_id.len()
+                                + secret_text.len()
+                                + scope.as_ref().map_or(0, String::len)
+                                + audience.as_ref().map_or(0, String::len)),
+                    ));
+                    {
+                        let mut pairs = form_urlencoded::Serializer::new(&mut *form);
+                        pairs
+                            .append_pair("grant_type", "client_credentials")
+                            .append_pair("client_id", client_id)
+                            .append_pair("client_secret", secret_text);
+                        if let Some(s) = scope {
+                            pairs.append_pair("scope", s);
+                        }
+                        if let Some(a) = audience {
+                            pairs.append_pair("audience", a);
+                        }
+                        pairs.finish();
+                    }
+                    let body = Bytes::copy_from_slice(form.as_bytes());
+                    let json = exchange::json(
+                        transport,
+                        name,
+                        token_url.clone(),
+                        exchange::form_headers(),
+                        body,
+                    )
+                    .await?;
+                    exchange::access_token(name, &json)
+                })
+                .await?;
+            store.set_minted(&token_name(name), "", &token);
+            set_bearer(headers, &AUTHORIZATION, &token, true)
+        }
+        Kind::Jwt {
+            alg,
+            ttl,
+            header,
+            claims,
+        } => {
+            let per_identity = claims.iter().any(|(_, c)| c.uses_identity());
+            let per_host = claims.iter().any(|(_, c)| c.uses_host());
+            let key_id = format!(
+                "{name}\u{0}{}\u{0}{}",
+                if per_identity { t.identity } else { "" },
+                if per_host { t.host } else { "" }
+            );
+            let mint = || async {
+                let key = secret(store, name, "key").await?;
+                let now = now_unix();
+                let mut map = serde_json::Map::new();
+                for (k, c) in claims {
+                    map.insert(k.clone(), c.render(now, t.identity, t.host));
+                }
+                if let Some(ttl) = ttl {
+                    map.entry("iat").or_insert(serde_json::json!(now));
+                    map.entry("exp")
+                        .or_insert(serde_json::json!(now + ttl.as_secs()));
+                }
+                let token = jwt::sign(*alg, key.expose(), None, &serde_json::Value::Object(map))
+                    .map_err(|e| failed(name, format!("cannot sign the JWT: {e}")))?;
+                Ok((
+                    SecretValue::new(token.into_bytes()),
+                    ttl.unwrap_or_default(),
+                ))
+            };
+            let token = match ttl {
+                // Self-signed: cached for 80 % of its TTL, then signed anew.
+                Some(ttl) => cache.get(&key_id, *ttl / 5, mint).await?,
+                None => mint().await?.0,
+            };
+            store.set_minted(&token_name(name), &key_id, &token);
+            let bearer = *header == AUTHORIZATION;
+            set_bearer(headers, header, &token, bearer)
+        }
+        Kind::AwsSigV4 { .. } => Err(failed(
+            name,
+            "an aws_sigv4 credential signs; it mints no token",
+        )),
+    }
+}

@@ -1,0 +1,182 @@
+//! The token cache: minted tokens by credential (and identity/host for JWTs whose claims use
+//! them), single flight, with failures shared for a moment so a burst makes one failing
+//! exchange. Knows nothing of how a token is made.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::CredentialError;
+use crate::secrets::SecretValue;
+
+/// A cached token, or the failure of the last attempt (shared for a few seconds, so N
+/// concurrent requests cause one failing exchange, not N).
+#[derive(Clone)]
+enum Token {
+    Ok {
+        value: SecretValue,
+        refresh_at: Instant,
+    },
+    Failed {
+        error: CredentialError,
+        /// The attempt that failed: callers that were already waiting share its error.
+        attempt: u64,
+        /// Callers arriving just after share it too, so a burst makes one failing exchange.
+        until: Instant,
+    },
+}
+
+/// How long a failed exchange answers for newcomers before the next attempt.
+const FAILURE_HOLD: Duration = Duration::from_secs(2);
+
+/// One credential's token and the attempts made for it.
+#[derive(Default)]
+struct Slot {
+    token: tokio::sync::Mutex<Option<Token>>,
+    attempts: std::sync::atomic::AtomicU64,
+}
+
+/// The most token slots kept: a JWT whose claims use `{{host}}` under a wildcard rule has one
+/// per host the sandbox names, so the cache must not grow with them.
+const MAX_SLOTS: usize = 1024;
+
+/// Tokens by credential (and identity/host for JWTs whose claims use them), single flight.
+/// Bounded: past [`MAX_SLOTS`] the least recently used slots not in use are dropped (their
+/// next caller mints again).
+#[derive(Default)]
+pub struct TokenCache {
+    slots: Mutex<HashMap<String, (Arc<Slot>, Instant)>>,
+    exchanges: std::sync::atomic::AtomicU64,
+}
+
+impl std::fmt::Debug for TokenCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenCache").finish_non_exhaustive()
+    }
+}
+
+impl TokenCache {
+    fn slot(&self, key: &str) -> Arc<Slot> {
+        let mut slots = self
+            .slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = Instant::now();
+        // A known key (every request after the first) costs no allocation.
+        if let Some(entry) = slots.get_mut(key) {
+            entry.1 = now;
+            return entry.0.clone();
+        }
+        let slot: Arc<Slot> = Arc::default();
+        slots.insert(key.to_string(), (slot.clone(), now));
+        if slots.len() > MAX_SLOTS {
+            let mut idle: Vec<(Instant, String)> = slots
+                .iter()
+                .filter(|(_, (s, _))| Arc::strong_count(s) == 1)
+                .map(|(k, (_, used))| (*used, k.clone()))
+                .collect();
+            idle.sort();
+            let excess = slots.len() - MAX_SLOTS;
+            for (_, k) in idle.into_iter().take(excess) {
+                slots.remove(&k);
+            }
+        }
+        slot
+    }
+
+    /// Token slots held now.
+    pub fn len(&self) -> usize {
+        self.slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
+    }
+
+    /// Whether no token is cached.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Token exchanges (and JWT signings) made so far.
+    pub fn exchanges(&self) -> u64 {
+        self.exchanges.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The cached token for `key`, or a fresh one from `mint` (run once for concurrent callers).
+    pub(super) async fn get<F, Fut>(
+        &self,
+        key: &str,
+        margin: Duration,
+        mint: F,
+    ) -> Result<SecretValue, CredentialError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<(SecretValue, Duration), CredentialError>>,
+    {
+        use std::sync::atomic::Ordering;
+        let slot = self.slot(key);
+        let seen = slot.attempts.load(Ordering::Acquire);
+        let mut guard = slot.token.lock().await;
+        match guard.as_ref() {
+            Some(Token::Ok { value, refresh_at }) if Instant::now() < *refresh_at => {
+                return Ok(value.clone());
+            }
+            // An attempt that started while this caller waited failed: share its answer
+            // rather than hammer a failing endpoint; later callers try again.
+            Some(Token::Failed {
+                error,
+                attempt,
+                until,
+            }) if *attempt > seen || Instant::now() < *until => {
+                return Err(error.clone());
+            }
+            _ => {}
+        }
+        let attempt = slot.attempts.fetch_add(1, Ordering::AcqRel) + 1;
+        self.exchanges.fetch_add(1, Ordering::Relaxed);
+        match mint().await {
+            Ok((value, lifetime)) => {
+                // Used until `margin` before expiry; a shorter-lived token, for one request.
+                let refresh_at = Instant::now() + lifetime.saturating_sub(margin);
+                *guard = Some(Token::Ok {
+                    value: value.clone(),
+                    refresh_at,
+                });
+                Ok(value)
+            }
+            Err(error) => {
+                *guard = Some(Token::Failed {
+                    error: error.clone(),
+                    attempt,
+                    until: Instant::now() + FAILURE_HOLD,
+                });
+                Err(error)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_token_cache_is_bounded_however_many_hosts_a_sandbox_names() {
+        let cache = TokenCache::default();
+        for i in 0..(MAX_SLOTS + 300) {
+            let token = cache
+                .get(&format!("jwt:h{i}.example"), Duration::ZERO, || async {
+                    Ok((
+                        SecretValue::new(b"minted-token-value".to_vec()),
+                        Duration::from_secs(60),
+                    ))
+                })
+                .await
+                .expect("minted");
+            assert_eq!(token.expose(), b"minted-token-value");
+        }
+        assert_eq!(cache.len(), MAX_SLOTS);
+        assert_eq!(cache.exchanges(), (MAX_SLOTS + 300) as u64);
+    }
+}

@@ -1,0 +1,109 @@
+//! Token exchanges over the pooled, guarded upstream client: the implementation of signing's
+//! narrow [`TokenTransport`] (POST, status, a body of at most [`MAX_ANSWER`] bytes).
+//!
+//! The exchange dials like every other upstream request, through the [`super::Connector`] and
+//! its address guard; nothing here opens a socket itself. Auditing is the caller's (the proxy
+//! wraps [`TokenClient::send`] to record each exchange).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http_body_util::BodyExt;
+
+use super::{find_upstream_error, Client, UpstreamAddr};
+use crate::signing::exchange::{
+    Answer, BoxFuture, Exchange, TokenTransport, TransportError, MAX_ANSWER,
+};
+
+/// Why an exchange got no usable answer, as an audit record tells them apart.
+#[derive(Debug, thiserror::Error)]
+pub enum ExchangeFailure {
+    /// No response: unreachable, refused by the address guard, a TLS failure.
+    #[error("{0}")]
+    Unreachable(String),
+    /// No response headers within the timeout.
+    #[error("timed out")]
+    Timeout,
+    /// The response came but its body could not be read (or was over [`MAX_ANSWER`]).
+    #[error("cannot read the response: {why}")]
+    Read { status: u16, why: String },
+    /// The request could not be built (a header or URL latchkey cannot send).
+    #[error("cannot build the request: {0}")]
+    Build(String),
+}
+
+/// An answer and the address it came from.
+#[derive(Debug)]
+pub struct Sent {
+    pub answer: Answer,
+    pub upstream: Option<SocketAddr>,
+}
+
+/// Token endpoints reached through a pooled upstream client, with a response timeout.
+#[derive(Clone)]
+pub struct TokenClient {
+    client: Client,
+    timeout: Duration,
+}
+
+impl TokenClient {
+    pub fn new(client: Client, timeout: Duration) -> Self {
+        Self { client, timeout }
+    }
+
+    /// POSTs `ex` to `uri` (its parsed URL) and reads at most [`MAX_ANSWER`] bytes of answer.
+    pub async fn send(&self, uri: http::Uri, ex: Exchange) -> Result<Sent, ExchangeFailure> {
+        let mut req = http::Request::post(uri);
+        for (k, v) in ex.headers {
+            req = req.header(k, v);
+        }
+        let body = http_body_util::Full::new(ex.body)
+            .map_err(|never| match never {})
+            .boxed();
+        let req = req
+            .body(body)
+            .map_err(|e| ExchangeFailure::Build(e.to_string()))?;
+        let res = match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+            Ok(Ok(res)) => res,
+            Ok(Err(e)) => {
+                let why = match find_upstream_error(&e) {
+                    Some(u) => u.to_string(),
+                    None => e.to_string(),
+                };
+                return Err(ExchangeFailure::Unreachable(why));
+            }
+            Err(_) => return Err(ExchangeFailure::Timeout),
+        };
+        let status = res.status().as_u16();
+        let upstream = res.extensions().get::<UpstreamAddr>().map(|a| a.0);
+        // Token answers are small; refuse anything absurd rather than buffer it.
+        let limited = http_body_util::Limited::new(res.into_body(), MAX_ANSWER);
+        let body = limited
+            .collect()
+            .await
+            .map_err(|e| ExchangeFailure::Read {
+                status,
+                why: e.to_string(),
+            })?
+            .to_bytes();
+        Ok(Sent {
+            answer: Answer { status, body },
+            upstream,
+        })
+    }
+}
+
+impl TokenTransport for TokenClient {
+    fn post(&self, ex: Exchange) -> BoxFuture<'_, Result<Answer, TransportError>> {
+        Box::pin(async move {
+            let uri: http::Uri = ex
+                .url
+                .parse()
+                .map_err(|e| TransportError(format!("invalid URL: {e}")))?;
+            self.send(uri, ex)
+                .await
+                .map(|s| s.answer)
+                .map_err(|e| TransportError(e.to_string()))
+        })
+    }
+}
