@@ -47,8 +47,8 @@ pub async fn handle(proxy: Arc<Proxy>, ctx: Arc<Ctx>, req: Request<Incoming>) ->
         let msg = format!("request headers exceed {MAX_HEADER_BYTES} bytes");
         return refused(entry, Reason::HeaderTooLarge, None, &msg);
     }
-    if let Err((reason, msg)) = super::limits::check_framing(req.headers()) {
-        return refused(entry, reason, None, &msg);
+    if let Err(r) = super::limits::check_framing(req.headers()) {
+        return refused(entry, r.reason, None, &r.message);
     }
     let Some(authority) = req.uri().authority().cloned() else {
         return refused(entry, Reason::BadRequest, None, "CONNECT needs host:port");
@@ -88,12 +88,12 @@ pub async fn handle(proxy: Arc<Proxy>, ctx: Arc<Ctx>, req: Request<Incoming>) ->
         r.port = Some(port);
     });
     // The raw head as sent: hyper drops a Content-Length next to Transfer-Encoding.
-    if let Some(Err((reason, msg))) = ctx
+    if let Some(Err(r)) = ctx
         .heads
         .as_ref()
-        .and_then(|h| h.framing_of("CONNECT", &req.uri().to_string()))
+        .map(|h| h.framing_of(req.method(), req.uri()))
     {
-        return refused(entry, reason, None, &msg);
+        return refused(entry, r.reason, None, &r.message);
     }
     // fail closed: nothing goes through while its record cannot be written.
     if !proxy.audit.is_healthy() {
@@ -254,10 +254,17 @@ async fn intercept(proxy: Arc<Proxy>, ctx: Arc<Ctx>, upgraded: Upgraded, entry: 
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     entry.dismiss();
 
-    // The inner connection gets its own idle timeout and raw-head view (HTTP/1 inside TLS).
-    let io = super::limits::Idle::new(tls, proxy.limits.idle_timeout);
+    // The inner connection gets its own idle timeout, and a raw-head view when it may be
+    // HTTP/1. A client that chose h2 (ALPN) is served h2 only, so no HTTP/1 head can reach the
+    // service unsniffed and h2 frames are never fed to the head parser.
+    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
+    let io = if h2 {
+        super::limits::Idle::without_sniffer(tls, proxy.limits.idle_timeout)
+    } else {
+        super::limits::Idle::new(tls, proxy.limits.idle_timeout)
+    };
     let ctx = Arc::new(Ctx {
-        heads: Some(io.heads()),
+        heads: io.heads(),
         ..(*ctx).clone()
     });
     let (audit_proxy, client) = (proxy.clone(), ctx.client);
@@ -275,6 +282,9 @@ async fn intercept(proxy: Arc<Proxy>, ctx: Arc<Ctx>, upgraded: Upgraded, entry: 
         pipeline::handle(proxy.clone(), ctx.clone(), req)
     });
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    if h2 {
+        builder = builder.http2_only();
+    }
     builder
         .http1()
         .max_buf_size(MAX_HEADER_BYTES)
@@ -284,12 +294,12 @@ async fn intercept(proxy: Arc<Proxy>, ctx: Arc<Ctx>, upgraded: Upgraded, entry: 
         .http2()
         .max_header_list_size(MAX_HEADER_BYTES as u32)
         .timer(TokioTimer::new());
-    // hyper closes a stalled header block without answering; keeping a second handle on the
-    // stream lets latchkey still send the `408` once hyper has let go of it.
+    // hyper closes a stalled header block without answering; the stream comes back to
+    // latchkey when hyper lets go of it, so it can still send the `408`.
     let partial = io.partial();
-    let shared = Arc::new(std::sync::Mutex::new(io));
+    let (io, mut reclaimed) = Reclaim::new(io);
     let result = {
-        let conn = builder.serve_connection(TokioIo::new(Shared(shared.clone())), service);
+        let conn = builder.serve_connection(TokioIo::new(io), service);
         tokio::pin!(conn);
         tokio::select! {
             r = conn.as_mut() => r,
@@ -306,10 +316,9 @@ async fn intercept(proxy: Arc<Proxy>, ctx: Arc<Ctx>, upgraded: Upgraded, entry: 
         .is_some_and(|e| e.is_timeout());
     if timed_out {
         if partial.load(std::sync::atomic::Ordering::Relaxed) {
-            if let Ok(m) = Arc::try_unwrap(shared) {
-                let io = m
-                    .into_inner()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+            // hyper's connection (and so the stream) was dropped with the block above; never
+            // wait for it if something still holds it.
+            if let Ok(io) = reclaimed.try_recv() {
                 audit_proxy.header_timeout_tls(io, client).await;
             }
         }
@@ -323,35 +332,71 @@ async fn intercept(proxy: Arc<Proxy>, ctx: Arc<Ctx>, upgraded: Upgraded, entry: 
     }
 }
 
-/// A stream shared between hyper and latchkey (only one uses it at a time: hyper while it
-/// serves, latchkey after hyper has given up on a stalled request).
-struct Shared<T>(Arc<std::sync::Mutex<T>>);
+/// The stream hyper serves, handed back to latchkey when hyper drops it (after a stalled header
+/// block, latchkey still owes the client a `408`). hyper owns it alone while it serves: reads and
+/// writes go straight through, with no lock.
+struct Reclaim<T> {
+    /// `Some` for the wrapper's whole life; taken only by `Drop`.
+    io: Option<T>,
+    back: Option<tokio::sync::oneshot::Sender<T>>,
+}
 
-impl<T> Shared<T> {
-    fn lock(&self) -> std::sync::MutexGuard<'_, T> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+impl<T> Reclaim<T> {
+    /// The wrapper for hyper, and where the stream arrives once hyper has dropped it.
+    fn new(io: T) -> (Self, tokio::sync::oneshot::Receiver<T>) {
+        let (back, reclaimed) = tokio::sync::oneshot::channel();
+        (
+            Self {
+                io: Some(io),
+                back: Some(back),
+            },
+            reclaimed,
+        )
+    }
+
+    fn io(&mut self) -> io::Result<std::pin::Pin<&mut T>>
+    where
+        T: Unpin,
+    {
+        self.io
+            .as_mut()
+            .map(std::pin::Pin::new)
+            .ok_or_else(|| io::Error::other("stream already handed back"))
     }
 }
 
-impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Shared<T> {
+impl<T> Drop for Reclaim<T> {
+    fn drop(&mut self) {
+        if let (Some(io), Some(back)) = (self.io.take(), self.back.take()) {
+            // Nobody waiting (the connection ended some other way): the stream just closes.
+            let _ = back.send(io);
+        }
+    }
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Reclaim<T> {
     fn poll_read(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<io::Result<()>> {
-        std::pin::Pin::new(&mut *self.lock()).poll_read(cx, buf)
+        match self.get_mut().io() {
+            Ok(io) => io.poll_read(cx, buf),
+            Err(e) => std::task::Poll::Ready(Err(e)),
+        }
     }
 }
 
-impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Shared<T> {
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Reclaim<T> {
     fn poll_write(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
         buf: &[u8],
     ) -> std::task::Poll<io::Result<usize>> {
-        std::pin::Pin::new(&mut *self.lock()).poll_write(cx, buf)
+        match self.get_mut().io() {
+            Ok(io) => io.poll_write(cx, buf),
+            Err(e) => std::task::Poll::Ready(Err(e)),
+        }
     }
 
     fn poll_write_vectored(
@@ -359,24 +404,56 @@ impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Shared<T> {
         cx: &mut std::task::Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> std::task::Poll<io::Result<usize>> {
-        std::pin::Pin::new(&mut *self.lock()).poll_write_vectored(cx, bufs)
+        match self.get_mut().io() {
+            Ok(io) => io.poll_write_vectored(cx, bufs),
+            Err(e) => std::task::Poll::Ready(Err(e)),
+        }
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.lock().is_write_vectored()
+        self.io.as_ref().is_some_and(T::is_write_vectored)
     }
 
     fn poll_flush(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<io::Result<()>> {
-        std::pin::Pin::new(&mut *self.lock()).poll_flush(cx)
+        match self.get_mut().io() {
+            Ok(io) => io.poll_flush(cx),
+            Err(e) => std::task::Poll::Ready(Err(e)),
+        }
     }
 
     fn poll_shutdown(
         self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<io::Result<()>> {
-        std::pin::Pin::new(&mut *self.lock()).poll_shutdown(cx)
+        match self.get_mut().io() {
+            Ok(io) => io.poll_shutdown(cx),
+            Err(e) => std::task::Poll::Ready(Err(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn a_reclaimed_stream_comes_back_whole_when_its_user_drops_it() {
+        let (a, mut b) = tokio::io::duplex(64);
+        let (mut wrapped, reclaimed) = Reclaim::new(a);
+        wrapped.write_all(b"first").await.expect("write");
+        let mut buf = [0u8; 5];
+        b.read_exact(&mut buf).await.expect("read");
+        assert_eq!(&buf, b"first");
+        drop(wrapped);
+        let mut reclaimed = reclaimed;
+        let mut a = reclaimed.try_recv().expect("handed back at once");
+        a.write_all(b"408").await.expect("write after reclaim");
+        let mut buf = [0u8; 3];
+        b.read_exact(&mut buf).await.expect("read");
+        assert_eq!(&buf, b"408");
     }
 }

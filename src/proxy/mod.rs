@@ -13,6 +13,7 @@
 //! Parse errors on the proxy hop (malformed request line, header block over the limit) are
 //! answered by hyper and audited here.
 
+mod audit_scrub;
 mod body;
 pub mod budget;
 pub mod ca;
@@ -520,7 +521,7 @@ impl Proxy {
             client: peer,
             identity: Arc::from(IDENTITY_DEFAULT),
             connect: None,
-            heads: Some(io.heads()),
+            heads: io.heads(),
         });
         let proxy = self.clone();
         let service = service_fn(move |req: Request<Incoming>| {

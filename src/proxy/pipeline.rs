@@ -101,18 +101,18 @@ pub async fn handle(
     }
 
     // admit: what is being asked for, in one normal form, unambiguously framed.
-    if let Err((reason, msg)) = super::limits::check_framing(req.headers()) {
-        return Ok(refused(entry, reason, None, &msg));
+    if let Err(r) = super::limits::check_framing(req.headers()) {
+        return Ok(refused(entry, r.reason, None, &r.message));
     }
-    // The request target as sent, formatted once for both checks below.
+    // The request target as sent, for the length check.
     let target_text = req.uri().to_string();
     if let Some(heads) = ctx
         .heads
         .as_ref()
         .filter(|_| req.version() < Version::HTTP_2)
     {
-        if let Some(Err((reason, msg))) = heads.framing_of(req.method().as_str(), &target_text) {
-            return Ok(refused(entry, reason, None, &msg));
+        if let Err(r) = heads.framing_of(req.method(), req.uri()) {
+            return Ok(refused(entry, r.reason, None, &r.message));
         }
     }
     if target_text.len() > proxy.limits.max_uri_len {
