@@ -21,6 +21,7 @@ mod connect;
 mod credentials;
 mod decode;
 pub mod hop;
+mod intercepted;
 pub mod limits;
 mod outbound;
 pub mod path;
