@@ -1,50 +1,119 @@
-//! Prometheus metrics: counters and histograms with small, fixed label sets, rendered in the
-//! text exposition format by the admin API.
+//! Prometheus metrics: counters and histograms with small, fixed label sets, encoded in the text
+//! exposition format (0.0.4) by `prometheus-client` for the admin API.
 //!
 //! Requests are counted where their audit record is written, so a metric and the audit log can
-//! never disagree. Labels are names and reason codes only — never values.
+//! never disagree. Labels are names and reason codes only — never values. Counters and the
+//! latency histogram are plain atomics (one increment per observation); the request family is
+//! one short critical section (see [`RequestCounts`]). Depends on nothing else in the crate.
 
 use std::collections::BTreeMap;
-use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, PoisonError};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 
 /// Upper bounds (seconds) of the upstream latency histogram.
 const BUCKETS: [f64; 12] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
-/// A histogram with fixed buckets.
+/// A histogram with fixed buckets. An observation increments one bucket (not every bucket at
+/// or above it); the cumulative counts are summed when encoding.
 #[derive(Debug, Default)]
 pub struct Histogram {
-    counts: [AtomicU64; BUCKETS.len()],
-    count: AtomicU64,
+    /// Observations per bucket; the last slot counts those above every bound (and NaN).
+    counts: [AtomicU64; BUCKETS.len() + 1],
     /// Sum in microseconds, to stay an integer.
     sum_us: AtomicU64,
 }
 
 impl Histogram {
     pub fn observe(&self, seconds: f64) {
-        for (i, b) in BUCKETS.iter().enumerate() {
-            if seconds <= *b {
-                self.counts[i].fetch_add(1, Ordering::Relaxed);
-            }
-        }
-        self.count.fetch_add(1, Ordering::Relaxed);
+        let i = BUCKETS
+            .iter()
+            .position(|b| seconds <= *b)
+            .unwrap_or(BUCKETS.len());
+        self.counts[i].fetch_add(1, Ordering::Relaxed);
         self.sum_us
             .fetch_add((seconds * 1e6) as u64, Ordering::Relaxed);
+    }
+
+    /// Per-bucket counts (not cumulative), the total count and the sum in seconds. The total
+    /// is the sum of the slots, so the `+Inf` bucket always equals `_count`.
+    fn snapshot(&self) -> (Vec<(f64, u64)>, u64, f64) {
+        let counts: Vec<u64> = self
+            .counts
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect();
+        let buckets = BUCKETS
+            .iter()
+            .copied()
+            .zip(counts.iter().copied())
+            .collect();
+        let sum = self.sum_us.load(Ordering::Relaxed) as f64 / 1e6;
+        (buckets, counts.iter().sum(), sum)
     }
 }
 
 /// Request counts by (decision, reason), then rule, then identity: nested so that counting a
 /// label set seen before looks it up by `&str` and allocates nothing.
-type RequestCounts =
-    BTreeMap<(&'static str, &'static str), BTreeMap<String, BTreeMap<String, u64>>>;
+type RequestTable = BTreeMap<(&'static str, &'static str), BTreeMap<String, BTreeMap<String, u64>>>;
+
+/// `latchkey_requests_total`. One short critical section per request: measured against a
+/// lock-free snapshot (`arc-swap`) and a shared `RwLock` table of atomics, this uncontended
+/// mutex around a small ordered map was the cheapest on one thread and on two.
+#[derive(Debug, Default)]
+struct RequestCounts {
+    table: Mutex<RequestTable>,
+}
+
+impl RequestCounts {
+    fn count(&self, decision: &'static str, reason: &'static str, rule: &str, identity: &str) {
+        let mut m = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        let by_rule = m.entry((decision, reason)).or_default();
+        let by_identity = match by_rule.get_mut(rule) {
+            Some(b) => b,
+            None => by_rule.entry(rule.to_string()).or_default(),
+        };
+        match by_identity.get_mut(identity) {
+            Some(n) => *n += 1,
+            None => {
+                by_identity.insert(identity.to_string(), 1);
+            }
+        }
+    }
+
+    /// Every series, in label order (a stable exposition), with its count now.
+    fn snapshot(&self) -> Vec<RequestSample> {
+        let m = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut out = Vec::new();
+        for ((decision, reason), by_rule) in m.iter() {
+            for (rule, by_identity) in by_rule {
+                for (identity, count) in by_identity {
+                    out.push(RequestSample {
+                        decision,
+                        reason,
+                        rule: rule.clone(),
+                        identity: identity.clone(),
+                        count: *count,
+                    });
+                }
+            }
+        }
+        out
+    }
+}
 
 /// Every metric latchkey exports.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    requests: Mutex<RequestCounts>,
+    requests: RequestCounts,
     would_deny: AtomicU64,
     pub upstream_latency: Histogram,
     pub tls_handshakes_ok: AtomicU64,
@@ -81,19 +150,7 @@ impl Metrics {
         identity: &str,
         would_deny: bool,
     ) {
-        if let Ok(mut m) = self.requests.lock() {
-            let by_rule = m.entry((decision, reason)).or_default();
-            let by_identity = match by_rule.get_mut(rule) {
-                Some(b) => b,
-                None => by_rule.entry(rule.to_string()).or_default(),
-            };
-            match by_identity.get_mut(identity) {
-                Some(n) => *n += 1,
-                None => {
-                    by_identity.insert(identity.to_string(), 1);
-                }
-            }
-        }
+        self.requests.count(decision, reason, rule, identity);
         if would_deny {
             self.would_deny.fetch_add(1, Ordering::Relaxed);
         }
@@ -101,137 +158,202 @@ impl Metrics {
 
     /// The text exposition format (version 0.0.4).
     pub fn render(&self, g: &Gauges) -> String {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(Snapshot::take(self, g)));
         let mut out = String::new();
-        let counter = |out: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(
-                out,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}"
-            );
-        };
-        let _ = writeln!(
-            out,
-            "# HELP latchkey_requests_total Requests and refused connections, by decision, reason, rule and identity.\n# TYPE latchkey_requests_total counter"
-        );
-        if let Ok(m) = self.requests.lock() {
-            for ((decision, reason), by_rule) in m.iter() {
-                for (rule, by_identity) in by_rule {
-                    for (identity, v) in by_identity {
-                        let _ = writeln!(
-                            out,
-                            "latchkey_requests_total{{decision=\"{decision}\",reason=\"{reason}\",rule=\"{}\",identity=\"{}\"}} {v}",
-                            escape(rule),
-                            escape(identity)
-                        );
-                    }
-                }
-            }
+        // Writing to a String cannot fail; an encoder error would be a bug, not input.
+        if let Err(e) = prometheus_client::encoding::prometheus_text::encode(&mut out, &registry) {
+            tracing::error!(error = %e, "cannot encode metrics");
         }
-        counter(
-            &mut out,
-            "latchkey_report_only_would_deny_total",
-            "Requests allowed by report-only mode that enforcement would deny.",
-            self.would_deny.load(Ordering::Relaxed),
-        );
-        let _ = writeln!(
-            out,
-            "# HELP latchkey_upstream_response_seconds Time from sending a request upstream to its response headers.\n# TYPE latchkey_upstream_response_seconds histogram"
-        );
-        let h = &self.upstream_latency;
-        for (i, b) in BUCKETS.iter().enumerate() {
-            let _ = writeln!(
-                out,
-                "latchkey_upstream_response_seconds_bucket{{le=\"{b}\"}} {}",
-                h.counts[i].load(Ordering::Relaxed)
-            );
-        }
-        let count = h.count.load(Ordering::Relaxed);
-        let _ = writeln!(
-            out,
-            "latchkey_upstream_response_seconds_bucket{{le=\"+Inf\"}} {count}\nlatchkey_upstream_response_seconds_sum {}\nlatchkey_upstream_response_seconds_count {count}",
-            h.sum_us.load(Ordering::Relaxed) as f64 / 1e6
-        );
-        let _ = writeln!(
-            out,
-            "# HELP latchkey_tls_handshakes_total TLS handshakes with sandboxes, by result.\n# TYPE latchkey_tls_handshakes_total counter\nlatchkey_tls_handshakes_total{{result=\"ok\"}} {}\nlatchkey_tls_handshakes_total{{result=\"failed\"}} {}",
-            self.tls_handshakes_ok.load(Ordering::Relaxed),
-            self.tls_handshakes_failed.load(Ordering::Relaxed)
-        );
-        let _ = writeln!(
-            out,
-            "# HELP latchkey_cert_cache_total Leaf certificate cache lookups, by result.\n# TYPE latchkey_cert_cache_total counter\nlatchkey_cert_cache_total{{result=\"hit\"}} {}\nlatchkey_cert_cache_total{{result=\"miss\"}} {}",
-            self.cert_cache_hits.load(Ordering::Relaxed),
-            self.cert_cache_misses.load(Ordering::Relaxed)
-        );
-        counter(
-            &mut out,
-            "latchkey_redactions_total",
-            "Secret values replaced in responses.",
-            self.redactions.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut out,
-            "latchkey_policy_reloads_total",
-            "Policy reloads that replaced the policy in force.",
-            self.policy_reloads.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut out,
-            "latchkey_policy_reload_errors_total",
-            "Policy reloads refused because the new policy was invalid.",
-            self.policy_reload_errors.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut out,
-            "latchkey_audit_write_errors_total",
-            "Audit records that could not be written.",
-            self.audit_write_errors.load(Ordering::Relaxed),
-        );
-        counter(
-            &mut out,
-            "latchkey_audit_queue_waits_total",
-            "Requests that waited for the audit writer because its queue was full.",
-            self.audit_queue_waits.load(Ordering::Relaxed),
-        );
-        let _ = writeln!(
-            out,
-            "# HELP latchkey_audit_healthy 1 while the audit log can be written; 0 while traffic is refused because it cannot.\n# TYPE latchkey_audit_healthy gauge\nlatchkey_audit_healthy {}",
-            u8::from(g.audit_healthy)
-        );
-        counter(
-            &mut out,
-            "latchkey_secret_fetches_total",
-            "Secret values fetched or refreshed from exec helpers.",
-            self.secret_fetches.load(Ordering::Relaxed),
-        );
-        let _ = writeln!(
-            out,
-            "# HELP latchkey_connections_active Sandbox connections open now.\n# TYPE latchkey_connections_active gauge\nlatchkey_connections_active {}",
-            g.connections_active
-        );
-        let _ = writeln!(
-            out,
-            "# HELP latchkey_uptime_seconds Seconds since latchkey started.\n# TYPE latchkey_uptime_seconds gauge\nlatchkey_uptime_seconds {:.3}",
-            g.uptime_seconds
-        );
-        let _ = writeln!(
-            out,
-            "# HELP latchkey_policy_rules Rules in the policy in force.\n# TYPE latchkey_policy_rules gauge\nlatchkey_policy_rules {}",
-            g.policy_rules
-        );
-        let _ = writeln!(
-            out,
-            "# HELP latchkey_policy_info The policy in force, by digest.\n# TYPE latchkey_policy_info gauge\nlatchkey_policy_info{{digest=\"{}\"}} 1",
-            escape(&g.policy_info)
-        );
         out
     }
 }
 
-/// Escapes a label value (backslash, quote, newline).
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+/// One `latchkey_requests_total` sample.
+#[derive(Debug)]
+struct RequestSample {
+    decision: &'static str,
+    reason: &'static str,
+    rule: String,
+    identity: String,
+    count: u64,
+}
+
+/// Every value at one instant, encoded in the order `/metrics` has always listed them.
+#[derive(Debug)]
+struct Snapshot {
+    requests: Vec<RequestSample>,
+    would_deny: u64,
+    latency: (Vec<(f64, u64)>, u64, f64),
+    tls_ok: u64,
+    tls_failed: u64,
+    cert_hits: u64,
+    cert_misses: u64,
+    counters: [(&'static str, &'static str, u64); 5],
+    audit_healthy: u64,
+    secret_fetches: u64,
+    gauges: Gauges,
+}
+
+impl Snapshot {
+    fn take(m: &Metrics, g: &Gauges) -> Self {
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Self {
+            requests: m.requests.snapshot(),
+            would_deny: n(&m.would_deny),
+            latency: m.upstream_latency.snapshot(),
+            tls_ok: n(&m.tls_handshakes_ok),
+            tls_failed: n(&m.tls_handshakes_failed),
+            cert_hits: n(&m.cert_cache_hits),
+            cert_misses: n(&m.cert_cache_misses),
+            counters: [
+                (
+                    "latchkey_redactions",
+                    "Secret values replaced in responses.",
+                    n(&m.redactions),
+                ),
+                (
+                    "latchkey_policy_reloads",
+                    "Policy reloads that replaced the policy in force.",
+                    n(&m.policy_reloads),
+                ),
+                (
+                    "latchkey_policy_reload_errors",
+                    "Policy reloads refused because the new policy was invalid.",
+                    n(&m.policy_reload_errors),
+                ),
+                (
+                    "latchkey_audit_write_errors",
+                    "Audit records that could not be written.",
+                    n(&m.audit_write_errors),
+                ),
+                (
+                    "latchkey_audit_queue_waits",
+                    "Requests that waited for the audit writer because its queue was full.",
+                    n(&m.audit_queue_waits),
+                ),
+            ],
+            audit_healthy: u64::from(g.audit_healthy),
+            secret_fetches: n(&m.secret_fetches),
+            gauges: g.clone(),
+        }
+    }
+}
+
+/// A counter family with no labels.
+fn counter(e: &mut DescriptorEncoder, name: &str, help: &str, v: u64) -> std::fmt::Result {
+    ConstCounter::new(v).encode(e.encode_descriptor(name, help, None, MetricType::Counter)?)
+}
+
+/// A counter family labelled by `result`.
+fn by_result(
+    e: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    values: [(&str, u64); 2],
+) -> std::fmt::Result {
+    let mut family = e.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (result, v) in values {
+        let labels = [("result", result)];
+        ConstCounter::new(v).encode(family.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// A gauge family with no labels.
+fn gauge<V>(e: &mut DescriptorEncoder, name: &str, help: &str, v: V) -> std::fmt::Result
+where
+    ConstGauge<V>: EncodeMetric,
+{
+    ConstGauge::new(v).encode(e.encode_descriptor(name, help, None, MetricType::Gauge)?)
+}
+
+impl Collector for Snapshot {
+    fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+        let mut requests = e.encode_descriptor(
+            "latchkey_requests",
+            "Requests and refused connections, by decision, reason, rule and identity.",
+            None,
+            MetricType::Counter,
+        )?;
+        for s in &self.requests {
+            let labels = [
+                ("decision", s.decision),
+                ("reason", s.reason),
+                ("rule", s.rule.as_str()),
+                ("identity", s.identity.as_str()),
+            ];
+            ConstCounter::new(s.count).encode(requests.encode_family(&labels)?)?;
+        }
+        counter(
+            &mut e,
+            "latchkey_report_only_would_deny",
+            "Requests allowed by report-only mode that enforcement would deny.",
+            self.would_deny,
+        )?;
+        let (buckets, count, sum) = &self.latency;
+        e.encode_descriptor(
+            "latchkey_upstream_response_seconds",
+            "Time from sending a request upstream to its response headers.",
+            None,
+            MetricType::Histogram,
+        )?
+        .encode_histogram::<NoLabelSet>(*sum, *count, buckets, None)?;
+        by_result(
+            &mut e,
+            "latchkey_tls_handshakes",
+            "TLS handshakes with sandboxes, by result.",
+            [("ok", self.tls_ok), ("failed", self.tls_failed)],
+        )?;
+        by_result(
+            &mut e,
+            "latchkey_cert_cache",
+            "Leaf certificate cache lookups, by result.",
+            [("hit", self.cert_hits), ("miss", self.cert_misses)],
+        )?;
+        for (name, help, v) in self.counters {
+            counter(&mut e, name, help, v)?;
+        }
+        gauge(
+            &mut e,
+            "latchkey_audit_healthy",
+            "1 while the audit log can be written; 0 while traffic is refused because it cannot.",
+            self.audit_healthy,
+        )?;
+        counter(
+            &mut e,
+            "latchkey_secret_fetches",
+            "Secret values fetched or refreshed from exec helpers.",
+            self.secret_fetches,
+        )?;
+        let g = &self.gauges;
+        gauge(
+            &mut e,
+            "latchkey_connections_active",
+            "Sandbox connections open now.",
+            g.connections_active,
+        )?;
+        gauge(
+            &mut e,
+            "latchkey_uptime_seconds",
+            "Seconds since latchkey started.",
+            g.uptime_seconds,
+        )?;
+        gauge(
+            &mut e,
+            "latchkey_policy_rules",
+            "Rules in the policy in force.",
+            g.policy_rules,
+        )?;
+        let mut info = e.encode_descriptor(
+            "latchkey_policy_info",
+            "The policy in force, by digest.",
+            None,
+            MetricType::Gauge,
+        )?;
+        let labels = [("digest", g.policy_info.as_str())];
+        ConstGauge::new(1u64).encode(info.encode_family(&labels)?)
+    }
 }
 
 #[cfg(test)]
@@ -251,5 +373,127 @@ mod tests {
         assert!(text.contains("latchkey_upstream_response_seconds_bucket{le=\"0.025\"} 1"));
         assert!(text.contains("latchkey_upstream_response_seconds_bucket{le=\"0.01\"} 0"));
         assert!(text.contains("latchkey_upstream_response_seconds_count 1"));
+    }
+
+    /// The exposition as the hand-written renderer served it before `prometheus-client`: every
+    /// name, label, HELP and TYPE line in the same order. Only the uptime's digits differ (it
+    /// was printed with three decimals; now with as many as it needs).
+    const EXPOSITION: &str = r#"# HELP latchkey_requests_total Requests and refused connections, by decision, reason, rule and identity.
+# TYPE latchkey_requests_total counter
+latchkey_requests_total{decision="allow",reason="allowed",rule="api",identity="agent-a"} 1
+latchkey_requests_total{decision="allow",reason="allowed",rule="api",identity="default"} 2
+latchkey_requests_total{decision="allow",reason="no_rule",rule="",identity="default"} 1
+latchkey_requests_total{decision="deny",reason="no_rule",rule="",identity="default"} 1
+# HELP latchkey_report_only_would_deny_total Requests allowed by report-only mode that enforcement would deny.
+# TYPE latchkey_report_only_would_deny_total counter
+latchkey_report_only_would_deny_total 1
+# HELP latchkey_upstream_response_seconds Time from sending a request upstream to its response headers.
+# TYPE latchkey_upstream_response_seconds histogram
+latchkey_upstream_response_seconds_bucket{le="0.005"} 1
+latchkey_upstream_response_seconds_bucket{le="0.01"} 1
+latchkey_upstream_response_seconds_bucket{le="0.025"} 2
+latchkey_upstream_response_seconds_bucket{le="0.05"} 2
+latchkey_upstream_response_seconds_bucket{le="0.1"} 2
+latchkey_upstream_response_seconds_bucket{le="0.25"} 2
+latchkey_upstream_response_seconds_bucket{le="0.5"} 2
+latchkey_upstream_response_seconds_bucket{le="1"} 3
+latchkey_upstream_response_seconds_bucket{le="2.5"} 3
+latchkey_upstream_response_seconds_bucket{le="5"} 3
+latchkey_upstream_response_seconds_bucket{le="10"} 3
+latchkey_upstream_response_seconds_bucket{le="30"} 3
+latchkey_upstream_response_seconds_bucket{le="+Inf"} 4
+latchkey_upstream_response_seconds_sum 61.022
+latchkey_upstream_response_seconds_count 4
+# HELP latchkey_tls_handshakes_total TLS handshakes with sandboxes, by result.
+# TYPE latchkey_tls_handshakes_total counter
+latchkey_tls_handshakes_total{result="ok"} 3
+latchkey_tls_handshakes_total{result="failed"} 1
+# HELP latchkey_cert_cache_total Leaf certificate cache lookups, by result.
+# TYPE latchkey_cert_cache_total counter
+latchkey_cert_cache_total{result="hit"} 2
+latchkey_cert_cache_total{result="miss"} 1
+# HELP latchkey_redactions_total Secret values replaced in responses.
+# TYPE latchkey_redactions_total counter
+latchkey_redactions_total 5
+# HELP latchkey_policy_reloads_total Policy reloads that replaced the policy in force.
+# TYPE latchkey_policy_reloads_total counter
+latchkey_policy_reloads_total 0
+# HELP latchkey_policy_reload_errors_total Policy reloads refused because the new policy was invalid.
+# TYPE latchkey_policy_reload_errors_total counter
+latchkey_policy_reload_errors_total 0
+# HELP latchkey_audit_write_errors_total Audit records that could not be written.
+# TYPE latchkey_audit_write_errors_total counter
+latchkey_audit_write_errors_total 0
+# HELP latchkey_audit_queue_waits_total Requests that waited for the audit writer because its queue was full.
+# TYPE latchkey_audit_queue_waits_total counter
+latchkey_audit_queue_waits_total 0
+# HELP latchkey_audit_healthy 1 while the audit log can be written; 0 while traffic is refused because it cannot.
+# TYPE latchkey_audit_healthy gauge
+latchkey_audit_healthy 1
+# HELP latchkey_secret_fetches_total Secret values fetched or refreshed from exec helpers.
+# TYPE latchkey_secret_fetches_total counter
+latchkey_secret_fetches_total 0
+# HELP latchkey_connections_active Sandbox connections open now.
+# TYPE latchkey_connections_active gauge
+latchkey_connections_active 7
+# HELP latchkey_uptime_seconds Seconds since latchkey started.
+# TYPE latchkey_uptime_seconds gauge
+latchkey_uptime_seconds 12.5
+# HELP latchkey_policy_rules Rules in the policy in force.
+# TYPE latchkey_policy_rules gauge
+latchkey_policy_rules 2
+# HELP latchkey_policy_info The policy in force, by digest.
+# TYPE latchkey_policy_info gauge
+latchkey_policy_info{digest="sha256:ab"} 1
+"#;
+
+    #[test]
+    fn the_exposition_keeps_every_name_label_help_and_order() {
+        let m = Metrics::default();
+        m.request("deny", "no_rule", "", "default", false);
+        m.request("allow", "allowed", "api", "default", false);
+        m.request("allow", "no_rule", "", "default", true);
+        m.request("allow", "allowed", "api", "agent-a", false);
+        m.request("allow", "allowed", "api", "default", false);
+        for s in [0.001, 0.021, 1.0, 60.0] {
+            m.upstream_latency.observe(s);
+        }
+        for (a, n) in [
+            (&m.tls_handshakes_ok, 3),
+            (&m.tls_handshakes_failed, 1),
+            (&m.cert_cache_hits, 2),
+            (&m.cert_cache_misses, 1),
+            (&m.redactions, 5),
+        ] {
+            a.store(n, Ordering::Relaxed);
+        }
+        let text = m.render(&Gauges {
+            connections_active: 7,
+            uptime_seconds: 12.5,
+            policy_rules: 2,
+            policy_info: "sha256:ab".into(),
+            audit_healthy: true,
+        });
+        assert_eq!(text, EXPOSITION);
+    }
+
+    #[test]
+    fn counting_from_many_threads_loses_nothing_and_adds_each_label_set_once() {
+        let m = std::sync::Arc::new(Metrics::default());
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let m = &m;
+                s.spawn(move || {
+                    for i in 0..10_000u32 {
+                        let rule = ["a", "b", "c"][(i % 3) as usize];
+                        let id = if t % 2 == 0 { "x" } else { "y" };
+                        m.request("allow", "allowed", rule, id, false);
+                    }
+                });
+            }
+        });
+        let samples = m.requests.snapshot();
+        assert_eq!(samples.len(), 6, "{samples:?}");
+        assert_eq!(samples.iter().map(|s| s.count).sum::<u64>(), 40_000);
     }
 }

@@ -16,13 +16,12 @@ use std::sync::Arc;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
 use hyper::upgrade::Upgraded;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use tokio_rustls::LazyConfigAcceptor;
 
 use super::pipeline::{self, Ctx};
-use super::{body, respond, Proxy, MAX_HEADER_BYTES};
+use super::{body, respond, Proxy};
 use crate::audit::Entry;
 use crate::policy::{normalize_host, ConnectDecision, Policy};
 use crate::reason::{Reason, Refusal};
@@ -240,126 +239,6 @@ async fn intercept(proxy: Arc<Proxy>, ctx: Arc<Ctx>, upgraded: Upgraded, entry: 
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     entry.dismiss();
 
-    // The inner connection gets its own idle timeout and raw-head view (HTTP/1 inside TLS).
-    let io = super::limits::Idle::new(tls, proxy.limits.idle_timeout);
-    let ctx = Arc::new((*ctx).clone().with_heads(io.heads()));
-    let (audit_proxy, client) = (proxy.clone(), ctx.client);
-    let header_timeout = proxy.limits.header_timeout;
-    let mut shutdown = proxy.shutdown.subscribe();
-    let service = service_fn(move |req: Request<Incoming>| {
-        // HTTP/1 inside TLS: the Nth request is judged by the Nth raw head (h2 needs no sniffing).
-        if let Some(heads) = ctx
-            .heads
-            .as_ref()
-            .filter(|_| req.version() < http::Version::HTTP_2)
-        {
-            heads.begin_request();
-        }
-        pipeline::handle(proxy.clone(), ctx.clone(), req)
-    });
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .max_buf_size(MAX_HEADER_BYTES)
-        .timer(TokioTimer::new())
-        .header_read_timeout(header_timeout);
-    builder
-        .http2()
-        .max_header_list_size(MAX_HEADER_BYTES as u32)
-        .timer(TokioTimer::new());
-    // hyper closes a stalled header block without answering; keeping a second handle on the
-    // stream lets latchkey still send the `408` once hyper has let go of it.
-    let partial = io.partial();
-    let shared = Arc::new(std::sync::Mutex::new(io));
-    let result = {
-        let conn = builder.serve_connection(TokioIo::new(Shared(shared.clone())), service);
-        tokio::pin!(conn);
-        tokio::select! {
-            r = conn.as_mut() => r,
-            _ = shutdown.changed() => {
-                conn.as_mut().graceful_shutdown();
-                conn.await
-            }
-        }
-    };
-    let timed_out = result
-        .as_ref()
-        .err()
-        .and_then(|e| e.downcast_ref::<hyper::Error>())
-        .is_some_and(|e| e.is_timeout());
-    if timed_out {
-        if partial.load(std::sync::atomic::Ordering::Relaxed) {
-            if let Ok(m) = Arc::try_unwrap(shared) {
-                let io = m
-                    .into_inner()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                audit_proxy.header_timeout_tls(io, client).await;
-            }
-        }
-        return;
-    }
-    if let Err(e) = result {
-        match e.downcast_ref::<hyper::Error>() {
-            Some(he) => audit_proxy.connection_error(he, client),
-            None => tracing::debug!(error = %e, "intercepted connection closed with error"),
-        }
-    }
-}
-
-/// A stream shared between hyper and latchkey (only one uses it at a time: hyper while it
-/// serves, latchkey after hyper has given up on a stalled request).
-struct Shared<T>(Arc<std::sync::Mutex<T>>);
-
-impl<T> Shared<T> {
-    fn lock(&self) -> std::sync::MutexGuard<'_, T> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Shared<T> {
-    fn poll_read(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<io::Result<()>> {
-        std::pin::Pin::new(&mut *self.lock()).poll_read(cx, buf)
-    }
-}
-
-impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Shared<T> {
-    fn poll_write(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &[u8],
-    ) -> std::task::Poll<io::Result<usize>> {
-        std::pin::Pin::new(&mut *self.lock()).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> std::task::Poll<io::Result<usize>> {
-        std::pin::Pin::new(&mut *self.lock()).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.lock().is_write_vectored()
-    }
-
-    fn poll_flush(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<io::Result<()>> {
-        std::pin::Pin::new(&mut *self.lock()).poll_flush(cx)
-    }
-
-    fn poll_shutdown(
-        self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<io::Result<()>> {
-        std::pin::Pin::new(&mut *self.lock()).poll_shutdown(cx)
-    }
+    // Served by its own task, so nothing of the handshake stays with a connection that idles.
+    tokio::spawn(super::intercepted::serve(proxy, ctx, tls));
 }

@@ -90,7 +90,7 @@ impl Proxy {
         };
         let io = limits::Idle::new(stream, self.limits.idle_timeout);
         let partial = io.partial();
-        let ctx = Arc::new(Ctx::proxy_hop(peer, Some(io.heads())));
+        let ctx = Arc::new(Ctx::proxy_hop(peer, io.heads()));
         let proxy = self.clone();
         let service = service_fn(move |req: Request<Incoming>| {
             let proxy = proxy.clone();

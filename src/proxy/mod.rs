@@ -14,6 +14,7 @@
 //! [`Proxy::open_record`] (or [`Proxy::connection_record`]) and every refusal ends at
 //! `respond`. Only `upstream` dials.
 
+mod audit_scrub;
 mod body;
 mod broker;
 pub mod budget;
@@ -22,6 +23,7 @@ mod connect;
 mod decode;
 mod exchange;
 pub mod hop;
+mod intercepted;
 pub mod limits;
 mod listener;
 pub mod path;

@@ -58,7 +58,7 @@ pub(super) fn framing(head: &Parts, ctx: &Ctx) -> Result<(), Refusal> {
 
 /// The framing rules on the headers as hyper parsed them: the only check for h2.
 pub(crate) fn parsed_framing(headers: &http::HeaderMap) -> Result<(), Refusal> {
-    limits::check_framing(headers).map_err(Refusal::from)
+    limits::check_framing(headers)
 }
 
 /// The framing rules on the raw HTTP/1 head, which hyper normalises some of away.
@@ -74,11 +74,7 @@ pub(crate) fn raw_framing(
     let Some(heads) = ctx.heads.as_ref().filter(|_| version < Version::HTTP_2) else {
         return Ok(());
     };
-    // The sniffer keys a head by the target as `Uri` displays it: formatted only here.
-    match heads.framing_of(method.as_str(), &uri.to_string()) {
-        Some(Err(refusal)) => Err(Refusal::from(refusal)),
-        _ => Ok(()),
-    }
+    heads.framing_of(method, uri)
 }
 
 /// Refuses a request target over `--max-uri-len` (`uri_too_long`) and a header block over

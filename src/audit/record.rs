@@ -1,0 +1,102 @@
+//! The audit record: one JSON line per request or refused connection. Field names and their
+//! meaning are a contract (README "Audit record"); `Debug` never prints what the sandbox sent.
+//! Depends on nothing in the crate.
+
+use std::time::SystemTime;
+
+use serde::{Serialize, Serializer};
+
+/// One audit record (README "Audit record"; docs/architecture.md). Field names are a contract.
+///
+/// Until [`super::Entry`] scrubs it on the way out, `method`, `host` and `path` are as the sandbox sent
+/// them and may hold a secret value it pasted there: `Debug` shows their lengths only.
+#[derive(Clone, Serialize, PartialEq)]
+pub struct Record {
+    /// When the request arrived; RFC 3339 UTC with milliseconds.
+    #[serde(serialize_with = "rfc3339_millis")]
+    pub ts: SystemTime,
+    pub id: String,
+    pub identity: String,
+    pub client: String,
+    /// `None` when the request could not be parsed far enough to know it.
+    pub method: Option<String>,
+    pub scheme: Option<String>,
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    pub path: Option<String>,
+    pub decision: &'static str,
+    pub rule: Option<String>,
+    pub reason: &'static str,
+    pub secrets: Vec<String>,
+    pub status: Option<u16>,
+    pub upstream: Option<String>,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    pub duration_ms: u64,
+    pub policy: String,
+    /// Secret values replaced in the response (headers and body).
+    pub redactions: u64,
+    /// Report-only mode let through a request that enforcement would deny (`reason` says why).
+    pub would_deny: bool,
+}
+
+impl std::fmt::Debug for Record {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let len = |v: &Option<String>| v.as_ref().map(String::len);
+        f.debug_struct("Record")
+            .field("id", &self.id)
+            .field("identity", &self.identity)
+            .field("client", &self.client)
+            .field("method_len", &len(&self.method))
+            .field("scheme", &self.scheme)
+            .field("host_len", &len(&self.host))
+            .field("port", &self.port)
+            .field("path_len", &len(&self.path))
+            .field("decision", &self.decision)
+            .field("rule", &self.rule)
+            .field("reason", &self.reason)
+            .field("secrets", &self.secrets)
+            .field("status", &self.status)
+            .field("redactions", &self.redactions)
+            .finish_non_exhaustive()
+    }
+}
+
+fn rfc3339_millis<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(&humantime::format_rfc3339_millis(*t))
+}
+
+/// A random 16-hex-digit request id.
+pub fn new_id() -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut b = [0u8; 8];
+    if aws_lc_rs::rand::fill(&mut b).is_err() {
+        // The id is a correlation handle, not a secret: fall back to the clock.
+        let nanos = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        b = (nanos as u64).to_be_bytes();
+    }
+    let mut id = String::with_capacity(16);
+    for x in b {
+        id.push(char::from(HEX[usize::from(x >> 4)]));
+        id.push(char::from(HEX[usize::from(x & 0xf)]));
+    }
+    id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_16_hex_digits_and_differ() {
+        let a = new_id();
+        assert_eq!(a.len(), 16);
+        assert!(a
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        assert_ne!(a, new_id());
+    }
+}
