@@ -16,3 +16,4 @@ pub mod sandbox_env;
 pub mod secrets;
 pub mod signing;
 pub mod upstream;
+pub mod wire;

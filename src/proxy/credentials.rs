@@ -43,9 +43,7 @@ use crate::upstream::Body;
 
 pub use super::outbound::BodyRefused;
 
-/// The most of a request body latchkey holds whole for a feature that needs it (body
-/// placeholders; SigV4's `max_signed_body` is capped at it). Larger bodies stream.
-pub const SCAN_LIMIT: usize = 8 * 1024 * 1024;
+pub use crate::wire::limits::SCAN_LIMIT;
 
 /// A body no larger than this that has already arrived with the head is held whole and checked
 /// before dialing, so a small leak never even opens an upstream connection.

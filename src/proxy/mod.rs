@@ -19,10 +19,8 @@ pub mod ca;
 mod connect;
 mod credentials;
 mod decode;
-pub mod hop;
 pub mod limits;
 mod outbound;
-pub mod path;
 mod pipeline;
 mod respond;
 mod response;
@@ -42,6 +40,9 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::{TcpListener, TcpStream};
 
 pub use ca::{CertAuthority, InitOutcome};
+// Moved to the `wire` leaf module (policy uses them too); re-exported so `super::hop` and
+// `super::path` keep working inside the proxy.
+pub use crate::wire::{hop, path};
 pub use credentials::SCAN_LIMIT;
 pub use pipeline::Ctx;
 

@@ -26,12 +26,13 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
+mod class;
 pub mod guard;
 pub mod hostform;
 
 pub use guard::{AddressGuard, Cidr};
 
-use crate::policy::normalize_host;
+use crate::wire::host::normalize_host;
 use crate::reason::Reason;
 
 /// Boxed error type carried by bodies.
