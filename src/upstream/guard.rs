@@ -17,7 +17,7 @@
 //!
 //! IPv6 forms that carry an IPv4 address (IPv4-mapped, IPv4-compatible, NAT64, 6to4, Teredo) are
 //! judged by the IPv4 address they carry, so `[::ffff:169.254.169.254]` is cloud metadata too.
-//! The classes themselves are in [`super::class`]; the ranges an operator opens are
+//! The classes themselves are in `class.rs` (re-exported here); the ranges an operator opens are
 //! [`crate::wire::cidr::Cidr`]s.
 //!
 //! ```text

@@ -6,6 +6,9 @@
 //! name is never resolved a second time by anyone else. [`Connector`] adds verified TLS (webpki
 //! roots plus `--upstream-ca`) with ALPN h2/http1.1 on top and plugs into hyper-util's pooled
 //! client, so pooled connections are reused only for the same scheme and authority.
+//!
+//! Depends on `reason` and `wire` (host forms, CIDRs) only: never on `policy`, whose decision
+//! reaches the dialer as plain data (a host, a port, the rule's extra ranges).
 
 use std::collections::HashMap;
 use std::future::Future;
