@@ -47,7 +47,10 @@ impl std::fmt::Debug for Server {
         // Never the admin token: only whether there is one.
         f.debug_struct("Server")
             .field("listener", &self.listener.local_addr().ok())
-            .field("admin", &self.admin.as_ref().map(|(l, _)| l.local_addr().ok()))
+            .field(
+                "admin",
+                &self.admin.as_ref().map(|(l, _)| l.local_addr().ok()),
+            )
             .field(
                 "admin_token",
                 &self.admin.as_ref().is_some_and(|(_, t)| t.is_some()),
@@ -100,8 +103,7 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
         upstream.resolve.insert(host, ip);
     }
     for cidr in &args.allow_private {
-        let c =
-            Cidr::parse(cidr).map_err(|e| anyhow::anyhow!("--allow-private {cidr:?}: {e}"))?;
+        let c = Cidr::parse(cidr).map_err(|e| anyhow::anyhow!("--allow-private {cidr:?}: {e}"))?;
         upstream.allow_private.push(c);
     }
     // Bind before building the proxy, so the guard knows latchkey's real address (port 0 too).

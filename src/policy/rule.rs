@@ -7,11 +7,11 @@ use globset::{GlobBuilder, GlobSetBuilder};
 use http::{HeaderName, Method};
 
 use super::compile::FileCx;
-use crate::wire::host::normalize_host;
 use super::schema::{Entry, RawRule};
 use super::{HostPattern, Origin, PathMatcher, Rule};
 use crate::secrets::placeholder::Place;
 use crate::secrets::Template;
+use crate::wire::host::normalize_host;
 
 impl FileCx<'_> {
     /// Validates one rule; records every problem and returns `None` if there was any (here or

@@ -35,8 +35,8 @@ pub mod hostform;
 
 pub use guard::{AddressGuard, Cidr};
 
-use crate::wire::host::normalize_host;
 use crate::reason::Reason;
+use crate::wire::host::normalize_host;
 
 /// Boxed error type carried by bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

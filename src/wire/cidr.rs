@@ -120,7 +120,11 @@ impl Cidr {
     fn normalized(self) -> Cidr {
         match self.0 {
             IpNet::V6(v6) if v6.prefix_len() >= 96 => {
-                match v6.addr().to_ipv4_mapped().map(|v4| Ipv4Net::new(v4, v6.prefix_len() - 96)) {
+                match v6
+                    .addr()
+                    .to_ipv4_mapped()
+                    .map(|v4| Ipv4Net::new(v4, v6.prefix_len() - 96))
+                {
                     Some(Ok(v4)) => Cidr(IpNet::V4(v4)),
                     _ => self,
                 }

@@ -211,11 +211,9 @@ fn first_bad_part(host: &str, body: &str) -> Option<HostFormError> {
                 part: part_text(),
             })
         } else {
-            (!matches!(number, Number::Value(v) if v <= 255)).then(|| {
-                HostFormError::PartTooLarge {
-                    host: host.to_string(),
-                    part: part_text(),
-                }
+            (!matches!(number, Number::Value(v) if v <= 255)).then(|| HostFormError::PartTooLarge {
+                host: host.to_string(),
+                part: part_text(),
             })
         }
     })

@@ -4,47 +4,50 @@
 
 use super::*;
 
-    #[test]
-    fn normalises_case_trailing_dot_and_ipv6_brackets() {
-        assert_eq!(
-            normalize_host("API.Example.COM.").as_deref(),
-            Ok("api.example.com")
-        );
-        assert_eq!(normalize_host("[::1]").as_deref(), Ok("::1"));
-        assert_eq!(normalize_host("[0:0::1]").as_deref(), Ok("::1"));
-        assert_eq!(normalize_host("127.0.0.1").as_deref(), Ok("127.0.0.1"));
-        assert_eq!(
-            normalize_host("2852039166").as_deref(),
-            Ok("169.254.169.254")
-        );
-        assert_eq!(
-            normalize_host("0xA9FEA9FE").as_deref(),
-            Ok("169.254.169.254")
-        );
-        assert_eq!(
-            normalize_host("[::ffff:169.254.169.254]").as_deref(),
-            Ok("::ffff:169.254.169.254")
-        );
-    }
+#[test]
+fn normalises_case_trailing_dot_and_ipv6_brackets() {
+    assert_eq!(
+        normalize_host("API.Example.COM.").as_deref(),
+        Ok("api.example.com")
+    );
+    assert_eq!(normalize_host("[::1]").as_deref(), Ok("::1"));
+    assert_eq!(normalize_host("[0:0::1]").as_deref(), Ok("::1"));
+    assert_eq!(normalize_host("127.0.0.1").as_deref(), Ok("127.0.0.1"));
+    assert_eq!(
+        normalize_host("2852039166").as_deref(),
+        Ok("169.254.169.254")
+    );
+    assert_eq!(
+        normalize_host("0xA9FEA9FE").as_deref(),
+        Ok("169.254.169.254")
+    );
+    assert_eq!(
+        normalize_host("[::ffff:169.254.169.254]").as_deref(),
+        Ok("::ffff:169.254.169.254")
+    );
+}
 
-    #[test]
-    fn rejects_odd_host_forms() {
-        assert!(normalize_host("").is_err());
-        assert!(normalize_host(".").is_err());
-        assert!(normalize_host("a..b").is_err());
-        assert!(normalize_host("a b").is_err());
-        assert!(normalize_host("a/b").is_err());
-        assert!(normalize_host("user@host").is_err());
-        assert!(normalize_host("bücher.de").is_err());
-        assert!(normalize_host("[127.0.0.1]").is_err());
-        assert!(normalize_host("256.1.1.1").is_err());
-        assert!(normalize_host("1.2.3.4.5").is_err());
-        assert!(normalize_host(&"a".repeat(64)).is_err());
-    }
+#[test]
+fn rejects_odd_host_forms() {
+    assert!(normalize_host("").is_err());
+    assert!(normalize_host(".").is_err());
+    assert!(normalize_host("a..b").is_err());
+    assert!(normalize_host("a b").is_err());
+    assert!(normalize_host("a/b").is_err());
+    assert!(normalize_host("user@host").is_err());
+    assert!(normalize_host("bücher.de").is_err());
+    assert!(normalize_host("[127.0.0.1]").is_err());
+    assert!(normalize_host("256.1.1.1").is_err());
+    assert!(normalize_host("1.2.3.4.5").is_err());
+    assert!(normalize_host(&"a".repeat(64)).is_err());
+}
 
 #[test]
 fn authorities_bracket_ipv6_and_leave_out_only_the_default_port() {
-    assert_eq!(display_authority("api.example.com", 443), "api.example.com:443");
+    assert_eq!(
+        display_authority("api.example.com", 443),
+        "api.example.com:443"
+    );
     assert_eq!(display_authority("::1", 443), "[::1]:443");
     assert_eq!(display_authority("10.0.0.1", 80), "10.0.0.1:80");
     let url = |host, port| {
@@ -178,7 +181,13 @@ mod properties {
             _ => None,
         };
         let bad = first_bad_part(host, body);
-        prop_assert_eq!(bad.is_none(), theirs.is_some(), "{:?}: walk {:?}", host, bad);
+        prop_assert_eq!(
+            bad.is_none(),
+            theirs.is_some(),
+            "{:?}: walk {:?}",
+            host,
+            bad
+        );
         if bad.is_none() {
             prop_assert_eq!(walked(body), theirs, "{:?}", host);
         }

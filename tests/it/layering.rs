@@ -316,9 +316,7 @@ fn the_architecture_documents_the_dependencies_the_code_has() {
         .find("\n### Dependencies\n")
         .expect("docs/architecture.md has a \"### Dependencies\" section");
     let section = &doc[start + 1..];
-    let end = section[4..]
-        .find("\n#")
-        .map_or(section.len(), |e| e + 4);
+    let end = section[4..].find("\n#").map_or(section.len(), |e| e + 4);
     let mut documented: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for line in section[..end].lines() {
         let cells: Vec<&str> = line.trim().trim_matches('|').split('|').collect();
