@@ -308,3 +308,100 @@ async fn shutdown_signal() {
         let _ = ctrl_c.await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    const POLICY: &str = r#"
+[[rules]]
+name  = "example"
+hosts = ["api.example.com"]
+"#;
+
+    fn serve_args(extra: &[&str]) -> ServeArgs {
+        let cli = Cli::try_parse_from(["latchkey", "serve"].iter().chain(extra))
+            .unwrap_or_else(|e| panic!("serve {extra:?}: {e}"));
+        match cli.command {
+            Command::Serve(args) => *args,
+            other => panic!("parsed {other:?}"),
+        }
+    }
+
+    #[test]
+    fn mode_is_enforce_unless_report_is_asked_for_and_nothing_else_is_accepted() {
+        assert_eq!(serve_args(&[]).mode, Mode::Enforce);
+        assert_eq!(serve_args(&["--mode", "report"]).mode, Mode::Report);
+        assert_eq!(serve_args(&["--mode", "enforce"]).mode, Mode::Enforce);
+        let err = Cli::try_parse_from(["latchkey", "serve", "--mode", "audit"])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("[possible values: enforce, report]"), "{err}");
+    }
+
+    /// `build` then `serve` in this process, as a caller other than `main` would: the proxy
+    /// binds port 0 to a real port, creates its CA and audit log, and stops when told to.
+    #[test]
+    fn a_server_built_in_process_listens_and_stops_when_told() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let policies = dir.path().join("policies");
+        std::fs::create_dir_all(&policies).expect("policies dir");
+        std::fs::write(policies.join("example.toml"), POLICY).expect("policy");
+        let path = |rel: &str| dir.path().join(rel).display().to_string();
+        let (ca, audit) = (path("certs"), path("audit.jsonl"));
+        let args = serve_args(&[
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "off",
+            "--ca-dir",
+            &ca,
+            "--audit",
+            &audit,
+            "--shutdown-timeout",
+            "1s",
+        ]);
+        let policy = policy::load_dir(&policies).expect("valid policy");
+        let server = build(&args, policies, policy).expect("built");
+        let addr = server.local_addr().expect("bound");
+        assert!(addr.ip().is_loopback() && addr.port() != 0, "{addr}");
+        assert!(format!("{server:?}").contains("admin_token: false"));
+        assert!(std::path::Path::new(&ca)
+            .join(crate::proxy::ca::CA_CERT_FILE)
+            .exists());
+        assert!(std::path::Path::new(&audit).exists());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        // Shutdown after a moment: the accept loop must have started to see it (proxy::serve
+        // subscribes to the shutdown signal when it first runs).
+        let served = runtime.block_on(async {
+            let shutdown = tokio::time::sleep(Duration::from_millis(200));
+            tokio::time::timeout(Duration::from_secs(20), server.serve(shutdown)).await
+        });
+        let served = served.expect("serve returned within 20s");
+        assert!(served.is_ok(), "{served:?}");
+    }
+
+    #[test]
+    fn a_bad_allow_private_range_is_refused_before_anything_is_bound() {
+        let args = serve_args(&["--allow-private", "10.1.2.3/24", "--listen", "127.0.0.1:0"]);
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(dir.path().join("example.toml"), POLICY).expect("policy");
+        let policy = policy::load_dir(dir.path()).expect("valid policy");
+        let err = build(&args, dir.path().to_path_buf(), policy)
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default();
+        assert_eq!(
+            err,
+            "--allow-private \"10.1.2.3/24\": 10.1.2.3/24 has host bits set; did you mean \
+             10.1.2.0/24?"
+        );
+    }
+}
