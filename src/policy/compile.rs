@@ -334,7 +334,7 @@ pub fn compile_sources_with(
             let mut sources = Vec::new();
             if let Some(list) = &raw_id.sources {
                 for (i, c) in list.get_ref().iter().enumerate() {
-                    match crate::upstream::guard::Cidr::parse(c.get_ref()) {
+                    match crate::wire::cidr::Cidr::parse(c.get_ref()) {
                         Ok(cidr) => sources.push(cidr),
                         Err(e) => cx.error(c.span(), format!("{field}.sources[{i}]: {e}")),
                     }

@@ -107,11 +107,11 @@ impl FileCx<'_> {
                 source(self, "secret_access_key", &raw.secret_access_key);
                 source(self, "session_token", &raw.session_token);
                 let max = match &raw.max_signed_body {
-                    None => crate::proxy::SCAN_LIMIT,
+                    None => crate::wire::limits::SCAN_LIMIT,
                     Some(m) => match usize::try_from(*m.get_ref()) {
-                        Ok(v) if v <= crate::proxy::SCAN_LIMIT => v,
+                        Ok(v) if v <= crate::wire::limits::SCAN_LIMIT => v,
                         _ => {
-                            self.error(m.span(), format!("{}: must be 0 to {} bytes (latchkey buffers at most that much)", field("max_signed_body"), crate::proxy::SCAN_LIMIT));
+                            self.error(m.span(), format!("{}: must be 0 to {} bytes (latchkey buffers at most that much)", field("max_signed_body"), crate::wire::limits::SCAN_LIMIT));
                             0
                         }
                     },

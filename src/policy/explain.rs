@@ -231,10 +231,10 @@ pub fn explain(
                 ),
             ),
             Some(ConnectDecision::Deny(d)) => (d.reason, d.rule, d.message),
-            _ if crate::proxy::path::is_ambiguous_path(path) => (
+            _ if crate::wire::path::is_ambiguous_path(path) => (
                 Reason::AmbiguousPath,
                 None,
-                match crate::proxy::path::ambiguity(path) {
+                match crate::wire::path::ambiguity(path) {
                     Some(why) => format!("path {path:?} {why}"),
                     None => format!("path {path:?} is ambiguous"),
                 },
@@ -246,7 +246,7 @@ pub fn explain(
                 let rule_check = d.rule.filter(|_| d.reason.is_allow()).map(|r| {
                     (
                         r,
-                        crate::proxy::path::check_rule_path(path, r.paths.is_some()),
+                        crate::wire::path::check_rule_path(path, r.paths.is_some()),
                     )
                 });
                 match rule_check {

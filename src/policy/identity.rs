@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use base64::Engine;
 
 use crate::secrets::SecretStore;
-use crate::upstream::guard::Cidr;
+use crate::wire::cidr::Cidr;
 
 /// The name every client has when the policy defines no identities.
 pub const DEFAULT_IDENTITY: &str = "default";

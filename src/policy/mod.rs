@@ -12,13 +12,14 @@
 //! 2. a candidate matches when the port, method and path all match;
 //! 3. no match → deny, with the reason of the candidate that came closest.
 //!
-//! This module knows no sockets.
+//! This module knows no sockets, and depends on nothing in `proxy` or `upstream`: what it
+//! shares with them (host forms, CIDRs, path ambiguity, hop-by-hop names, size caps) is in
+//! [`crate::wire`].
 
 pub mod cases;
 mod compile;
 mod credential;
 pub mod explain;
-mod host;
 pub mod identity;
 pub mod lint;
 mod read;
@@ -38,13 +39,14 @@ pub use compile::{
     compile_sources, compile_sources_with, load_dir, load_dir_for_evaluation, LoadError,
     PolicyError, PolicySources, SecretLoading,
 };
-pub use host::{normalize_host, HostError};
+// Re-exported: callers that match requests against policy normalise hosts the same way.
+pub use crate::wire::host::{display_authority, normalize_host, HostError};
 pub use identity::{Identity, DEFAULT_IDENTITY};
 
 use crate::reason::Reason;
 use crate::secrets::placeholder::Place;
 use crate::secrets::{SecretStore, Template};
-use crate::upstream::guard::Cidr;
+use crate::wire::cidr::Cidr;
 
 /// The `*.toml` files directly in `dir`, sorted by name (not recursive: `tests/` holds cases).
 pub(crate) fn toml_files(dir: &std::path::Path) -> std::io::Result<Vec<PathBuf>> {
@@ -290,32 +292,18 @@ struct UrlDisplay<'a>(Scheme, &'a str, u16, &'a str);
 impl std::fmt::Display for UrlDisplay<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let UrlDisplay(scheme, host, port, path) = *self;
-        f.write_str(scheme.as_str())?;
-        f.write_str("://")?;
-        if host.contains(':') {
-            write!(f, "[{host}]")?;
-        } else {
-            f.write_str(host)?;
-        }
-        if port != scheme.default_port() {
-            write!(f, ":{port}")?;
-        }
-        f.write_str(path)
+        let authority = crate::wire::host::Authority {
+            host,
+            port,
+            default_port: Some(scheme.default_port()),
+        };
+        write!(f, "{}://{authority}{path}", scheme.as_str())
     }
 }
 
 /// Formats `scheme://host[:port]path` with the default port omitted, for messages.
 pub fn display_url(scheme: Scheme, host: &str, port: u16, path: &str) -> String {
-    let host = if host.contains(':') {
-        format!("[{host}]")
-    } else {
-        host.to_string()
-    };
-    if port == scheme.default_port() {
-        format!("{}://{host}{path}", scheme.as_str())
-    } else {
-        format!("{}://{host}:{port}{path}", scheme.as_str())
-    }
+    UrlDisplay(scheme, host, port, path).to_string()
 }
 
 impl Policy {
@@ -527,15 +515,6 @@ impl Policy {
                 message: format!("no rule allows CONNECT {target}: no rule names host {host}"),
             },
         })
-    }
-}
-
-/// `host:port`, with IPv6 hosts bracketed.
-pub fn display_authority(host: &str, port: u16) -> String {
-    if host.contains(':') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
     }
 }
 

@@ -7,11 +7,11 @@ use globset::{GlobBuilder, GlobSetBuilder};
 use http::{HeaderName, Method};
 
 use super::compile::FileCx;
-use super::host::normalize_host;
 use super::schema::{Entry, RawRule};
 use super::{HostPattern, Origin, PathMatcher, Rule};
 use crate::secrets::placeholder::Place;
 use crate::secrets::Template;
+use crate::wire::host::normalize_host;
 
 impl FileCx<'_> {
     /// Validates one rule; records every problem and returns `None` if there was any (here or
@@ -246,7 +246,7 @@ impl FileCx<'_> {
                         continue;
                     }
                 };
-                if crate::proxy::hop::is_hop_by_hop(&name) || name == http::header::HOST {
+                if crate::wire::hop::is_hop_by_hop(&name) || name == http::header::HOST {
                     self.error(
                         k.span(),
                         format!(
@@ -412,7 +412,7 @@ impl FileCx<'_> {
         let mut allow_private = Vec::new();
         if let Some(list) = raw.allow_private {
             for (i, c) in list.into_inner().iter().enumerate() {
-                match crate::upstream::guard::Cidr::parse(c.get_ref()) {
+                match crate::wire::cidr::Cidr::parse(c.get_ref()) {
                     Ok(cidr) => allow_private.push(cidr),
                     Err(e) => self.error(
                         c.span(),

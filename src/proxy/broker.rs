@@ -43,9 +43,7 @@ use crate::secrets::{inject, substitute, SecretValue};
 use crate::signing::{self, TokenTransport};
 use crate::upstream::Body;
 
-/// The most of a request body latchkey holds whole for a feature that needs it (body
-/// placeholders; SigV4's `max_signed_body` is capped at it). Larger bodies stream.
-pub const SCAN_LIMIT: usize = 8 * 1024 * 1024;
+pub use crate::wire::limits::SCAN_LIMIT;
 
 /// The request the broker works on, as latchkey will send it.
 pub struct RequestCx<'a> {

@@ -31,7 +31,8 @@ use http_body::Frame;
 use http_body_util::BodyExt;
 
 use super::decode::{self, Coding, DecodeError};
-use super::{hop, scrub_body};
+use super::scrub_body;
+use crate::wire::hop;
 use crate::audit::Counters;
 use crate::reason::{Reason, Refusal};
 use crate::secrets::scrub::Scrubber;

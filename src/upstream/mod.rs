@@ -6,6 +6,9 @@
 //! name is never resolved a second time by anyone else. [`Connector`] adds verified TLS (webpki
 //! roots plus `--upstream-ca`) with ALPN h2/http1.1 on top and plugs into hyper-util's pooled
 //! client, so pooled connections are reused only for the same scheme and authority.
+//!
+//! Depends on `reason` and `wire` (host forms, CIDRs) only: never on `policy`, whose decision
+//! reaches the dialer as plain data (a host, a port, the rule's extra ranges).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -26,14 +29,15 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
+mod class;
 pub mod guard;
 pub mod hostform;
 pub mod token_transport;
 
 pub use guard::{AddressGuard, Cidr};
 
-use crate::policy::normalize_host;
 use crate::reason::Reason;
+use crate::wire::host::normalize_host;
 
 /// Boxed error type carried by bodies.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

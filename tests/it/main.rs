@@ -57,3 +57,6 @@ mod upstream_failures;
 
 // The docs, checked against the code and the built binary.
 mod docs;
+
+// The module layering, checked against the source.
+mod layering;

@@ -227,7 +227,7 @@ pub(super) fn target(ctx: &Ctx, head: &Parts) -> Result<Admitted, Refusal> {
             format!("unsupported request target {path:?}"),
         ));
     }
-    if let Some(why) = super::super::path::ambiguity(path) {
+    if let Some(why) = crate::wire::path::ambiguity(path) {
         return Err(Refusal::new(
             Reason::AmbiguousPath,
             format!("path {path:?} {why}: an upstream may resolve it differently than policy matched it"),

@@ -114,7 +114,7 @@ pub(super) fn verdict<'a>(
 /// Assumes: `rule` is the verdict's rule. Guarantees: on `Ok`, the path the rule matched is the
 /// only one an upstream can read.
 pub(super) fn rule_path(target: &Admitted, rule: &Rule) -> Result<(), Refusal> {
-    super::super::path::check_rule_path(target.path(), rule.paths.is_some()).map_err(|why| {
+    crate::wire::path::check_rule_path(target.path(), rule.paths.is_some()).map_err(|why| {
         Refusal::new(
             Reason::AmbiguousPath,
             format!(

@@ -15,7 +15,8 @@ use hyper::body::Incoming;
 
 use super::super::broker;
 use super::super::request_body::BodyRefused;
-use super::super::{body, hop, Proxy};
+use super::super::{body, Proxy};
+use crate::wire::hop;
 use super::admit::Admitted;
 use super::Ctx;
 use crate::audit::Entry;

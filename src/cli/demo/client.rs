@@ -89,7 +89,7 @@ async fn exchange(
     let mut tcp = tokio::net::TcpStream::connect(proxy)
         .await
         .map_err(|e| format!("cannot connect to latchkey at {proxy}: {e}"))?;
-    let target = format!("{host}:{port}");
+    let target = crate::wire::host::display_authority(host, port);
     let connect = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
     tcp.write_all(connect.as_bytes())
         .await

@@ -5,6 +5,8 @@
 //! printed as `file:line:col: message` on stderr, warnings as `file:line:col: warning: message`.
 //! `test` and `explain` never read secret values ([`SecretLoading::Skip`]); `check` reads them
 //! unless told not to (`--no-secrets`), so it also catches a missing key.
+//!
+//! Uses `policy` only (pure evaluation): no proxy, no upstream, no network.
 
 use std::path::Path;
 use std::process::ExitCode;

@@ -1,4 +1,8 @@
 //! Hop-by-hop headers (RFC 9110 §7.6.1): they describe one connection and are never forwarded.
+//!
+//! Owned here, not in `proxy`, because policy validation refuses a rule that would inject one
+//! ([`is_hop_by_hop`]) and the proxy strips them: both must agree on the same list. Depends on
+//! nothing in the crate.
 
 use http::header::{self, HeaderMap, HeaderName};
 

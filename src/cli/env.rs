@@ -3,6 +3,8 @@
 //! Clients disagree on where they read trust from, so one bundle (system roots plus latchkey's
 //! CA: hosts on `tunnel = true` rules still present their real certificates) is written next to
 //! the CA and every variable points at it.
+//!
+//! Uses `proxy::ca` for the CA and nothing else in the crate: it never starts a proxy.
 
 use std::path::{Path, PathBuf};
 
@@ -57,6 +59,20 @@ pub enum EnvError {
     },
     #[error("--no-proxy {0:?}: a host list must not hold control characters")]
     NoProxy(String),
+}
+
+/// `latchkey env`: loads (or creates) the CA, writes the bundle next to it and prints the
+/// variables in `format`.
+pub fn run(
+    proxy_url: &str,
+    ca_dir: &Path,
+    format: Format,
+    no_proxy: &str,
+) -> anyhow::Result<std::process::ExitCode> {
+    let (ca, _) = crate::proxy::CertAuthority::load_or_create(ca_dir)?;
+    let vars = variables(proxy_url, ca_dir, ca.cert_pem(), no_proxy)?;
+    print!("{}", render(&vars, format));
+    Ok(std::process::ExitCode::SUCCESS)
 }
 
 /// `NO_PROXY` by default: loopback stays off the proxy, so a sandbox's local services (a dev

@@ -1,5 +1,8 @@
 //! Request paths that an upstream could read differently than policy matched them.
 //!
+//! Owned here, not in `proxy`, because `latchkey explain` and `latchkey test` must refuse a path
+//! exactly as the proxy does. Depends on nothing in the crate.
+//!
 //! Policy matches the path exactly as the sandbox sent it; the upstream (or a framework behind
 //! it) may first decode, strip or merge parts of it. Tomcat and Spring drop `;parameters` from
 //! each segment and then resolve dot segments, so `/ok/..;/admin` matched `/ok/**` yet served

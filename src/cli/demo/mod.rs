@@ -14,6 +14,7 @@
 //!
 //! The demo checks every behaviour it prints and reports what it did not see; its secret is
 //! never printed, and it checks that neither the audit file nor latchkey's log holds it.
+//! Nothing outside `cli` depends on the demo.
 
 mod checks;
 mod client;

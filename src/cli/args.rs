@@ -1,0 +1,248 @@
+//! The command line as clap reads it: every command, flag, environment variable and help text.
+//!
+//! Only types live here; each command's behaviour is in its own module under [`super`]. The
+//! README's "CLI" section and `tests/it/docs.rs` check these against the built binary's
+//! `--help`, so a flag added here without its documentation fails the build.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand};
+
+/// latchkey: a credential-brokering egress proxy for AI-agent sandboxes.
+///
+/// Point a sandbox's HTTP_PROXY/HTTPS_PROXY at `latchkey serve`; every request is checked
+/// against the policy files (deny by default), intercepted with latchkey's own CA, and written
+/// to the audit log. Start with `latchkey serve` (example policy, CA created in ./certs), then
+/// `eval "$(latchkey env)"` in the sandbox.
+#[derive(Parser, Debug)]
+#[command(name = "latchkey", version = env!("LATCHKEY_VERSION"), propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the proxy.
+    // Boxed: ServeArgs is far larger than the other variants (clippy::large_enum_variant).
+    Serve(Box<ServeArgs>),
+    /// Validate policy files; print every problem as file:line:col: message, and warnings
+    /// about risky constructs as file:line:col: warning: message.
+    Check {
+        #[arg(long, env = "LATCHKEY_POLICIES", default_value = "policies")]
+        policies: PathBuf,
+        /// `json`: one object {ok, errors, warnings, rules, files, policy} for CI annotations.
+        /// (Its variable is not LATCHKEY_FORMAT, which `env --format` reads.)
+        #[arg(
+            long,
+            env = "LATCHKEY_CHECK_FORMAT",
+            value_enum,
+            default_value = "text"
+        )]
+        format: super::policy::CheckFormat,
+        /// Validate secret sources without reading their values (CI machines without the keys).
+        #[arg(long, env = "LATCHKEY_NO_SECRETS")]
+        no_secrets: bool,
+    },
+    /// Run the policy test cases (DIR/tests/*.toml by default) against the policy; exit 1 on
+    /// any failure. Secret values are never read.
+    Test {
+        #[arg(long, env = "LATCHKEY_POLICIES", default_value = "policies")]
+        policies: PathBuf,
+        /// Directory of *.toml test files (default: POLICIES/tests).
+        #[arg(long, env = "LATCHKEY_TESTS")]
+        tests: Option<PathBuf>,
+    },
+    /// Show what policy decides for one request, and why.
+    Explain {
+        #[arg(long, env = "LATCHKEY_POLICIES", default_value = "policies")]
+        policies: PathBuf,
+        /// The sandbox identity asking (identities come with policy [identities]).
+        #[arg(long, env = "LATCHKEY_IDENTITY", default_value = "default")]
+        identity: String,
+        /// Print JSON instead of text. (Its variable names the command, as check's does.)
+        #[arg(long, env = "LATCHKEY_EXPLAIN_JSON")]
+        json: bool,
+        /// HTTP method, e.g. GET.
+        method: String,
+        /// Absolute URL, e.g. https://api.github.com/repos.
+        url: String,
+    },
+    /// Manage latchkey's certificate authority.
+    Ca {
+        #[command(subcommand)]
+        action: CaAction,
+    },
+    /// Show allow, inject, redact and deny working, offline: a local HTTPS echo upstream, a
+    /// demo policy and secret, and `latchkey serve` on them; prints each curl command and what
+    /// it showed, checks every outcome, then stays up for the commands to be pasted.
+    Demo {
+        /// Keep the demo's files (policy, CA, audit log, log) here; default: a temp directory,
+        /// removed on exit.
+        #[arg(long, env = "LATCHKEY_DEMO_DIR")]
+        dir: Option<PathBuf>,
+        /// Address the demo's latchkey listens on (loopback; port 0 picks a free port).
+        #[arg(long, env = "LATCHKEY_DEMO_LISTEN", default_value = super::demo::DEFAULT_LISTEN)]
+        listen: SocketAddr,
+        /// Exit after the self-check (0 when every check passed) instead of staying up.
+        #[arg(long, env = "LATCHKEY_DEMO_ONCE")]
+        once: bool,
+    },
+    /// Print the environment a sandbox needs (proxy variables and a trust bundle).
+    Env {
+        /// The proxy URL the sandbox reaches latchkey at.
+        #[arg(long, env = "LATCHKEY_PROXY", default_value = "http://127.0.0.1:3128")]
+        proxy: String,
+        #[arg(long, env = "LATCHKEY_CA_DIR", default_value = "certs")]
+        ca_dir: PathBuf,
+        #[arg(long, env = "LATCHKEY_FORMAT", value_enum, default_value = "shell")]
+        format: super::env::Format,
+        /// Hosts kept off the proxy (NO_PROXY/no_proxy); `''` leaves both out, so loopback
+        /// requests go through latchkey too.
+        #[arg(long = "no-proxy", env = "LATCHKEY_NO_PROXY", value_name = "LIST", default_value = super::env::DEFAULT_NO_PROXY)]
+        no_proxy: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum CaAction {
+    /// Create the CA (latchkey-ca.pem, latchkey-ca.key with mode 0600) unless it exists.
+    Init {
+        #[arg(long, env = "LATCHKEY_CA_DIR", default_value = "certs")]
+        ca_dir: PathBuf,
+    },
+    /// Print the CA certificate's path, fingerprint and PEM.
+    Show {
+        #[arg(long, env = "LATCHKEY_CA_DIR", default_value = "certs")]
+        ca_dir: PathBuf,
+    },
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ServeArgs {
+    /// Directory of *.toml policy files [default: policies]. When not given and ./policies does
+    /// not exist, it is created holding the commented example policy (and its policy tests).
+    #[arg(long, env = "LATCHKEY_POLICIES")]
+    pub policies: Option<PathBuf>,
+    /// Address the proxy listens on (port 0 picks a free port).
+    #[arg(long, env = "LATCHKEY_LISTEN", default_value = "127.0.0.1:3128")]
+    pub listen: SocketAddr,
+    /// Directory holding latchkey's CA; created with a new CA if absent.
+    #[arg(long, env = "LATCHKEY_CA_DIR", default_value = "certs")]
+    pub ca_dir: PathBuf,
+    /// Audit log (JSON lines, appended); `-` for stdout.
+    #[arg(long, env = "LATCHKEY_AUDIT", default_value = "audit.jsonl")]
+    pub audit: PathBuf,
+    /// Extra PEM bundle trusted for upstream TLS, besides the webpki roots.
+    #[arg(long, env = "LATCHKEY_UPSTREAM_CA")]
+    pub upstream_ca: Option<PathBuf>,
+    /// Open a non-public address range for every rule, e.g. 10.1.2.0/24 (repeatable). Cloud
+    /// metadata opens only with its exact address (169.254.169.254/32).
+    #[arg(
+        long = "allow-private",
+        env = "LATCHKEY_ALLOW_PRIVATE",
+        value_name = "CIDR",
+        value_delimiter = ','
+    )]
+    pub allow_private: Vec<String>,
+    /// Pin a host name to an address, like curl's --resolve (repeatable).
+    #[arg(
+        long = "resolve",
+        env = "LATCHKEY_RESOLVE",
+        value_name = "HOST=IP",
+        value_delimiter = ','
+    )]
+    pub resolve: Vec<String>,
+    /// How long to wait for an upstream's response headers.
+    #[arg(long, env = "LATCHKEY_RESPONSE_TIMEOUT", default_value = "300s", value_parser = humantime::parse_duration)]
+    pub response_timeout: Duration,
+    /// How long to wait for an upstream TCP connection.
+    #[arg(long, env = "LATCHKEY_CONNECT_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub connect_timeout: Duration,
+    /// Time a client has to send a request's headers (also the keep-alive idle time).
+    #[arg(long, env = "LATCHKEY_HEADER_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub header_timeout: Duration,
+    /// A connection (tunnels included) with no traffic for this long is closed.
+    #[arg(long, env = "LATCHKEY_IDLE_TIMEOUT", default_value = "300s", value_parser = humantime::parse_duration)]
+    pub idle_timeout: Duration,
+    /// Most connections open at once; more get 503.
+    #[arg(long, env = "LATCHKEY_MAX_CONNECTIONS", default_value_t = 4096)]
+    pub max_connections: usize,
+    /// Most connections one client address may hold open; more get 503.
+    #[arg(
+        long,
+        env = "LATCHKEY_MAX_CONNECTIONS_PER_CLIENT",
+        default_value_t = 256
+    )]
+    pub max_connections_per_client: usize,
+    /// Admin API address (health, status, metrics, reload, explain); `off` to disable.
+    #[arg(long, env = "LATCHKEY_ADMIN", default_value = "127.0.0.1:3129")]
+    pub admin: String,
+    /// Require `Authorization: Bearer TOKEN` on the admin API; TOKEN from `env:VAR` or `file:PATH`.
+    #[arg(long, env = "LATCHKEY_ADMIN_TOKEN", value_name = "SOURCE")]
+    pub admin_token: Option<String>,
+    /// `enforce` (default), or `report`: let policy denials through, audited with would_deny.
+    #[arg(long, env = "LATCHKEY_MODE", value_enum, default_value = "enforce")]
+    pub mode: Mode,
+    /// Runtime worker threads (default: one per core).
+    #[arg(long, env = "LATCHKEY_WORKERS")]
+    pub workers: Option<usize>,
+    /// Most bytes a scanned (secret-bearing) response body may decode to; past it the response
+    /// is refused (502 decompression_limit) or cut off. Takes B, KiB, MiB, GiB (or K/M/G).
+    #[arg(long, env = "LATCHKEY_MAX_DECODED_BODY", default_value = "64MiB", value_parser = parse_bytes)]
+    pub max_decoded_body: usize,
+    /// Request-body bytes latchkey may hold at once, across every client (bodies it must see
+    /// whole: SigV4-signed payloads, body placeholders, small bodies checked before dialing).
+    /// Past it: `503 too_busy`. Accepts a plain number or a suffix: 256MiB, 64KiB, 1GiB.
+    #[arg(long, env = "LATCHKEY_MAX_BUFFERED_BYTES", default_value = "256MiB", value_parser = parse_bytes)]
+    pub max_buffered_bytes: usize,
+    /// One client address's share of --max-buffered-bytes (default: an eighth of it).
+    #[arg(long, env = "LATCHKEY_MAX_BUFFERED_BYTES_PER_CLIENT", value_parser = parse_bytes)]
+    pub max_buffered_bytes_per_client: Option<usize>,
+    /// A request body that sends less than 1 KiB in this long (of latchkey waiting) is cut: `408 body_timeout`, the
+    /// upstream request aborted.
+    #[arg(long, env = "LATCHKEY_BODY_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub body_timeout: Duration,
+    /// On SIGTERM/SIGINT, how long in-flight requests may take to finish.
+    #[arg(long, env = "LATCHKEY_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub shutdown_timeout: Duration,
+}
+
+/// A byte count: `1048576`, `64KiB`, `256MiB`, `1GiB` (binary units; `KB`/`MB`/`GB` are
+/// decimal).
+fn parse_bytes(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: usize = digits
+        .parse()
+        .map_err(|_| format!("{s:?} is not a byte count (e.g. 256MiB)"))?;
+    let mult: usize = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1 << 10,
+        "m" | "mib" => 1 << 20,
+        "g" | "gib" => 1 << 30,
+        "kb" => 1_000,
+        "mb" => 1_000_000,
+        "gb" => 1_000_000_000,
+        other => {
+            return Err(format!(
+                "{s:?}: unknown unit {other:?} (use KiB, MiB or GiB)"
+            ))
+        }
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+/// What `serve` does with a request policy denies.
+// Plain comments on the variants: doc comments would change `--help`'s "possible values" line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    // Refuse it (403 and a record).
+    Enforce,
+    // Let it through, audited with would_deny.
+    Report,
+}

@@ -1,0 +1,407 @@
+//! `latchkey serve`: from flags to a running proxy, and a clean stop.
+//!
+//! [`build`] does everything that can fail before traffic flows — policy first (an invalid
+//! policy never serves), then `--resolve` and `--allow-private`, the listeners (bound before the
+//! proxy exists, so the address guard knows latchkey's own addresses, port 0 included), the
+//! admin token, the CA and the audit log — and returns a [`Server`] ready to run in any tokio
+//! runtime. [`run`] is the command: the runtime with `--workers` threads, the signals, the
+//! shutdown deadline and the final audit flush. Errors are `anyhow` here, at the edge.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use super::args::{Mode, ServeArgs};
+use crate::policy::{self, Policy};
+use crate::proxy::limits::Limits;
+use crate::proxy::{CertAuthority, InitOutcome, Proxy, ProxyConfig};
+use crate::secrets::SecretValue;
+use crate::upstream::{parse_resolve, UpstreamConfig};
+use crate::wire::cidr::Cidr;
+
+/// The example policy and its tests, built in so `latchkey serve` works from any directory on
+/// a first run (after `cargo install`), not only inside a clone.
+const EXAMPLE_POLICY: &str = include_str!("../../policies/example.toml");
+const EXAMPLE_POLICY_TESTS: &str = include_str!("../../policies/tests/example.toml");
+
+/// A proxy built from `serve`'s flags, its listeners bound, not yet accepting.
+pub struct Server {
+    proxy: Arc<Proxy>,
+    listener: std::net::TcpListener,
+    admin: Option<(std::net::TcpListener, Option<SecretValue>)>,
+    mode: Mode,
+    audit_path: PathBuf,
+    shutdown_timeout: Duration,
+    /// The policy's digest and rule count, for the "proxy ready" line.
+    digest: String,
+    rules: usize,
+}
+
+impl std::fmt::Debug for Server {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the admin token: only whether there is one.
+        f.debug_struct("Server")
+            .field("listener", &self.listener.local_addr().ok())
+            .field(
+                "admin",
+                &self.admin.as_ref().map(|(l, _)| l.local_addr().ok()),
+            )
+            .field(
+                "admin_token",
+                &self.admin.as_ref().is_some_and(|(_, t)| t.is_some()),
+            )
+            .field("mode", &self.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `latchkey serve`: build, run until SIGTERM/SIGINT, drain, flush the audit log. Exit 1
+/// (after printing every problem) when the policy is invalid.
+pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let policies = policies_dir(args.policies.as_deref())?;
+    // Validate everything before binding: an invalid policy never serves.
+    let policy = match load_policy(&policies) {
+        Ok(p) => p,
+        Err(code) => return Ok(code),
+    };
+    let server = build(&args, policies, policy)?;
+
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    if let Some(n) = args.workers {
+        anyhow::ensure!(n > 0, "--workers must be at least 1");
+        builder.worker_threads(n);
+    }
+    let runtime = builder.build().context("cannot start the async runtime")?;
+    let audit = server.proxy.audit().clone();
+    let served = runtime.block_on(server.serve(shutdown_signal()));
+    // Tasks still holding records write them as they are dropped; then the queue is drained.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    if !audit.flush(Duration::from_secs(10)) {
+        tracing::error!("the audit writer did not finish in time; records may be missing");
+    }
+    served?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Builds the proxy `serve` runs from its flags and an already loaded `policy` (from
+/// `policies`, the directory it reloads from): upstream settings, both listeners, the admin
+/// token, the CA and the audit log, in that order, the first failure returned.
+pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Result<Server> {
+    let mut upstream = UpstreamConfig {
+        extra_ca: args.upstream_ca.clone(),
+        connect_timeout: args.connect_timeout,
+        ..UpstreamConfig::default()
+    };
+    for spec in &args.resolve {
+        let (host, ip) = parse_resolve(spec).map_err(anyhow::Error::msg)?;
+        upstream.resolve.insert(host, ip);
+    }
+    for cidr in &args.allow_private {
+        let c = Cidr::parse(cidr).map_err(|e| anyhow::anyhow!("--allow-private {cidr:?}: {e}"))?;
+        upstream.allow_private.push(c);
+    }
+    // Bind before building the proxy, so the guard knows latchkey's real address (port 0 too).
+    let listener = std::net::TcpListener::bind(args.listen)
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    listener.set_nonblocking(true)?;
+    upstream.own.push(listener.local_addr()?);
+    let admin_listener = match args.admin.as_str() {
+        "off" => None,
+        addr => {
+            let addr: SocketAddr = addr
+                .parse()
+                .map_err(|_| anyhow::anyhow!("--admin {addr:?}: expected ADDR:PORT or off"))?;
+            let l = std::net::TcpListener::bind(addr)
+                .with_context(|| format!("cannot listen on --admin {addr}"))?;
+            l.set_nonblocking(true)?;
+            // The admin API is never reachable through the proxy itself.
+            upstream.own.push(l.local_addr()?);
+            Some(l)
+        }
+    };
+    let token = args.admin_token.as_deref().map(admin_token).transpose()?;
+    anyhow::ensure!(
+        !args.body_timeout.is_zero(),
+        "--body-timeout must be more than 0s"
+    );
+    let (ca, outcome) = CertAuthority::load_or_create(&args.ca_dir)?;
+    if outcome == InitOutcome::Created {
+        tracing::info!(path = %ca.cert_path().display(), "created a new CA; sandboxes must trust it (latchkey env)");
+    }
+    let audit = crate::audit::AuditLog::open(&args.audit)?;
+    let rules = policy.rules().len();
+    let digest = policy.digest().to_string();
+    let proxy = Proxy::new(ProxyConfig {
+        policy,
+        ca,
+        audit,
+        upstream,
+        response_timeout: args.response_timeout,
+        limits: Limits {
+            max_connections: args.max_connections,
+            max_connections_per_client: args.max_connections_per_client,
+            header_timeout: args.header_timeout,
+            idle_timeout: args.idle_timeout,
+            ..Limits::default()
+        },
+        policies_dir: policies,
+        report_all: args.mode == Mode::Report,
+        max_decoded_body: args.max_decoded_body as u64,
+        max_buffered_bytes: args.max_buffered_bytes,
+        max_buffered_bytes_per_client: args.max_buffered_bytes_per_client.unwrap_or(
+            args.max_buffered_bytes / crate::proxy::budget::DEFAULT_CLIENT_SHARE_DIVISOR,
+        ),
+        body_timeout: args.body_timeout,
+    })?;
+    Ok(Server {
+        proxy,
+        listener,
+        admin: admin_listener.map(|l| (l, token)),
+        mode: args.mode,
+        audit_path: args.audit.clone(),
+        shutdown_timeout: args.shutdown_timeout,
+        digest,
+        rules,
+    })
+}
+
+impl Server {
+    /// The proxy, for callers that run it in-process (its audit log, metrics, reload).
+    pub fn proxy(&self) -> &Arc<Proxy> {
+        &self.proxy
+    }
+
+    /// Where the proxy listens (the real port when `--listen` asked for port 0).
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Accepts on both listeners and watches the policy directory until `shutdown` completes,
+    /// then stops accepting and gives requests in flight `--shutdown-timeout` to finish. Must
+    /// run inside a tokio runtime; the caller flushes the audit log after the runtime stops.
+    pub async fn serve(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
+        let Server {
+            proxy,
+            listener,
+            admin,
+            mode,
+            audit_path,
+            shutdown_timeout,
+            digest,
+            rules,
+        } = self;
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        let addr = listener.local_addr()?;
+        tracing::info!(listen.addr = %addr, policy.digest = %digest, policy.rules = rules, audit = %audit_path.display(), "proxy ready");
+        // A fixed line for scripts and tests to wait on.
+        eprintln!("latchkey: proxy listening on {addr}");
+        if let Some((l, token)) = admin {
+            let l = tokio::net::TcpListener::from_std(l)?;
+            let admin = l.local_addr()?;
+            tracing::info!(admin.addr = %admin, "admin API ready");
+            eprintln!("latchkey: admin listening on {admin}");
+            tokio::spawn(crate::admin::serve(proxy.clone(), l, token));
+        }
+        if mode == Mode::Report {
+            tracing::warn!(
+                "report-only mode: policy denials are let through and audited with would_deny"
+            );
+        }
+        tokio::spawn(proxy.clone().watch_policies());
+        let serving = tokio::spawn(proxy.clone().serve(listener));
+        shutdown.await;
+        tracing::info!(deadline = ?shutdown_timeout, "shutting down: no new connections, finishing requests in flight");
+        proxy.begin_shutdown();
+        let _ = serving.await;
+        let left = proxy.drain(shutdown_timeout).await;
+        if left > 0 {
+            tracing::warn!(
+                connections = left,
+                "shutdown deadline passed; closing remaining connections"
+            );
+        } else {
+            tracing::info!("all connections finished");
+        }
+        Ok(())
+    }
+}
+
+/// Loads a policy directory, printing each problem on its own line.
+fn load_policy(dir: &Path) -> Result<Policy, ExitCode> {
+    policy::load_dir(dir).map_err(|e| {
+        super::policy::print_load_error(dir, &e);
+        ExitCode::from(1)
+    })
+}
+
+/// The policy directory `serve` uses: the one named, or `./policies`, which a first run creates
+/// with the example policy. A directory that was named and is missing stays an error.
+fn policies_dir(named: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(dir) = named {
+        return Ok(dir.to_path_buf());
+    }
+    let dir = PathBuf::from("policies");
+    if !dir.exists() {
+        let tests = dir.join("tests");
+        std::fs::create_dir_all(&tests)
+            .with_context(|| format!("cannot create {}", tests.display()))?;
+        for (path, text) in [
+            (dir.join("example.toml"), EXAMPLE_POLICY),
+            (tests.join("example.toml"), EXAMPLE_POLICY_TESTS),
+        ] {
+            std::fs::write(&path, text)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+        tracing::info!(
+            path = %dir.join("example.toml").display(),
+            "no policies directory here: wrote the example policy (edit it; latchkey reloads on change)"
+        );
+    }
+    Ok(dir)
+}
+
+/// Reads the admin token from `env:VAR` or `file:PATH` (never from the command line itself,
+/// where `ps` would show it).
+fn admin_token(spec: &str) -> anyhow::Result<SecretValue> {
+    let bytes = match spec.split_once(':') {
+        Some(("env", var)) => std::env::var(var)
+            .map_err(|_| anyhow::anyhow!("--admin-token: env var {var} is not set"))?
+            .into_bytes(),
+        Some(("file", path)) => {
+            std::fs::read(path).with_context(|| format!("--admin-token: cannot read {path}"))?
+        }
+        _ => anyhow::bail!("--admin-token takes env:VAR or file:PATH, not the token itself"),
+    };
+    let text = String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("--admin-token: not UTF-8"))?;
+    let token = text.trim();
+    if token.len() < 16 {
+        anyhow::bail!("--admin-token: the token must be at least 16 characters");
+    }
+    Ok(SecretValue::new(token.as_bytes().to_vec()))
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(_) => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {},
+            () = term => {},
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::cli::{Cli, Command};
+
+    const POLICY: &str = r#"
+[[rules]]
+name  = "example"
+hosts = ["api.example.com"]
+"#;
+
+    fn serve_args(extra: &[&str]) -> ServeArgs {
+        let cli = Cli::try_parse_from(["latchkey", "serve"].iter().chain(extra))
+            .unwrap_or_else(|e| panic!("serve {extra:?}: {e}"));
+        match cli.command {
+            Command::Serve(args) => *args,
+            other => panic!("parsed {other:?}"),
+        }
+    }
+
+    #[test]
+    fn mode_is_enforce_unless_report_is_asked_for_and_nothing_else_is_accepted() {
+        assert_eq!(serve_args(&[]).mode, Mode::Enforce);
+        assert_eq!(serve_args(&["--mode", "report"]).mode, Mode::Report);
+        assert_eq!(serve_args(&["--mode", "enforce"]).mode, Mode::Enforce);
+        let err = Cli::try_parse_from(["latchkey", "serve", "--mode", "audit"])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("[possible values: enforce, report]"), "{err}");
+    }
+
+    /// `build` then `serve` in this process, as a caller other than `main` would: the proxy
+    /// binds port 0 to a real port, creates its CA and audit log, and stops when told to.
+    #[test]
+    fn a_server_built_in_process_listens_and_stops_when_told() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let policies = dir.path().join("policies");
+        std::fs::create_dir_all(&policies).expect("policies dir");
+        std::fs::write(policies.join("example.toml"), POLICY).expect("policy");
+        let path = |rel: &str| dir.path().join(rel).display().to_string();
+        let (ca, audit) = (path("certs"), path("audit.jsonl"));
+        let args = serve_args(&[
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            "off",
+            "--ca-dir",
+            &ca,
+            "--audit",
+            &audit,
+            "--shutdown-timeout",
+            "1s",
+        ]);
+        let policy = policy::load_dir(&policies).expect("valid policy");
+        let server = build(&args, policies, policy).expect("built");
+        let addr = server.local_addr().expect("bound");
+        assert!(addr.ip().is_loopback() && addr.port() != 0, "{addr}");
+        assert!(format!("{server:?}").contains("admin_token: false"));
+        assert!(std::path::Path::new(&ca)
+            .join(crate::proxy::ca::CA_CERT_FILE)
+            .exists());
+        assert!(std::path::Path::new(&audit).exists());
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        // Shutdown after a moment: the accept loop must have started to see it (proxy::serve
+        // subscribes to the shutdown signal when it first runs).
+        let served = runtime.block_on(async {
+            let shutdown = tokio::time::sleep(Duration::from_millis(200));
+            tokio::time::timeout(Duration::from_secs(20), server.serve(shutdown)).await
+        });
+        let served = served.expect("serve returned within 20s");
+        assert!(served.is_ok(), "{served:?}");
+    }
+
+    #[test]
+    fn a_bad_allow_private_range_is_refused_before_anything_is_bound() {
+        let args = serve_args(&["--allow-private", "10.1.2.3/24", "--listen", "127.0.0.1:0"]);
+        let dir = tempfile::tempdir().expect("temp dir");
+        std::fs::write(dir.path().join("example.toml"), POLICY).expect("policy");
+        let policy = policy::load_dir(dir.path()).expect("valid policy");
+        let err = build(&args, dir.path().to_path_buf(), policy)
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default();
+        assert_eq!(
+            err,
+            "--allow-private \"10.1.2.3/24\": 10.1.2.3/24 has host bits set; did you mean \
+             10.1.2.0/24?"
+        );
+    }
+}

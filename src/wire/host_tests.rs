@@ -1,0 +1,219 @@
+//! Host normalisation and formatting, and the numeric-host parser checked against
+//! `url::Host::parse`. The tables of odd host forms are in `src/upstream/hostform_tests.rs`,
+//! beside the address classes they decide.
+
+use super::*;
+
+#[test]
+fn normalises_case_trailing_dot_and_ipv6_brackets() {
+    assert_eq!(
+        normalize_host("API.Example.COM.").as_deref(),
+        Ok("api.example.com")
+    );
+    assert_eq!(normalize_host("[::1]").as_deref(), Ok("::1"));
+    assert_eq!(normalize_host("[0:0::1]").as_deref(), Ok("::1"));
+    assert_eq!(normalize_host("127.0.0.1").as_deref(), Ok("127.0.0.1"));
+    assert_eq!(
+        normalize_host("2852039166").as_deref(),
+        Ok("169.254.169.254")
+    );
+    assert_eq!(
+        normalize_host("0xA9FEA9FE").as_deref(),
+        Ok("169.254.169.254")
+    );
+    assert_eq!(
+        normalize_host("[::ffff:169.254.169.254]").as_deref(),
+        Ok("::ffff:169.254.169.254")
+    );
+}
+
+#[test]
+fn rejects_odd_host_forms() {
+    assert!(normalize_host("").is_err());
+    assert!(normalize_host(".").is_err());
+    assert!(normalize_host("a..b").is_err());
+    assert!(normalize_host("a b").is_err());
+    assert!(normalize_host("a/b").is_err());
+    assert!(normalize_host("user@host").is_err());
+    assert!(normalize_host("bücher.de").is_err());
+    assert!(normalize_host("[127.0.0.1]").is_err());
+    assert!(normalize_host("256.1.1.1").is_err());
+    assert!(normalize_host("1.2.3.4.5").is_err());
+    assert!(normalize_host(&"a".repeat(64)).is_err());
+}
+
+#[test]
+fn authorities_bracket_ipv6_and_leave_out_only_the_default_port() {
+    assert_eq!(
+        display_authority("api.example.com", 443),
+        "api.example.com:443"
+    );
+    assert_eq!(display_authority("::1", 443), "[::1]:443");
+    assert_eq!(display_authority("10.0.0.1", 80), "10.0.0.1:80");
+    let url = |host, port| {
+        Authority {
+            host,
+            port,
+            default_port: Some(443),
+        }
+        .to_string()
+    };
+    assert_eq!(url("api.example.com", 443), "api.example.com");
+    assert_eq!(url("api.example.com", 8443), "api.example.com:8443");
+    assert_eq!(url("fd00::1", 443), "[fd00::1]");
+    assert_eq!(url("fd00::1", 8443), "[fd00::1]:8443");
+    assert_eq!(Bracketed("fd00::1").to_string(), "[fd00::1]");
+    assert_eq!(Bracketed("example.com").to_string(), "example.com");
+}
+
+/// Property tests for the numeric-host parser built on `url::Host::parse`: where both accept a
+/// host they read it the same way (an address as that address, a name as a name), and the
+/// part-by-part walk that names what is wrong refuses exactly the hosts `url` refuses, and
+/// computes the address `url` does for the rest — so the walk's errors never contradict the
+/// address `url` decides.
+mod properties {
+    use std::net::{IpAddr, Ipv4Addr};
+
+    use proptest::prelude::*;
+
+    use super::super::{first_bad_part, parse_ip_host, parse_number, Number};
+
+    /// `url`'s answer; IPv6 compared in brackets (`url` only accepts it so).
+    fn whatwg(host: &str) -> Result<Option<IpAddr>, ()> {
+        let host = if host.contains(':') && !host.starts_with('[') {
+            format!("[{host}]")
+        } else {
+            host.to_string()
+        };
+        match url::Host::parse(&host) {
+            Ok(url::Host::Ipv4(a)) => Ok(Some(IpAddr::V4(a))),
+            Ok(url::Host::Ipv6(a)) => Ok(Some(IpAddr::V6(a))),
+            Ok(url::Host::Domain(_)) => Ok(None),
+            Err(_) => Err(()),
+        }
+    }
+
+    /// The address the walk computes when it finds no bad part: the pre-`url` parser's value.
+    fn walked(body: &str) -> Option<Ipv4Addr> {
+        let parts: Vec<&str> = body.split('.').collect();
+        let mut address: u64 = 0;
+        for (i, part) in parts.iter().enumerate() {
+            let Some(Number::Value(v)) = parse_number(part) else {
+                return None;
+            };
+            address += if i + 1 == parts.len() {
+                v
+            } else {
+                v << (8 * (3 - i))
+            };
+        }
+        u32::try_from(address).ok().map(Ipv4Addr::from_bits)
+    }
+
+    fn part() -> impl Strategy<Value = String> {
+        let value = prop_oneof![
+            6 => 0..=255u64,
+            2 => 0..=0xffffu64,
+            1 => 0..=0xff_ffffu64,
+            2 => 0..=0xffff_ffffu64,
+            1 => Just(0x1_0000_0000u64),
+            1 => any::<u64>(),
+        ];
+        (value, 0..6u8).prop_map(|(v, radix)| match radix {
+            0 => v.to_string(),
+            1 => format!("0{v:o}"),
+            2 => format!("0x{v:x}"),
+            3 => format!("0X{v:X}"),
+            4 => "0x".to_string(),
+            _ => format!("{v}g"),
+        })
+    }
+
+    /// Dotted numbers in every radix, with too many parts, a trailing dot or a name label.
+    fn ipv4_like() -> impl Strategy<Value = String> {
+        (
+            proptest::collection::vec(part(), 1..7),
+            any::<bool>(),
+            proptest::option::weighted(0.15, "[a-z]{1,4}"),
+        )
+            .prop_map(|(parts, dot, label)| {
+                let mut host = parts.join(".");
+                if let Some(label) = label {
+                    host = format!("{label}.{host}");
+                }
+                if dot {
+                    host.push('.');
+                }
+                host
+            })
+    }
+
+    /// Names, numbers and near misses over the characters that matter to host parsing.
+    fn alphabet() -> impl Strategy<Value = String> {
+        proptest::collection::vec(
+            prop_oneof![
+                8 => proptest::char::range('0', '9'),
+                4 => proptest::sample::select(vec!['.', 'x', 'X', 'a', 'e', 'f', 'F', 'g', 'z', '-']),
+                1 => proptest::sample::select(vec![':', '[', ']', '_']),
+            ],
+            1..20,
+        )
+        .prop_map(|v| v.into_iter().collect())
+    }
+
+    fn both_accept_the_same(host: &str) -> Result<(), TestCaseError> {
+        if let (Ok(ours), Ok(theirs)) = (parse_ip_host(host), whatwg(host)) {
+            prop_assert_eq!(ours, theirs, "{:?}", host);
+        }
+        Ok(())
+    }
+
+    fn walk_agrees_with_url(host: &str) -> Result<(), TestCaseError> {
+        let body = host.strip_suffix('.').unwrap_or(host);
+        let last = body.rsplit('.').next().unwrap_or(body);
+        let numeric = !body.split('.').any(str::is_empty)
+            && (last.bytes().all(|b| b.is_ascii_digit()) || parse_number(last).is_some());
+        if !numeric {
+            return Ok(());
+        }
+        let theirs = match url::Host::parse(host) {
+            Ok(url::Host::Ipv4(a)) => Some(a),
+            _ => None,
+        };
+        let bad = first_bad_part(host, body);
+        prop_assert_eq!(
+            bad.is_none(),
+            theirs.is_some(),
+            "{:?}: walk {:?}",
+            host,
+            bad
+        );
+        if bad.is_none() {
+            prop_assert_eq!(walked(body), theirs, "{:?}", host);
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(1000))]
+
+        /// 1000 cases: dotted numbers; where latchkey and `url` both answer, the same answer.
+        #[test]
+        fn proptest_host_ipv4_forms_read_as_url_reads_them(host in ipv4_like()) {
+            both_accept_the_same(&host)?;
+        }
+
+        /// 1000 cases: names, numbers and near misses; where both answer, the same answer.
+        #[test]
+        fn proptest_host_names_and_numbers_read_as_url_reads_them(host in alphabet()) {
+            both_accept_the_same(&host)?;
+        }
+
+        /// 1000 cases: the walk that names a bad part refuses exactly what `url` refuses, and
+        /// where it finds none, computes `url`'s address.
+        #[test]
+        fn proptest_host_error_walk_agrees_with_url(host in ipv4_like()) {
+            walk_agrees_with_url(&host)?;
+        }
+    }
+}

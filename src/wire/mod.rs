@@ -1,0 +1,12 @@
+//! Wire-level facts both sides of latchkey must agree on: what a host, a path, a hop-by-hop
+//! header, an address range and a size cap mean.
+//!
+//! `policy` (which decides) and `proxy`/`upstream` (which carry bytes) each depend on this
+//! module, so neither has to depend on the other for a shared definition. It is a leaf: it
+//! depends on nothing in the crate but `reason`, knows no sockets and holds no state.
+
+pub mod cidr;
+pub mod hop;
+pub mod host;
+pub mod limits;
+pub mod path;
