@@ -32,11 +32,11 @@ use http_body_util::BodyExt;
 
 use super::decode::{self, Coding, DecodeError};
 use super::scrub_body;
-use crate::wire::hop;
 use crate::audit::Counters;
 use crate::reason::{Reason, Refusal};
 use crate::secrets::scrub::Scrubber;
 use crate::upstream::{Body, BoxError};
+use crate::wire::hop;
 
 /// How long the phase waits for a compressed body's first frame before sending the head, so a
 /// bomb that arrives with its head is refused with a status rather than cut off mid-body.

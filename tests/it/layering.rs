@@ -86,6 +86,8 @@ const ENFORCED: &[&str] = &[
     "reason-is-a-leaf",
     "secrets-knows-no-policy-or-transport",
     "nothing-but-main-uses-cli",
+    "audit-never-sees-a-secret-store",
+    "signing-knows-no-transport",
 ];
 
 fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {

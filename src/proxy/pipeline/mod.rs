@@ -92,10 +92,7 @@ impl Ctx {
     /// This context with a raw-head view of the (HTTP/1) connection the requests arrive on.
     #[must_use]
     pub fn with_heads(self, heads: Option<Arc<HeadSniff>>) -> Self {
-        Self {
-            heads,
-            ..self
-        }
+        Self { heads, ..self }
     }
 }
 

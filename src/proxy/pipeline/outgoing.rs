@@ -16,7 +16,6 @@ use hyper::body::Incoming;
 use super::super::broker;
 use super::super::request_body::BodyRefused;
 use super::super::{body, Proxy};
-use crate::wire::hop;
 use super::admit::Admitted;
 use super::Ctx;
 use crate::audit::Entry;
@@ -24,6 +23,7 @@ use crate::policy::{display_url, Policy, Rule};
 use crate::reason::{chain_text, Reason, Refusal};
 use crate::secrets::scrub::Scrubber;
 use crate::upstream::{find_upstream_error, Body};
+use crate::wire::hop;
 
 /// The request as latchkey sends it, and what the response phase needs to know about it.
 pub(super) struct Outgoing {
