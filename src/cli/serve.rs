@@ -378,10 +378,10 @@ hosts = ["api.example.com"]
             .enable_all()
             .build()
             .expect("runtime");
-        // Shutdown after a moment: the accept loop must have started to see it (proxy::serve
-        // subscribes to the shutdown signal when it first runs).
+        // Shutdown at once, before the accept loop has run: it must still see it (the loop
+        // waits for the signal's value, not for a change after it subscribed).
         let served = runtime.block_on(async {
-            let shutdown = tokio::time::sleep(Duration::from_millis(200));
+            let shutdown = std::future::ready(());
             tokio::time::timeout(Duration::from_secs(20), server.serve(shutdown)).await
         });
         let served = served.expect("serve returned within 20s");

@@ -55,7 +55,7 @@ pub(super) fn serve(
         let mut first = [0u8; 1];
         let read = tokio::select! {
             r = io.read(&mut first) => r,
-            _ = shutdown.changed() => return,
+            () = super::stopped(&mut shutdown) => return,
         };
         match read {
             Ok(0) => return,
@@ -118,7 +118,7 @@ async fn serve_http(
         tokio::pin!(conn);
         tokio::select! {
             r = conn.as_mut() => r,
-            _ = shutdown.changed() => {
+            () = super::stopped(&mut shutdown) => {
                 conn.as_mut().graceful_shutdown();
                 conn.await
             }

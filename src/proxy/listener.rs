@@ -51,7 +51,7 @@ impl Proxy {
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 },
-                _ = shutdown.changed() => break,
+                () = super::stopped(&mut shutdown) => break,
             }
         }
     }
@@ -123,7 +123,7 @@ impl Proxy {
         let mut shutdown = self.shutdown.subscribe();
         let result = tokio::select! {
             r = conn.as_mut() => r,
-            _ = shutdown.changed() => {
+            () = super::stopped(&mut shutdown) => {
                 // Finish the request in flight, then close instead of keeping alive.
                 conn.as_mut().graceful_shutdown();
                 conn.await

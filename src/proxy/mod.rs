@@ -224,7 +224,9 @@ impl Proxy {
 
     /// Starts a graceful shutdown: stop accepting, let connections finish.
     pub fn begin_shutdown(&self) {
-        let _ = self.shutdown.send(true);
+        // `send_replace`, not `send`: `send` does not store the value while nobody has
+        // subscribed yet, and a listener that subscribes later must still see it.
+        self.shutdown.send_replace(true);
     }
 
     /// Waits until every connection has closed, or `deadline` passes; returns how many remain.
@@ -238,4 +240,10 @@ impl Proxy {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// Resolves once shutdown has begun — also when it began before `rx` subscribed, where
+/// `changed()` would wait forever — or once the sender is gone.
+pub(crate) async fn stopped(rx: &mut tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stopping| *stopping).await;
 }

@@ -157,7 +157,7 @@ impl Proxy {
                         }
                     }
                 }
-                _ = shutdown.changed() => return,
+                () = super::stopped(&mut shutdown) => return,
             }
         }
     }
