@@ -44,8 +44,9 @@
 //!   `!'()*`); only RFC 3986 reserved characters, `%` and bytes that cannot appear in a URL
 //!   encoded; and form encoding (space as `+`);
 //! - JSON string escaping, in every combination of: `/` as is or as `\/`; control characters as
-//!   short escapes (`\n`, `\t`, …) where JSON has one or always as `\u00XX`; `\u` hex in lower or
-//!   upper case; non-ASCII as is or as `\uXXXX` (UTF-16, so surrogate pairs above U+FFFF); and
+//!   short escapes (`\n`, `\t`, …) where JSON has one or always as `\u00` and two hex digits;
+//!   `\u` hex in lower or upper case; non-ASCII as is or as `\u` and four hex digits (UTF-16,
+//!   so surrogate pairs above U+FFFF); and
 //!   Go's HTML-safe escaping of `<`, `>`, `&`, U+2028 and U+2029. `"` and `\` are always escaped.
 //!
 //! Variants identical to another (of the same or an earlier secret) are kept once, the first

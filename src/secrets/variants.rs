@@ -152,9 +152,9 @@ pub(super) struct JsonStyle {
     pub(super) short_controls: bool,
     /// Hex digits of `\u` escapes in upper case.
     pub(super) upper_hex: bool,
-    /// Every non-ASCII character as `\uXXXX` (Python's `ensure_ascii`).
+    /// Every non-ASCII character as `\u` and four hex digits (Python's `ensure_ascii`).
     pub(super) escape_non_ascii: bool,
-    /// Go's HTML-safe escaping: `<`, `>`, `&`, U+2028 and U+2029 as `\uXXXX`.
+    /// Go's HTML-safe escaping: `<`, `>`, `&`, U+2028 and U+2029 as `\u` and four hex digits.
     pub(super) escape_html: bool,
 }
 
