@@ -66,11 +66,15 @@ fn authorities_bracket_ipv6_and_leave_out_only_the_default_port() {
     assert_eq!(Bracketed("example.com").to_string(), "example.com");
 }
 
-/// Property tests for the numeric-host parser built on `url::Host::parse`: where both accept a
-/// host they read it the same way (an address as that address, a name as a name), and the
-/// part-by-part walk that names what is wrong refuses exactly the hosts `url` refuses, and
-/// computes the address `url` does for the rest — so the walk's errors never contradict the
-/// address `url` decides.
+/// Property tests for the numeric-host parser, against the WHATWG URL parser
+/// (`url::Host::parse`, the parser browsers and most HTTP clients follow):
+/// - it never panics, on any string;
+/// - it may be stricter than `url` (an error where `url` sees an address or a name), never
+///   looser: it never calls a host a name that `url` reads as an address, and never reads
+///   another address than `url` does;
+/// - where both accept a host they read it the same way;
+/// - the part-by-part walk that names what is wrong refuses exactly the hosts `url` refuses and
+///   computes the address `url` does for the rest, so its errors never contradict `url`.
 mod properties {
     use std::net::{IpAddr, Ipv4Addr};
 
@@ -78,7 +82,8 @@ mod properties {
 
     use super::super::{first_bad_part, parse_ip_host, parse_number, Number};
 
-    /// `url`'s answer; IPv6 compared in brackets (`url` only accepts it so).
+    /// `url`'s answer, as latchkey's answer type; IPv6 compared in brackets (`url` only
+    /// accepts it so).
     fn whatwg(host: &str) -> Result<Option<IpAddr>, ()> {
         let host = if host.contains(':') && !host.starts_with('[') {
             format!("[{host}]")
@@ -110,6 +115,7 @@ mod properties {
         u32::try_from(address).ok().map(Ipv4Addr::from_bits)
     }
 
+    /// One IPv4 part in one of the radixes WHATWG and `inet_aton` accept, or a near miss.
     fn part() -> impl Strategy<Value = String> {
         let value = prop_oneof![
             6 => 0..=255u64,
@@ -119,46 +125,108 @@ mod properties {
             1 => Just(0x1_0000_0000u64),
             1 => any::<u64>(),
         ];
-        (value, 0..6u8).prop_map(|(v, radix)| match radix {
+        let radix = prop_oneof![
+            4 => Just(0u8),
+            2 => Just(1u8),
+            2 => Just(2u8),
+            1 => Just(3u8),
+            1 => Just(4u8),
+            1 => Just(5u8),
+            1 => Just(6u8),
+            1 => Just(7u8),
+        ];
+        (value, radix).prop_map(|(v, radix)| match radix {
             0 => v.to_string(),
             1 => format!("0{v:o}"),
             2 => format!("0x{v:x}"),
             3 => format!("0X{v:X}"),
-            4 => "0x".to_string(),
-            _ => format!("{v}g"),
+            4 => format!("0x0000{v:x}"),
+            5 => "0x".to_string(),
+            6 => format!("{v}g"),
+            _ => format!("{v}9a"),
         })
     }
 
-    /// Dotted numbers in every radix, with too many parts, a trailing dot or a name label.
+    /// Dotted numbers in every radix, with too many parts, trailing dots or a name label.
     fn ipv4_like() -> impl Strategy<Value = String> {
+        let count = prop_oneof![8 => 1..5usize, 1 => 5..7usize];
+        let dots = prop_oneof![6 => Just(0usize), 2 => Just(1usize), 1 => Just(2usize)];
         (
-            proptest::collection::vec(part(), 1..7),
-            any::<bool>(),
+            count.prop_flat_map(|n| proptest::collection::vec(part(), n)),
+            dots,
             proptest::option::weighted(0.15, "[a-z]{1,4}"),
         )
-            .prop_map(|(parts, dot, label)| {
+            .prop_map(|(parts, dots, label)| {
                 let mut host = parts.join(".");
                 if let Some(label) = label {
                     host = format!("{label}.{host}");
                 }
-                if dot {
-                    host.push('.');
-                }
+                host.push_str(&".".repeat(dots));
                 host
             })
     }
 
-    /// Names, numbers and near misses over the characters that matter to host parsing.
+    fn ipv6_like() -> impl Strategy<Value = String> {
+        let group = prop_oneof![
+            8 => "[0-9a-fA-F]{1,4}",
+            1 => "[0-9a-fA-F]{0,5}",
+            1 => Just("ffff".to_string()),
+        ];
+        let wrap = prop_oneof![6 => Just(0u8), 3 => Just(1u8), 1 => Just(2u8), 1 => Just(3u8)];
+        (
+            proptest::collection::vec(group, 1..9),
+            proptest::option::weighted(0.6, 0..9usize),
+            proptest::option::weighted(0.25, (0..=255u8, 0..=255u8, 0..=255u8, 0..=300u16)),
+            wrap,
+        )
+            .prop_map(|(groups, compress, v4, wrap)| {
+                let mut parts: Vec<String> = groups;
+                if let Some(at) = compress {
+                    let at = at.min(parts.len());
+                    parts.insert(at, String::new());
+                    if at == 0 || at == parts.len() - 1 {
+                        // `::` at either end needs the empty group on both sides of a colon.
+                        parts.insert(at, String::new());
+                    }
+                }
+                let mut text = parts.join(":");
+                if let Some((a, b, c, d)) = v4 {
+                    text.push_str(&format!(":{a}.{b}.{c}.{d}"));
+                }
+                match wrap {
+                    0 => format!("[{text}]"),
+                    1 => text,
+                    2 => format!("[{text}"),
+                    _ => format!("[{text}]x"),
+                }
+            })
+    }
+
+    /// Short strings over the characters that matter to host parsing, plus a few that must not.
     fn alphabet() -> impl Strategy<Value = String> {
         proptest::collection::vec(
             prop_oneof![
                 8 => proptest::char::range('0', '9'),
                 4 => proptest::sample::select(vec!['.', 'x', 'X', 'a', 'e', 'f', 'F', 'g', 'z', '-']),
-                1 => proptest::sample::select(vec![':', '[', ']', '_']),
+                2 => proptest::sample::select(vec![':', '[', ']', '%', '_']),
+                1 => proptest::sample::select(vec![' ', '\t', '\0', '/', '@', 'é', '１', '。']),
             ],
-            1..20,
+            0..20,
         )
         .prop_map(|v| v.into_iter().collect())
+    }
+
+    /// Never looser than `url`: an address latchkey reads is `url`'s address, and where `url`
+    /// reads an address latchkey never reads a name.
+    fn never_looser(host: &str) -> Result<(), TestCaseError> {
+        match (&parse_ip_host(host), &whatwg(host)) {
+            (Ok(Some(a)), t) => prop_assert_eq!(t, &Ok(Some(*a)), "{:?}", host),
+            (Ok(None), Ok(Some(a))) => {
+                prop_assert!(false, "{:?}: latchkey says a name, url says {}", host, a)
+            }
+            _ => {}
+        }
+        Ok(())
     }
 
     fn both_accept_the_same(host: &str) -> Result<(), TestCaseError> {
@@ -197,15 +265,25 @@ mod properties {
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(1000))]
 
-        /// 1000 cases: dotted numbers; where latchkey and `url` both answer, the same answer.
+        /// 1000 cases: any string, never a panic.
+        #[test]
+        fn proptest_hostform_never_panics_on_any_string(host in any::<String>()) {
+            let _ = parse_ip_host(&host);
+        }
+
+        /// 1000 cases: dotted numbers in every radix, with too many parts, trailing dots and a
+        /// leading name label: never looser than `url`, and the same answer where both answer.
         #[test]
         fn proptest_host_ipv4_forms_read_as_url_reads_them(host in ipv4_like()) {
+            never_looser(&host)?;
             both_accept_the_same(&host)?;
         }
 
-        /// 1000 cases: names, numbers and near misses; where both answer, the same answer.
+        /// 1000 cases: names, numbers and near misses over digits, dots, hex letters, brackets,
+        /// '%' and odd characters: never looser, and the same answer where both answer.
         #[test]
         fn proptest_host_names_and_numbers_read_as_url_reads_them(host in alphabet()) {
+            never_looser(&host)?;
             both_accept_the_same(&host)?;
         }
 
@@ -214,6 +292,18 @@ mod properties {
         #[test]
         fn proptest_host_error_walk_agrees_with_url(host in ipv4_like()) {
             walk_agrees_with_url(&host)?;
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(500))]
+
+        /// 500 cases: IPv6 groups with compression, embedded IPv4, and broken brackets: never
+        /// looser than `url`, and the same answer where both answer.
+        #[test]
+        fn proptest_hostform_ipv6_forms_agree_with_url(host in ipv6_like()) {
+            never_looser(&host)?;
+            both_accept_the_same(&host)?;
         }
     }
 }
