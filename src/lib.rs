@@ -9,6 +9,7 @@
 pub mod admin;
 pub mod audit;
 pub mod cli;
+pub mod dns;
 pub mod metrics;
 pub mod policy;
 pub mod proxy;

@@ -16,10 +16,10 @@ use std::sync::Arc;
 
 use http::{Request, Response};
 use hyper::body::Incoming;
-use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
-use tokio_rustls::LazyConfigAcceptor;
+use tokio_rustls::{LazyConfigAcceptor, StartHandshake};
 
+use super::intercepted::ClientIo;
 use super::pipeline::{self, Ctx};
 use super::{body, respond, Proxy};
 use crate::audit::Entry;
@@ -27,8 +27,8 @@ use crate::policy::{normalize_host, ConnectDecision, Policy};
 use crate::reason::{Reason, Refusal};
 use crate::upstream::{Body, Dialed};
 
-/// What the gate lets a CONNECT become.
-enum Opened {
+/// What a connection-level gate lets a connection become.
+pub(crate) enum Opened {
     /// A `tunnel = true` rule: the upstream is already dialed.
     Tunnel(Dialed),
     /// Interception: each inner request goes through the pipeline under this context.
@@ -47,24 +47,16 @@ pub async fn handle(proxy: Arc<Proxy>, ctx: Arc<Ctx>, req: Request<Incoming>) ->
         r.scheme = Some("https".to_string());
     });
     match gate(&proxy, &ctx, &policy, &mut entry, &req).await {
-        Ok(Opened::Tunnel(dialed)) => {
+        Ok(opened) => {
             tokio::spawn(async move {
                 match hyper::upgrade::on(req).await {
-                    Ok(upgraded) => tunnel(upgraded, dialed.stream, entry).await,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "CONNECT upgrade failed");
+                    Ok(upgraded) => {
+                        serve_opened(proxy, opened, TokioIo::new(upgraded), entry).await
                     }
-                }
-            });
-            Response::new(body::empty())
-        }
-        Ok(Opened::Intercept(inner)) => {
-            let inner = Arc::new(inner);
-            tokio::spawn(async move {
-                match hyper::upgrade::on(req).await {
-                    Ok(upgraded) => intercept(proxy, inner, upgraded, entry).await,
                     Err(e) => {
-                        entry.outcome(Reason::TlsHandshakeFailed, None, None);
+                        if matches!(opened, Opened::Intercept(_)) {
+                            entry.outcome(Reason::TlsHandshakeFailed, None, None);
+                        }
                         tracing::debug!(error = %e, "CONNECT upgrade failed");
                     }
                 }
@@ -109,23 +101,59 @@ async fn gate(
             format!("CONNECT {authority} has no port: write host:port"),
         ));
     };
+    let host = admit_authority(policy, entry, authority.host(), port)?;
+    // The raw head as sent: hyper drops a Content-Length next to Transfer-Encoding.
+    pipeline::raw_framing(ctx, req.method(), req.uri(), req.version())?;
+    decide_authority(proxy, ctx, policy, entry, host, port).await
+}
+
+/// Admits `host_as_sent:port` for a connection-level gate (CONNECT, and listeners that learn
+/// the authority another way: SNI, a Host header, SOCKS5): no secret value or placeholder in
+/// the host as sent, the host normalised. Returns the normalised host; the record names it.
+pub(crate) fn admit_authority(
+    policy: &Policy,
+    entry: &mut Entry,
+    host_as_sent: &str,
+    port: u16,
+) -> Result<String, Refusal> {
+    entry.update(|r| r.host = Some(host_as_sent.to_string()));
+    if host_as_sent.contains('@') {
+        entry.update(|r| r.port = Some(port));
+        return Err(Refusal::new(
+            Reason::UserinfoInUrl,
+            "authority carries userinfo ('@')",
+        ));
+    }
     // The host as sent, before it is normalised, resolved or put in a certificate: a secret
     // value or a placeholder in it (a subdomain under a `*.` rule) would leak to DNS.
-    if let Err(refusal) = pipeline::host_clean(policy, authority.host(), entry) {
+    if let Err(refusal) = pipeline::host_clean(policy, host_as_sent, entry) {
         entry.update(|r| r.port = Some(port));
         return Err(refusal);
     }
-    let host = normalize_host(authority.host())
+    let host = normalize_host(host_as_sent)
         .map_err(|e| Refusal::new(Reason::BadRequest, e.to_string()))?;
     entry.update(|r| {
         r.host = Some(host.clone());
         r.port = Some(port);
     });
-    // The raw head as sent: hyper drops a Content-Length next to Transfer-Encoding.
-    pipeline::raw_framing(ctx, req.method(), req.uri(), req.version())?;
-    pipeline::audit_healthy(proxy)?;
+    Ok(host)
+}
 
-    // decide: before any TLS and before any upstream connection.
+/// Decides an admitted authority before any TLS and before any upstream connection (a
+/// tunnel's dial aside, which the decision allowed).
+///
+/// Assumes: `host` came from [`admit_authority`], `ctx` is identified. Guarantees: on `Ok`, the
+/// audit log is healthy, the identity defined, and policy lets some request to `host:port`
+/// through (or report-only mode would let each be decided per request); a tunnel is dialed.
+pub(crate) async fn decide_authority(
+    proxy: &Proxy,
+    ctx: &Ctx,
+    policy: &Policy,
+    entry: &mut Entry,
+    host: String,
+    port: u16,
+) -> Result<Opened, Refusal> {
+    pipeline::audit_healthy(proxy)?;
     let identity = pipeline::identity(policy, &ctx.identity)?;
     match policy.decide_connect(&host, port, identity) {
         ConnectDecision::Deny(d)
@@ -157,9 +185,27 @@ async fn gate(
     }
 }
 
+/// Serves a connection a gate opened, once the client's stream is in hand: relays a tunnel, or
+/// intercepts. `entry` is the gate's record (finished by the tunnel, or dismissed once the
+/// interception's handshake succeeds).
+pub(crate) async fn serve_opened<T: ClientIo>(
+    proxy: Arc<Proxy>,
+    opened: Opened,
+    io: T,
+    entry: Entry,
+) {
+    match opened {
+        Opened::Tunnel(dialed) => tunnel(io, dialed.stream, entry).await,
+        Opened::Intercept(ctx) => intercept(proxy, Arc::new(ctx), io, entry).await,
+    }
+}
+
 /// Relays raw bytes both ways for a `tunnel = true` rule; the record is written when it ends.
-async fn tunnel(upgraded: Upgraded, mut upstream: tokio::net::TcpStream, entry: Entry) {
-    let mut client = TokioIo::new(upgraded);
+pub(crate) async fn tunnel<T: ClientIo>(
+    mut client: T,
+    mut upstream: tokio::net::TcpStream,
+    entry: Entry,
+) {
     let counters = entry.counters();
     let (up, down) = match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
         Ok(n) => n,
@@ -177,45 +223,73 @@ async fn tunnel(upgraded: Upgraded, mut upstream: tokio::net::TcpStream, entry: 
     entry.finish();
 }
 
-/// Terminates the sandbox's TLS with a leaf for the CONNECT host and serves h1/h2 inside.
-async fn intercept(proxy: Arc<Proxy>, ctx: Arc<Ctx>, upgraded: Upgraded, entry: Entry) {
-    let Some((host, _)) = ctx.pinned.clone() else {
-        return;
-    };
-    let metrics = proxy.metrics().clone();
-    let fail = |mut entry: Entry, reason: Reason, detail: &str| {
-        metrics
-            .tls_handshakes_failed
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        entry.outcome(reason, None, None);
-        tracing::info!(audit.id = %entry.id(), url.host = %host, reason = reason.code(), detail, "intercepted connection refused");
-        entry.finish();
-    };
+/// Why a client's TLS could not be intercepted: the reason code and a detail for the log.
+pub(crate) type NotIntercepted = (Reason, String);
 
-    // The whole ClientHello, however it was segmented; anything else is not TLS.
-    let acceptor =
-        LazyConfigAcceptor::new(rustls::server::Acceptor::default(), TokioIo::new(upgraded));
-    let start = match tokio::time::timeout(proxy.handshake_timeout, acceptor).await {
-        Ok(Ok(start)) => start,
+/// Reads the client's whole ClientHello, however it was segmented; anything else is not TLS.
+pub(crate) async fn accept_hello<T: ClientIo>(
+    proxy: &Proxy,
+    io: T,
+) -> Result<StartHandshake<T>, NotIntercepted> {
+    let acceptor = LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io);
+    match tokio::time::timeout(proxy.handshake_timeout, acceptor).await {
+        Ok(Ok(start)) => Ok(start),
         Ok(Err(e)) => {
             let reason = if e.kind() == io::ErrorKind::UnexpectedEof {
                 Reason::TlsHandshakeFailed
             } else {
                 Reason::NotTls
             };
-            return fail(entry, reason, &e.to_string());
+            Err((reason, e.to_string()))
         }
-        Err(_) => return fail(entry, Reason::TlsHandshakeFailed, "no ClientHello in time"),
-    };
+        Err(_) => Err((Reason::TlsHandshakeFailed, "no ClientHello in time".into())),
+    }
+}
 
+/// Records a connection whose TLS was not intercepted (and counts the failed handshake).
+pub(crate) fn not_intercepted(proxy: &Proxy, mut entry: Entry, host: &str, why: NotIntercepted) {
+    let (reason, detail) = why;
+    proxy
+        .metrics()
+        .tls_handshakes_failed
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    entry.outcome(reason, None, None);
+    tracing::info!(audit.id = %entry.id(), url.host = %host, reason = reason.code(), detail, "intercepted connection refused");
+    entry.finish();
+}
+
+/// Terminates the sandbox's TLS with a leaf for the CONNECT host and serves h1/h2 inside.
+async fn intercept<T: ClientIo>(proxy: Arc<Proxy>, ctx: Arc<Ctx>, io: T, entry: Entry) {
+    let Some((host, _)) = ctx.pinned.clone() else {
+        return;
+    };
+    let start = match accept_hello(&proxy, io).await {
+        Ok(start) => start,
+        Err(why) => return not_intercepted(&proxy, entry, &host, why),
+    };
     // SNI, when sent, must name the host the gate checked.
     if let Some(sni) = start.client_hello().server_name() {
         let same = normalize_host(sni).is_ok_and(|s| s == host);
         if !same {
-            return fail(entry, Reason::SniMismatch, &format!("SNI {sni:?}"));
+            let why = (Reason::SniMismatch, format!("SNI {sni:?}"));
+            return not_intercepted(&proxy, entry, &host, why);
         }
     }
+    complete(proxy, ctx, start, entry).await;
+}
 
+/// Finishes the handshake with a leaf for the pinned host (whose SNI, if any, the caller
+/// checked), then serves the inner requests on their own task.
+pub(crate) async fn complete<T: ClientIo>(
+    proxy: Arc<Proxy>,
+    ctx: Arc<Ctx>,
+    start: StartHandshake<T>,
+    entry: Entry,
+) {
+    let Some((host, _)) = ctx.pinned.clone() else {
+        return;
+    };
+    let metrics = proxy.metrics().clone();
     let config = match proxy.ca.server_config_counted(&host) {
         Ok((c, hit)) => {
             let counter = if hit {
@@ -226,12 +300,32 @@ async fn intercept(proxy: Arc<Proxy>, ctx: Arc<Ctx>, upgraded: Upgraded, entry: 
             counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             c
         }
-        Err(e) => return fail(entry, Reason::TlsHandshakeFailed, &e.to_string()),
+        Err(e) => {
+            return not_intercepted(
+                &proxy,
+                entry,
+                &host,
+                (Reason::TlsHandshakeFailed, e.to_string()),
+            )
+        }
     };
     let tls = match tokio::time::timeout(proxy.handshake_timeout, start.into_stream(config)).await {
         Ok(Ok(tls)) => tls,
-        Ok(Err(e)) => return fail(entry, Reason::TlsHandshakeFailed, &e.to_string()),
-        Err(_) => return fail(entry, Reason::TlsHandshakeFailed, "handshake timed out"),
+        Ok(Err(e)) => {
+            return not_intercepted(
+                &proxy,
+                entry,
+                &host,
+                (Reason::TlsHandshakeFailed, e.to_string()),
+            )
+        }
+        Err(_) => {
+            let why = (
+                Reason::TlsHandshakeFailed,
+                "handshake timed out".to_string(),
+            );
+            return not_intercepted(&proxy, entry, &host, why);
+        }
     };
     // Interception succeeded: from here each inner request leaves its own record.
     metrics

@@ -14,7 +14,6 @@ use std::sync::Arc;
 use http::Request;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper::upgrade::Upgraded;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::AsyncReadExt;
 
@@ -22,17 +21,27 @@ use super::limits::Idle;
 use super::pipeline::{self, Ctx};
 use super::{Proxy, MAX_HEADER_BYTES};
 
+/// A byte stream from the sandbox that can carry an intercepted connection: a CONNECT's
+/// upgraded stream, or (for listeners without a proxy hop) the accepted socket itself.
+pub(crate) trait ClientIo:
+    tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static
+{
+}
+
+impl<T> ClientIo for T where T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static
+{}
+
 /// The sandbox's side of an intercepted connection, after the handshake.
-pub(super) type Tls = tokio_rustls::server::TlsStream<TokioIo<Upgraded>>;
+pub(super) type Tls<T> = tokio_rustls::server::TlsStream<T>;
 
 /// Serves requests on an intercepted connection until it closes, idles out or shutdown begins.
 /// Each request goes through [`pipeline::handle`] with `ctx` (the CONNECT's client, identity and
 /// authority). Spawn the returned future as its own task: then the handshake's state is gone
 /// and an idle connection holds only this small future (the TLS stream, a few pointers).
-pub(super) fn serve(
+pub(super) fn serve<T: ClientIo>(
     proxy: Arc<Proxy>,
     ctx: Arc<Ctx>,
-    tls: Tls,
+    tls: Tls<T>,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
     // The inner connection gets its own idle timeout, and a raw-head view when it may be
     // HTTP/1. A client that chose h2 (ALPN) is served h2 only, so no HTTP/1 head can reach the
@@ -71,10 +80,10 @@ pub(super) fn serve(
 }
 
 /// hyper's h1/h2 server over `io`, whose `first` byte was already read from it.
-async fn serve_http(
+async fn serve_http<T: ClientIo>(
     proxy: Arc<Proxy>,
     ctx: Arc<Ctx>,
-    io: Idle<Tls>,
+    io: Idle<Tls<T>>,
     first: u8,
     h2: bool,
     mut shutdown: tokio::sync::watch::Receiver<bool>,

@@ -88,6 +88,9 @@ pub struct Proxy {
     budget: Arc<budget::Budget>,
     /// A request body that sends nothing for this long is cut (`--body-timeout`).
     body_timeout: Duration,
+    /// What latchkey's own resolver answered (`serve --dns`), shared with the listeners that
+    /// check a connection's address against it.
+    pins: Arc<crate::dns::Pins>,
 }
 
 /// How to build a [`Proxy`].
@@ -142,6 +145,7 @@ impl Proxy {
                 config.max_buffered_bytes_per_client,
             ),
             body_timeout: config.body_timeout,
+            pins: Arc::new(crate::dns::Pins::default()),
         }))
     }
 
@@ -188,6 +192,11 @@ impl Proxy {
             IDENTITY_DEFAULT,
             self.policy.load().digest(),
         )
+    }
+
+    /// What latchkey's own resolver handed out, for listeners that check addresses against it.
+    pub fn pins(&self) -> &Arc<crate::dns::Pins> {
+        &self.pins
     }
 
     /// The metrics shared with the audit log.
