@@ -43,14 +43,27 @@ pub(super) fn serve<T: ClientIo>(
     ctx: Arc<Ctx>,
     tls: Tls<T>,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
+    serve_stream(proxy, ctx, tls, h2)
+}
+
+/// Serves HTTP requests on any client stream whose authority a gate pinned in `ctx`: the
+/// decrypted side of an interception, or a plain connection (`Ctx::pinned_plain`: SOCKS5,
+/// transparent HTTP). `h2` serves HTTP/2 only (a client that chose h2 by ALPN); otherwise
+/// HTTP/1 (or h2 by prior knowledge inside TLS), with the raw-head sniffer.
+pub(crate) fn serve_stream<S: ClientIo>(
+    proxy: Arc<Proxy>,
+    ctx: Arc<Ctx>,
+    stream: S,
+    h2: bool,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
     // The inner connection gets its own idle timeout, and a raw-head view when it may be
     // HTTP/1. A client that chose h2 (ALPN) is served h2 only, so no HTTP/1 head can reach the
     // service unsniffed and h2 frames are never fed to the head parser.
-    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
     let io = if h2 {
-        Idle::without_sniffer(tls, proxy.limits.idle_timeout)
+        Idle::without_sniffer(stream, proxy.limits.idle_timeout)
     } else {
-        Idle::new(tls, proxy.limits.idle_timeout)
+        Idle::new(stream, proxy.limits.idle_timeout)
     };
     let ctx = Arc::new((*ctx).clone().with_heads(io.heads()));
     let mut shutdown = proxy.shutdown.subscribe();
@@ -80,10 +93,10 @@ pub(super) fn serve<T: ClientIo>(
 }
 
 /// hyper's h1/h2 server over `io`, whose `first` byte was already read from it.
-async fn serve_http<T: ClientIo>(
+async fn serve_http<S: ClientIo>(
     proxy: Arc<Proxy>,
     ctx: Arc<Ctx>,
-    io: Idle<Tls<T>>,
+    io: Idle<S>,
     first: u8,
     h2: bool,
     mut shutdown: tokio::sync::watch::Receiver<bool>,

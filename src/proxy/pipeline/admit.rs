@@ -166,8 +166,9 @@ pub(super) fn target(ctx: &Ctx, head: &Parts) -> Result<Admitted, Refusal> {
                     .map_err(|_| Refusal::new(Reason::BadRequest, "Host header is not ASCII"))
             });
             let hosts = hosts.collect::<Result<Vec<&str>, Refusal>>()?;
+            let pinned_scheme = ctx.pinned_scheme;
             if let Some(s) = uri.scheme_str() {
-                if s != "https" {
+                if !s.eq_ignore_ascii_case(pinned_scheme.as_str()) {
                     return Err(Refusal::new(
                         Reason::HostMismatch,
                         format!(
@@ -179,7 +180,7 @@ pub(super) fn target(ctx: &Ctx, head: &Parts) -> Result<Admitted, Refusal> {
             }
             let seen = uri.authority().map(|a| a.as_str()).into_iter().chain(hosts);
             for authority in seen {
-                let (h, p) = split_authority(authority, 443)?;
+                let (h, p) = split_authority(authority, pinned_scheme.default_port())?;
                 if h != *chost || p != *cport {
                     return Err(Refusal::new(
                         Reason::HostMismatch,
@@ -191,7 +192,7 @@ pub(super) fn target(ctx: &Ctx, head: &Parts) -> Result<Admitted, Refusal> {
                     ));
                 }
             }
-            (Scheme::Https, chost.clone(), *cport)
+            (pinned_scheme, chost.clone(), *cport)
         }
         None => {
             let scheme = match uri.scheme_str() {
@@ -287,7 +288,7 @@ pub(super) fn prefill(r: &mut Record, ctx: &Ctx, head: &Parts) {
     r.method = Some(head.method.to_string());
     match &ctx.pinned {
         Some((host, port)) => {
-            r.scheme = Some("https".to_string());
+            r.scheme = Some(ctx.pinned_scheme.as_str().to_string());
             r.host = Some(host.clone());
             r.port = Some(*port);
         }

@@ -33,7 +33,7 @@ use super::limits::HeadSniff;
 use super::respond::{self, ID_HEADER};
 use super::{body, response, Proxy, IDENTITY_DEFAULT};
 use crate::audit::Entry;
-use crate::policy::{Policy, Target};
+use crate::policy::{Policy, Scheme, Target};
 use crate::reason::{Reason, Refusal};
 use crate::upstream::{Body, UpstreamAddr};
 
@@ -53,6 +53,9 @@ pub struct Ctx {
     /// The host and port a connection-level gate already checked (the CONNECT authority).
     /// Every request on such a connection must be for exactly this authority.
     pub pinned: Option<(String, u16)>,
+    /// The scheme of the requests on a pinned connection: `https` inside an interception,
+    /// `http` on a plain connection whose authority a gate checked (SOCKS5, transparent HTTP).
+    pub pinned_scheme: Scheme,
     /// Raw request heads on this HTTP/1 connection, to catch framing hyper normalises away.
     pub heads: Option<Arc<HeadSniff>>,
 }
@@ -65,6 +68,7 @@ impl Ctx {
             client,
             identity: Arc::from(IDENTITY_DEFAULT),
             pinned: None,
+            pinned_scheme: Scheme::Https,
             heads,
         }
     }
@@ -76,7 +80,17 @@ impl Ctx {
             client,
             identity,
             pinned: Some((host, port)),
+            pinned_scheme: Scheme::Https,
             heads: None,
+        }
+    }
+
+    /// Plain-HTTP requests on a connection whose destination a gate checked (a SOCKS5 CONNECT
+    /// or a transparent connection that carries HTTP, not TLS).
+    pub fn pinned_plain(client: SocketAddr, identity: Arc<str>, host: String, port: u16) -> Self {
+        Self {
+            pinned_scheme: Scheme::Http,
+            ..Self::pinned(client, identity, host, port)
         }
     }
 
