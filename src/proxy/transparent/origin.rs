@@ -38,6 +38,8 @@ mod tests {
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
+        // A test client on loopback, not a way out.
+        #[allow(clippy::disallowed_methods)]
         let _client = TcpStream::connect(addr).await.expect("connect");
         let (server, _) = listener.accept().await.expect("accept");
         let local = server.local_addr().expect("local");
