@@ -89,12 +89,23 @@ fn upstreams(gw: &Gateway, ca: &TestCa) -> (NsEcho, NsEcho) {
 }
 
 /// curl that ignores every proxy setting, from the sandbox, `name:port` resolved to `ip`.
-fn direct_curl(gw: &Gateway, lk: &Latchkey, resolve: (&str, u16, &str), url: &str) -> crate::support::clients::CurlOutput {
+fn direct_curl(
+    gw: &Gateway,
+    lk: &Latchkey,
+    resolve: (&str, u16, &str),
+    url: &str,
+) -> crate::support::clients::CurlOutput {
     let (name, port, ip) = resolve;
     curl_in(
         &gw.sandbox,
         lk,
-        &["--noproxy", "*", "--resolve", &format!("{name}:{port}:{ip}"), url],
+        &[
+            "--noproxy",
+            "*",
+            "--resolve",
+            &format!("{name}:{port}:{ip}"),
+            url,
+        ],
         &[],
     )
 }
@@ -177,7 +188,12 @@ fn clients_that_ignore_proxy_settings_reach_allowed_hosts_through_the_transparen
     let lk = transparent(&gw, &ca, &[]);
 
     // curl, HTTPS: intercepted with latchkey's CA, decided per request, dialed by name.
-    let out = direct_curl(&gw, &lk, ("up.test", 443, UPSTREAM_IP), "https://up.test/tls");
+    let out = direct_curl(
+        &gw,
+        &lk,
+        ("up.test", 443, UPSTREAM_IP),
+        "https://up.test/tls",
+    );
     let resp = out.ok();
     assert_eq!(resp.status, 200, "{out:#?}");
     assert!(resp.text().contains("\"server\": \"up-tls\""), "{resp:#?}");
@@ -192,7 +208,12 @@ fn clients_that_ignore_proxy_settings_reach_allowed_hosts_through_the_transparen
     from_sandbox(&record);
 
     // curl, plain HTTP: the Host header names the host.
-    let out = direct_curl(&gw, &lk, ("up.test", 80, UPSTREAM_IP), "http://up.test/plain");
+    let out = direct_curl(
+        &gw,
+        &lk,
+        ("up.test", 80, UPSTREAM_IP),
+        "http://up.test/plain",
+    );
     let resp = out.ok();
     assert_eq!(resp.status, 200, "{out:#?}");
     assert!(resp.text().contains("\"server\": \"up\""), "{resp:#?}");
@@ -228,8 +249,10 @@ fn clients_that_ignore_proxy_settings_reach_allowed_hosts_through_the_transparen
 
     // git, by name from the sandbox's /etc/hosts: the echo is no git server, but the smart
     // protocol's first request arrived through latchkey and was recorded.
-    gw.sandbox
-        .etc_file("hosts", &format!("127.0.0.1 localhost\n{UPSTREAM_IP} up.test\n"));
+    gw.sandbox.etc_file(
+        "hosts",
+        &format!("127.0.0.1 localhost\n{UPSTREAM_IP} up.test\n"),
+    );
     gw.sandbox.etc_file("nsswitch.conf", "hosts: files\n");
     let home = tempfile::tempdir().expect("git home");
     let mut git: Command = gw.sandbox.command(toolchain::tool("git"));
@@ -238,18 +261,22 @@ fn clients_that_ignore_proxy_settings_reach_allowed_hosts_through_the_transparen
         .env("GIT_CONFIG_NOSYSTEM", "1")
         .env("GIT_TERMINAL_PROMPT", "0");
     let out = wait_with_timeout(&mut git, Duration::from_secs(30));
-    assert_ne!(out.code(), Some(0), "the echo is not a git server: {out:#?}");
-    let record = record_with(
-        &lk,
-        json!({"path": "/repo.git/info/refs?service=REDACTED"}),
+    assert_ne!(
+        out.code(),
+        Some(0),
+        "the echo is not a git server: {out:#?}"
     );
+    let record = record_with(&lk, json!({"path": "/repo.git/info/refs?service=REDACTED"}));
     assert_record(
         &record,
         json!({"method": "GET", "scheme": "http", "host": "up.test", "port": 80,
                "reason": "allowed", "status": 200, "upstream": format!("{UPSTREAM_IP}:80")}),
     );
     from_sandbox(&record);
-    assert!(plain.connections() >= 1, "curl, python and git reached the upstream");
+    assert!(
+        plain.connections() >= 1,
+        "curl, python and git reached the upstream"
+    );
     assert_eq!(tls.connections(), 1);
 }
 
@@ -261,13 +288,27 @@ fn hosts_no_rule_allows_are_refused_on_the_transparent_listener_and_never_dialed
     let lk = transparent(&gw, &ca, &[]);
 
     // TLS: the SNI is decided before any certificate; the handshake is cut.
-    let out = direct_curl(&gw, &lk, ("evil.test", 443, UPSTREAM_IP), "https://evil.test/");
+    let out = direct_curl(
+        &gw,
+        &lk,
+        ("evil.test", 443, UPSTREAM_IP),
+        "https://evil.test/",
+    );
     assert_ne!(out.exit, Some(0), "{out:#?}");
     assert_eq!(out.response.status, 0, "{out:#?}");
     // Plain HTTP: the usual refusal.
-    let out = direct_curl(&gw, &lk, ("evil.test", 80, UPSTREAM_IP), "http://evil.test/x");
+    let out = direct_curl(
+        &gw,
+        &lk,
+        ("evil.test", 80, UPSTREAM_IP),
+        "http://evil.test/x",
+    );
     assert_denial(out.ok(), 403, Some("none"), "no_rule");
-    assert_eq!(plain.connections() + tls.connections(), 0, "a denied host was dialed");
+    assert_eq!(
+        plain.connections() + tls.connections(),
+        0,
+        "a denied host was dialed"
+    );
 
     let records = lk.wait_audit(2);
     let tls_record = records
@@ -299,12 +340,29 @@ fn an_allowed_name_sent_to_another_address_is_refused_and_a_tunnel_gets_the_hell
     let ca = TestCa::new();
     // OTHER_IP sits in the upstream namespace, opened for dialing, but is no address of any
     // allowed name: only the destination check stands between the sandbox and it.
-    gw.upstream
-        .ip(&["addr", "add", &format!("{OTHER_IP}/32"), "dev", &gw.upstream_if]);
+    gw.upstream.ip(&[
+        "addr",
+        "add",
+        &format!("{OTHER_IP}/32"),
+        "dev",
+        &gw.upstream_if,
+    ]);
     gw.proxy.ip(&["route", "add", OTHER_IP, "via", UPSTREAM_IP]);
     let (_plain, tls) = upstreams(&gw, &ca);
-    let other_tls = NsEcho::start(&gw.upstream, "other-443", OTHER_IP, 443, EchoOptions::default());
-    let other_plain = NsEcho::start(&gw.upstream, "other-80", OTHER_IP, 80, EchoOptions::default());
+    let other_tls = NsEcho::start(
+        &gw.upstream,
+        "other-443",
+        OTHER_IP,
+        443,
+        EchoOptions::default(),
+    );
+    let other_plain = NsEcho::start(
+        &gw.upstream,
+        "other-80",
+        OTHER_IP,
+        80,
+        EchoOptions::default(),
+    );
     let lk = transparent(&gw, &ca, &["--allow-private", "10.200.2.0/24"]);
 
     // A tunnel = true rule: latchkey read the ClientHello to learn the SNI, then replays it, so
@@ -314,8 +372,15 @@ fn an_allowed_name_sent_to_another_address_is_refused_and_a_tunnel_gets_the_hell
     let out = curl_in(
         &gw.sandbox,
         &lk,
-        &["--noproxy", "*", "--resolve", &format!("tun.test:443:{UPSTREAM_IP}"),
-          "--cacert", ca_path, "https://tun.test/tunneled"],
+        &[
+            "--noproxy",
+            "*",
+            "--resolve",
+            &format!("tun.test:443:{UPSTREAM_IP}"),
+            "--cacert",
+            ca_path,
+            "https://tun.test/tunneled",
+        ],
         &[],
     );
     let resp = out.ok();
@@ -392,7 +457,11 @@ fn tls_without_sni_ssh_and_connections_not_redirected_are_refused_and_audited() 
     let out = python_in(
         &gw.sandbox,
         RAW_CLIENT,
-        &[PROXY_IP, &TRANSPARENT_PORT.to_string(), "GET / HTTP/1.1\r\nHost: up.test\r\n\r\n"],
+        &[
+            PROXY_IP,
+            &TRANSPARENT_PORT.to_string(),
+            "GET / HTTP/1.1\r\nHost: up.test\r\n\r\n",
+        ],
     );
     assert_eq!(out.stdout, "", "{out:#?}");
     assert_record(
@@ -413,13 +482,27 @@ fn dns_routed_listeners_take_the_host_from_sni_and_host() {
     let http = format!("{PROXY_IP}:80");
     // No firewall rule: the sandbox reaches latchkey because the name resolves to it, as
     // latchkey's resolver answers in DNS-routed mode.
-    let lk = gateway_latchkey(&gw, &ca, &["--https-listen", &https, "--http-listen", &http]);
+    let lk = gateway_latchkey(
+        &gw,
+        &ca,
+        &["--https-listen", &https, "--http-listen", &http],
+    );
 
-    let out = direct_curl(&gw, &lk, ("up.test", 443, PROXY_IP), "https://up.test/routed");
+    let out = direct_curl(
+        &gw,
+        &lk,
+        ("up.test", 443, PROXY_IP),
+        "https://up.test/routed",
+    );
     let resp = out.ok();
     assert_eq!(resp.status, 200, "{out:#?}");
     assert_eq!(Echo::parse(&resp.text()).path, "/routed");
-    let out = direct_curl(&gw, &lk, ("up.test", 80, PROXY_IP), "http://up.test/routed-plain");
+    let out = direct_curl(
+        &gw,
+        &lk,
+        ("up.test", 80, PROXY_IP),
+        "http://up.test/routed-plain",
+    );
     let resp = out.ok();
     assert_eq!(resp.status, 200, "{out:#?}");
     assert!(resp.text().contains("\"server\": \"up\""), "{resp:#?}");

@@ -219,7 +219,11 @@ fn parse_head(seen: &[u8]) -> Result<Option<Head>, Refusal> {
         }
     }
     let mut hosts = Vec::new();
-    for h in req.headers.iter().filter(|h| h.name.eq_ignore_ascii_case("host")) {
+    for h in req
+        .headers
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case("host"))
+    {
         let value = std::str::from_utf8(h.value)
             .ok()
             .filter(|v| v.is_ascii())
@@ -307,7 +311,9 @@ mod tests {
     #[tokio::test]
     async fn bytes_that_start_like_tls_but_are_not_are_not_tls() {
         // A handshake record holding a one-byte "ClientHello".
-        let mut io = trickle(vec![0x16, 0x03, 0x01, 0x00, 0x05, 0x01, 0x00, 0x00, 0x01, 0xff]);
+        let mut io = trickle(vec![
+            0x16, 0x03, 0x01, 0x00, 0x05, 0x01, 0x00, 0x00, 0x01, 0xff,
+        ]);
         let mut seen = Vec::new();
         let err = read_hello(&mut io, &mut seen, soon()).await.err();
         assert_eq!(err.map(|e| e.0), Some(Reason::NotTls));
@@ -343,7 +349,10 @@ mod tests {
                 format!("GET / HTTP/1.1\r\nX: {}", "a".repeat(MAX_FIRST_BYTES)).into_bytes(),
                 Reason::HeaderTooLarge,
             ),
-            (b"GET / HTTP/1.1\r\nbad header\r\n\r\n".to_vec(), Reason::BadRequest),
+            (
+                b"GET / HTTP/1.1\r\nbad header\r\n\r\n".to_vec(),
+                Reason::BadRequest,
+            ),
         ];
         for (bytes, reason) in cases {
             let (mut client, mut server) = tokio::io::duplex(MAX_FIRST_BYTES * 2);
@@ -358,13 +367,21 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_client_that_stalls_mid_head_is_refused_at_the_deadline() {
         let (mut client, mut server) = tokio::io::duplex(64);
-        client.write_all(b"GET / HTTP/1.1\r\nHo").await.expect("write");
+        client
+            .write_all(b"GET / HTTP/1.1\r\nHo")
+            .await
+            .expect("write");
         let mut seen = Vec::new();
         let deadline = Instant::now() + Duration::from_secs(3);
         let err = read_head(&mut server, &mut seen, deadline).await.err();
         assert_eq!(err.map(|e| e.reason), Some(Reason::HeaderTimeout));
         let mut seen = Vec::new();
-        let stalled = sniff(&mut server, &mut seen, Instant::now() + Duration::from_secs(1)).await;
+        let stalled = sniff(
+            &mut server,
+            &mut seen,
+            Instant::now() + Duration::from_secs(1),
+        )
+        .await;
         assert_eq!(stalled, Err(Stalled::Timeout));
         drop(client);
     }

@@ -90,12 +90,20 @@ pub(super) async fn http(
                 "a Host header is required: it names the host policy decides",
             ))
         }
-        _ => return Err(Refusal::new(Reason::BadRequest, "more than one Host header")),
+        _ => {
+            return Err(Refusal::new(
+                Reason::BadRequest,
+                "more than one Host header",
+            ))
+        }
     };
     entry.update(|r| r.host = Some(value.clone()));
-    let authority = value
-        .parse::<http::uri::Authority>()
-        .map_err(|_| Refusal::new(Reason::BadRequest, format!("Host {value:?} is not host[:port]")))?;
+    let authority = value.parse::<http::uri::Authority>().map_err(|_| {
+        Refusal::new(
+            Reason::BadRequest,
+            format!("Host {value:?} is not host[:port]"),
+        )
+    })?;
     if authority.as_str().contains('@') {
         return Err(Refusal::new(
             Reason::UserinfoInUrl,

@@ -100,7 +100,10 @@ impl Proxy {
     /// connection caps as the proxy hop.
     pub async fn serve_captured(self: Arc<Self>, listener: TcpListener, capture: Capture) {
         let Ok(listen) = listener.local_addr() else {
-            tracing::error!(listener = capture.flag(), "listener has no address; not serving");
+            tracing::error!(
+                listener = capture.flag(),
+                "listener has no address; not serving"
+            );
             return;
         };
         let mut shutdown = self.shutdown.subscribe();
@@ -187,21 +190,23 @@ impl Proxy {
             }
         };
         let mut seen = Vec::new();
-        let sniffed =
-            first::sniff(&mut stream, &mut seen, started + self.handshake_timeout).await;
+        let sniffed = first::sniff(&mut stream, &mut seen, started + self.handshake_timeout).await;
         let kind = match sniffed {
             Ok(kind) => kind,
             Err(stalled) => {
                 let why = match stalled {
-                    first::Stalled::Timeout => format!(
-                        "sent nothing within {}s",
-                        self.handshake_timeout.as_secs()
-                    ),
+                    first::Stalled::Timeout => {
+                        format!("sent nothing within {}s", self.handshake_timeout.as_secs())
+                    }
                     first::Stalled::Closed => "closed without sending a request".to_string(),
                     first::Stalled::Full => "sent nothing latchkey recognises".to_string(),
                     first::Stalled::Failed(e) => e,
                 };
-                let reason = if plain { Reason::BadRequest } else { Reason::NotTls };
+                let reason = if plain {
+                    Reason::BadRequest
+                } else {
+                    Reason::NotTls
+                };
                 let entry = record(&identity, plain);
                 return refuse(stream, entry, &Refusal::new(reason, why), false).await;
             }
@@ -387,7 +392,11 @@ impl Proxy {
 
     /// The client's identity: a captured connection presents no token, so it is the one the
     /// policy's source-address identities give its address (`default` without identities).
-    async fn captured_identity(&self, policy: &Policy, peer: SocketAddr) -> Result<Arc<str>, String> {
+    async fn captured_identity(
+        &self,
+        policy: &Policy,
+        peer: SocketAddr,
+    ) -> Result<Arc<str>, String> {
         if policy.identities().is_empty() {
             return Ok(Arc::from(IDENTITY_DEFAULT));
         }

@@ -145,7 +145,9 @@ impl Netns {
         let file = tempfile::NamedTempFile::new().expect("nft ruleset file");
         std::fs::write(file.path(), ruleset).expect("write nft ruleset");
         let out = wait_with_timeout(
-            self.command(toolchain::tool("nft")).arg("-f").arg(file.path()),
+            self.command(toolchain::tool("nft"))
+                .arg("-f")
+                .arg(file.path()),
             Duration::from_secs(10),
         );
         assert_eq!(
