@@ -46,6 +46,16 @@ fn policy() -> &'static str {
 /// latchkey in the gateway's proxy namespace: its proxy port, the upstream link opened,
 /// `up.test`, `tun.test` and `evil.test` pinned to the upstream, and `extra` flags.
 fn gateway_latchkey(gw: &Gateway, ca: &TestCa, extra: &[&str]) -> Latchkey {
+    gateway_latchkey_with(gw, ca, extra, None)
+}
+
+/// [`gateway_latchkey`] with a second policy file.
+fn gateway_latchkey_with(
+    gw: &Gateway,
+    ca: &TestCa,
+    extra: &[&str],
+    more_policy: Option<&str>,
+) -> Latchkey {
     let mut builder = latchkey()
         .guarded()
         .netns(gw.proxy.name())
@@ -57,6 +67,9 @@ fn gateway_latchkey(gw: &Gateway, ca: &TestCa, extra: &[&str]) -> Latchkey {
         .resolve("evil.test", UPSTREAM_IP)
         .upstream_ca(ca)
         .policy("main.toml", policy());
+    if let Some(more) = more_policy {
+        builder = builder.policy("more.toml", more);
+    }
     for arg in extra {
         builder = builder.arg(arg);
     }
@@ -681,4 +694,61 @@ fn ipv6_connections_are_redirected_and_checked_like_ipv4_on_a_dual_stack_listene
         json!({"host": PROXY_IP6, "port": TRANSPARENT_PORT, "upstream": null}),
     );
     lk.wait_audit(5);
+}
+
+#[test]
+fn a_captured_connection_has_the_identity_its_source_address_gives_it() {
+    let gw = Gateway::new();
+    let ca = TestCa::new();
+    let (plain, _tls) = upstreams(&gw, &ca);
+    gw.proxy.nft(&redirect_ruleset());
+    let listen = format!("{PROXY_IP}:{TRANSPARENT_PORT}");
+    // No token can ride on a captured connection: the sandbox is known by its address only.
+    let identities = format!(
+        "[[rules]]\nname = \"evil\"\nhosts = [\"evil.test\"]\nports = [80]\n\n\
+         [identities.sandbox]\nsources = [\"{SANDBOX_IP}/32\"]\nrules = [\"upstream\"]\n"
+    );
+    let lk = gateway_latchkey_with(&gw, &ca, &["--transparent", &listen], Some(&identities));
+
+    let out = direct_curl(
+        &gw,
+        &lk,
+        ("up.test", 80, UPSTREAM_IP),
+        "http://up.test/mine",
+    );
+    assert_eq!(out.ok().status, 200, "{out:#?}");
+    let out = direct_curl(
+        &gw,
+        &lk,
+        ("evil.test", 80, UPSTREAM_IP),
+        "http://evil.test/not-mine",
+    );
+    assert_denial(out.ok(), 403, Some("none"), "identity_not_allowed");
+    let out = direct_curl(
+        &gw,
+        &lk,
+        ("evil.test", 443, UPSTREAM_IP),
+        "https://evil.test/",
+    );
+    assert_ne!(out.exit, Some(0), "{out:#?}");
+    assert_eq!(plain.connections(), 1);
+
+    let records = lk.wait_audit(3);
+    for record in &records {
+        assert_eq!(record["identity"], "sandbox", "{record:#}");
+    }
+    assert_record(
+        &record_with(&lk, json!({"path": "/mine"})),
+        json!({"reason": "allowed", "rule": "upstream"}),
+    );
+    assert_record(
+        &record_with(&lk, json!({"path": "/not-mine"})),
+        json!({"decision": "deny", "reason": "identity_not_allowed", "rule": "evil",
+               "status": 403}),
+    );
+    assert_record(
+        &record_with(&lk, json!({"method": "CONNECT"})),
+        json!({"host": "evil.test", "reason": "identity_not_allowed", "rule": "evil",
+               "status": null}),
+    );
 }
