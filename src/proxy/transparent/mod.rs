@@ -5,10 +5,11 @@
 //! --transparent   redirected by the firewall: original destination, not latchkey's own ─┐
 //! --https-listen  DNS-routed to latchkey: TLS, upstream port 443 ───────────────────────┤
 //! --http-listen   DNS-routed to latchkey: plain HTTP, upstream port 80 ─────────────────┤
-//!   caps, identity ─▶ first bytes (deadline, cap) ─┬─ TLS: whole ClientHello, SNI ─▶ gate ─┬─ intercept (connect::complete)
-//!                                                  │                                      └─ tunnel (hello replayed)
-//!                                                  ├─ HTTP/1: first head, Host ─▶ gate ─▶ serve_stream (pipeline)
-//!                                                  └─ anything else: refused, closed
+//!   caps, identity, first bytes (deadline, cap) ◀───────────────────────────────────────┘
+//!     ├─ TLS: whole ClientHello, SNI ─▶ gate ─┬─ intercept (connect::complete)
+//!     │                                       └─ tunnel (the hello replayed as sent)
+//!     ├─ HTTP/1: first head, Host ─▶ gate ─▶ intercepted::serve_stream (the pipeline)
+//!     └─ anything else: refused, closed
 //! ```
 //!
 //! The gate (`gate`) is the CONNECT gate's own admission and decision plus, for a redirected
@@ -162,7 +163,8 @@ impl Proxy {
         let slot = match slot {
             Ok(slot) => slot,
             Err(why) => {
-                tracing::warn!(client.addr = %peer, why, listener = capture.flag(), "connection refused: over limit");
+                let listener = capture.flag();
+                tracing::warn!(client.addr = %peer, why, listener, "connection refused: over limit");
                 let refusal = Refusal::new(Reason::TooManyConnections, why);
                 let entry = record(IDENTITY_DEFAULT, plain);
                 return refuse(stream, entry, &refusal, plain).await;
@@ -413,7 +415,10 @@ impl Proxy {
             .dialer
             .resolve(&addr.ip().to_string(), addr.port(), &[])
             .await;
-        matches!(checked, Err(UpstreamError::Refused { refused, .. }) if refused.class == AddrClass::ProxyOwn)
+        match checked {
+            Err(UpstreamError::Refused { refused, .. }) => refused.class == AddrClass::ProxyOwn,
+            _ => false,
+        }
     }
 }
 
@@ -439,6 +444,7 @@ async fn refuse(mut stream: TcpStream, entry: Entry, refusal: &Refusal, answer: 
 fn dropped(mut entry: Entry, refusal: &Refusal) {
     entry.outcome(refusal.reason, refusal.rule.as_deref(), None);
     let message = entry.scrub_text(&refusal.message);
-    tracing::info!(audit.id = %entry.id(), reason = refusal.reason.code(), message, "captured connection refused");
+    let reason = refusal.reason.code();
+    tracing::info!(audit.id = %entry.id(), reason, message, "captured connection refused");
     entry.finish();
 }
