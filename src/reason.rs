@@ -91,11 +91,20 @@ pub enum Reason {
     /// The sandbox sent a request body in a coding latchkey does not read (`Content-Encoding:
     /// gzip`, compressed gRPC messages): its content could not be checked for secret values.
     UninspectableRequestBody,
+    /// A captured (transparent or DNS-routed) TLS connection sent a ClientHello without SNI:
+    /// there is no name for policy to decide.
+    NoSni,
+    /// A redirected connection's original destination is not an address of the name its SNI or
+    /// Host carries: an allowed name cannot carry a connection to an arbitrary address.
+    DestinationMismatch,
+    /// A connection reached the transparent listener without being redirected to it (its
+    /// original destination is latchkey's own listener, or could not be recovered).
+    NotRedirected,
 }
 
 impl Reason {
     /// Every reason, for registry tests and documentation.
-    pub const ALL: [Reason; 38] = [
+    pub const ALL: [Reason; 41] = [
         Reason::Allowed,
         Reason::Tunnel,
         Reason::NoRule,
@@ -134,6 +143,9 @@ impl Reason {
         Reason::TooBusy,
         Reason::BodyTimeout,
         Reason::UninspectableRequestBody,
+        Reason::NoSni,
+        Reason::DestinationMismatch,
+        Reason::NotRedirected,
     ];
 
     /// The stable snake_case code used in headers, logs and audit records.
@@ -177,6 +189,9 @@ impl Reason {
             Reason::TooBusy => "too_busy",
             Reason::BodyTimeout => "body_timeout",
             Reason::UninspectableRequestBody => "uninspectable_request_body",
+            Reason::NoSni => "no_sni",
+            Reason::DestinationMismatch => "destination_mismatch",
+            Reason::NotRedirected => "not_redirected",
         }
     }
 
@@ -194,7 +209,8 @@ impl Reason {
             | Reason::SecretValueUnbound
             | Reason::NonPublicAddress
             | Reason::IdentityNotAllowed
-            | Reason::PresignedQuery => StatusCode::FORBIDDEN,
+            | Reason::PresignedQuery
+            | Reason::DestinationMismatch => StatusCode::FORBIDDEN,
             Reason::ProxyAuthRequired => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
             Reason::SecretUnavailable
             | Reason::TooManyConnections
@@ -210,7 +226,9 @@ impl Reason {
             | Reason::MissingPort
             | Reason::AmbiguousPath
             | Reason::AmbiguousFraming
-            | Reason::NotAProxyRequest => StatusCode::BAD_REQUEST,
+            | Reason::NotAProxyRequest
+            | Reason::NoSni
+            | Reason::NotRedirected => StatusCode::BAD_REQUEST,
             Reason::HeaderTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Reason::UpstreamUnreachable
             | Reason::UpstreamTls

@@ -205,6 +205,27 @@ pub struct ServeArgs {
     /// upstream request aborted.
     #[arg(long, env = "LATCHKEY_BODY_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub body_timeout: Duration,
+    /// Gateway mode: accept connections the host firewall redirected here (nftables
+    /// `redirect`, iptables `REDIRECT`). The host is the SNI or Host, and the original
+    /// destination must be one of its addresses; anything but TLS and HTTP is refused.
+    #[arg(long, env = "LATCHKEY_TRANSPARENT", value_name = "ADDR")]
+    pub transparent: Option<SocketAddr>,
+    /// DNS-routed mode: accept TLS sent to latchkey itself (its resolver answered with its own
+    /// address); the host is the SNI, the upstream port 443.
+    #[arg(
+        long = "https-listen",
+        env = "LATCHKEY_HTTPS_LISTEN",
+        value_name = "ADDR"
+    )]
+    pub https_listen: Option<SocketAddr>,
+    /// DNS-routed mode: accept plain HTTP sent to latchkey itself; the host is the Host header,
+    /// the upstream port 80.
+    #[arg(
+        long = "http-listen",
+        env = "LATCHKEY_HTTP_LISTEN",
+        value_name = "ADDR"
+    )]
+    pub http_listen: Option<SocketAddr>,
     /// On SIGTERM/SIGINT, how long in-flight requests may take to finish.
     #[arg(long, env = "LATCHKEY_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Duration,

@@ -19,6 +19,7 @@ use anyhow::Context;
 use super::args::{Mode, ServeArgs};
 use crate::policy::{self, Policy};
 use crate::proxy::limits::Limits;
+use crate::proxy::transparent::Capture;
 use crate::proxy::{CertAuthority, InitOutcome, Proxy, ProxyConfig};
 use crate::secrets::SecretValue;
 use crate::upstream::{parse_resolve, UpstreamConfig};
@@ -34,6 +35,8 @@ pub struct Server {
     proxy: Arc<Proxy>,
     listener: std::net::TcpListener,
     admin: Option<(std::net::TcpListener, Option<SecretValue>)>,
+    /// Gateway listeners without a proxy hop (`--transparent`, `--https-listen`, `--http-listen`).
+    captured: Vec<(std::net::TcpListener, Capture)>,
     mode: Mode,
     audit_path: PathBuf,
     shutdown_timeout: Duration,
@@ -125,6 +128,20 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
             Some(l)
         }
     };
+    // Gateway listeners, bound here like the others so the guard knows them as latchkey's own.
+    let mut captured = Vec::new();
+    for (addr, capture) in [
+        (args.transparent, Capture::Transparent),
+        (args.https_listen, Capture::Https),
+        (args.http_listen, Capture::Http),
+    ] {
+        let Some(addr) = addr else { continue };
+        let l = std::net::TcpListener::bind(addr)
+            .with_context(|| format!("cannot listen on {} {addr}", capture.flag()))?;
+        l.set_nonblocking(true)?;
+        upstream.own.push(l.local_addr()?);
+        captured.push((l, capture));
+    }
     let token = args.admin_token.as_deref().map(admin_token).transpose()?;
     anyhow::ensure!(
         !args.body_timeout.is_zero(),
@@ -163,6 +180,7 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
         proxy,
         listener,
         admin: admin_listener.map(|l| (l, token)),
+        captured,
         mode: args.mode,
         audit_path: args.audit.clone(),
         shutdown_timeout: args.shutdown_timeout,
@@ -190,6 +208,7 @@ impl Server {
             proxy,
             listener,
             admin,
+            captured,
             mode,
             audit_path,
             shutdown_timeout,
@@ -213,12 +232,26 @@ impl Server {
                 "report-only mode: policy denials are let through and audited with would_deny"
             );
         }
+        let mut gateway = Vec::new();
+        for (l, capture) in captured {
+            let l = tokio::net::TcpListener::from_std(l)?;
+            let addr = l.local_addr()?;
+            tracing::info!(listen.addr = %addr, listener = capture.flag(), "gateway listener ready");
+            eprintln!(
+                "latchkey: {} listening on {addr}",
+                capture.flag().trim_start_matches("--")
+            );
+            gateway.push(tokio::spawn(proxy.clone().serve_captured(l, capture)));
+        }
         tokio::spawn(proxy.clone().watch_policies());
         let serving = tokio::spawn(proxy.clone().serve(listener));
         shutdown.await;
         tracing::info!(deadline = ?shutdown_timeout, "shutting down: no new connections, finishing requests in flight");
         proxy.begin_shutdown();
         let _ = serving.await;
+        for g in gateway {
+            let _ = g.await;
+        }
         let left = proxy.drain(shutdown_timeout).await;
         if left > 0 {
             tracing::warn!(

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A tiny echo upstream for the network-namespace tests, run inside a namespace of their own.
 
-Usage: echo_server.py NAME HOST PORT [--tls CERT KEY] [--close]
+Usage: echo_server.py NAME HOST PORT [--tls CERT KEY] [--close]   (HOST may be IPv6)
 
 Answers every request with JSON {"server": NAME, "method", "path", "headers": [[name, value]],
 "body"}. Prints "listening on HOST:PORT" once it accepts connections, then
@@ -12,6 +12,7 @@ with `connection: close`, so every request needs a new connection (and a new res
 
 import http.server
 import json
+import socket
 import ssl
 import sys
 
@@ -62,7 +63,14 @@ def main() -> int:
         def log_message(self, *_args):
             pass
 
-    server = http.server.ThreadingHTTPServer((host, port), Handler)
+    server_class = http.server.ThreadingHTTPServer
+    if ":" in host:
+
+        class ServerV6(http.server.ThreadingHTTPServer):
+            address_family = socket.AF_INET6
+
+        server_class = ServerV6
+    server = server_class((host, port), Handler)
     if tls:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(tls[0], tls[1])

@@ -21,6 +21,7 @@ mod credentials_sigv4;
 mod demo;
 mod first_run;
 mod gateway;
+mod gateway_transparent;
 mod identities;
 mod inner_policy;
 mod mitm;

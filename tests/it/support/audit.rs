@@ -61,6 +61,11 @@ pub const REASONS: &[&str] = &[
     "body_timeout",
     // A request body in a coding latchkey cannot read for secret values.
     "uninspectable_request_body",
+    // Captured (gateway) connections: TLS without SNI, an original destination that is not an
+    // address of the SNI / Host, a connection that was not redirected to the transparent port.
+    "no_sni",
+    "destination_mismatch",
+    "not_redirected",
 ];
 
 /// Policy denials that report-only mode (`mode = "report"`, `--mode report`) lets through: such a

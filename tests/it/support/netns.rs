@@ -140,6 +140,24 @@ impl Netns {
         self.etc = Some(dir);
     }
 
+    /// Loads an nftables ruleset (`nft -f FILE`) in the namespace, panicking on failure.
+    pub fn nft(&self, ruleset: &str) {
+        let file = tempfile::NamedTempFile::new().expect("nft ruleset file");
+        std::fs::write(file.path(), ruleset).expect("write nft ruleset");
+        let out = wait_with_timeout(
+            self.command(toolchain::tool("nft"))
+                .arg("-f")
+                .arg(file.path()),
+            Duration::from_secs(10),
+        );
+        assert_eq!(
+            out.code(),
+            Some(0),
+            "nft -f in {}:\n{ruleset}\n{out:#?}",
+            self.name
+        );
+    }
+
     /// Runs `sh -c SCRIPT` inside the namespace, panicking on failure; returns its stdout.
     pub fn sh(&self, script: &str) -> String {
         let out = wait_with_timeout(

@@ -30,6 +30,7 @@ const TOOLS: &[(&str, &str)] = &[
     ("git", "git"),
     ("openssl", "openssl"),
     ("ip", "iproute2"),
+    ("nft", "nftables"),
     ("kill", "procps"),
     ("sh", "dash"),
     ("python3", "python3"),

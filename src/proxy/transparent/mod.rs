@@ -1,0 +1,450 @@
+//! Captured connections: ones that reach latchkey without a proxy hop, so the client never said
+//! where it was going. Three listeners, one path:
+//!
+//! ```text
+//! --transparent   redirected by the firewall: original destination, not latchkey's own ─┐
+//! --https-listen  DNS-routed to latchkey: TLS, upstream port 443 ───────────────────────┤
+//! --http-listen   DNS-routed to latchkey: plain HTTP, upstream port 80 ─────────────────┤
+//!   caps, identity, first bytes (deadline, cap) ◀───────────────────────────────────────┘
+//!     ├─ TLS: whole ClientHello, SNI ─▶ gate ─┬─ intercept (connect::complete)
+//!     │                                       └─ tunnel (the hello replayed as sent)
+//!     ├─ HTTP/1: first head, Host ─▶ gate ─▶ intercepted::serve_stream (the pipeline)
+//!     └─ anything else: refused, closed
+//! ```
+//!
+//! The gate (`gate`) is the CONNECT gate's own admission and decision plus, for a redirected
+//! connection, the check that its original destination is an address of the name it carries.
+//! Every connection leaves a record: a refused one here (naming where it was going), an
+//! admitted one through the pipeline (one per request) or its tunnel. The identity is the one
+//! the policy's source-address identities give the client (no token can be presented), or
+//! `default` when the policy has none. Nothing is dialed for a refused connection; dials go
+//! through `upstream` only (the tunnel, the pipeline's client).
+
+mod first;
+mod gate;
+mod origin;
+mod stream;
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
+use tokio_rustls::StartHandshake;
+
+use super::connect::{self, Opened};
+use super::limits::ConnectionSlot;
+use super::pipeline::Ctx;
+use super::{intercepted, respond, Proxy, IDENTITY_DEFAULT};
+use crate::audit::Entry;
+use crate::policy::Policy;
+use crate::reason::{Reason, Refusal};
+use crate::upstream::guard::AddrClass;
+use crate::upstream::UpstreamError;
+use first::Kind;
+use stream::Client;
+
+/// Which captured listener accepted a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capture {
+    /// `serve --transparent`: connections the host firewall redirected here; the original
+    /// destination is recovered and must be an address of the SNI / Host.
+    Transparent,
+    /// `serve --https-listen`: TLS to latchkey itself (its resolver answered the name with
+    /// latchkey's own address); the host is the SNI, the upstream port 443.
+    Https,
+    /// `serve --http-listen`: plain HTTP to latchkey itself; the host is the `Host` header, the
+    /// upstream port 80.
+    Http,
+}
+
+impl Capture {
+    /// The `serve` flag that starts this listener.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Capture::Transparent => "--transparent",
+            Capture::Https => "--https-listen",
+            Capture::Http => "--http-listen",
+        }
+    }
+}
+
+/// Where a captured connection is going, as far as latchkey knows before its first byte.
+struct Dest {
+    /// The original destination of a redirected connection.
+    original: Option<SocketAddr>,
+    /// The port the upstream is dialed on.
+    port: u16,
+    /// The host a record names until the SNI / Host is known: the original destination's
+    /// address, or (DNS-routed) the address of latchkey the client connected to.
+    host: String,
+}
+
+/// One captured connection, identified, its first bytes read.
+struct Conn {
+    stream: TcpStream,
+    peer: SocketAddr,
+    identity: Arc<str>,
+    policy: Arc<Policy>,
+    dest: Dest,
+    started: Instant,
+    slot: ConnectionSlot,
+    /// Every byte read from the client so far.
+    seen: Vec<u8>,
+}
+
+impl Proxy {
+    /// Accepts captured connections of kind `capture` until shutdown begins, under the same
+    /// connection caps as the proxy hop.
+    pub async fn serve_captured(self: Arc<Self>, listener: TcpListener, capture: Capture) {
+        let Ok(listen) = listener.local_addr() else {
+            tracing::error!(
+                listener = capture.flag(),
+                "listener has no address; not serving"
+            );
+            return;
+        };
+        let mut shutdown = self.shutdown.subscribe();
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, peer)) => {
+                        let slot = self.connections.acquire(peer.ip(), &self.limits);
+                        tokio::spawn(self.clone().captured(stream, peer, listen, capture, slot));
+                    }
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off instead of spinning.
+                        tracing::warn!(error = %e, listener = capture.flag(), "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                },
+                () = super::stopped(&mut shutdown) => break,
+            }
+        }
+    }
+
+    /// One captured connection: caps, destination, identity, first bytes, then TLS or HTTP.
+    async fn captured(
+        self: Arc<Self>,
+        mut stream: TcpStream,
+        peer: SocketAddr,
+        listen: SocketAddr,
+        capture: Capture,
+        slot: Result<ConnectionSlot, String>,
+    ) {
+        let _ = stream.set_nodelay(true);
+        let started = Instant::now();
+        // Back-pressure from a slow audit sink: wait for queue room without holding a thread.
+        self.audit.room().await;
+        let policy = self.policy();
+        let local = stream.local_addr().unwrap_or(listen);
+        let dest = match capture {
+            Capture::Transparent => {
+                let original = origin::original_destination(&stream, local);
+                Dest {
+                    original: Some(original),
+                    port: original.port(),
+                    host: original.ip().to_string(),
+                }
+            }
+            Capture::Https | Capture::Http => Dest {
+                original: None,
+                port: if capture == Capture::Https { 443 } else { 80 },
+                host: local.ip().to_canonical().to_string(),
+            },
+        };
+        let plain = capture == Capture::Http;
+        let record = |identity: &str, plain: bool| {
+            self.captured_record(peer, identity, &policy, &dest, plain)
+        };
+        let slot = match slot {
+            Ok(slot) => slot,
+            Err(why) => {
+                let listener = capture.flag();
+                tracing::warn!(client.addr = %peer, why, listener, "connection refused: over limit");
+                let refusal = Refusal::new(Reason::TooManyConnections, why);
+                let entry = record(IDENTITY_DEFAULT, plain);
+                return refuse(stream, entry, &refusal, plain).await;
+            }
+        };
+        if let Some(original) = dest.original {
+            if self.is_own(original).await {
+                let mut entry = record(IDENTITY_DEFAULT, false);
+                entry.update(|r| r.upstream = None);
+                let refusal = Refusal::new(
+                    Reason::NotRedirected,
+                    format!(
+                        "the connection's original destination {original} is latchkey's own \
+                         listener: the firewall did not redirect it here"
+                    ),
+                );
+                return refuse(stream, entry, &refusal, false).await;
+            }
+        }
+        let identity = match self.captured_identity(&policy, peer).await {
+            Ok(identity) => identity,
+            Err(why) => {
+                let refusal = Refusal::new(Reason::ProxyAuthRequired, why);
+                return refuse(stream, record("unidentified", false), &refusal, false).await;
+            }
+        };
+        let mut seen = Vec::new();
+        let sniffed = first::sniff(&mut stream, &mut seen, started + self.handshake_timeout).await;
+        let kind = match sniffed {
+            Ok(kind) => kind,
+            Err(stalled) => {
+                let why = match stalled {
+                    first::Stalled::Timeout => {
+                        format!("sent nothing within {}s", self.handshake_timeout.as_secs())
+                    }
+                    first::Stalled::Closed => "closed without sending a request".to_string(),
+                    first::Stalled::Full => "sent nothing latchkey recognises".to_string(),
+                    first::Stalled::Failed(e) => e,
+                };
+                let reason = if plain {
+                    Reason::BadRequest
+                } else {
+                    Reason::NotTls
+                };
+                let entry = record(&identity, plain);
+                return refuse(stream, entry, &Refusal::new(reason, why), false).await;
+            }
+        };
+        let conn = |stream, seen| Conn {
+            stream,
+            peer,
+            identity: identity.clone(),
+            policy: policy.clone(),
+            dest: Dest {
+                original: dest.original,
+                port: dest.port,
+                host: dest.host.clone(),
+            },
+            started,
+            slot,
+            seen,
+        };
+        match (kind, capture) {
+            (Kind::Tls, Capture::Transparent | Capture::Https) => {
+                self.clone().captured_tls(conn(stream, seen)).await;
+            }
+            (Kind::Http, Capture::Transparent | Capture::Http) => {
+                self.clone().captured_http(conn(stream, seen)).await;
+            }
+            (Kind::Tls, Capture::Http) => {
+                let refusal = Refusal::new(
+                    Reason::BadRequest,
+                    "TLS on the plain-HTTP listener (--http-listen)",
+                );
+                refuse(stream, record(&identity, true), &refusal, false).await;
+            }
+            (_, Capture::Http) => {
+                let refusal = Refusal::new(Reason::BadRequest, "not an HTTP/1 request");
+                refuse(stream, record(&identity, true), &refusal, true).await;
+            }
+            (_, Capture::Transparent | Capture::Https) => {
+                let what = if kind == Kind::Http {
+                    "plain HTTP"
+                } else {
+                    "neither TLS nor HTTP"
+                };
+                let refusal = Refusal::new(
+                    Reason::NotTls,
+                    format!("{what} to {}:{}", dest.host, dest.port),
+                );
+                refuse(stream, record(&identity, false), &refusal, false).await;
+            }
+        }
+    }
+
+    /// A TLS connection: its whole ClientHello, the SNI through the gate, then interception or
+    /// (a `tunnel = true` rule) the hello replayed to the upstream and a relay.
+    async fn captured_tls(self: Arc<Self>, conn: Conn) {
+        let Conn {
+            mut stream,
+            peer,
+            identity,
+            policy,
+            dest,
+            started,
+            slot,
+            mut seen,
+        } = conn;
+        let mut entry = self.captured_record(peer, &identity, &policy, &dest, false);
+        let deadline = started + self.handshake_timeout;
+        let accepted = match first::read_hello(&mut stream, &mut seen, deadline).await {
+            Ok(accepted) => accepted,
+            Err(why) => return connect::not_intercepted(&self, entry, &dest.host, why),
+        };
+        let Some(sni) = accepted.client_hello().server_name().map(str::to_string) else {
+            let why = (
+                Reason::NoSni,
+                format!(
+                    "a ClientHello without SNI to {}:{}: there is no name to decide",
+                    dest.host, dest.port
+                ),
+            );
+            return connect::not_intercepted(&self, entry, &dest.host, why);
+        };
+        let ctx = Ctx::proxy_hop(peer, None).identified(&identity);
+        let gated = gate::tls(
+            &self,
+            &ctx,
+            &policy,
+            &mut entry,
+            &sni,
+            dest.port,
+            dest.original,
+        )
+        .await;
+        match gated {
+            Err(refusal) => dropped(entry, &refusal),
+            Ok(Opened::Intercept(ctx)) => {
+                let client = Client::new(stream, Vec::new(), slot);
+                let start = StartHandshake::from_parts(accepted, client);
+                connect::complete(self, Arc::new(ctx), start, entry).await;
+            }
+            Ok(Opened::Tunnel(mut dialed)) => {
+                // The upstream gets the ClientHello exactly as the client sent it, then the rest.
+                let replay = dialed.stream.write_all(&seen);
+                match tokio::time::timeout(self.handshake_timeout, replay).await {
+                    Ok(Ok(())) => {
+                        let up = seen.len() as u64;
+                        entry.counters().up.fetch_add(up, Ordering::Relaxed);
+                    }
+                    _ => {
+                        entry.update(|r| r.reason = Reason::UpstreamError.code());
+                        return entry.finish();
+                    }
+                }
+                drop(seen);
+                let client = Client::new(stream, Vec::new(), slot);
+                connect::tunnel(client, dialed.stream, entry).await;
+            }
+        }
+    }
+
+    /// A plain-HTTP connection: its first request head, the `Host` through the gate, then every
+    /// request (the first one replayed) through the pipeline, pinned to that host.
+    async fn captured_http(self: Arc<Self>, conn: Conn) {
+        let Conn {
+            mut stream,
+            peer,
+            identity,
+            policy,
+            dest,
+            started,
+            slot,
+            mut seen,
+        } = conn;
+        let mut entry = self.captured_record(peer, &identity, &policy, &dest, true);
+        let deadline = started + self.limits.header_timeout;
+        let head = match first::read_head(&mut stream, &mut seen, deadline).await {
+            Ok(head) => head,
+            Err(refusal) => return refuse(stream, entry, &refusal, true).await,
+        };
+        let ctx = Ctx::proxy_hop(peer, None).identified(&identity);
+        let gated = gate::http(
+            &self,
+            &ctx,
+            &policy,
+            &mut entry,
+            &head,
+            dest.port,
+            dest.original,
+        )
+        .await;
+        match gated {
+            Err(refusal) => refuse(stream, entry, &refusal, true).await,
+            Ok(host) => {
+                // From here each request leaves its own record, the first one included.
+                entry.dismiss();
+                let ctx = Arc::new(Ctx::pinned_plain(peer, identity, host, dest.port));
+                let client = Client::new(stream, seen, slot);
+                intercepted::serve_stream(self, ctx, client, false).await;
+            }
+        }
+    }
+
+    /// The record of a captured connection before its requests are known: a connection-level
+    /// record like a CONNECT's (the implicit CONNECT to where it was going), or for plain HTTP
+    /// the start of its first request's. A redirected connection's `upstream` names its
+    /// original destination, which is never dialed for a refused connection.
+    fn captured_record(
+        &self,
+        peer: SocketAddr,
+        identity: &str,
+        policy: &Policy,
+        dest: &Dest,
+        plain: bool,
+    ) -> Entry {
+        let mut entry = self.open_record(peer, identity, policy);
+        entry.update(|r| {
+            r.method = (!plain).then(|| "CONNECT".to_string());
+            r.scheme = Some(if plain { "http" } else { "https" }.to_string());
+            r.host = Some(dest.host.clone());
+            r.port = Some(dest.port);
+            r.upstream = dest.original.map(|d| d.to_string());
+        });
+        entry
+    }
+
+    /// The client's identity: a captured connection presents no token, so it is the one the
+    /// policy's source-address identities give its address (`default` without identities).
+    async fn captured_identity(
+        &self,
+        policy: &Policy,
+        peer: SocketAddr,
+    ) -> Result<Arc<str>, String> {
+        if policy.identities().is_empty() {
+            return Ok(Arc::from(IDENTITY_DEFAULT));
+        }
+        crate::policy::identity::identify(policy.identities(), policy.secrets(), None, peer.ip())
+            .await
+            .map(|identity| Arc::from(identity.name.as_str()))
+            .map_err(|e| e.to_string())
+    }
+
+    /// Whether `addr` is one of latchkey's own listen addresses, as the address guard knows
+    /// them (a numeric host is never looked up).
+    async fn is_own(&self, addr: SocketAddr) -> bool {
+        let checked = self
+            .dialer
+            .resolve(&addr.ip().to_string(), addr.port(), &[])
+            .await;
+        match checked {
+            Err(UpstreamError::Refused { refused, .. }) => refused.class == AddrClass::ProxyOwn,
+            _ => false,
+        }
+    }
+}
+
+/// Ends a refused captured connection. `answer`: a plain-HTTP client gets the refusal's usual
+/// answer (status, headers, sentence), its record that status; otherwise the connection is
+/// closed and the record's status is null (dropped).
+async fn refuse(mut stream: TcpStream, entry: Entry, refusal: &Refusal, answer: bool) {
+    if !answer {
+        return dropped(entry, refusal);
+    }
+    let bytes = respond::refused_raw(entry, refusal);
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        let _ = stream.write_all(&bytes).await;
+        let _ = stream.shutdown().await;
+        // Read (bounded) what the client still sends, so closing does not reset the
+        // connection before it read the answer.
+        let _ = tokio::io::copy(&mut (&mut stream).take(64 * 1024), &mut tokio::io::sink()).await;
+    })
+    .await;
+}
+
+/// Records a captured connection refused without an answer, and says so on the log.
+fn dropped(mut entry: Entry, refusal: &Refusal) {
+    entry.outcome(refusal.reason, refusal.rule.as_deref(), None);
+    let message = entry.scrub_text(&refusal.message);
+    let reason = refusal.reason.code();
+    tracing::info!(audit.id = %entry.id(), reason, message, "captured connection refused");
+    entry.finish();
+}
