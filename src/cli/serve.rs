@@ -34,6 +34,8 @@ pub struct Server {
     proxy: Arc<Proxy>,
     listener: std::net::TcpListener,
     admin: Option<(std::net::TcpListener, Option<SecretValue>)>,
+    /// `--socks`: the SOCKS5 listener.
+    socks: Option<std::net::TcpListener>,
     mode: Mode,
     audit_path: PathBuf,
     shutdown_timeout: Duration,
@@ -125,6 +127,17 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
             Some(l)
         }
     };
+    // SOCKS5 (`--socks`): bound here too, so the guard never dials it either.
+    let socks = match args.socks {
+        Some(addr) => {
+            let l = std::net::TcpListener::bind(addr)
+                .with_context(|| format!("cannot listen on --socks {addr}"))?;
+            l.set_nonblocking(true)?;
+            upstream.own.push(l.local_addr()?);
+            Some(l)
+        }
+        None => None,
+    };
     let token = args.admin_token.as_deref().map(admin_token).transpose()?;
     anyhow::ensure!(
         !args.body_timeout.is_zero(),
@@ -163,6 +176,7 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
         proxy,
         listener,
         admin: admin_listener.map(|l| (l, token)),
+        socks,
         mode: args.mode,
         audit_path: args.audit.clone(),
         shutdown_timeout: args.shutdown_timeout,
@@ -190,6 +204,7 @@ impl Server {
             proxy,
             listener,
             admin,
+            socks,
             mode,
             audit_path,
             shutdown_timeout,
@@ -208,6 +223,16 @@ impl Server {
             eprintln!("latchkey: admin listening on {admin}");
             tokio::spawn(crate::admin::serve(proxy.clone(), l, token));
         }
+        let socks = match socks {
+            Some(l) => {
+                let l = tokio::net::TcpListener::from_std(l)?;
+                let at = l.local_addr()?;
+                tracing::info!(socks.addr = %at, "SOCKS5 listener ready");
+                eprintln!("latchkey: socks5 listening on {at}");
+                Some(tokio::spawn(proxy.clone().serve_socks(l)))
+            }
+            None => None,
+        };
         if mode == Mode::Report {
             tracing::warn!(
                 "report-only mode: policy denials are let through and audited with would_deny"
@@ -219,6 +244,9 @@ impl Server {
         tracing::info!(deadline = ?shutdown_timeout, "shutting down: no new connections, finishing requests in flight");
         proxy.begin_shutdown();
         let _ = serving.await;
+        if let Some(socks) = socks {
+            let _ = socks.await;
+        }
         let left = proxy.drain(shutdown_timeout).await;
         if left > 0 {
             tracing::warn!(

@@ -31,6 +31,7 @@ mod request_body;
 mod respond;
 mod response;
 mod scrub_body;
+mod socks;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
