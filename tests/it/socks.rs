@@ -389,8 +389,10 @@ fn username_and_password_map_to_identities_and_a_wrong_password_is_refused() {
     // Only method 0x00 offered: no acceptable method.
     let got = probe(&w, &[send("050100")]);
     assert_eq!(got["received"], "05ff", "{got}");
-    assert_eq!(w.http.connections(), 2);
-    for req in w.http.received() {
+    // Only the two identified requests reached the upstream (latchkey may pool one connection).
+    let received = w.http.received();
+    assert_eq!(received.len(), 2, "{received:#?}");
+    for req in &received {
         assert!(req.header("proxy-authorization").is_none(), "{req:#?}");
     }
 
