@@ -32,6 +32,11 @@ struct World {
 }
 
 fn world(policy: impl FnOnce(u16, u16) -> String) -> World {
+    world_with(policy, &[])
+}
+
+/// [`world`] with extra `serve` arguments.
+fn world_with(policy: impl FnOnce(u16, u16) -> String, args: &[&str]) -> World {
     let ca = TestCa::new();
     let https = Upstream::https(&ca);
     let http = Upstream::http();
@@ -44,6 +49,9 @@ fn world(policy: impl FnOnce(u16, u16) -> String) -> World {
         .arg("--header-timeout")
         .arg("2s")
         .policy("main.toml", &policy(https.port(), http.port()));
+    for arg in args {
+        builder = builder.arg(arg);
+    }
     for host in ["api.test", "plain.test", "evil.test", "tunnel.test"] {
         builder = builder.pin(host);
     }
@@ -295,13 +303,21 @@ fn a_denied_host_gets_reply_0x02_and_an_ip_literal_is_the_host_policy_sees() {
     let got = probe(&w, &[send("050100"), send(&connect_name("evil.test", 443))]);
     assert_eq!(got["received"], "050005020001000000000000", "{got}");
     assert_eq!(got["closed"], true, "{got}");
+    // An IPv6 literal (ATYP 0x04) is its own host too.
+    let v6 = format!(
+        "0501000400000000000000000000000000000001{:04x}",
+        w.https.port()
+    );
+    let got = probe(&w, &[send("050100"), send(&v6)]);
+    assert_eq!(got["received"], "050005020001000000000000", "{got}");
     assert_eq!(w.https.connections(), 0, "a denied CONNECT was dialed");
 
-    let records = w.lk.wait_audit(3);
+    let records = w.lk.wait_audit(4);
     for (record, (host, port)) in records.iter().zip([
         ("evil.test", w.https.port()),
         ("127.0.0.1", w.https.port()),
         ("evil.test", 443),
+        ("::1", w.https.port()),
     ]) {
         assert_record(
             record,
@@ -486,4 +502,70 @@ fn a_raw_client_gets_its_reply_or_a_close_never_a_hang_and_each_is_audited() {
         expected["upstream"] = Value::Null;
         assert_record(record, expected);
     }
+}
+
+#[test]
+fn a_protocol_other_than_http_or_tls_after_an_allowed_connect_reaches_no_upstream() {
+    // ssh-style: a banner, not HTTP and not TLS, to an authority a rule allows.
+    let w = world(policy);
+    let banner: String = b"SSH-2.0-OpenSSH_9.2\r\n"
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let got = probe(
+        &w,
+        &[
+            send("050100"),
+            send(&connect_name("plain.test", w.http.port())),
+            send(&banner),
+        ],
+    );
+    let received = got["received"].as_str().unwrap_or_default();
+    // Allowed at the gate; then the pipeline's HTTP server waits for a request head that never
+    // comes, answers 408 and closes (at the 2 s header timeout).
+    assert!(
+        received.starts_with(&format!("0500{}", "05000001000000000000")),
+        "{got}"
+    );
+    let http = hex_text(&received[24..]);
+    assert!(http.starts_with("HTTP/1.1 408"), "{http:?}");
+    assert!(
+        http.contains("x-latchkey-reason: header_timeout"),
+        "{http:?}"
+    );
+    assert_eq!(got["closed"], true, "{got}");
+    assert_eq!(w.http.connections(), 0, "the banner was relayed upstream");
+    let records = w.lk.wait_audit(1);
+    assert_record(
+        &records[0],
+        json!({"decision": "deny", "reason": "header_timeout", "upstream": null}),
+    );
+}
+
+#[test]
+fn a_socks_connection_over_the_per_client_cap_is_closed_and_audited() {
+    let w = world_with(policy, &["--max-connections-per-client", "1"]);
+    // One connection held open (mid-greeting) takes the client's only slot.
+    #[allow(clippy::disallowed_methods)] // the test plays the sandbox, dialing latchkey
+    let held = std::net::TcpStream::connect(w.socks).expect("connect");
+    std::thread::sleep(Duration::from_millis(200));
+    let got = probe(&w, &[send("050100")]);
+    assert_eq!(got["received"], "", "{got}");
+    assert_eq!(got["closed"], true, "{got}");
+    assert!(got["elapsed"].as_f64() < Some(1.5), "{got}");
+    let records = w.lk.wait_audit(1);
+    assert_record(
+        &records[0],
+        json!({"decision": "deny", "reason": "too_many_connections", "host": null,
+               "status": null}),
+    );
+    drop(held);
+}
+
+/// The text of a hex string, lossy.
+fn hex_text(hex: &str) -> String {
+    let bytes: Vec<u8> = (0..hex.len() / 2)
+        .filter_map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok())
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
 }
