@@ -569,3 +569,31 @@ fn hex_text(hex: &str) -> String {
         .collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
+
+#[test]
+fn an_sni_other_than_the_connect_host_is_refused_before_a_certificate() {
+    // curl asks latchkey for api.test (allowed) and then speaks TLS for evil.test.
+    let w = world(policy);
+    let port = w.https.port();
+    let url = format!("https://evil.test:{port}/v1/models");
+    let to = format!("evil.test:{port}:api.test:{port}");
+    let proxy = w.socks.to_string();
+    let out = curl(
+        &w,
+        &w.lk.ca_pem_path(),
+        &["--connect-to", &to, "--socks5-hostname", &proxy, &url],
+    );
+    assert_ne!(out.exit, Some(0), "{out:#?}");
+    assert_eq!(out.response.status, 0, "{out:#?}");
+    assert_eq!(
+        w.https.connections(),
+        0,
+        "the spoofed SNI reached an upstream"
+    );
+    let records = w.lk.wait_audit(1);
+    assert_record(
+        &records[0],
+        json!({"method": "CONNECT", "host": "api.test", "port": port, "decision": "deny",
+               "reason": "sni_mismatch", "upstream": null}),
+    );
+}
