@@ -22,16 +22,16 @@ pub(super) const METHOD_USERPASS: u8 = 0x02;
 pub(super) const METHOD_NO_ACCEPTABLE: u8 = 0xFF;
 pub(super) const AUTH_OK: u8 = 0x00;
 pub(super) const AUTH_FAILED: u8 = 0x01;
-pub(super) const CMD_CONNECT: u8 = 0x01;
-pub(super) const CMD_BIND: u8 = 0x02;
-pub(super) const CMD_UDP_ASSOCIATE: u8 = 0x03;
-pub(super) const ATYP_V4: u8 = 0x01;
-pub(super) const ATYP_NAME: u8 = 0x03;
-pub(super) const ATYP_V6: u8 = 0x04;
+const CMD_CONNECT: u8 = 0x01;
+const CMD_BIND: u8 = 0x02;
+const CMD_UDP_ASSOCIATE: u8 = 0x03;
+const ATYP_V4: u8 = 0x01;
+const ATYP_NAME: u8 = 0x03;
+const ATYP_V6: u8 = 0x04;
 /// The first byte of a TLS record carrying a handshake (the ClientHello).
 pub(super) const TLS_HANDSHAKE: u8 = 0x16;
 /// How long an answer to a refused client may take to write before the socket is dropped.
-pub(super) const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// RFC 1928 §6 reply codes latchkey sends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
