@@ -597,3 +597,26 @@ fn an_sni_other_than_the_connect_host_is_refused_before_a_certificate() {
                "reason": "sni_mismatch", "upstream": null}),
     );
 }
+
+#[test]
+fn sigterm_stops_the_socks_listener_and_latchkey_exits_zero() {
+    let mut w = world(policy);
+    // An idle SOCKS5 client mid-greeting must not hold up the exit past its header timeout.
+    #[allow(clippy::disallowed_methods)] // the test plays the sandbox, dialing latchkey
+    let idle = std::net::TcpStream::connect(w.socks).expect("connect");
+    std::thread::sleep(Duration::from_millis(200));
+    let signalled = Instant::now();
+    w.lk.signal("TERM");
+    let status =
+        w.lk.wait_exit(Duration::from_secs(10))
+            .unwrap_or_else(|| panic!("latchkey did not exit:\n{}", w.lk.stderr_text()));
+    assert!(status.success(), "{status}\n{}", w.lk.stderr_text());
+    assert!(signalled.elapsed() < Duration::from_secs(8));
+    #[allow(clippy::disallowed_methods)]
+    let after = std::net::TcpStream::connect(w.socks);
+    assert!(
+        after.is_err(),
+        "the SOCKS5 listener still accepts after exit"
+    );
+    drop(idle);
+}
