@@ -118,6 +118,16 @@ pub enum CaAction {
         #[arg(long, env = "LATCHKEY_CA_DIR", default_value = "certs")]
         ca_dir: PathBuf,
     },
+    /// Add the CA to a Debian, Ubuntu or Alpine system trust store
+    /// (/usr/local/share/ca-certificates/latchkey.crt, then update-ca-certificates).
+    Install {
+        #[arg(long, env = "LATCHKEY_CA_DIR", default_value = "certs")]
+        ca_dir: PathBuf,
+        /// Act on the system under this root (an image being built): the certificate is
+        /// written there, and update-ca-certificates runs only for the root `/`.
+        #[arg(long, env = "LATCHKEY_ROOT", default_value = "/")]
+        root: PathBuf,
+    },
 }
 
 #[derive(clap::Args, Debug)]
@@ -229,6 +239,10 @@ pub struct ServeArgs {
     /// On SIGTERM/SIGINT, how long in-flight requests may take to finish.
     #[arg(long, env = "LATCHKEY_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Duration,
+    /// Also accept SOCKS5 here (RFC 1928 CONNECT, names resolved by latchkey; RFC 1929
+    /// username/password for identities), e.g. 127.0.0.1:1080; off unless given.
+    #[arg(long, env = "LATCHKEY_SOCKS", value_name = "ADDR")]
+    pub socks: Option<SocketAddr>,
 }
 
 /// A byte count: `1048576`, `64KiB`, `256MiB`, `1GiB` (binary units; `KB`/`MB`/`GB` are

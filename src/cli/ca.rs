@@ -1,4 +1,5 @@
-//! `latchkey ca init` and `latchkey ca show`: create latchkey's CA once, and print it.
+//! `latchkey ca init`, `show` and `install`: create latchkey's CA once, print it, and add it to a
+//! system trust store (`cli::trust`).
 
 use std::process::ExitCode;
 
@@ -23,6 +24,22 @@ pub fn run(action: CaAction) -> anyhow::Result<ExitCode> {
                 "trust it in a sandbox with: eval \"$(latchkey env --ca-dir {})\"",
                 ca_dir.display()
             );
+        }
+        CaAction::Install { ca_dir, root } => {
+            // The certificate only: an image that trusts latchkey never holds its key.
+            let cert = ca_dir.join(crate::proxy::ca::CA_CERT_FILE);
+            let pem = std::fs::read_to_string(&cert)
+                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", cert.display()))?;
+            let done = super::trust::install(&pem, &root)?;
+            println!("wrote {} ({:?})", done.path.display(), done.system);
+            if done.updated {
+                println!("ran update-ca-certificates: the system store trusts latchkey's CA");
+            } else {
+                println!(
+                    "now run update-ca-certificates inside {} (in a Dockerfile: RUN update-ca-certificates)",
+                    root.display()
+                );
+            }
         }
         CaAction::Show { ca_dir } => {
             let ca = CertAuthority::load(&ca_dir)?;

@@ -2,9 +2,12 @@
 //!
 //! Clients disagree on where they read trust from, so one bundle (system roots plus latchkey's
 //! CA: hosts on `tunnel = true` rules still present their real certificates) is written next to
-//! the CA and every variable points at it.
+//! the CA and every PEM variable points at it (Deno's `DENO_CERT` too); the JVM, which reads no
+//! PEM, gets the same certificates as a PKCS#12 truststore beside it (`cli::trust`), named by
+//! `JAVA_TOOL_OPTIONS`.
 //!
-//! Uses `proxy::ca` for the CA and nothing else in the crate: it never starts a proxy.
+//! Uses `proxy::ca` for the CA and `cli::trust` for the truststore, nothing else in the crate:
+//! it never starts a proxy.
 
 use std::path::{Path, PathBuf};
 
@@ -20,7 +23,7 @@ const SYSTEM_BUNDLES: [&str; 4] = [
 pub const BUNDLE_FILE: &str = "latchkey-bundle.pem";
 
 /// Variables that take a path to a PEM bundle.
-const BUNDLE_VARS: [&str; 11] = [
+const BUNDLE_VARS: [&str; 12] = [
     "SSL_CERT_FILE",
     "REQUESTS_CA_BUNDLE",
     "CURL_CA_BUNDLE",
@@ -32,6 +35,7 @@ const BUNDLE_VARS: [&str; 11] = [
     "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH",
     "NIX_SSL_CERT_FILE",
     "NODE_EXTRA_CA_CERTS",
+    "DENO_CERT",
 ];
 
 /// Output format.
@@ -59,6 +63,8 @@ pub enum EnvError {
     },
     #[error("--no-proxy {0:?}: a host list must not hold control characters")]
     NoProxy(String),
+    #[error(transparent)]
+    Trust(#[from] super::trust::TrustError),
 }
 
 /// `latchkey env`: loads (or creates) the CA, writes the bundle next to it and prints the
@@ -99,12 +105,12 @@ pub fn variables(
     })?;
     let bundle = ca_dir.join(BUNDLE_FILE);
     let mut text = String::new();
-    match SYSTEM_BUNDLES
+    let system = SYSTEM_BUNDLES
         .iter()
-        .find_map(|p| std::fs::read_to_string(p).ok())
-    {
+        .find_map(|p| std::fs::read_to_string(p).ok());
+    match &system {
         Some(system) => {
-            text.push_str(&system);
+            text.push_str(system);
             if !text.ends_with('\n') {
                 text.push('\n');
             }
@@ -132,6 +138,15 @@ pub fn variables(
     }
     vars.push(("SSL_CERT_DIR".to_string(), ca_dir.display().to_string()));
     vars.extend(BUNDLE_VARS.iter().map(|v| (v.to_string(), bundle.clone())));
+    let truststore = super::trust::write_truststore(&ca_dir, ca_pem, system.as_deref())?;
+    match super::trust::java_tool_options(&truststore) {
+        Some(options) => vars.push(("JAVA_TOOL_OPTIONS".to_string(), options)),
+        None => tracing::warn!(
+            path = %truststore.display(),
+            "JAVA_TOOL_OPTIONS left out: the truststore's path holds both quote characters, \
+             which the JVM cannot read there; use a --ca-dir without them"
+        ),
+    }
     Ok(vars)
 }
 
@@ -185,21 +200,39 @@ mod tests {
         assert_eq!(render(&v, Format::Shell), "export A='it'\\''s'\n");
     }
 
+    /// A CA certificate in PEM, as `proxy::ca` writes one.
+    fn ca_pem() -> String {
+        let key = rcgen::KeyPair::generate().expect("key");
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params.self_signed(&key).expect("cert").pem()
+    }
+
     #[test]
     fn every_bundle_variable_points_at_a_bundle_holding_the_ca() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let vars = variables(
-            "http://127.0.0.1:3128",
-            dir.path(),
-            "PEM-CA\n",
-            DEFAULT_NO_PROXY,
-        )
-        .expect("vars");
+        let pem = ca_pem();
+        let vars =
+            variables("http://127.0.0.1:3128", dir.path(), &pem, DEFAULT_NO_PROXY).expect("vars");
         for name in BUNDLE_VARS {
             let (_, path) = vars.iter().find(|(k, _)| k == name).expect(name);
             let text = std::fs::read_to_string(path).expect("bundle");
-            assert!(text.ends_with("PEM-CA\n"));
+            assert!(text.ends_with(&pem));
         }
+        let (_, java) = vars
+            .iter()
+            .find(|(k, _)| k == "JAVA_TOOL_OPTIONS")
+            .expect("JAVA_TOOL_OPTIONS");
+        let store = dir
+            .path()
+            .canonicalize()
+            .expect("canonical")
+            .join(super::super::trust::TRUSTSTORE_FILE);
+        assert!(
+            java.contains(&format!("-Djavax.net.ssl.trustStore={} ", store.display())),
+            "{java}"
+        );
+        assert!(store.is_file());
         assert!(vars
             .iter()
             .any(|(k, v)| k == "HTTPS_PROXY" && v == "http://127.0.0.1:3128"));
@@ -207,7 +240,7 @@ mod tests {
 
     fn vars_with(no_proxy: &str) -> Result<Vec<(String, String)>, EnvError> {
         let dir = tempfile::tempdir().expect("tempdir");
-        variables("http://127.0.0.1:3128", dir.path(), "PEM-CA\n", no_proxy)
+        variables("http://127.0.0.1:3128", dir.path(), &ca_pem(), no_proxy)
     }
 
     #[test]

@@ -37,6 +37,8 @@ pub struct Server {
     admin: Option<(std::net::TcpListener, Option<SecretValue>)>,
     /// Gateway listeners without a proxy hop (`--transparent`, `--https-listen`, `--http-listen`).
     captured: Vec<(std::net::TcpListener, Capture)>,
+    /// `--socks`: the SOCKS5 listener.
+    socks: Option<std::net::TcpListener>,
     mode: Mode,
     audit_path: PathBuf,
     shutdown_timeout: Duration,
@@ -142,6 +144,17 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
         upstream.own.push(l.local_addr()?);
         captured.push((l, capture));
     }
+    // SOCKS5 (`--socks`): bound here too, so the guard never dials it either.
+    let socks = match args.socks {
+        Some(addr) => {
+            let l = std::net::TcpListener::bind(addr)
+                .with_context(|| format!("cannot listen on --socks {addr}"))?;
+            l.set_nonblocking(true)?;
+            upstream.own.push(l.local_addr()?);
+            Some(l)
+        }
+        None => None,
+    };
     let token = args.admin_token.as_deref().map(admin_token).transpose()?;
     anyhow::ensure!(
         !args.body_timeout.is_zero(),
@@ -181,6 +194,7 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
         listener,
         admin: admin_listener.map(|l| (l, token)),
         captured,
+        socks,
         mode: args.mode,
         audit_path: args.audit.clone(),
         shutdown_timeout: args.shutdown_timeout,
@@ -209,6 +223,7 @@ impl Server {
             listener,
             admin,
             captured,
+            socks,
             mode,
             audit_path,
             shutdown_timeout,
@@ -227,6 +242,16 @@ impl Server {
             eprintln!("latchkey: admin listening on {admin}");
             tokio::spawn(crate::admin::serve(proxy.clone(), l, token));
         }
+        let socks = match socks {
+            Some(l) => {
+                let l = tokio::net::TcpListener::from_std(l)?;
+                let at = l.local_addr()?;
+                tracing::info!(socks.addr = %at, "SOCKS5 listener ready");
+                eprintln!("latchkey: socks5 listening on {at}");
+                Some(tokio::spawn(proxy.clone().serve_socks(l)))
+            }
+            None => None,
+        };
         if mode == Mode::Report {
             tracing::warn!(
                 "report-only mode: policy denials are let through and audited with would_deny"
@@ -251,6 +276,9 @@ impl Server {
         let _ = serving.await;
         for g in gateway {
             let _ = g.await;
+        }
+        if let Some(socks) = socks {
+            let _ = socks.await;
         }
         let left = proxy.drain(shutdown_timeout).await;
         if left > 0 {

@@ -32,6 +32,7 @@ mod respond;
 mod response;
 mod scrub_body;
 pub mod transparent;
+mod socks;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

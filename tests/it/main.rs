@@ -53,6 +53,8 @@ mod secrets_redaction;
 mod secrets_rotation;
 mod secrets_streaming;
 mod shutdown;
+mod socks;
+mod trust;
 mod tunnel;
 mod upstream_failures;
 

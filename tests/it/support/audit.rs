@@ -99,6 +99,9 @@ fn nullable_target_fields(reason: &str) -> &'static [&'static str] {
         // Refused before a request could be read: a stalled header block, a connection over
         // the caps.
         "header_timeout" | "too_many_connections" => &["method", "scheme", "host", "port", "path"],
+        // A SOCKS5 client refused at its method or username/password step, before it named a
+        // target.
+        "proxy_auth_required" => &["method", "scheme", "host", "port", "path"],
         "not_a_proxy_request" => &["scheme", "host", "port"],
         "missing_port" => &["port"],
         _ => &[],

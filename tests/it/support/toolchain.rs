@@ -34,6 +34,7 @@ const TOOLS: &[(&str, &str)] = &[
     ("kill", "procps"),
     ("sh", "dash"),
     ("python3", "python3"),
+    ("java", "default-jre-headless"),
 ];
 
 /// The pinned requirements the Python environment is built from.
