@@ -91,11 +91,16 @@ pub enum Reason {
     /// The sandbox sent a request body in a coding latchkey does not read (`Content-Encoding:
     /// gzip`, compressed gRPC messages): its content could not be checked for secret values.
     UninspectableRequestBody,
+    /// latchkey's resolver refuses this DNS query type or class (TXT, NULL, ANY, SRV, MX, ...:
+    /// what DNS tunnels ride on); it answers A and AAAA only.
+    DnsTypeRefused,
+    /// The client sent more DNS queries than `--dns-rate` allows per second.
+    DnsRateLimited,
 }
 
 impl Reason {
     /// Every reason, for registry tests and documentation.
-    pub const ALL: [Reason; 38] = [
+    pub const ALL: [Reason; 40] = [
         Reason::Allowed,
         Reason::Tunnel,
         Reason::NoRule,
@@ -134,6 +139,8 @@ impl Reason {
         Reason::TooBusy,
         Reason::BodyTimeout,
         Reason::UninspectableRequestBody,
+        Reason::DnsTypeRefused,
+        Reason::DnsRateLimited,
     ];
 
     /// The stable snake_case code used in headers, logs and audit records.
@@ -177,6 +184,8 @@ impl Reason {
             Reason::TooBusy => "too_busy",
             Reason::BodyTimeout => "body_timeout",
             Reason::UninspectableRequestBody => "uninspectable_request_body",
+            Reason::DnsTypeRefused => "dns_type_refused",
+            Reason::DnsRateLimited => "dns_rate_limited",
         }
     }
 
@@ -194,7 +203,9 @@ impl Reason {
             | Reason::SecretValueUnbound
             | Reason::NonPublicAddress
             | Reason::IdentityNotAllowed
-            | Reason::PresignedQuery => StatusCode::FORBIDDEN,
+            | Reason::PresignedQuery
+            | Reason::DnsTypeRefused => StatusCode::FORBIDDEN,
+            Reason::DnsRateLimited => StatusCode::TOO_MANY_REQUESTS,
             Reason::ProxyAuthRequired => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
             Reason::SecretUnavailable
             | Reason::TooManyConnections

@@ -33,6 +33,7 @@ const TOOLS: &[(&str, &str)] = &[
     ("kill", "procps"),
     ("sh", "dash"),
     ("python3", "python3"),
+    ("dig", "dnsutils"),
 ];
 
 /// The pinned requirements the Python environment is built from.
