@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 
 use crate::support::latchkey::wait_with_timeout;
 use crate::support::netns::{Gateway, PROXY_IP, SANDBOX_IP};
+use crate::support::secrets::{secrets_toml, OPENAI, SECRET_ENV};
 use crate::support::toolchain;
 use crate::support::{assert_record, latchkey, Latchkey};
 
@@ -214,6 +215,56 @@ fn dns_tunnelling_types_are_refused_and_audited_with_their_type() {
         json!({"host": "c2vjcmv0.evil.test", "reason": "dns_type_refused",
                "dns": {"type": "TXT"}}),
     );
+}
+
+#[test]
+fn dns_a_name_holding_a_secret_value_or_placeholder_is_refused_and_never_recorded() {
+    let policy = format!(
+        "{}[[rules]]\nname = \"wild\"\nhosts = [\"*.wild.test\"]\n",
+        secrets_toml(&["openai"])
+    );
+    let mut b = latchkey()
+        .policy("main.toml", &policy)
+        .arg("--dns")
+        .arg("127.0.0.1:0");
+    for (name, value) in SECRET_ENV {
+        b = b.env(name, value);
+    }
+    let lk = b.run();
+    let addr = dns_addr(&lk);
+    let lower = OPENAI.to_ascii_lowercase();
+    // A DNS name keeps the case it was sent in; the check reads it before any lookup, whatever
+    // the type asked (a TXT query is how an exfiltration would go).
+    let cases = [
+        (OPENAI, "A", "secret_value_unbound"),
+        (lower.as_str(), "AAAA", "secret_value_unbound"),
+        ("__LATCHKEY_openai__", "A", "placeholder_not_bound"),
+        (OPENAI, "TXT", "dns_type_refused"),
+    ];
+    for (label, qtype, _) in cases {
+        let d = dig(addr, &[&format!("{label}.wild.test"), qtype]);
+        assert_eq!(
+            (d.status.as_str(), d.answers.len()),
+            ("REFUSED", 0),
+            "{label} {qtype}"
+        );
+    }
+    // The same subdomain without a secret is answered.
+    assert_eq!(dig(addr, &["a.wild.test", "A"]).status, "NOERROR");
+    let records = wait_dns(&lk, cases.len() + 1);
+    for (record, (_, qtype, reason)) in records.iter().zip(cases) {
+        assert_dns_record(
+            record,
+            json!({"host": "[REDACTED]", "decision": "deny", "reason": reason,
+                   "dns": {"type": qtype, "rcode": "REFUSED", "answer": []}}),
+        );
+    }
+    for text in [lk.audit_text(), lk.stderr_text()] {
+        assert!(
+            !text.contains(OPENAI) && !text.contains(&lower),
+            "the secret leaked: {text}"
+        );
+    }
 }
 
 #[test]
