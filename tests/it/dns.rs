@@ -268,6 +268,74 @@ fn dns_a_name_holding_a_secret_value_or_placeholder_is_refused_and_never_recorde
 }
 
 #[test]
+fn dns_malformed_messages_and_stalled_or_oversized_tcp_are_refused_and_audited() {
+    use hickory_proto::op::{Message, MessageType, OpCode, Query};
+    use hickory_proto::rr::{Name, RecordType};
+    use std::io::{Read, Write};
+
+    let lk = self_latchkey(&[]);
+    let addr = dns_addr(&lk);
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").expect("udp client");
+    udp.set_read_timeout(Some(Duration::from_secs(2)))
+        .expect("timeout");
+    let mut buf = [0u8; 1500];
+
+    // Not a DNS message: nothing comes back.
+    udp.send_to(b"hello", addr).expect("send");
+    assert!(udp.recv_from(&mut buf).is_err(), "garbage was answered");
+    // Two questions in one query: FORMERR, to its id.
+    let mut two = Message::new(0x4242, MessageType::Query, OpCode::Query);
+    for name in ["up.test", "evil.test"] {
+        two.add_query(Query::query(
+            Name::from_ascii(name).expect("name"),
+            RecordType::A,
+        ));
+    }
+    udp.send_to(&two.to_vec().expect("encode"), addr)
+        .expect("send");
+    let (n, _) = udp.recv_from(&mut buf).expect("an answer to two questions");
+    let reply = Message::from_vec(&buf[..n]).expect("a well-formed reply");
+    assert_eq!(
+        (reply.id, reply.response_code),
+        (0x4242, hickory_proto::op::ResponseCode::FormErr)
+    );
+
+    // TCP: a length past the cap closes the connection; so does a client that sends nothing.
+    #[allow(clippy::disallowed_methods)] // the test's client, dialing the resolver under test
+    let mut big = std::net::TcpStream::connect(addr).expect("tcp");
+    big.write_all(&60_000u16.to_be_bytes()).expect("write");
+    big.set_read_timeout(Some(Duration::from_secs(3)))
+        .expect("timeout");
+    assert_eq!(big.read(&mut buf).expect("closed, not timed out"), 0);
+    #[allow(clippy::disallowed_methods)] // the test's client, dialing the resolver under test
+    let mut idle = std::net::TcpStream::connect(addr).expect("tcp");
+    idle.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    let started = Instant::now();
+    assert_eq!(idle.read(&mut buf).expect("closed, not timed out"), 0);
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+
+    let records = wait_dns(&lk, 4);
+    let expected = [
+        ("udp", Value::Null, "bad_request"),
+        ("udp", json!("FORMERR"), "bad_request"),
+        ("tcp", Value::Null, "bad_request"),
+        ("tcp", Value::Null, "header_timeout"),
+    ];
+    for (record, (transport, rcode, reason)) in records.iter().zip(expected) {
+        assert_dns_record(
+            record,
+            json!({"host": null, "decision": "deny", "rule": null, "reason": reason,
+                   "dns": {"type": null, "rcode": rcode, "transport": transport}}),
+        );
+    }
+}
+
+#[test]
 fn dns_over_tcp_answers_like_udp() {
     let lk = self_latchkey(&[]);
     let addr = dns_addr(&lk);
