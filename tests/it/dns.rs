@@ -336,6 +336,37 @@ fn dns_malformed_messages_and_stalled_or_oversized_tcp_are_refused_and_audited()
 }
 
 #[test]
+fn dns_answers_follow_a_policy_reload_from_the_next_query() {
+    let lk = self_latchkey(&[]);
+    let addr = dns_addr(&lk);
+    assert_eq!(dig(addr, &["new.test", "A"]).status, "NXDOMAIN");
+    assert_eq!(dig(addr, &["up.test", "A"]).status, "NOERROR");
+    // Written aside and renamed into place, as a deploy tool would, then reloaded now.
+    let dir = lk.scratch().join("policies");
+    std::fs::write(
+        dir.join(".main.toml.new"),
+        "[[rules]]\nname = \"new\"\nhosts = [\"new.test\"]\n",
+    )
+    .expect("write policy");
+    std::fs::rename(dir.join(".main.toml.new"), dir.join("main.toml")).expect("rename");
+    let (code, body) = crate::support::admin::reload(&lk);
+    assert_eq!(code, 200, "{body:#}");
+    let d = dig(addr, &["new.test", "A"]);
+    assert_eq!(
+        (d.status.as_str(), d.answers.as_slice()),
+        ("NOERROR", &["192.0.2.53".to_string()][..])
+    );
+    assert_eq!(dig(addr, &["up.test", "A"]).status, "NXDOMAIN");
+    let records = wait_dns(&lk, 4);
+    assert_ne!(records[0]["policy"], records[2]["policy"], "{records:#?}");
+    assert_dns_record(
+        &records[2],
+        json!({"host": "new.test", "rule": "new", "reason": "allowed"}),
+    );
+    assert_dns_record(&records[3], json!({"host": "up.test", "reason": "no_rule"}));
+}
+
+#[test]
 fn dns_over_tcp_answers_like_udp() {
     let lk = self_latchkey(&[]);
     let addr = dns_addr(&lk);
