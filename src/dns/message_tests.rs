@@ -135,6 +135,33 @@ fn names_that_are_not_host_names_are_refused() {
     }
 }
 
+/// A query for `labels`, written byte by byte: hickory refuses to build the over-long ones.
+fn raw_query(labels: &[usize]) -> Vec<u8> {
+    let mut raw = vec![0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
+    for &len in labels {
+        raw.push(len as u8);
+        raw.extend(std::iter::repeat_n(b'a', len));
+    }
+    raw.extend_from_slice(&[0, 0, 1, 0, 1]);
+    raw
+}
+
+#[test]
+fn over_long_labels_and_names_are_formerr_and_the_longest_host_name_is_asked() {
+    for labels in [&[64usize, 4][..], &[63, 63, 63, 63]] {
+        let Read::Reject(r) = read(&raw_query(labels)) else {
+            panic!("{labels:?} was not refused")
+        };
+        assert_eq!(r.reply.response_code(), ResponseCode::FormErr, "{labels:?}");
+        assert_eq!(r.reason, Reason::BadRequest);
+    }
+    // 251 characters: within both DNS's 255 wire bytes and a host name's 253.
+    let Read::Ask(q) = read(&raw_query(&[63, 63, 63, 59])) else {
+        panic!("the longest name was not asked")
+    };
+    assert_eq!(q.name.len(), 251);
+}
+
 #[test]
 fn a_udp_reply_never_exceeds_what_the_client_takes() {
     let ips: Vec<IpAddr> = (1..=20)
