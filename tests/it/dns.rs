@@ -605,3 +605,61 @@ fn gateway_a_sandbox_whose_only_resolver_is_latchkey_resolves_only_allowed_names
         );
     }
 }
+
+#[test]
+fn gateway_in_real_style_the_sandbox_learns_the_upstreams_real_address_and_nothing_else() {
+    use crate::support::netns::{UPSTREAM_IP, UPSTREAM_NET};
+    let mut gw = Gateway::new();
+    gw.sandbox.etc_file(
+        "resolv.conf",
+        &format!("nameserver {PROXY_IP}\noptions attempts:1 timeout:2\n"),
+    );
+    gw.sandbox.etc_file("nsswitch.conf", "hosts: files dns\n");
+    gw.sandbox
+        .etc_file("hosts", "127.0.0.1 localhost\n::1 localhost\n");
+    let lk = latchkey()
+        .guarded()
+        .netns(gw.proxy.name())
+        .listen(&format!("{PROXY_IP}:3128"))
+        .arg("--dns")
+        .arg(&format!("{PROXY_IP}:53"))
+        .arg("--dns-answer")
+        .arg("real")
+        .arg("--allow-private")
+        .arg(UPSTREAM_NET)
+        .resolve("up.test", UPSTREAM_IP)
+        // Allowed by policy, but private and not opened: never handed out.
+        .resolve("inside.test", "10.9.9.9")
+        .policy("main.toml", POLICY)
+        .run();
+    dns_addr(&lk);
+    let out = gw.sandbox.sh("getent ahostsv4 up.test | head -1");
+    assert!(out.starts_with(UPSTREAM_IP), "{out}");
+    for name in ["inside.test", "evil.test"] {
+        let out = gw
+            .sandbox
+            .sh(&format!("getent ahostsv4 {name}; echo rc=$?"));
+        assert!(out.trim_end().ends_with("rc=2"), "{name} resolved: {out}");
+    }
+    let records = wait_dns(&lk, 3);
+    let find = |host: &str, qtype: &str| {
+        records
+            .iter()
+            .find(|r| r["host"] == host && r["dns"]["type"] == qtype)
+            .unwrap_or_else(|| panic!("no {qtype} record for {host}: {records:#?}"))
+    };
+    assert_dns_record(
+        find("up.test", "A"),
+        json!({"reason": "allowed", "rule": "up",
+               "dns": {"rcode": "NOERROR", "answer": [UPSTREAM_IP]}}),
+    );
+    assert_dns_record(
+        find("inside.test", "A"),
+        json!({"decision": "deny", "reason": "non_public_address", "rule": "inside",
+               "dns": {"rcode": "REFUSED", "answer": []}}),
+    );
+    assert_dns_record(
+        find("evil.test", "A"),
+        json!({"reason": "no_rule", "dns": {"rcode": "NXDOMAIN"}}),
+    );
+}
