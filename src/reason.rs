@@ -100,11 +100,16 @@ pub enum Reason {
     /// A connection reached the transparent listener without being redirected to it (its
     /// original destination is latchkey's own listener, or could not be recovered).
     NotRedirected,
+    /// latchkey's resolver refuses this DNS query type or class (TXT, NULL, ANY, SRV, MX, ...:
+    /// what DNS tunnels ride on); it answers A and AAAA only.
+    DnsTypeRefused,
+    /// The client sent more DNS queries than `--dns-rate` allows per second.
+    DnsRateLimited,
 }
 
 impl Reason {
     /// Every reason, for registry tests and documentation.
-    pub const ALL: [Reason; 41] = [
+    pub const ALL: [Reason; 43] = [
         Reason::Allowed,
         Reason::Tunnel,
         Reason::NoRule,
@@ -146,6 +151,8 @@ impl Reason {
         Reason::NoSni,
         Reason::DestinationMismatch,
         Reason::NotRedirected,
+        Reason::DnsTypeRefused,
+        Reason::DnsRateLimited,
     ];
 
     /// The stable snake_case code used in headers, logs and audit records.
@@ -192,6 +199,8 @@ impl Reason {
             Reason::NoSni => "no_sni",
             Reason::DestinationMismatch => "destination_mismatch",
             Reason::NotRedirected => "not_redirected",
+            Reason::DnsTypeRefused => "dns_type_refused",
+            Reason::DnsRateLimited => "dns_rate_limited",
         }
     }
 
@@ -210,7 +219,9 @@ impl Reason {
             | Reason::NonPublicAddress
             | Reason::IdentityNotAllowed
             | Reason::PresignedQuery
-            | Reason::DestinationMismatch => StatusCode::FORBIDDEN,
+            | Reason::DestinationMismatch
+            | Reason::DnsTypeRefused => StatusCode::FORBIDDEN,
+            Reason::DnsRateLimited => StatusCode::TOO_MANY_REQUESTS,
             Reason::ProxyAuthRequired => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
             Reason::SecretUnavailable
             | Reason::TooManyConnections

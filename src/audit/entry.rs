@@ -87,6 +87,7 @@ impl Entry {
                 policy: policy.to_string(),
                 redactions: 0,
                 would_deny: false,
+                dns: None,
             }),
             started: Instant::now(),
             counters: Arc::new(Counters::default()),

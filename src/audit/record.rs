@@ -38,6 +38,42 @@ pub struct Record {
     pub redactions: u64,
     /// Report-only mode let through a request that enforcement would deny (`reason` says why).
     pub would_deny: bool,
+    /// On a DNS query's record (`method = "DNS"`) only: what was asked and answered. Absent
+    /// from every other record.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dns: Option<DnsInfo>,
+}
+
+/// What a DNS query asked latchkey's resolver and what it answered (README "Audit record").
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct DnsInfo {
+    /// The query type (`A`, `AAAA`, `TXT`, `TYPE65280`); `null` when the query could not be
+    /// read that far.
+    #[serde(rename = "type")]
+    pub qtype: Option<String>,
+    /// The response code sent (`NOERROR`, `NXDOMAIN`, `REFUSED`, `FORMERR`, `NOTIMP`,
+    /// `SERVFAIL`); `null` when nothing was sent back.
+    pub rcode: Option<&'static str>,
+    /// The addresses answered.
+    pub answer: Vec<String>,
+    /// `udp` or `tcp`.
+    pub transport: &'static str,
+    /// How many queries this record stands for: 1, or for `dns_rate_limited` the queries
+    /// refused over the cap since the client's previous such record (one a second at most).
+    pub queries: u64,
+}
+
+impl DnsInfo {
+    /// The record of one query over `transport` (`udp`, `tcp`), not yet read.
+    pub fn new(transport: &'static str) -> Self {
+        Self {
+            qtype: None,
+            rcode: None,
+            answer: Vec::new(),
+            transport,
+            queries: 1,
+        }
+    }
 }
 
 impl std::fmt::Debug for Record {

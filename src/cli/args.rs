@@ -4,7 +4,7 @@
 //! README's "CLI" section and `tests/it/docs.rs` check these against the built binary's
 //! `--help`, so a flag added here without its documentation fails the build.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -243,6 +243,58 @@ pub struct ServeArgs {
     /// username/password for identities), e.g. 127.0.0.1:1080; off unless given.
     #[arg(long, env = "LATCHKEY_SOCKS", value_name = "ADDR")]
     pub socks: Option<SocketAddr>,
+    // --- latchkey's DNS resolver (issue 14) ---
+    /// Run latchkey's allowlisting DNS resolver on this address, UDP and TCP (port 0 picks a
+    /// free port): A/AAAA for names some rule could allow, NXDOMAIN for every other name, TXT,
+    /// NULL, ANY, SRV and other types refused.
+    #[arg(long, env = "LATCHKEY_DNS", value_name = "ADDR")]
+    pub dns: Option<SocketAddr>,
+    /// How the resolver answers an allowable name: `self`, with latchkey's own address
+    /// (--dns-self; DNS-routed sandboxes), or `real`, with its real addresses through the
+    /// address guard (transparent capture).
+    #[arg(
+        long = "dns-answer",
+        env = "LATCHKEY_DNS_ANSWER",
+        value_enum,
+        default_value = "self"
+    )]
+    pub dns_answer: DnsAnswer,
+    /// latchkey's address in `self` answers (repeatable: IPv4 for A, IPv6 for AAAA); default:
+    /// the --dns address, unless it is unspecified (0.0.0.0, ::).
+    #[arg(
+        long = "dns-self",
+        env = "LATCHKEY_DNS_SELF",
+        value_name = "IP",
+        value_delimiter = ','
+    )]
+    pub dns_self: Vec<IpAddr>,
+    /// DNS queries one client may send per second (and in one burst); more are REFUSED.
+    /// Takes N or N/s.
+    #[arg(long = "dns-rate", env = "LATCHKEY_DNS_RATE", value_name = "N", default_value = "100", value_parser = parse_rate)]
+    pub dns_rate: u32,
+}
+
+/// A rate: `100` or `100/s`, at least 1.
+fn parse_rate(s: &str) -> Result<u32, String> {
+    let t = s.trim();
+    let n = t.strip_suffix("/s").unwrap_or(t);
+    match n.parse::<u32>() {
+        Ok(n) if (1..=1_000_000).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "{s:?} is not a rate: a number of queries per second from 1 to 1000000, e.g. 100 or 100/s"
+        )),
+    }
+}
+
+/// How latchkey's resolver answers a name policy could allow.
+// Plain comments on the variants: doc comments would change `--help`'s "possible values" line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DnsAnswer {
+    // latchkey's own address (--dns-self).
+    #[value(name = "self")]
+    SelfAddress,
+    // The name's real addresses, through the address guard.
+    Real,
 }
 
 /// A byte count: `1048576`, `64KiB`, `256MiB`, `1GiB` (binary units; `KB`/`MB`/`GB` are

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
-use super::args::{Mode, ServeArgs};
+use super::args::{DnsAnswer, Mode, ServeArgs};
 use crate::policy::{self, Policy};
 use crate::proxy::limits::Limits;
 use crate::proxy::transparent::Capture;
@@ -45,6 +45,8 @@ pub struct Server {
     /// The policy's digest and rule count, for the "proxy ready" line.
     digest: String,
     rules: usize,
+    /// `--dns`: latchkey's resolver, bound.
+    dns: Option<crate::dns::DnsListener>,
 }
 
 impl std::fmt::Debug for Server {
@@ -155,6 +157,11 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
         }
         None => None,
     };
+    // latchkey's resolver (`--dns`): bound here like the other listeners, so the guard knows it.
+    let dns = dns_listener(args)?;
+    if let Some(dns) = &dns {
+        upstream.own.push(dns.local_addr()?);
+    }
     let token = args.admin_token.as_deref().map(admin_token).transpose()?;
     anyhow::ensure!(
         !args.body_timeout.is_zero(),
@@ -200,7 +207,38 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
         shutdown_timeout: args.shutdown_timeout,
         digest,
         rules,
+        dns,
     })
+}
+
+/// Binds `--dns` with its answer style and rate, or says which flag is wrong.
+fn dns_listener(args: &ServeArgs) -> anyhow::Result<Option<crate::dns::DnsListener>> {
+    let Some(addr) = args.dns else {
+        anyhow::ensure!(
+            args.dns_self.is_empty(),
+            "--dns-self is set but --dns is not: the resolver does not run without --dns ADDR"
+        );
+        return Ok(None);
+    };
+    let style = match args.dns_answer {
+        DnsAnswer::Real => crate::dns::Style::Real,
+        DnsAnswer::SelfAddress if !args.dns_self.is_empty() => {
+            crate::dns::Style::SelfAddress(args.dns_self.clone())
+        }
+        DnsAnswer::SelfAddress if addr.ip().is_unspecified() => anyhow::bail!(
+            "--dns {addr}: `self` answers need the address sandboxes reach latchkey at, and \
+             {} is unspecified: name it with --dns-self IP",
+            addr.ip()
+        ),
+        DnsAnswer::SelfAddress => crate::dns::Style::SelfAddress(vec![addr.ip()]),
+    };
+    let config = crate::dns::DnsConfig {
+        style,
+        rate: args.dns_rate,
+    };
+    crate::dns::DnsListener::bind(addr, config)
+        .map(Some)
+        .with_context(|| format!("cannot listen on --dns {addr} (UDP and TCP)"))
 }
 
 impl Server {
@@ -229,6 +267,7 @@ impl Server {
             shutdown_timeout,
             digest,
             rules,
+            dns,
         } = self;
         let listener = tokio::net::TcpListener::from_std(listener)?;
         let addr = listener.local_addr()?;
@@ -267,6 +306,17 @@ impl Server {
                 capture.flag().trim_start_matches("--")
             );
             gateway.push(tokio::spawn(proxy.clone().serve_captured(l, capture)));
+        }
+        if let Some(dns) = dns {
+            let addr = dns.local_addr()?;
+            tracing::info!(dns.addr = %addr, "dns resolver ready");
+            eprintln!("latchkey: dns listening on {addr}");
+            let proxy = proxy.clone();
+            tokio::spawn(async move {
+                if let Err(e) = crate::dns::serve(proxy, dns).await {
+                    tracing::error!(error = %e, "dns resolver stopped");
+                }
+            });
         }
         tokio::spawn(proxy.clone().watch_policies());
         let serving = tokio::spawn(proxy.clone().serve(listener));

@@ -22,6 +22,7 @@ mod credential;
 pub mod explain;
 pub mod identity;
 pub mod lint;
+mod names;
 mod read;
 mod rule;
 mod schema;

@@ -179,7 +179,7 @@ impl Proxy {
     /// Opens the record of one request (or CONNECT) from `client` as `identity`, under
     /// `policy`: secret values in force are scrubbed from it and from the messages it quotes.
     /// The caller waits for queue room first (`audit.room()`) where it can.
-    fn open_record(&self, client: SocketAddr, identity: &str, policy: &Policy) -> Entry {
+    pub(crate) fn open_record(&self, client: SocketAddr, identity: &str, policy: &Policy) -> Entry {
         let mut entry = Entry::start(self.audit.clone(), client, identity, policy.digest());
         entry.scrub_with(policy.secrets().clone());
         entry
@@ -194,6 +194,12 @@ impl Proxy {
             IDENTITY_DEFAULT,
             self.policy.load().digest(),
         )
+    }
+
+    /// The guarded dialer: for latchkey's resolver, which looks names up through the same
+    /// address guard (and `--resolve` pins) as every dial.
+    pub(crate) fn dialer(&self) -> &Arc<Dialer> {
+        &self.dialer
     }
 
     /// What latchkey's own resolver handed out, for listeners that check addresses against it.

@@ -192,3 +192,115 @@ fn the_schema_check_knows_identity_reasons_and_report_only_records() {
         );
     }
 }
+
+/// A DNS query's record: what latchkey's resolver writes for an allowed A query.
+fn valid_dns() -> Value {
+    let mut r = valid();
+    for field in ["scheme", "port", "path", "status", "upstream"] {
+        r[field] = Value::Null;
+    }
+    r["method"] = json!("DNS");
+    r["host"] = json!("api.test");
+    r["dns"] = json!({"type": "A", "rcode": "NOERROR", "answer": ["10.0.0.1"],
+                      "transport": "udp", "queries": 1});
+    r
+}
+
+#[test]
+fn the_schema_check_knows_dns_records_and_keeps_their_field_to_them() {
+    check_record(&valid_dns()).expect("an allowed DNS query");
+    let mut nx = valid_dns();
+    nx["decision"] = json!("deny");
+    nx["reason"] = json!("no_rule");
+    nx["rule"] = Value::Null;
+    nx["dns"] = json!({"type": "AAAA", "rcode": "NXDOMAIN", "answer": [],
+                       "transport": "tcp", "queries": 1});
+    check_record(&nx).expect("an NXDOMAIN");
+    let mut flood = nx.clone();
+    flood["reason"] = json!("dns_rate_limited");
+    flood["host"] = Value::Null;
+    flood["dns"] = json!({"type": null, "rcode": "REFUSED", "answer": [],
+                          "transport": "udp", "queries": 250});
+    check_record(&flood).expect("a rate-limit summary");
+    let mut junk = flood.clone();
+    junk["reason"] = json!("bad_request");
+    junk["dns"] = json!({"type": null, "rcode": null, "answer": [], "transport": "udp",
+                         "queries": 1});
+    check_record(&junk).expect("a message that was not a query");
+
+    let mut http = valid();
+    http["dns"] = valid_dns()["dns"].clone();
+    assert!(
+        check_record(&http).is_err(),
+        "an HTTP record with dns passed"
+    );
+    let mut no_dns = valid_dns();
+    no_dns.as_object_mut().expect("object").remove("dns");
+    assert!(
+        check_record(&no_dns).is_err(),
+        "a DNS record without dns passed"
+    );
+
+    let cases: [(Value, &str, Value); 12] = [
+        (valid_dns(), "port", json!(53)),
+        (valid_dns(), "scheme", json!("https")),
+        (valid_dns(), "status", json!(200)),
+        (valid_dns(), "host", Value::Null),
+        (
+            valid_dns(),
+            "dns",
+            json!({"type": "A", "rcode": "NXDOMAIN", "answer": [],
+                                    "transport": "udp", "queries": 1}),
+        ),
+        (
+            valid_dns(),
+            "dns",
+            json!({"type": "A", "rcode": "NOERROR", "answer": ["api.test"],
+                                    "transport": "udp", "queries": 1}),
+        ),
+        (
+            valid_dns(),
+            "dns",
+            json!({"type": "A", "rcode": "NOERROR", "answer": [],
+                                    "transport": "quic", "queries": 1}),
+        ),
+        (
+            valid_dns(),
+            "dns",
+            json!({"type": "A", "rcode": "NOERROR", "answer": [],
+                                    "transport": "udp", "queries": 7}),
+        ),
+        (
+            valid_dns(),
+            "dns",
+            json!({"type": null, "rcode": "NOERROR", "answer": [],
+                                    "transport": "udp", "queries": 1}),
+        ),
+        (
+            valid_dns(),
+            "dns",
+            json!({"type": "A", "rcode": "YES", "answer": [],
+                                    "transport": "udp", "queries": 1}),
+        ),
+        (
+            nx.clone(),
+            "dns",
+            json!({"type": "A", "rcode": "NXDOMAIN", "answer": ["10.0.0.1"],
+                                   "transport": "udp", "queries": 1}),
+        ),
+        (
+            flood.clone(),
+            "dns",
+            json!({"type": null, "rcode": "NOERROR", "answer": [],
+                                      "transport": "udp", "queries": 3}),
+        ),
+    ];
+    for (base, field, value) in cases {
+        let mut record = base;
+        record[field] = value.clone();
+        assert!(
+            check_record(&record).is_err(),
+            "a DNS record with {field} = {value} passed: {record}"
+        );
+    }
+}

@@ -19,6 +19,7 @@ mod credentials_oauth;
 mod credentials_policy;
 mod credentials_sigv4;
 mod demo;
+mod dns;
 mod first_run;
 mod gateway;
 mod gateway_transparent;

@@ -6,6 +6,11 @@
 //! replaced in the response, 0 when none), `status` (number or null), `upstream` (ip:port or
 //! null), `bytes_up`, `bytes_down`, `duration_ms`, `policy` (`sha256:` + hex), `would_deny`.
 //!
+//! A DNS query's record (`method = "DNS"`) has no scheme, port, path, status or upstream (all
+//! `null`) and one more field, `dns`: `type` (the query type), `rcode` (what was sent, `null`
+//! when nothing was), `answer` (addresses), `transport` (`udp`/`tcp`), `queries` (1, or the
+//! count a `dns_rate_limited` record sums up). No other record has `dns`.
+//!
 //! Decisions: `allow` goes with `allowed`, `tunnel` and the failures that happen after policy
 //! allowed the request ([`ALLOWED_BUT_FAILED`]); every other reason is a `deny`. `would_deny`
 //! (boolean, always present) is true only on report-only records: `decision = "allow"` with the
@@ -66,6 +71,25 @@ pub const REASONS: &[&str] = &[
     "no_sni",
     "destination_mismatch",
     "not_redirected",
+    // latchkey's resolver: a query type it does not answer; a client over --dns-rate.
+    "dns_type_refused",
+    "dns_rate_limited",
+];
+
+/// DNS records (`method = "DNS"`) whose reason allows them no name and no query type: the
+/// message could not be read, or was not read (over the rate cap, over the TCP connection cap,
+/// too many in flight, a TCP connection that asked nothing in time).
+const DNS_UNREAD: &[&str] = &[
+    "bad_request",
+    "dns_rate_limited",
+    "too_many_connections",
+    "too_busy",
+    "header_timeout",
+];
+
+/// The response codes latchkey's resolver sends.
+const DNS_RCODES: &[&str] = &[
+    "NOERROR", "NXDOMAIN", "REFUSED", "FORMERR", "NOTIMP", "SERVFAIL",
 ];
 
 /// Policy denials that report-only mode (`mode = "report"`, `--mode report`) lets through: such a
@@ -149,8 +173,15 @@ pub fn check_record(record: &Value) -> Result<(), String> {
     if !REASONS.contains(&reason) {
         return Err(format!("reason {reason:?} is not a known code"));
     }
+    let dns = get("method")? == "DNS";
+    if dns {
+        check_dns(obj, reason)?;
+    } else if obj.contains_key("dns") {
+        return Err("a record other than a DNS query's has a dns field".into());
+    }
+    // A DNS record's target was checked by `check_dns`.
     let nullable = |name: &str| -> Result<bool, String> {
-        Ok(nullable_target_fields(reason).contains(&name) && get(name)?.is_null())
+        Ok((dns || nullable_target_fields(reason).contains(&name)) && get(name)?.is_null())
     };
 
     if !nullable("method")? && string("method")?.is_empty() {
@@ -240,6 +271,70 @@ pub fn check_record(record: &Value) -> Result<(), String> {
         .ok_or_else(|| format!("policy {policy:?} does not start with sha256:"))?;
     if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(format!("policy {policy:?} is not a sha256 hex digest"));
+    }
+    Ok(())
+}
+
+/// The DNS part of a DNS query's record (see the module docs).
+fn check_dns(obj: &serde_json::Map<String, Value>, reason: &str) -> Result<(), String> {
+    for field in ["scheme", "port", "path", "status", "upstream"] {
+        match obj.get(field) {
+            Some(Value::Null) => {}
+            other => return Err(format!("a DNS record has {field} = {other:?}, not null")),
+        }
+    }
+    let unread = DNS_UNREAD.contains(&reason);
+    match obj.get("host") {
+        Some(Value::String(s)) if !s.is_empty() => {}
+        Some(Value::Null) if unread => {}
+        other => return Err(format!("a DNS record ({reason}) has host {other:?}")),
+    }
+    let dns = obj
+        .get("dns")
+        .and_then(Value::as_object)
+        .ok_or_else(|| "a DNS record has no dns object".to_string())?;
+    let field = |name: &str| {
+        dns.get(name)
+            .ok_or_else(|| format!("dns.{name} is missing"))
+    };
+    match field("type")? {
+        Value::String(t) if !t.is_empty() && t.bytes().all(|b| b.is_ascii_alphanumeric()) => {}
+        Value::Null if unread => {}
+        other => return Err(format!("dns.type is {other} ({reason})")),
+    }
+    let rcode = match field("rcode")? {
+        Value::String(r) if DNS_RCODES.contains(&r.as_str()) => Some(r.as_str()),
+        Value::Null if unread => None,
+        other => return Err(format!("dns.rcode is {other} ({reason})")),
+    };
+    let expected = match reason {
+        "allowed" => Some("NOERROR"),
+        "no_rule" => Some("NXDOMAIN"),
+        "dns_type_refused" | "dns_rate_limited" => Some("REFUSED"),
+        _ => None,
+    };
+    if expected.is_some() && rcode != expected {
+        return Err(format!("dns.rcode {rcode:?} with reason {reason}"));
+    }
+    let answer = field("answer")?
+        .as_array()
+        .ok_or_else(|| "dns.answer is not an array".to_string())?;
+    for a in answer {
+        a.as_str()
+            .and_then(|s| s.parse::<std::net::IpAddr>().ok())
+            .ok_or_else(|| format!("dns.answer holds {a}, not an address"))?;
+    }
+    if !answer.is_empty() && reason != "allowed" {
+        return Err(format!("dns.answer holds addresses with reason {reason}"));
+    }
+    match field("transport")?.as_str() {
+        Some("udp" | "tcp") => {}
+        other => return Err(format!("dns.transport is {other:?}")),
+    }
+    match field("queries")?.as_u64() {
+        Some(1) => {}
+        Some(n) if n > 1 && reason == "dns_rate_limited" => {}
+        other => return Err(format!("dns.queries is {other:?} ({reason})")),
     }
     Ok(())
 }

@@ -35,6 +35,7 @@ const TOOLS: &[(&str, &str)] = &[
     ("sh", "dash"),
     ("python3", "python3"),
     ("java", "default-jre-headless"),
+    ("dig", "dnsutils"),
 ];
 
 /// The pinned requirements the Python environment is built from.
