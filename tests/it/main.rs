@@ -22,6 +22,7 @@ mod demo;
 mod dns;
 mod first_run;
 mod gateway;
+mod gateway_dns_routed;
 mod gateway_transparent;
 mod identities;
 mod inner_policy;
