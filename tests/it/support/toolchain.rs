@@ -33,6 +33,8 @@ const TOOLS: &[(&str, &str)] = &[
     ("kill", "procps"),
     ("sh", "dash"),
     ("python3", "python3"),
+    ("nft", "nftables"),
+    ("nsenter", "util-linux"),
 ];
 
 /// The pinned requirements the Python environment is built from.
