@@ -39,6 +39,10 @@ const CGROUP_PATH_MAX: usize = 4000;
 /// The port DNS is captured on, always, whatever `--ports` says.
 const DNS: u16 = 53;
 
+/// QUIC dropped by a rule of its own, which says why to whoever lists the ruleset.
+const QUIC: &str =
+    "udp dport 443 counter drop comment \"QUIC (HTTP/3): clients fall back to TCP, which is captured\"";
+
 /// The TCP ports redirected to the transparent listener.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Ports {
@@ -204,17 +208,25 @@ pub fn ruleset(options: &Options, made_by: &str) -> String {
     let _ = writeln!(out, "# Made by: {made_by}");
     let _ = writeln!(
         out,
-        "# Makes latchkey the only route of {}: TCP {} to :{} (serve --transparent), DNS (UDP and",
-        selector_text(&options.selector),
-        ports_text(&options.ports),
-        options.transparent_port
+        "# latchkey as the only route of {}:",
+        selector_text(&options.selector)
     );
     let _ = writeln!(
         out,
-        "# TCP 53) to :{} (serve --dns), everything else dropped, IPv4 and IPv6. Remove with",
+        "#   TCP {} -> :{} (serve --transparent); DNS, UDP and TCP 53 -> :{} (serve --dns);",
+        ports_text(&options.ports),
+        options.transparent_port,
         options.dns_port
     );
-    let _ = writeln!(out, "# `latchkey gateway-setup --remove`.");
+    if !options.local_ports.0.is_empty() {
+        let _ = writeln!(
+            out,
+            "#   TCP to this host's {} let through;",
+            ports_text(&Ports::List(options.local_ports.0.clone()))
+        );
+    }
+    let _ = writeln!(out, "#   everything else dropped, IPv4 and IPv6.");
+    let _ = writeln!(out, "# Remove with `latchkey gateway-setup --remove`.");
     out.push_str(&removal());
     let _ = writeln!(out, "table {TABLE} {{");
     let _ = writeln!(
@@ -303,7 +315,7 @@ fn cgroup_chains(out: &mut String, o: &Options, from: &str) {
     let _ = writeln!(out, "\t\t{from} jump from_sandbox");
     let _ = writeln!(out, "\t}}");
     let _ = writeln!(out, "\tchain from_sandbox {{");
-    let _ = writeln!(out, "\t\tudp dport 443 counter drop");
+    let _ = writeln!(out, "\t\t{QUIC}");
     listener_rules(out, o);
     if let Some(set) = set(&o.local_ports.0) {
         let _ = writeln!(out, "\t\tfib daddr type local tcp dport {set} accept");
@@ -315,7 +327,7 @@ fn cgroup_chains(out: &mut String, o: &Options, from: &str) {
 /// The guard before NAT (interface mode): QUIC dropped by name, the captured traffic and local
 /// ports let on to NAT, ND kept, the rest dropped.
 fn guard_rules(out: &mut String, o: &Options, nd: &str) {
-    let _ = writeln!(out, "\t\tudp dport 443 counter drop");
+    let _ = writeln!(out, "\t\t{QUIC}");
     match &o.ports {
         Ports::All => {
             let _ = writeln!(out, "\t\tmeta l4proto tcp accept");

@@ -142,7 +142,7 @@ fn the_interface_ruleset_captures_80_443_and_dns_and_drops_the_rest_in_its_own_t
     for line in [
         "type filter hook prerouting priority -150; policy accept;",
         "iifname \"veth7\" jump from_sandbox",
-        "udp dport 443 counter drop",
+        QUIC,
         "tcp dport { 80, 443 } accept",
         "meta l4proto { tcp, udp } th dport 53 accept",
         "icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } ip6 hoplimit 255 accept",
@@ -253,7 +253,7 @@ fn the_cgroup_ruleset_works_on_output_and_names_the_cgroup_at_its_level() {
         format!("{from} tcp dport {{ 80, 443 }} redirect to :15001"),
         "type filter hook output priority filter; policy accept;".to_string(),
         format!("{from} jump from_sandbox"),
-        "udp dport 443 counter drop".to_string(),
+        QUIC.to_string(),
         "tcp dport 15001 ct status dnat accept".to_string(),
         "fib daddr type local tcp dport { 3128 } accept".to_string(),
         "counter drop".to_string(),
