@@ -9,9 +9,9 @@
 //!   connection to the transparent port and any other port of latchkey's host get no answer and
 //!   reach no upstream, over IPv4 and IPv6; applying twice leaves one table; `--remove` restores
 //!   the direct route.
-//! - `--cgroup` (one namespace holding the sandbox's processes and latchkey, as on one host):
-//!   the cgroup's sockets are captured the same way; a process outside the cgroup — where
-//!   latchkey runs — is not.
+//! - `--cgroup` ([`cgroup`]: one namespace holding the sandbox's processes and latchkey, as on
+//!   one host): the cgroup's sockets are captured the same way; a process outside the cgroup —
+//!   where latchkey runs — is not.
 //!
 //! The listeners are `tests/clients/capture_server.py`, the client `tests/clients/capture_probe.py`
 //! (TCP, UDP and raw ICMP). Needs root (namespaces, nft, cgroups), like `gateway.rs`.
@@ -23,8 +23,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::support::latchkey::{wait_with_timeout, CliOutput, BIN, SCRUBBED_ENV};
-use crate::support::netns::{link, Gateway, Netns, NsProcess, PROXY_IP, SANDBOX_IP, UPSTREAM_IP};
+use crate::support::netns::{Gateway, Netns, NsProcess, PROXY_IP, SANDBOX_IP, UPSTREAM_IP};
 use crate::support::toolchain::{python, tool};
+
+mod cgroup;
 
 const CLIENTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients");
 
@@ -595,122 +597,4 @@ fn applied_on_the_sandbox_interface_latchkey_is_the_only_route_over_ipv4_and_ipv
     let specs: Vec<String> = back.iter().map(|(s, _)| s.clone()).collect();
     expect("after --remove", &probe(sandbox(), &specs), &back);
     assert_eq!(traffic(&upstream, direct_lines + 3).len(), direct_lines + 3);
-}
-
-#[test]
-fn applied_to_a_cgroup_it_captures_that_cgroups_sockets_and_not_latchkeys_own() {
-    // One namespace plays latchkey's host: the sandbox's processes and latchkey both run in it,
-    // the sandbox's inside the cgroup. The upstream is a namespace of its own.
-    let host = Netns::new("host");
-    let up = Netns::new("upstream");
-    let (host_ip, up_ip) = ("10.201.0.1", "10.201.0.2");
-    link(&host, &format!("{host_ip}/30"), &up, &format!("{up_ip}/30"));
-    let cgroup = TestCgroup::new();
-
-    let mut capture = host.command(python());
-    capture
-        .arg("-u")
-        .arg(Path::new(CLIENTS).join("capture_server.py"))
-        .arg("latchkey")
-        .arg(format!("tcp:0.0.0.0:{TRANSPARENT}"))
-        .arg(format!("tcp:0.0.0.0:{RESOLVER}"))
-        // Where the output redirect sends DNS: a UDP reply from a wildcard socket could leave
-        // from another address, which conntrack would not map back.
-        .arg(format!("udp:127.0.0.1:{RESOLVER}"))
-        .arg("tcp:127.0.0.1:3128")
-        .arg("tcp:127.0.0.1:3129");
-    let capture = NsProcess::spawn(capture, "capture server on latchkey's host");
-    let mut upstream = up.command(python());
-    upstream
-        .arg("-u")
-        .arg(Path::new(CLIENTS).join("capture_server.py"))
-        .arg("upstream")
-        .args([
-            "tcp:0.0.0.0:443",
-            "tcp:0.0.0.0:22",
-            "udp:0.0.0.0:443",
-            "udp:0.0.0.0:53",
-        ]);
-    let upstream = NsProcess::spawn(upstream, "capture server in the upstream namespace");
-
-    let mut apply = nsenter(&host, BIN);
-    apply.args([
-        "gateway-setup",
-        "--cgroup",
-        &cgroup.rel,
-        "--local-ports",
-        "3128",
-        "--apply",
-    ]);
-    let out = wait_with_timeout(&mut apply, Duration::from_secs(20));
-    assert_eq!(
-        out.code(),
-        Some(0),
-        "gateway-setup --cgroup --apply: {out:#?}"
-    );
-
-    // A process of the sandbox: joins the cgroup, then runs the probes.
-    let in_cgroup = || {
-        let mut cmd = nsenter(&host, tool("sh"));
-        cmd.arg("-c")
-            .arg("echo $$ > \"$0\" && exec \"$@\"")
-            .arg(cgroup.dir().join("cgroup.procs"))
-            .arg(python());
-        cmd
-    };
-    let probes: Vec<String> = [
-        spec("tcp", up_ip, 443),
-        spec("udp", up_ip, 53),
-        spec("tcp", up_ip, 22),
-        spec("udp", up_ip, 443),
-        format!("ping:{up_ip}"),
-        spec("tcp", "127.0.0.1", 3128),
-        spec("tcp", "127.0.0.1", 3129),
-        spec("tcp", "127.0.0.1", TRANSPARENT),
-    ]
-    .into();
-    let got = probe(in_cgroup(), &probes);
-    expect(
-        "from a process in the sandbox's cgroup",
-        &got,
-        &[
-            (probes[0].clone(), Some(format!("latchkey {TRANSPARENT}"))),
-            (probes[1].clone(), Some(format!("latchkey {RESOLVER}"))),
-            (probes[2].clone(), None),
-            (probes[3].clone(), None),
-            (probes[4].clone(), None),
-            (probes[5].clone(), Some("latchkey 3128".to_string())),
-            (probes[6].clone(), None),
-            (probes[7].clone(), None),
-        ],
-    );
-    let captured = traffic(&capture, 3);
-    assert!(
-        captured
-            .iter()
-            .any(|l| l.starts_with(&format!("tcp {TRANSPARENT} from "))
-                && l.ends_with(&format!(" orig {up_ip}:443"))),
-        "{captured:#?}"
-    );
-
-    // latchkey's place: the same host, outside the cgroup. Nothing of it is captured.
-    let outside = {
-        let mut cmd = nsenter(&host, python());
-        cmd.arg("-u");
-        cmd
-    };
-    let own = [
-        (spec("tcp", up_ip, 443), Some("upstream 443".to_string())),
-        (spec("tcp", up_ip, 22), Some("upstream 22".to_string())),
-        (format!("ping:{up_ip}"), Some("echo-reply".to_string())),
-    ];
-    let specs: Vec<String> = own.iter().map(|(s, _)| s.clone()).collect();
-    expect("from outside the cgroup", &probe(outside, &specs), &own);
-    // The upstream saw those two connections and nothing of the sandbox's.
-    let reached = traffic(&upstream, 2);
-    assert_eq!(
-        reached.len(),
-        2,
-        "the sandbox's cgroup reached the upstream: {reached:#?}"
-    );
 }
