@@ -73,5 +73,6 @@ fn run(args: Cli) -> anyhow::Result<ExitCode> {
             format,
             no_proxy,
         } => cli::env::run(&proxy, &ca_dir, format, &no_proxy),
+        Command::GatewaySetup(setup) => cli::gateway_setup::run(&setup),
     }
 }

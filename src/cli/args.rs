@@ -104,6 +104,42 @@ pub enum Command {
         #[arg(long = "no-proxy", env = "LATCHKEY_NO_PROXY", value_name = "LIST", default_value = super::env::DEFAULT_NO_PROXY)]
         no_proxy: String,
     },
+    /// Print the nftables rules that make latchkey a sandbox's only route (TCP 80/443 to
+    /// `serve --transparent`, DNS to `serve --dns`, everything else dropped, IPv4 and IPv6), in
+    /// the table `inet latchkey`; `--apply` loads them, `--remove` deletes the table.
+    GatewaySetup(GatewaySetupArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct GatewaySetupArgs {
+    /// The sandbox's interface (its veth or bridge on this host); a trailing `*` matches every
+    /// interface with that prefix. Exactly one of --interface and --cgroup.
+    #[arg(long, env = "LATCHKEY_INTERFACE", value_name = "IFACE", value_parser = super::gateway_setup::parse_interface)]
+    pub interface: Option<String>,
+    /// The sandbox's cgroup (v2) on this host, e.g. `sandbox.slice/agent`: its sockets and those
+    /// of every cgroup below it. Run latchkey outside it.
+    #[arg(long, env = "LATCHKEY_CGROUP", value_name = "PATH", value_parser = super::gateway_setup::parse_cgroup)]
+    pub cgroup: Option<String>,
+    /// TCP ports redirected to the transparent listener: a comma-separated list, or `all`.
+    #[arg(long, env = "LATCHKEY_PORTS", value_name = "LIST|all", default_value = "80,443", value_parser = super::gateway_setup::parse_ports)]
+    pub ports: super::gateway_setup::Ports,
+    /// The port of `serve --transparent` on this host.
+    #[arg(long, env = "LATCHKEY_TRANSPARENT_PORT", value_name = "PORT", default_value_t = 15001, value_parser = clap::value_parser!(u16).range(1..))]
+    pub transparent_port: u16,
+    /// The port of `serve --dns` on this host; DNS (UDP and TCP 53, to any address) goes there.
+    #[arg(long, env = "LATCHKEY_DNS_PORT", value_name = "PORT", default_value_t = 15053, value_parser = clap::value_parser!(u16).range(1..))]
+    pub dns_port: u16,
+    /// TCP ports of this host the sandbox may still connect to directly, e.g. 3128 (`serve
+    /// --listen`) or 1080 (`--socks`); default: none.
+    #[arg(long, env = "LATCHKEY_LOCAL_PORTS", value_name = "LIST", value_parser = super::gateway_setup::parse_local_ports)]
+    pub local_ports: Option<super::gateway_setup::PortList>,
+    /// Load the rules with `nft -f -` (replacing latchkey's earlier ones) instead of printing
+    /// them.
+    #[arg(long, conflicts_with = "remove")]
+    pub apply: bool,
+    /// Delete the table `inet latchkey` (nothing else is touched).
+    #[arg(long)]
+    pub remove: bool,
 }
 
 #[derive(Subcommand, Debug)]

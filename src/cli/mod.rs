@@ -2,16 +2,18 @@
 //!
 //! [`args`] is what clap parses; each command has its module: [`serve`] (flags to a running
 //! proxy; [`serve::build`] also serves in-process callers), [`policy`] (`check`, `test`,
-//! `explain`), [`env`] (with [`trust`]: the JVM truststore and `ca install`), [`ca`] and
-//! [`demo`]. Errors are `anyhow` here, at the edge, printed once by `main`; everything below
-//! `cli` returns its own `thiserror` types. Nothing else in the crate depends on `cli`.
+//! `explain`), [`env`] (with [`trust`]: the JVM truststore and `ca install`), [`ca`], [`demo`]
+//! and [`gateway_setup`]. Errors are `anyhow` here, at the edge, printed once by `main`;
+//! everything below `cli` returns its own `thiserror` types. Nothing else in the crate depends
+//! on `cli`.
 
 pub mod args;
 pub mod ca;
 pub mod demo;
 pub mod env;
+pub mod gateway_setup;
 pub mod policy;
 pub mod serve;
 pub mod trust;
 
-pub use args::{CaAction, Cli, Command, Mode, ServeArgs};
+pub use args::{CaAction, Cli, Command, GatewaySetupArgs, Mode, ServeArgs};

@@ -36,6 +36,7 @@ const TOOLS: &[(&str, &str)] = &[
     ("python3", "python3"),
     ("java", "default-jre-headless"),
     ("dig", "dnsutils"),
+    ("nsenter", "util-linux"),
 ];
 
 /// The pinned requirements the Python environment is built from.
