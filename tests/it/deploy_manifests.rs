@@ -139,15 +139,6 @@ fn help_of(command: &str) -> (BTreeSet<String>, BTreeSet<String>) {
     (flags, vars)
 }
 
-/// `serve` flags other parts of issue 14 add while this is written, one list per part. A flag
-/// of a part the binary has none of yet is reported, not failed; once any flag of a part is in
-/// `--help`, every flag of it used here must be.
-const PARTS: &[&[&str]] = &[
-    &["--transparent", "--https-listen", "--http-listen"],
-    &["--dns", "--dns-answer", "--dns-self", "--dns-rate"],
-    &["--socks"],
-];
-
 /// Checks that each flag `where` uses is a real `serve` flag; returns the problems.
 fn check_serve_flags(where_: &str, args: &[String], known: &BTreeSet<String>) -> Vec<String> {
     let mut problems = Vec::new();
@@ -156,13 +147,7 @@ fn check_serve_flags(where_: &str, args: &[String], known: &BTreeSet<String>) ->
         if known.contains(flag) {
             continue;
         }
-        match PARTS.iter().find(|part| part.contains(&flag)) {
-            Some(part) if !part.iter().any(|f| known.contains(*f)) => eprintln!(
-                "{where_}: {flag} is not in this binary's `serve --help` yet (its part of issue \
-                 14 has not landed); not checked"
-            ),
-            _ => problems.push(format!("{where_}: `latchkey serve` has no flag {flag}")),
-        }
+        problems.push(format!("{where_}: `latchkey serve` has no flag {flag}"));
     }
     problems
 }
@@ -193,10 +178,6 @@ fn env_rendered(proxy: &str, ca_dir: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// Trust variables a deployment sets ahead of `latchkey env` rendering them (the trust part of
-/// issue 14 adds them); checked against `env` as soon as it renders them.
-const AHEAD_OF_ENV: &[&str] = &["DENO_CERT", "JAVA_TOOL_OPTIONS"];
-
 /// Compares a sandbox's environment with what `latchkey env` renders; returns the problems.
 fn check_sandbox_env(
     where_: &str,
@@ -216,11 +197,9 @@ fn check_sandbox_env(
         }
     }
     for name in env.keys().filter(|n| !rendered.contains_key(*n)) {
-        if !AHEAD_OF_ENV.contains(&name.as_str()) {
-            problems.push(format!(
-                "{where_}: {name} is not something latchkey env renders"
-            ));
-        }
+        problems.push(format!(
+            "{where_}: {name} is not something latchkey env renders"
+        ));
     }
     problems
 }
