@@ -3,22 +3,20 @@
 //! A sandbox whose only resolver is latchkey learns addresses only for names some rule could
 //! allow: A/AAAA answered with latchkey's own address (`--dns-answer self`, DNS-routed mode) or
 //! the real addresses through the address guard (`real`, for transparent capture, pinned in
-//! [`Pins`]); NXDOMAIN for every other name; TXT, NULL, ANY, SRV and every other type refused,
+//! `proxy::Pins`, where the transparent listener reads them); NXDOMAIN for every other name; TXT, NULL, ANY, SRV and every other type refused,
 //! so DNS carries no tunnel. Every query leaves an audit record (`method = "DNS"`).
 //!
 //! Files, by concern: [`message`] (hickory-proto messages in and out; no sockets, no policy),
 //! [`resolver`] (the answer to a question under the policy in force, and its record),
-//! [`rate`] (per-client token buckets), [`server`] (UDP and TCP sockets, their bounds,
-//! shutdown) and [`pins`] (what was handed out; depends on nothing). `resolver` and `server`
-//! depend on `proxy` for the policy in force, the guarded dialer, the audit log and shutdown.
+//! [`rate`] (per-client token buckets) and [`server`] (UDP and TCP sockets, their bounds,
+//! shutdown). `resolver` and `server` depend on `proxy` for the policy in force, the guarded
+//! dialer, the pins, the audit log and shutdown; nothing in `proxy` depends on `dns`.
 
 pub mod message;
-pub mod pins;
 pub mod rate;
 pub mod resolver;
 pub mod server;
 
 pub use message::Transport;
-pub use pins::Pins;
 pub use resolver::Style;
 pub use server::{serve, DnsConfig, DnsListener};

@@ -6,6 +6,8 @@
 //!                                         ├─ tunnel = true ─▶ guarded dial, raw relay
 //!                                         └─ intercept ─▶ whole ClientHello, SNI check, leaf
 //!                                                         ─▶ h1/h2 ─▶ pipeline::handle per request
+//! transparent / https-listen / http-listen ─▶ transparent (SNI or Host, destination check)
+//! socks ─▶ socks (SOCKS5 CONNECT)           ─┴─▶ the CONNECT gate's halves ─▶ the same end
 //! ```
 //!
 //! [`Proxy`] here is shared state only: the policy in force, clients, limits, the audit log.
@@ -25,14 +27,15 @@ mod exchange;
 mod intercepted;
 pub mod limits;
 mod listener;
+mod pins;
 mod pipeline;
 mod reload;
 mod request_body;
 mod respond;
 mod response;
 mod scrub_body;
-pub mod transparent;
 mod socks;
+pub mod transparent;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -44,6 +47,7 @@ use arc_swap::ArcSwap;
 pub use broker::SCAN_LIMIT;
 pub use ca::{CertAuthority, InitOutcome};
 pub use exchange::Exchanger;
+pub use pins::Pins;
 pub use pipeline::Ctx;
 pub use reload::{ReloadError, ReloadState};
 
@@ -92,7 +96,7 @@ pub struct Proxy {
     body_timeout: Duration,
     /// What latchkey's own resolver answered (`serve --dns`), shared with the listeners that
     /// check a connection's address against it.
-    pins: Arc<crate::dns::Pins>,
+    pins: Arc<Pins>,
 }
 
 /// How to build a [`Proxy`].
@@ -147,7 +151,7 @@ impl Proxy {
                 config.max_buffered_bytes_per_client,
             ),
             body_timeout: config.body_timeout,
-            pins: Arc::new(crate::dns::Pins::default()),
+            pins: Arc::new(Pins::default()),
         }))
     }
 
@@ -203,7 +207,7 @@ impl Proxy {
     }
 
     /// What latchkey's own resolver handed out, for listeners that check addresses against it.
-    pub fn pins(&self) -> &Arc<crate::dns::Pins> {
+    pub fn pins(&self) -> &Arc<Pins> {
         &self.pins
     }
 

@@ -86,20 +86,39 @@ fn a_sandbox_whose_only_resolver_is_latchkey_reaches_allowed_names_through_it() 
     assert!(hosts.starts_with(PROXY_IP), "up.test resolved to {hosts:?}");
 
     // No proxy settings at all: HTTPS is intercepted on --https-listen, HTTP on --http-listen.
-    let out = curl_in(&gw.sandbox, &lk, &["--noproxy", "*", "https://up.test/by-name"], &[]);
+    let out = curl_in(
+        &gw.sandbox,
+        &lk,
+        &["--noproxy", "*", "https://up.test/by-name"],
+        &[],
+    );
     let resp = out.ok();
     assert_eq!(resp.status, 200, "{out:#?}");
     assert!(resp.text().contains("\"server\": \"up-tls\""), "{resp:#?}");
     assert_eq!(Echo::parse(&resp.text()).path, "/by-name");
-    let out = curl_in(&gw.sandbox, &lk, &["--noproxy", "*", "http://up.test/plain"], &[]);
+    let out = curl_in(
+        &gw.sandbox,
+        &lk,
+        &["--noproxy", "*", "http://up.test/plain"],
+        &[],
+    );
     let resp = out.ok();
     assert_eq!(resp.status, 200, "{out:#?}");
     assert!(resp.text().contains("\"server\": \"up\""), "{resp:#?}");
     assert_eq!((plain.connections(), tls.connections()), (1, 1));
 
     // A name no rule allows does not resolve, so nothing is even attempted.
-    let out = curl_in(&gw.sandbox, &lk, &["--noproxy", "*", "https://evil.test/"], &[]);
-    assert_eq!(out.exit, Some(6), "curl should fail to resolve evil.test: {out:#?}");
+    let out = curl_in(
+        &gw.sandbox,
+        &lk,
+        &["--noproxy", "*", "https://evil.test/"],
+        &[],
+    );
+    assert_eq!(
+        out.exit,
+        Some(6),
+        "curl should fail to resolve evil.test: {out:#?}"
+    );
     assert_eq!((plain.connections(), tls.connections()), (1, 1));
 
     // The audit trail: the queries (allowed and refused) and both requests.

@@ -376,3 +376,38 @@ fn the_dependency_reader_sees_paths_groups_and_escaping_supers_but_not_comments(
     assert_eq!(module_of(Path::new("reason.rs")), ("reason".into(), 1));
     assert_eq!(module_of(Path::new("cli/demo/mod.rs")), ("cli".into(), 2));
 }
+
+/// The top-level modules form no cycle: following "uses" from any module never leads back to
+/// it (a cycle is two modules that can only be understood together).
+#[test]
+fn the_top_level_modules_form_no_cycle() {
+    let deps = dependencies();
+    fn visit(
+        module: &str,
+        deps: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+        cycles: &mut Vec<String>,
+    ) {
+        if let Some(at) = path.iter().position(|m| m == module) {
+            let mut cycle = path[at..].to_vec();
+            cycle.push(module.to_string());
+            cycles.push(cycle.join(" → "));
+            return;
+        }
+        if !done.insert(module.to_string()) {
+            return;
+        }
+        path.push(module.to_string());
+        for used in deps.get(module).into_iter().flatten() {
+            visit(used, deps, path, done, cycles);
+        }
+        path.pop();
+    }
+    let mut cycles = Vec::new();
+    let mut done = BTreeSet::new();
+    for module in deps.keys() {
+        visit(module, &deps, &mut Vec::new(), &mut done, &mut cycles);
+    }
+    assert!(cycles.is_empty(), "module cycles: {cycles:#?}");
+}

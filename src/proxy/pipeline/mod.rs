@@ -1,8 +1,8 @@
 //! The request pipeline: one function that takes a request from the sandbox to the upstream and
 //! back, one named phase per line. Every listener feeds it the same way: it builds a [`Ctx`]
 //! (who is asking, and the authority a connection-level gate pinned, if any) and calls
-//! [`handle`] per request. Today that is the plain proxy hop and each request inside an
-//! intercepted CONNECT; a transparent or SOCKS5 listener would do the same.
+//! [`handle`] per request: the plain proxy hop, each request inside an intercepted CONNECT, and
+//! the gateway listeners (transparent, DNS-routed, SOCKS5).
 //!
 //! ```text
 //! admit ─▶ identify ─▶ decide ─▶ broker ─▶ send ─▶ respond ─▶ record

@@ -4,7 +4,8 @@
 //!
 //! Bounded in both directions: at most `capacity` addresses are remembered (least recently used
 //! go first), each with at most [`NAMES_PER_ADDRESS`] names, and an entry lives `ttl` after its
-//! last answer. Depends on nothing else in the crate.
+//! last answer. Lives in `proxy` (which reads it) so the resolver in `dns` depends on `proxy`
+//! and never the reverse. Depends on nothing else in the crate.
 
 use std::net::IpAddr;
 use std::sync::Arc;
