@@ -133,6 +133,11 @@ pub struct GatewaySetupArgs {
     /// --listen`) or 1080 (`--socks`); default: none.
     #[arg(long, env = "LATCHKEY_LOCAL_PORTS", value_name = "LIST", value_parser = super::gateway_setup::parse_local_ports)]
     pub local_ports: Option<super::gateway_setup::PortList>,
+    /// Capture TCP with nftables `tproxy` instead of NAT `redirect` (for `serve --transparent
+    /// --transparent-tproxy`), with the policy routing it needs (`ip rule`/`ip route`, printed;
+    /// added by --apply, deleted by --remove --tproxy). --interface only.
+    #[arg(long, env = "LATCHKEY_TPROXY")]
+    pub tproxy: bool,
     /// Load the rules with `nft -f -` (replacing latchkey's earlier ones) instead of printing
     /// them.
     #[arg(long, conflicts_with = "remove")]
@@ -256,6 +261,15 @@ pub struct ServeArgs {
     /// destination must be one of its addresses; anything but TLS and HTTP is refused.
     #[arg(long, env = "LATCHKEY_TRANSPARENT", value_name = "ADDR")]
     pub transparent: Option<SocketAddr>,
+    /// Also accept nftables `tproxy` on the --transparent listener: set `IP_TRANSPARENT`
+    /// (`IPV6_TRANSPARENT` on an IPv6 address) on it, which needs CAP_NET_ADMIN; latchkey
+    /// refuses to start when it cannot. Redirected connections keep working.
+    #[arg(
+        long = "transparent-tproxy",
+        env = "LATCHKEY_TRANSPARENT_TPROXY",
+        requires = "transparent"
+    )]
+    pub transparent_tproxy: bool,
     /// DNS-routed mode: accept TLS sent to latchkey itself (its resolver answered with its own
     /// address); the host is the SNI, the upstream port 443.
     #[arg(

@@ -9,12 +9,18 @@
 //! to TCP. Only IPv6 neighbour discovery on the sandbox's link survives (`--interface`), or the
 //! link itself stops working.
 //!
+//! With `--tproxy` (interface mode only), the captured TCP is not NATed: the guard marks it and
+//! hands it to the transparent listener with nftables `tproxy`, and a policy routing rule
+//! (printed in the header; added by `--apply`, deleted by `--remove --tproxy`) delivers the
+//! marked packets locally (`gateway_tproxy`).
+//!
 //! Everything lives in one table, `inet latchkey`, which every ruleset deletes and recreates in
 //! the same `nft -f` transaction: applying twice, or after a change of flags, leaves exactly one
 //! copy, and `--remove` touches nothing else on the host. Rules in other tables still run: a
 //! drop here is final whatever they say, an accept here overrides nothing of theirs.
 //!
-//! Uses nothing else in the crate: it renders text and, with `--apply`, runs `nft -f -`.
+//! Uses nothing else in the crate: it renders text and, with `--apply`, runs `nft -f -` (and,
+//! for `--tproxy`, `ip`).
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -23,6 +29,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
 use super::args::GatewaySetupArgs;
+
+#[path = "gateway_tproxy.rs"]
+mod tproxy;
 
 /// The table every ruleset owns, whole.
 pub const TABLE: &str = "inet latchkey";
@@ -78,6 +87,9 @@ pub struct Options {
     pub transparent_port: u16,
     pub dns_port: u16,
     pub local_ports: PortList,
+    /// `--tproxy`: captured TCP goes to the transparent listener by nftables `tproxy` (marked,
+    /// policy-routed locally) instead of NAT `redirect`. Interface mode only.
+    pub tproxy: bool,
 }
 
 /// What stops a ruleset from being rendered or applied. Each names the flag at fault.
@@ -116,6 +128,16 @@ pub enum SetupError {
         .dir.display()
     )]
     NoCgroup { given: String, dir: PathBuf },
+    #[error(
+        "--tproxy works on traffic arriving on an interface (prerouting); a --cgroup's traffic \
+         is this host's own output, where tproxy does not apply: leave out --tproxy (redirect \
+         captures it)"
+    )]
+    TproxyCgroup,
+    #[error("cannot run ip ({0}); install the iproute2 package")]
+    NoIp(std::io::Error),
+    #[error("{command} failed: {message}")]
+    Ip { command: String, message: String },
     #[error("cannot run nft ({0}); install the nftables package")]
     NoNft(std::io::Error),
     #[error("nft -f - refused the ruleset: {0}")]
@@ -127,12 +149,22 @@ pub enum SetupError {
 pub fn run(args: &GatewaySetupArgs) -> anyhow::Result<ExitCode> {
     if args.remove {
         nft_apply(&removal())?;
-        eprintln!("latchkey: removed table {TABLE} (nothing else was touched)");
+        if args.tproxy {
+            tproxy::remove_routing()?;
+            eprintln!("latchkey: removed table {TABLE} and the tproxy policy routing");
+        } else {
+            eprintln!("latchkey: removed table {TABLE} (nothing else was touched)");
+        }
         return Ok(ExitCode::SUCCESS);
     }
     let options = options(args)?;
     let text = ruleset(&options, &command_line(args));
     if args.apply {
+        if options.tproxy {
+            // Before the rules that mark packets: a mark routed nowhere yet is not a gap, but
+            // loading them first would cut the sandbox off until the routing lands.
+            tproxy::apply_routing()?;
+        }
         nft_apply(&text)?;
         eprintln!(
             "latchkey: applied table {TABLE}: TCP {} → :{}, DNS → :{}, everything else from {} \
@@ -173,6 +205,9 @@ pub fn options(args: &GatewaySetupArgs) -> Result<Options, SetupError> {
         }
         _ => return Err(SetupError::Selector),
     };
+    if args.tproxy && matches!(selector, Selector::Cgroup { .. }) {
+        return Err(SetupError::TproxyCgroup);
+    }
     if args.transparent_port == args.dns_port {
         return Err(SetupError::SamePort(args.dns_port));
     }
@@ -191,6 +226,7 @@ pub fn options(args: &GatewaySetupArgs) -> Result<Options, SetupError> {
         transparent_port: args.transparent_port,
         dns_port: args.dns_port,
         local_ports,
+        tproxy: args.tproxy,
     })
 }
 
@@ -213,9 +249,10 @@ pub fn ruleset(options: &Options, made_by: &str) -> String {
     );
     let _ = writeln!(
         out,
-        "#   TCP {} -> :{} (serve --transparent); DNS, UDP and TCP 53 -> :{} (serve --dns);",
+        "#   TCP {} -> :{} (serve --transparent{}); DNS, UDP and TCP 53 -> :{} (serve --dns);",
         ports_text(&options.ports),
         options.transparent_port,
+        if options.tproxy { ", by tproxy" } else { "" },
         options.dns_port
     );
     if !options.local_ports.0.is_empty() {
@@ -226,6 +263,9 @@ pub fn ruleset(options: &Options, made_by: &str) -> String {
         );
     }
     let _ = writeln!(out, "#   everything else dropped, IPv4 and IPv6.");
+    if options.tproxy {
+        tproxy::header(&mut out);
+    }
     let _ = writeln!(out, "# Remove with `latchkey gateway-setup --remove`.");
     out.push_str(&removal());
     let _ = writeln!(out, "table {TABLE} {{");
@@ -247,9 +287,10 @@ pub fn ruleset(options: &Options, made_by: &str) -> String {
 
 /// Interface mode: the sandbox's packets reach this host through prerouting. A guard before
 /// NAT lets through only what is captured (or a local port) and ND; NAT redirects the captured
-/// ports; input then accepts only connections the redirect made (or a local port), so the
-/// sandbox cannot reach the listeners' ports, or anything else of this host, directly; forward
-/// drops whatever would be routed on.
+/// ports (`--tproxy`: the guard hands them to the listener, marked); input then accepts only
+/// connections the redirect (or the mark) made, or a local port, so the sandbox cannot reach
+/// the listeners' ports, or anything else of this host, directly; forward drops whatever would
+/// be routed on.
 fn interface_chains(out: &mut String, o: &Options, iface: &str) {
     let from = format!("iifname \"{iface}\"");
     let nd = "icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert } ip6 hoplimit 255 accept";
@@ -278,6 +319,9 @@ fn interface_chains(out: &mut String, o: &Options, iface: &str) {
     let _ = writeln!(out, "\t\t{from} jump to_latchkey");
     let _ = writeln!(out, "\t}}");
     let _ = writeln!(out, "\tchain to_latchkey {{");
+    if o.tproxy {
+        tproxy::input_accept(out, o);
+    }
     listener_rules(out, o);
     if let Some(set) = set(&o.local_ports.0) {
         let _ = writeln!(out, "\t\ttcp dport {set} accept");
@@ -324,23 +368,29 @@ fn cgroup_chains(out: &mut String, o: &Options, from: &str) {
     let _ = writeln!(out, "\t}}");
 }
 
-/// The guard before NAT (interface mode): QUIC dropped by name, the captured traffic and local
-/// ports let on to NAT, ND kept, the rest dropped.
+/// The guard before NAT (interface mode): QUIC dropped by name, DNS and the local ports let on
+/// to NAT, then the captured traffic (let on to NAT, or `--tproxy`: handed to the transparent
+/// listener here, after DNS and the local ports so `--ports all` takes neither), ND kept, the
+/// rest dropped.
 fn guard_rules(out: &mut String, o: &Options, nd: &str) {
     let _ = writeln!(out, "\t\t{QUIC}");
-    match &o.ports {
-        Ports::All => {
-            let _ = writeln!(out, "\t\tmeta l4proto tcp accept");
-        }
-        Ports::List(ports) => {
-            if let Some(set) = set(ports) {
-                let _ = writeln!(out, "\t\ttcp dport {set} accept");
-            }
-        }
-    }
     let _ = writeln!(out, "\t\tmeta l4proto {{ tcp, udp }} th dport {DNS} accept");
     if let Some(set) = set(&o.local_ports.0) {
         let _ = writeln!(out, "\t\tfib daddr type local tcp dport {set} accept");
+    }
+    if o.tproxy {
+        tproxy::guard_capture(out, o);
+    } else {
+        match &o.ports {
+            Ports::All => {
+                let _ = writeln!(out, "\t\tmeta l4proto tcp accept");
+            }
+            Ports::List(ports) => {
+                if let Some(set) = set(ports) {
+                    let _ = writeln!(out, "\t\ttcp dport {set} accept");
+                }
+            }
+        }
     }
     let _ = writeln!(out, "\t\t{nd}");
     let _ = writeln!(out, "\t\tcounter drop");
@@ -348,13 +398,17 @@ fn guard_rules(out: &mut String, o: &Options, nd: &str) {
 
 /// The NAT rules, in order: DNS first (it wins over `--ports all`), then the local ports left
 /// alone (so a port both local and captured reaches latchkey's own listener directly, e.g.
-/// `--https-listen` on 443), then the captured ports.
+/// `--https-listen` on 443), then the captured ports. With `--tproxy`, DNS only: the guard
+/// already gave the captured TCP to the listener.
 fn capture_rules(out: &mut String, o: &Options, from: &str) {
     let _ = writeln!(
         out,
         "\t\t{from} meta l4proto {{ tcp, udp }} th dport {DNS} redirect to :{}",
         o.dns_port
     );
+    if o.tproxy {
+        return;
+    }
     if let Some(set) = set(&o.local_ports.0) {
         let _ = writeln!(
             out,
@@ -381,13 +435,16 @@ fn capture_rules(out: &mut String, o: &Options, from: &str) {
     }
 }
 
-/// After NAT: the listeners accept only what the redirect sent them (`ct status dnat`).
+/// After NAT: the listeners accept only what the redirect sent them (`ct status dnat`); with
+/// `--tproxy` nothing is redirected to the transparent port.
 fn listener_rules(out: &mut String, o: &Options) {
-    let _ = writeln!(
-        out,
-        "\t\ttcp dport {} ct status dnat accept",
-        o.transparent_port
-    );
+    if !o.tproxy {
+        let _ = writeln!(
+            out,
+            "\t\ttcp dport {} ct status dnat accept",
+            o.transparent_port
+        );
+    }
     let _ = writeln!(
         out,
         "\t\tmeta l4proto {{ tcp, udp }} th dport {} ct status dnat accept",
@@ -442,6 +499,9 @@ fn command_line(args: &GatewaySetupArgs) -> String {
             let list: Vec<String> = local.0.iter().map(u16::to_string).collect();
             let _ = write!(line, " --local-ports {}", list.join(","));
         }
+    }
+    if args.tproxy {
+        line.push_str(" --tproxy");
     }
     line
 }

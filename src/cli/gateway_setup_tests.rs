@@ -243,6 +243,7 @@ fn the_cgroup_ruleset_works_on_output_and_names_the_cgroup_at_its_level() {
         transparent_port: 15001,
         dns_port: 15053,
         local_ports: PortList(vec![3128]),
+        tproxy: false,
     };
     let text = ruleset(&o, "test");
     let from = "socket cgroupv2 level 2 \"unified/sandbox.slice/agent-1\"";
@@ -329,5 +330,76 @@ fn removal_deletes_only_latchkeys_table_and_succeeds_when_it_is_absent() {
     assert_eq!(
         removal(),
         "table inet latchkey\ndelete table inet latchkey\n"
+    );
+}
+
+#[test]
+fn tproxy_marks_the_captured_tcp_in_the_guard_and_nats_only_dns() {
+    let text = rules(&["--interface", "veth7", "--tproxy", "--local-ports", "3128"]);
+    for line in [
+        "meta nfproto ipv4 tcp dport { 80, 443 } meta mark set 0x1 tproxy ip to :15001 accept",
+        "meta nfproto ipv6 tcp dport { 80, 443 } meta mark set 0x1 tproxy ip6 to :15001 accept",
+        "iifname \"veth7\" meta l4proto { tcp, udp } th dport 53 redirect to :15053",
+        "meta mark 0x1 tcp dport { 80, 443 } accept",
+        "meta l4proto { tcp, udp } th dport 15053 ct status dnat accept",
+        "iifname \"veth7\" counter drop",
+    ] {
+        assert!(
+            text.contains(&format!("\t{line}\n")),
+            "missing {line:?}:\n{text}"
+        );
+    }
+    // No NAT for the captured TCP, and the transparent port takes nothing redirected.
+    assert!(!text.contains("redirect to :15001"), "{text}");
+    assert!(!text.contains("dport 15001 ct status dnat"), "{text}");
+    // DNS and the local ports come before the tproxy rules, so `--ports all` takes neither.
+    let guard = text
+        .split("chain from_sandbox {\n")
+        .nth(1)
+        .unwrap_or_default();
+    let tproxy = guard.find("tproxy ip to").unwrap_or(0);
+    assert!(
+        guard.find("th dport 53 accept").unwrap_or(usize::MAX) < tproxy,
+        "{guard}"
+    );
+    assert!(
+        guard.find("dport { 3128 } accept").unwrap_or(usize::MAX) < tproxy,
+        "{guard}"
+    );
+    // The policy routing is in the header, as comments nft skips.
+    for line in [
+        "#   ip -4 rule add fwmark 0x1 lookup 100",
+        "#   ip -4 route add local 0.0.0.0/0 dev lo table 100",
+        "#   ip -6 rule add fwmark 0x1 lookup 100",
+        "#   ip -6 route add local ::/0 dev lo table 100",
+    ] {
+        assert!(
+            text.contains(&format!("{line}\n")),
+            "missing {line:?}:\n{text}"
+        );
+    }
+    assert!(text.contains("--interface veth7 --ports 80,443"), "{text}");
+    assert!(
+        text.lines()
+            .nth(1)
+            .is_some_and(|l| l.ends_with(" --tproxy")),
+        "{text}"
+    );
+    let all = rules(&["--interface", "veth7", "--tproxy", "--ports", "all"]);
+    assert!(
+        all.contains(
+            "\tmeta nfproto ipv4 meta l4proto tcp meta mark set 0x1 tproxy ip to :15001 accept\n"
+        ),
+        "{all}"
+    );
+}
+
+#[test]
+fn tproxy_with_a_cgroup_is_refused_naming_why() {
+    let a = args(&["--cgroup", "sandbox.slice/agent", "--tproxy"]);
+    let err = options(&a).map(|_| ()).unwrap_err().to_string();
+    assert!(
+        err.contains("--tproxy works on traffic arriving on an interface"),
+        "{err}"
     );
 }

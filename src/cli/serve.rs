@@ -19,7 +19,7 @@ use anyhow::Context;
 use super::args::{DnsAnswer, Mode, ServeArgs};
 use crate::policy::{self, Policy};
 use crate::proxy::limits::Limits;
-use crate::proxy::transparent::Capture;
+use crate::proxy::transparent::{tproxy, Capture};
 use crate::proxy::{CertAuthority, InitOutcome, Proxy, ProxyConfig};
 use crate::secrets::SecretValue;
 use crate::upstream::{parse_resolve, UpstreamConfig};
@@ -140,9 +140,17 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
         (args.http_listen, Capture::Http),
     ] {
         let Some(addr) = addr else { continue };
-        let l = std::net::TcpListener::bind(addr)
-            .with_context(|| format!("cannot listen on {} {addr}", capture.flag()))?;
-        l.set_nonblocking(true)?;
+        let l = if capture == Capture::Transparent && args.transparent_tproxy {
+            // Fails closed: a listener tproxy cannot reach would leave the sandbox cut off
+            // with nothing in the log saying why.
+            tproxy::bind(addr)
+                .with_context(|| format!("--transparent {addr} --transparent-tproxy"))?
+        } else {
+            let l = std::net::TcpListener::bind(addr)
+                .with_context(|| format!("cannot listen on {} {addr}", capture.flag()))?;
+            l.set_nonblocking(true)?;
+            l
+        };
         upstream.own.push(l.local_addr()?);
         captured.push((l, capture));
     }

@@ -2,7 +2,7 @@
 //! where it was going. Three listeners, one path:
 //!
 //! ```text
-//! --transparent   redirected by the firewall: original destination, not latchkey's own ─┐
+//! --transparent   redirected (or tproxy'd) by the firewall: original destination ───────┐
 //! --https-listen  DNS-routed to latchkey: TLS, upstream port 443 ───────────────────────┤
 //! --http-listen   DNS-routed to latchkey: plain HTTP, upstream port 80 ─────────────────┤
 //!   caps, identity, first bytes (deadline, cap) ◀───────────────────────────────────────┘
@@ -24,6 +24,7 @@ mod first;
 mod gate;
 mod origin;
 mod stream;
+pub mod tproxy;
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -170,6 +171,9 @@ impl Proxy {
                 return refuse(stream, entry, &refusal, plain).await;
             }
         };
+        // Compared with latchkey's own listen addresses, not with `listen`: a tproxy'd
+        // connection's local address is its original destination (another host, never one of
+        // them), while one dialed straight at a listener of latchkey's is a loop either way.
         if let Some(original) = dest.original {
             if self.is_own(original).await {
                 let mut entry = record(IDENTITY_DEFAULT, false);

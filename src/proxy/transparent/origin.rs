@@ -1,8 +1,10 @@
 //! Where a redirected connection was going: the destination the client dialed before the host
 //! firewall's NAT (nftables `redirect`/`dnat`, iptables `REDIRECT`/`DNAT`) sent it to latchkey,
 //! read back with `SO_ORIGINAL_DST` (IPv4) or `IP6T_SO_ORIGINAL_DST` (IPv6). A connection NAT
-//! did not rewrite has the socket's own local address as its destination, which is latchkey's
-//! listener: the caller refuses that as not redirected.
+//! did not rewrite has the socket's own local address as its destination: for one nftables
+//! `tproxy` delivered (`--transparent-tproxy`), that is the original destination itself; for
+//! one that reached the listener directly, it is latchkey's own listener, which the caller
+//! refuses as not redirected.
 //!
 //! Reads socket options only; depends on nothing else in the crate.
 
