@@ -7,7 +7,8 @@
 //! Python's TLS without SNI, an SSH banner) reach allowed hosts through interception and are
 //! refused elsewhere; an allowed SNI or Host sent to another address is refused before anything
 //! is dialed. Every case asserts what the client saw, what reached the upstreams and the audit
-//! record. Needs root (`ip netns add`, `nft`).
+//! record; [`tproxy`] does the same with nftables `tproxy` instead of `redirect`. Needs root
+//! (`ip netns add`, `nft`).
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -22,6 +23,7 @@ use crate::support::{assert_denial, assert_record, latchkey, toolchain, Echo, La
 
 mod ipv6;
 mod routed;
+mod tproxy;
 
 /// The transparent listener's port in latchkey's namespace.
 const TRANSPARENT_PORT: u16 = 15001;

@@ -1,0 +1,233 @@
+//! nftables `tproxy` to `serve --transparent --transparent-tproxy`: no NAT at all in latchkey's
+//! namespace, the sandbox's TCP 80 and 443 marked in prerouting (mangle priority), handed to the
+//! listener, and routed locally by the mark's table. The connection arrives with its real
+//! destination as its local address (`SO_ORIGINAL_DST` has nothing: there is no NAT entry), and
+//! goes through the same gate as a redirected one: allowed hosts reach their upstream, denied
+//! ones and an allowed SNI / Host sent to another address are refused, a connection straight to
+//! latchkey's listener is still `not_redirected`. Without `IP_TRANSPARENT` on the listener the
+//! same rules deliver nothing, which shows the connections above came by tproxy.
+
+use serde_json::json;
+
+use super::*;
+
+/// The mark and routing table of the tproxy rules (those `gateway-setup --tproxy` uses).
+const MARK: &str = "0x1";
+const TABLE: &str = "100";
+
+/// The sandbox's TCP 80 and 443 to anywhere but latchkey itself, tproxy'd to the transparent
+/// listener; there is no nat chain.
+fn tproxy_ruleset() -> String {
+    format!(
+        "table ip lk_tproxy {{\n\
+         \tchain prerouting {{\n\
+         \t\ttype filter hook prerouting priority mangle; policy accept;\n\
+         \t\tip saddr {SANDBOX_IP} ip daddr != {PROXY_IP} tcp dport {{ 80, 443 }} meta mark set {MARK} tproxy to :{TRANSPARENT_PORT} accept\n\
+         \t}}\n\
+         }}\n"
+    )
+}
+
+/// The tproxy rules and the policy routing in latchkey's namespace: marked packets are
+/// delivered locally, where the transparent socket takes them.
+fn tproxy_gateway(gw: &Gateway) {
+    gw.proxy.nft(&tproxy_ruleset());
+    gw.proxy
+        .ip(&["rule", "add", "fwmark", MARK, "lookup", TABLE]);
+    gw.proxy.ip(&[
+        "route",
+        "add",
+        "local",
+        "0.0.0.0/0",
+        "dev",
+        "lo",
+        "table",
+        TABLE,
+    ]);
+    let rules = gw.proxy.sh("nft list ruleset");
+    for nat in ["nat", "redirect", "dnat", "masquerade"] {
+        assert!(
+            !rules.contains(nat),
+            "latchkey's namespace has a {nat} rule, so SO_ORIGINAL_DST could answer:\n{rules}"
+        );
+    }
+}
+
+#[test]
+fn tproxyd_connections_reach_allowed_hosts_and_the_gate_refuses_the_rest() {
+    let gw = Gateway::new();
+    let ca = TestCa::new();
+    // OTHER_IP: reachable, opened for dialing, but no address of any allowed name.
+    gw.upstream.ip(&[
+        "addr",
+        "add",
+        &format!("{OTHER_IP}/32"),
+        "dev",
+        &gw.upstream_if,
+    ]);
+    gw.proxy.ip(&["route", "add", OTHER_IP, "via", UPSTREAM_IP]);
+    let (plain, tls) = upstreams(&gw, &ca);
+    let other_tls = NsEcho::start(
+        &gw.upstream,
+        "other-443",
+        OTHER_IP,
+        443,
+        EchoOptions::default(),
+    );
+    let other_plain = NsEcho::start(
+        &gw.upstream,
+        "other-80",
+        OTHER_IP,
+        80,
+        EchoOptions::default(),
+    );
+    tproxy_gateway(&gw);
+    let listen = format!("{PROXY_IP}:{TRANSPARENT_PORT}");
+    let lk = gateway_latchkey(
+        &gw,
+        &ca,
+        &[
+            "--transparent",
+            &listen,
+            "--transparent-tproxy",
+            "--allow-private",
+            "10.200.2.0/24",
+        ],
+    );
+
+    // Allowed, HTTPS and plain HTTP: intercepted / pinned, dialed to the real destination.
+    let out = direct_curl(
+        &gw,
+        &lk,
+        ("up.test", 443, UPSTREAM_IP),
+        "https://up.test/tp-tls",
+    );
+    let resp = out.ok();
+    assert_eq!(resp.status, 200, "{out:#?}\n{}", lk.stderr_text());
+    assert!(resp.text().contains("\"server\": \"up-tls\""), "{resp:#?}");
+    let record = record_with(&lk, json!({"path": "/tp-tls"}));
+    assert_record(
+        &record,
+        json!({"method": "GET", "scheme": "https", "host": "up.test", "port": 443,
+               "decision": "allow", "rule": "upstream", "reason": "allowed", "status": 200,
+               "upstream": format!("{UPSTREAM_IP}:443")}),
+    );
+    from_sandbox(&record);
+    let out = direct_curl(
+        &gw,
+        &lk,
+        ("up.test", 80, UPSTREAM_IP),
+        "http://up.test/tp-plain",
+    );
+    let resp = out.ok();
+    assert_eq!(resp.status, 200, "{out:#?}");
+    assert!(resp.text().contains("\"server\": \"up\""), "{resp:#?}");
+    assert_record(
+        &record_with(&lk, json!({"path": "/tp-plain"})),
+        json!({"method": "GET", "scheme": "http", "host": "up.test", "port": 80,
+               "reason": "allowed", "status": 200, "upstream": format!("{UPSTREAM_IP}:80")}),
+    );
+
+    // Denied hosts: refused before anything is dialed.
+    let out = direct_curl(
+        &gw,
+        &lk,
+        ("evil.test", 443, UPSTREAM_IP),
+        "https://evil.test/",
+    );
+    assert_ne!(out.exit, Some(0), "{out:#?}");
+    assert_eq!(out.response.status, 0, "{out:#?}");
+    assert_record(
+        &record_with(&lk, json!({"host": "evil.test", "port": 443})),
+        json!({"method": "CONNECT", "decision": "deny", "reason": "no_rule", "status": null,
+               "upstream": format!("{UPSTREAM_IP}:443")}),
+    );
+    let out = direct_curl(
+        &gw,
+        &lk,
+        ("evil.test", 80, UPSTREAM_IP),
+        "http://evil.test/tp-x",
+    );
+    assert_denial(out.ok(), 403, Some("none"), "no_rule");
+    assert_record(
+        &record_with(&lk, json!({"path": "/tp-x"})),
+        json!({"host": "evil.test", "decision": "deny", "reason": "no_rule", "status": 403}),
+    );
+
+    // An allowed name sent to another address: the tproxy'd local address is that address,
+    // and it is no address of the name.
+    for (port, url) in [
+        (443, "https://up.test/tp-spoof"),
+        (80, "http://up.test/tp-spoof"),
+    ] {
+        let out = direct_curl(&gw, &lk, ("up.test", port, OTHER_IP), url);
+        if port == 80 {
+            assert_denial(out.ok(), 403, Some("none"), "destination_mismatch");
+        } else {
+            assert_ne!(out.exit, Some(0), "{url}: {out:#?}");
+            assert_eq!(out.response.status, 0, "{out:#?}");
+        }
+        assert_record(
+            &record_with(
+                &lk,
+                json!({"host": "up.test", "port": port, "reason": "destination_mismatch"}),
+            ),
+            json!({"decision": "deny", "upstream": format!("{OTHER_IP}:{port}")}),
+        );
+    }
+
+    // Straight to the listener (the rule leaves latchkey's own address alone): its local
+    // address is latchkey's own, which is no destination.
+    let out = python_in(
+        &gw.sandbox,
+        RAW_CLIENT,
+        &[
+            PROXY_IP,
+            &TRANSPARENT_PORT.to_string(),
+            "GET / HTTP/1.1\r\nHost: up.test\r\n\r\n",
+        ],
+    );
+    assert_eq!(out.stdout, "", "{out:#?}");
+    assert_record(
+        &record_with(&lk, json!({"reason": "not_redirected"})),
+        json!({"host": PROXY_IP, "port": TRANSPARENT_PORT, "decision": "deny",
+               "upstream": null}),
+    );
+    assert_eq!((plain.connections(), tls.connections()), (1, 1));
+    assert_eq!(
+        other_tls.connections() + other_plain.connections(),
+        0,
+        "latchkey dialed the spoofed destination"
+    );
+    lk.wait_audit(7);
+}
+
+#[test]
+fn without_transparent_tproxy_the_same_rules_deliver_nothing() {
+    let gw = Gateway::new();
+    let ca = TestCa::new();
+    let (plain, tls) = upstreams(&gw, &ca);
+    tproxy_gateway(&gw);
+    let listen = format!("{PROXY_IP}:{TRANSPARENT_PORT}");
+    // A plain listener: tproxy finds no transparent socket and drops the packets.
+    let lk = gateway_latchkey(&gw, &ca, &["--transparent", &listen]);
+    let out = curl_in(
+        &gw.sandbox,
+        &lk,
+        &[
+            "--noproxy",
+            "*",
+            "--connect-timeout",
+            "2",
+            "--resolve",
+            &format!("up.test:80:{UPSTREAM_IP}"),
+            "http://up.test/never",
+        ],
+        &[],
+    );
+    assert_ne!(out.exit, Some(0), "{out:#?}");
+    assert_eq!(out.response.status, 0, "{out:#?}");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(lk.audit_records().is_empty(), "{:#?}", lk.audit_records());
+    assert_eq!(plain.connections() + tls.connections(), 0);
+}
