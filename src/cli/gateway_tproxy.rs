@@ -20,70 +20,72 @@ pub const MARK: &str = "0x1";
 /// The routing table the marked packets are looked up in: one route, every address local.
 pub const ROUTE_TABLE: &str = "100";
 
-/// One `ip` command of the policy routing: what adds it, what deletes it.
+/// One piece of the policy routing, for one family (`-4`, `-6`): a rule (marked packets use
+/// the table) or the table's one route (every address is local).
 struct Route {
-    add: [&'static str; 10],
-    del: [&'static str; 10],
+    family: &'static str,
+    rule: bool,
+}
+
+impl Route {
+    /// `ip` arguments with `verb` (`add`, `del`, `list`).
+    fn args(&self, verb: &'static str) -> Vec<&'static str> {
+        let all = if self.family == "-4" {
+            "0.0.0.0/0"
+        } else {
+            "::/0"
+        };
+        if self.rule {
+            vec![
+                self.family,
+                "rule",
+                verb,
+                "fwmark",
+                MARK,
+                "lookup",
+                ROUTE_TABLE,
+            ]
+        } else {
+            vec![
+                self.family,
+                "route",
+                verb,
+                "local",
+                all,
+                "dev",
+                "lo",
+                "table",
+                ROUTE_TABLE,
+            ]
+        }
+    }
 }
 
 /// The policy routing, IPv4 and IPv6: a marked packet is routed to this host itself.
-fn routing() -> [Route; 4] {
-    let (m, t) = (MARK, ROUTE_TABLE);
-    [
-        Route {
-            add: ["-4", "rule", "add", "fwmark", m, "lookup", t, "", "", ""],
-            del: ["-4", "rule", "del", "fwmark", m, "lookup", t, "", "", ""],
-        },
-        Route {
-            add: [
-                "-4",
-                "route",
-                "add",
-                "local",
-                "0.0.0.0/0",
-                "dev",
-                "lo",
-                "table",
-                t,
-                "",
-            ],
-            del: [
-                "-4",
-                "route",
-                "del",
-                "local",
-                "0.0.0.0/0",
-                "dev",
-                "lo",
-                "table",
-                t,
-                "",
-            ],
-        },
-        Route {
-            add: ["-6", "rule", "add", "fwmark", m, "lookup", t, "", "", ""],
-            del: ["-6", "rule", "del", "fwmark", m, "lookup", t, "", "", ""],
-        },
-        Route {
-            add: [
-                "-6", "route", "add", "local", "::/0", "dev", "lo", "table", t, "",
-            ],
-            del: [
-                "-6", "route", "del", "local", "::/0", "dev", "lo", "table", t, "",
-            ],
-        },
-    ]
-}
-
-fn args(parts: &[&'static str; 10]) -> Vec<&'static str> {
-    parts.iter().copied().filter(|p| !p.is_empty()).collect()
-}
+const ROUTING: [Route; 4] = [
+    Route {
+        family: "-4",
+        rule: true,
+    },
+    Route {
+        family: "-4",
+        rule: false,
+    },
+    Route {
+        family: "-6",
+        rule: true,
+    },
+    Route {
+        family: "-6",
+        rule: false,
+    },
+];
 
 /// The `ip` commands that add the policy routing, one a line, as a shell would run them.
 pub fn routing_commands() -> Vec<String> {
-    routing()
+    ROUTING
         .iter()
-        .map(|r| format!("ip {}", args(&r.add).join(" ")))
+        .map(|r| format!("ip {}", r.args("add").join(" ")))
         .collect()
 }
 
@@ -131,35 +133,41 @@ pub fn input_accept(out: &mut String, o: &Options) {
     }
 }
 
-/// Adds the policy routing; one already there is left as it is, so applying twice is fine.
+/// Adds the policy routing; what is already there is left as it is (the kernel would take a
+/// second identical rule), so applying twice leaves one copy.
 pub fn apply_routing() -> Result<(), SetupError> {
-    for route in routing() {
-        ip(&args(&route.add), &["File exists"])?;
+    for route in &ROUTING {
+        if route.rule && !ip(&route.args("list"), &[])?.trim().is_empty() {
+            continue;
+        }
+        ip(&route.args("add"), &["File exists"])?;
     }
     Ok(())
 }
 
-/// Deletes the policy routing; one already gone is no error.
+/// Deletes the policy routing; what is already gone is no error.
 pub fn remove_routing() -> Result<(), SetupError> {
-    for route in routing() {
-        ip(
-            &args(&route.del),
-            &["No such file or directory", "No such process"],
-        )?;
+    const GONE: [&str; 3] = [
+        "No such file or directory",
+        "No such process",
+        "FIB table does not exist",
+    ];
+    for route in &ROUTING {
+        ip(&route.args("del"), &GONE)?;
     }
     Ok(())
 }
 
-/// Runs `ip ARGS`; a failure whose message contains one of `fine` (the state already being
-/// what was asked for) counts as success.
-fn ip(args: &[&str], fine: &[&str]) -> Result<(), SetupError> {
+/// Runs `ip ARGS` and returns its output; a failure whose message contains one of `fine` (the
+/// state already being what was asked for) counts as success.
+fn ip(args: &[&str], fine: &[&str]) -> Result<String, SetupError> {
     let out = Command::new("ip")
         .args(args)
         .output()
         .map_err(SetupError::NoIp)?;
     let message = String::from_utf8_lossy(&out.stderr).trim().to_string();
     if out.status.success() || fine.iter().any(|f| message.contains(f)) {
-        return Ok(());
+        return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
     }
     Err(SetupError::Ip {
         command: format!("ip {}", args.join(" ")),

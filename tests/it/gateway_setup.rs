@@ -238,6 +238,16 @@ fn every_ruleset_it_prints_passes_nft_check_and_a_broken_one_does_not() {
             "--dns-port",
             "9053",
         ],
+        vec!["--interface", "veth0", "--tproxy"],
+        vec![
+            "--interface",
+            "br-sbx*",
+            "--tproxy",
+            "--ports",
+            "all",
+            "--local-ports",
+            "3128,443",
+        ],
         vec!["--cgroup", &cgroup.rel],
         vec![
             "--cgroup",
@@ -329,6 +339,11 @@ fn bad_flags_are_refused_with_the_flag_named() {
             &["--cgroup", "latchkey-no-such-cgroup/x", "--apply"][..],
             1,
             "--cgroup \"latchkey-no-such-cgroup/x\": there is no cgroup at",
+        ),
+        (
+            &["--cgroup", "a/b", "--tproxy"][..],
+            1,
+            "--tproxy works on traffic arriving on an interface",
         ),
         (
             &["--interface", "v", "--apply", "--remove"][..],

@@ -231,3 +231,110 @@ fn without_transparent_tproxy_the_same_rules_deliver_nothing() {
     assert!(lk.audit_records().is_empty(), "{:#?}", lk.audit_records());
     assert_eq!(plain.connections() + tls.connections(), 0);
 }
+
+/// `latchkey gateway-setup ARGS` in latchkey's namespace.
+fn gateway_setup(gw: &Gateway, args: &[&str]) -> CliOutput {
+    let mut cmd = gw.proxy.command(crate::support::latchkey::BIN);
+    cmd.arg("gateway-setup").args(args);
+    wait_with_timeout(&mut cmd, Duration::from_secs(20))
+}
+
+#[test]
+fn gateway_setup_tproxy_applied_makes_latchkey_the_route_and_remove_undoes_it() {
+    let gw = Gateway::new();
+    let ca = TestCa::new();
+    let (plain, tls) = upstreams(&gw, &ca);
+    let ssh = NsEcho::start(&gw.upstream, "ssh", UPSTREAM_IP, 22, EchoOptions::default());
+    let iface = gw
+        .proxy
+        .sh(&format!("ip -o -4 addr show to {PROXY_IP}"))
+        .split_whitespace()
+        .nth(1)
+        .and_then(|name| name.split('@').next())
+        .map(str::to_string)
+        .expect("latchkey's interface on the sandbox link");
+    let apply = ["--interface", iface.as_str(), "--tproxy", "--apply"];
+    // Twice: the second finds the routing in place and replaces the table.
+    for _ in 0..2 {
+        let out = gateway_setup(&gw, &apply);
+        assert_eq!(out.code(), Some(0), "gateway-setup {apply:?}: {out:#?}");
+    }
+    let rules = gw.proxy.sh("ip -4 rule list; ip -6 rule list");
+    assert_eq!(
+        rules
+            .matches(&format!("fwmark {MARK} lookup {TABLE}"))
+            .count(),
+        2,
+        "one rule per family:\n{rules}"
+    );
+    assert!(
+        gw.proxy
+            .sh(&format!("ip -4 route show table {TABLE}"))
+            .contains("local default dev lo"),
+        "the marked packets' table"
+    );
+    let ruleset = gw.proxy.sh("nft list ruleset");
+    assert!(ruleset.contains("tproxy ip to :15001"), "{ruleset}");
+    assert!(!ruleset.contains("redirect to :15001"), "{ruleset}");
+
+    let listen = format!("{PROXY_IP}:{TRANSPARENT_PORT}");
+    let lk = gateway_latchkey(
+        &gw,
+        &ca,
+        &["--transparent", &listen, "--transparent-tproxy"],
+    );
+    let out = direct_curl(
+        &gw,
+        &lk,
+        ("up.test", 443, UPSTREAM_IP),
+        "https://up.test/setup",
+    );
+    let resp = out.ok();
+    assert_eq!(resp.status, 200, "{out:#?}\n{}", lk.stderr_text());
+    assert_record(
+        &record_with(&lk, json!({"path": "/setup"})),
+        json!({"scheme": "https", "host": "up.test", "reason": "allowed",
+               "upstream": format!("{UPSTREAM_IP}:443")}),
+    );
+    let out = direct_curl(
+        &gw,
+        &lk,
+        ("up.test", 80, UPSTREAM_IP),
+        "http://up.test/setup-plain",
+    );
+    assert_eq!(out.ok().status, 200, "{out:#?}");
+    assert_record(
+        &record_with(&lk, json!({"path": "/setup-plain"})),
+        json!({"scheme": "http", "host": "up.test", "reason": "allowed",
+               "upstream": format!("{UPSTREAM_IP}:80")}),
+    );
+    // TCP 22 is neither captured nor let through.
+    let out = python_in(
+        &gw.sandbox,
+        RAW_CLIENT,
+        &[UPSTREAM_IP, "22", "SSH-2.0-x\r\n"],
+    );
+    assert_ne!(out.code(), Some(0), "{out:#?}");
+    assert_eq!(
+        (plain.connections(), tls.connections(), ssh.connections()),
+        (1, 1, 0)
+    );
+    assert_eq!(lk.audit_records().len(), 2, "{:#?}", lk.audit_records());
+
+    // --remove --tproxy (twice: nothing left is no error) deletes the table and the routing.
+    for _ in 0..2 {
+        let out = gateway_setup(&gw, &["--remove", "--tproxy"]);
+        assert_eq!(
+            out.code(),
+            Some(0),
+            "gateway-setup --remove --tproxy: {out:#?}"
+        );
+    }
+    let rules = gw.proxy.sh("ip -4 rule list; ip -6 rule list");
+    assert!(!rules.contains("fwmark"), "{rules}");
+    let table = gw
+        .proxy
+        .sh(&format!("ip -4 route show table {TABLE} 2>/dev/null; true"));
+    assert!(table.trim().is_empty(), "{table}");
+    assert!(!gw.proxy.sh("nft list tables").contains("latchkey"));
+}
