@@ -262,7 +262,7 @@ pub struct ServeArgs {
     #[arg(long, env = "LATCHKEY_TRANSPARENT", value_name = "ADDR")]
     pub transparent: Option<SocketAddr>,
     /// Also accept nftables `tproxy` on the --transparent listener: set `IP_TRANSPARENT`
-    /// (`IPV6_TRANSPARENT` on an IPv6 address) on it, which needs CAP_NET_ADMIN; latchkey
+    /// (`IPV6_TRANSPARENT` on an IPv6 address) on it, which needs CAP_NET_ADMIN (or CAP_NET_RAW); latchkey
     /// refuses to start when it cannot. Redirected connections keep working.
     #[arg(
         long = "transparent-tproxy",

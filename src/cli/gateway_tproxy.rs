@@ -93,7 +93,7 @@ pub fn routing_commands() -> Vec<String> {
 pub fn header(out: &mut String) {
     let _ = writeln!(
         out,
-        "# tproxy: run `latchkey serve --transparent ADDR --transparent-tproxy` (CAP_NET_ADMIN),"
+        "# tproxy: run `latchkey serve --transparent ADDR --transparent-tproxy` (CAP_NET_ADMIN or CAP_NET_RAW),"
     );
     let _ = writeln!(
         out,

@@ -3,7 +3,8 @@
 //! dual-stack socket's IPv4-mapped connections too: the kernel keeps one flag for both), so the
 //! kernel hands it connections addressed to other hosts. Such a connection's local address is
 //! its original destination; `origin` reads it from there when `SO_ORIGINAL_DST` has nothing.
-//! Setting the option needs `CAP_NET_ADMIN`; without it the bind fails, it never degrades.
+//! Setting the option needs `CAP_NET_ADMIN` or `CAP_NET_RAW`; without either the bind fails, it
+//! never degrades.
 //!
 //! Opens a socket only; depends on nothing else in the crate.
 
@@ -22,16 +23,16 @@ pub enum TproxyError {
     #[error("cannot open a TCP socket: {0}")]
     Socket(io::Error),
     #[error(
-        "cannot set {option} ({source}): nftables `tproxy` needs it, and setting it needs \
-         CAP_NET_ADMIN (run latchkey with that capability, or leave out --transparent-tproxy \
-         and capture with nftables `redirect`)"
+        "cannot set {option} ({err}): nftables `tproxy` needs it, and setting it needs \
+         CAP_NET_ADMIN or CAP_NET_RAW (run latchkey with one of them, or leave out \
+         --transparent-tproxy and capture with nftables `redirect`)"
     )]
     Transparent {
         option: &'static str,
-        source: io::Error,
+        err: io::Error,
     },
-    #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: SocketAddr, source: io::Error },
+    #[error("cannot listen on {addr}: {err}")]
+    Bind { addr: SocketAddr, err: io::Error },
 }
 
 /// A non-blocking listener on `addr` that accepts tproxy'd connections (and redirected ones,
@@ -42,13 +43,13 @@ pub fn bind(addr: SocketAddr) -> Result<std::net::TcpListener, TproxyError> {
     let transparent = match addr {
         SocketAddr::V4(_) => socket
             .set_ip_transparent_v4(true)
-            .map_err(|source| ("IP_TRANSPARENT", source)),
+            .map_err(|err| ("IP_TRANSPARENT", err)),
         SocketAddr::V6(_) => socket
             .set_ip_transparent_v6(true)
-            .map_err(|source| ("IPV6_TRANSPARENT", source)),
+            .map_err(|err| ("IPV6_TRANSPARENT", err)),
     };
-    transparent.map_err(|(option, source)| TproxyError::Transparent { option, source })?;
-    let bind_err = |source| TproxyError::Bind { addr, source };
+    transparent.map_err(|(option, err)| TproxyError::Transparent { option, err })?;
+    let bind_err = |err| TproxyError::Bind { addr, err };
     // What std's `TcpListener::bind` does on Unix: a restarted latchkey can rebind at once.
     socket.set_reuse_address(true).map_err(bind_err)?;
     socket.bind(&addr.into()).map_err(bind_err)?;
@@ -62,7 +63,7 @@ mod tests {
     use super::*;
     use socket2::SockRef;
 
-    /// Setting the option needs CAP_NET_ADMIN: where the test runs without it, the bind must
+    /// Setting the option needs CAP_NET_ADMIN or CAP_NET_RAW: where the test runs without it, the bind must
     /// fail naming the option, never hand back a listener tproxy cannot reach.
     #[test]
     fn the_listener_is_transparent_or_the_bind_fails_naming_the_option() {

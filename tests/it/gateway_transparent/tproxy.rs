@@ -338,3 +338,51 @@ fn gateway_setup_tproxy_applied_makes_latchkey_the_route_and_remove_undoes_it() 
     assert!(table.trim().is_empty(), "{table}");
     assert!(!gw.proxy.sh("nft list tables").contains("latchkey"));
 }
+
+#[test]
+fn without_cap_net_admin_or_net_raw_transparent_tproxy_refuses_to_start() {
+    let policies = crate::support::latchkey::policy_dir(&[("main.toml", policy())]);
+    let scratch = tempfile::tempdir().expect("scratch dir");
+    // Root without CAP_NET_ADMIN and CAP_NET_RAW (either lets a socket set IP_TRANSPARENT):
+    // dropped from the bounding set, so the exec'd latchkey has them in none of its sets.
+    let mut cmd = Command::new(toolchain::tool("setpriv"));
+    cmd.args(["--bounding-set", "-net_admin,-net_raw", "--"])
+        .arg(crate::support::latchkey::BIN)
+        .arg("serve")
+        .arg("--policies")
+        .arg(policies.path())
+        .args(["--listen", "127.0.0.1:0", "--admin", "off"])
+        .arg("--ca-dir")
+        .arg(scratch.path().join("ca"))
+        .arg("--audit")
+        .arg(scratch.path().join("audit.jsonl"))
+        .args(["--transparent", "127.0.0.1:0", "--transparent-tproxy"]);
+    for var in crate::support::latchkey::SCRUBBED_ENV {
+        cmd.env_remove(var);
+    }
+    let out = wait_with_timeout(&mut cmd, Duration::from_secs(15));
+    assert_eq!(out.code(), Some(1), "{out:#?}");
+    assert!(
+        out.stderr.contains("--transparent-tproxy")
+            && out.stderr.contains("cannot set IP_TRANSPARENT")
+            && out.stderr.contains("CAP_NET_ADMIN"),
+        "{}",
+        out.stderr
+    );
+    assert!(!out.stderr.contains("listening on"), "{}", out.stderr);
+    assert!(!out.stderr.contains("panicked"), "{}", out.stderr);
+    // The same flags with the capability start (and are stopped at once).
+    let mut lk = latchkey()
+        .arg("--transparent")
+        .arg("127.0.0.1:0")
+        .arg("--transparent-tproxy")
+        .policy("main.toml", policy())
+        .run();
+    assert!(
+        lk.wait_stderr_contains("transparent listening on", Duration::from_secs(5)),
+        "{}",
+        lk.stderr_text()
+    );
+    lk.signal("TERM");
+    assert!(lk.wait_exit(Duration::from_secs(10)).is_some());
+}

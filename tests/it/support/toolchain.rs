@@ -37,6 +37,7 @@ const TOOLS: &[(&str, &str)] = &[
     ("java", "default-jre-headless"),
     ("dig", "dnsutils"),
     ("nsenter", "util-linux"),
+    ("setpriv", "util-linux"),
 ];
 
 /// The pinned requirements the Python environment is built from.
