@@ -6,13 +6,13 @@ use serde_json::json;
 use super::*;
 
 /// IPv6 on the gateway's two links (ULA addresses, no duplicate-address wait), beside the IPv4.
-const SANDBOX_IP6: &str = "fd00:200::2";
-const PROXY_IP6: &str = "fd00:200::1";
-const PROXY_UPLINK_IP6: &str = "fd00:201::1";
-const UPSTREAM_IP6: &str = "fd00:201::2";
+pub(super) const SANDBOX_IP6: &str = "fd00:200::2";
+pub(super) const PROXY_IP6: &str = "fd00:200::1";
+pub(super) const PROXY_UPLINK_IP6: &str = "fd00:201::1";
+pub(super) const UPSTREAM_IP6: &str = "fd00:201::2";
 
 /// The interface in `ns` that holds the IPv4 address `ip`.
-fn interface_with(ns: &Netns, ip: &str) -> String {
+pub(super) fn interface_with(ns: &Netns, ip: &str) -> String {
     let out = ns.sh("ip -o -4 addr show");
     out.lines()
         .find(|l| l.contains(&format!(" {ip}/")))
@@ -21,10 +21,8 @@ fn interface_with(ns: &Netns, ip: &str) -> String {
         .unwrap_or_else(|| panic!("no interface with {ip} in {}: {out}", ns.name()))
 }
 
-#[test]
-fn ipv6_connections_are_redirected_and_checked_like_ipv4_on_a_dual_stack_listener() {
-    let gw = Gateway::new();
-    let ca = TestCa::new();
+/// IPv6 on the gateway's two links beside the IPv4, the sandbox's default route via latchkey.
+pub(super) fn add_ipv6(gw: &Gateway) {
     let sandbox_if = interface_with(&gw.sandbox, SANDBOX_IP);
     let proxy_if = interface_with(&gw.proxy, PROXY_IP);
     let uplink_if = interface_with(&gw.proxy, crate::support::netns::PROXY_UPLINK_IP);
@@ -46,6 +44,13 @@ fn ipv6_connections_are_redirected_and_checked_like_ipv4_on_a_dual_stack_listene
     }
     gw.sandbox
         .ip(&["-6", "route", "add", "default", "via", PROXY_IP6]);
+}
+
+#[test]
+fn ipv6_connections_are_redirected_and_checked_like_ipv4_on_a_dual_stack_listener() {
+    let gw = Gateway::new();
+    let ca = TestCa::new();
+    add_ipv6(&gw);
     gw.proxy.nft(&format!(
         "{}table ip6 lk_transparent6 {{\n\
          \tchain prerouting {{\n\

@@ -5,10 +5,13 @@
 //! goes through the same gate as a redirected one: allowed hosts reach their upstream, denied
 //! ones and an allowed SNI / Host sent to another address are refused, a connection straight to
 //! latchkey's listener is still `not_redirected`. Without `IP_TRANSPARENT` on the listener the
-//! same rules deliver nothing, which shows the connections above came by tproxy.
+//! same rules deliver nothing, which shows the connections above came by tproxy; without
+//! CAP_NET_ADMIN / CAP_NET_RAW latchkey refuses to start. `gateway-setup --tproxy --apply` is
+//! then used for real: IPv4, and IPv6 and IPv4 on one dual-stack `[::]` listener.
 
 use serde_json::json;
 
+use super::ipv6::{add_ipv6, interface_with, PROXY_IP6, UPSTREAM_IP6};
 use super::*;
 
 /// The mark and routing table of the tproxy rules (those `gateway-setup --tproxy` uses).
@@ -245,14 +248,7 @@ fn gateway_setup_tproxy_applied_makes_latchkey_the_route_and_remove_undoes_it() 
     let ca = TestCa::new();
     let (plain, tls) = upstreams(&gw, &ca);
     let ssh = NsEcho::start(&gw.upstream, "ssh", UPSTREAM_IP, 22, EchoOptions::default());
-    let iface = gw
-        .proxy
-        .sh(&format!("ip -o -4 addr show to {PROXY_IP}"))
-        .split_whitespace()
-        .nth(1)
-        .and_then(|name| name.split('@').next())
-        .map(str::to_string)
-        .expect("latchkey's interface on the sandbox link");
+    let iface = interface_with(&gw.proxy, PROXY_IP);
     let apply = ["--interface", iface.as_str(), "--tproxy", "--apply"];
     // Twice: the second finds the routing in place and replaces the table.
     for _ in 0..2 {
@@ -385,4 +381,96 @@ fn without_cap_net_admin_or_net_raw_transparent_tproxy_refuses_to_start() {
     );
     lk.signal("TERM");
     assert!(lk.wait_exit(Duration::from_secs(10)).is_some());
+}
+
+#[test]
+fn one_dual_stack_tproxy_listener_takes_ipv6_and_ipv4_from_gateway_setup_tproxy() {
+    let gw = Gateway::new();
+    let ca = TestCa::new();
+    add_ipv6(&gw);
+    let (plain, _tls) = upstreams(&gw, &ca);
+    let plain6 = NsEcho::start(
+        &gw.upstream,
+        "up6",
+        UPSTREAM_IP6,
+        80,
+        EchoOptions::default(),
+    );
+    let tls6 = NsEcho::start(
+        &gw.upstream,
+        "up6-tls",
+        UPSTREAM_IP6,
+        443,
+        EchoOptions {
+            tls: Some((&ca, &["up6.test"])),
+            ..EchoOptions::default()
+        },
+    );
+    let iface = interface_with(&gw.proxy, PROXY_IP);
+    let out = gateway_setup(&gw, &["--interface", &iface, "--tproxy", "--apply"]);
+    assert_eq!(out.code(), Some(0), "{out:#?}");
+    // IPV6_TRANSPARENT on [::]: the kernel's one flag covers its IPv4-mapped connections too.
+    let listen = format!("[::]:{TRANSPARENT_PORT}");
+    let lk = gateway_latchkey(
+        &gw,
+        &ca,
+        &[
+            "--transparent",
+            &listen,
+            "--transparent-tproxy",
+            "--allow-private",
+            "fd00:201::/64",
+            "--resolve",
+            &format!("up6.test={UPSTREAM_IP6}"),
+        ],
+    );
+    let v6 = format!("[{UPSTREAM_IP6}]");
+    let out = direct_curl(&gw, &lk, ("up6.test", 443, &v6), "https://up6.test/tp6");
+    assert_eq!(out.ok().status, 200, "{out:#?}\n{}", lk.stderr_text());
+    let out = direct_curl(&gw, &lk, ("up6.test", 80, &v6), "http://up6.test/tp6-plain");
+    assert_eq!(out.ok().status, 200, "{out:#?}");
+    for (path, port) in [("/tp6", 443), ("/tp6-plain", 80)] {
+        assert_record(
+            &record_with(&lk, json!({"path": path})),
+            json!({"host": "up6.test", "port": port, "reason": "allowed",
+                   "upstream": format!("[{UPSTREAM_IP6}]:{port}")}),
+        );
+    }
+    // up.test has only an IPv4 address: sent to the IPv6 upstream, it is refused.
+    let out = direct_curl(&gw, &lk, ("up.test", 443, &v6), "https://up.test/tp-spoof6");
+    assert_ne!(out.exit, Some(0), "{out:#?}");
+    assert_record(
+        &record_with(&lk, json!({"reason": "destination_mismatch"})),
+        json!({"method": "CONNECT", "host": "up.test", "port": 443,
+               "upstream": format!("[{UPSTREAM_IP6}]:443")}),
+    );
+    // IPv4 on the same listener.
+    let out = direct_curl(&gw, &lk, ("up.test", 80, UPSTREAM_IP), "http://up.test/tp4");
+    assert_eq!(out.ok().status, 200, "{out:#?}");
+    assert_record(
+        &record_with(&lk, json!({"path": "/tp4"})),
+        json!({"host": "up.test", "reason": "allowed", "upstream": format!("{UPSTREAM_IP}:80")}),
+    );
+    // Straight to latchkey's own address over IPv6: dropped by the rules, never captured.
+    let out = python_in(
+        &gw.sandbox,
+        RAW_CLIENT,
+        &[
+            PROXY_IP6,
+            &TRANSPARENT_PORT.to_string(),
+            "GET / HTTP/1.1\r\n\r\n",
+        ],
+    );
+    assert_ne!(out.code(), Some(0), "{out:#?}");
+    assert_eq!(
+        (
+            plain.connections(),
+            plain6.connections(),
+            tls6.connections()
+        ),
+        (1, 1, 1)
+    );
+    assert_eq!(lk.wait_audit(4).len(), 4, "{:#?}", lk.audit_records());
+    let out = gateway_setup(&gw, &["--remove", "--tproxy"]);
+    assert_eq!(out.code(), Some(0), "{out:#?}");
 }
