@@ -72,7 +72,15 @@ fn run(args: Cli) -> anyhow::Result<ExitCode> {
             ca_dir,
             format,
             no_proxy,
-        } => cli::env::run(&proxy, &ca_dir, format, &no_proxy),
+            install,
+            root,
+        } => cli::env::run(
+            &proxy,
+            &ca_dir,
+            format,
+            &no_proxy,
+            install.then_some(root.as_path()),
+        ),
         Command::GatewaySetup(setup) => cli::gateway_setup::run(&setup),
     }
 }

@@ -103,6 +103,14 @@ pub enum Command {
         /// requests go through latchkey too.
         #[arg(long = "no-proxy", env = "LATCHKEY_NO_PROXY", value_name = "LIST", default_value = super::env::DEFAULT_NO_PROXY)]
         no_proxy: String,
+        /// Also add the CA to this system's trust store (Debian, Ubuntu, Alpine), as `latchkey
+        /// ca install` does; what it did goes to stderr, so `eval "$(latchkey env --install)"`
+        /// still works.
+        #[arg(long)]
+        install: bool,
+        /// With --install: the system root to act on (an image being built).
+        #[arg(long, env = "LATCHKEY_ROOT", default_value = "/", requires = "install")]
+        root: PathBuf,
     },
     /// Print the nftables rules that make latchkey a sandbox's only route (TCP 80/443 to
     /// `serve --transparent`, DNS to `serve --dns`, everything else dropped, IPv4 and IPv6), in

@@ -31,14 +31,8 @@ pub fn run(action: CaAction) -> anyhow::Result<ExitCode> {
             let pem = std::fs::read_to_string(&cert)
                 .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", cert.display()))?;
             let done = super::trust::install(&pem, &root)?;
-            println!("wrote {} ({:?})", done.path.display(), done.system);
-            if done.updated {
-                println!("ran update-ca-certificates: the system store trusts latchkey's CA");
-            } else {
-                println!(
-                    "now run update-ca-certificates inside {} (in a Dockerfile: RUN update-ca-certificates)",
-                    root.display()
-                );
+            for line in install_report(&done, &root) {
+                println!("{line}");
             }
         }
         CaAction::Show { ca_dir } => {
@@ -49,4 +43,19 @@ pub fn run(action: CaAction) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What an install did, one line each (`ca install` prints them, `env --install` sends them to
+/// stderr so its stdout stays shell lines).
+pub fn install_report(done: &super::trust::Installed, root: &std::path::Path) -> Vec<String> {
+    let mut lines = vec![format!("wrote {} ({:?})", done.path.display(), done.system)];
+    lines.push(if done.updated {
+        "ran update-ca-certificates: the system store trusts latchkey's CA".to_string()
+    } else {
+        format!(
+            "now run update-ca-certificates inside {} (in a Dockerfile: RUN update-ca-certificates)",
+            root.display()
+        )
+    });
+    lines
 }

@@ -74,9 +74,17 @@ pub fn run(
     ca_dir: &Path,
     format: Format,
     no_proxy: &str,
+    install: Option<&Path>,
 ) -> anyhow::Result<std::process::ExitCode> {
     let (ca, _) = crate::proxy::CertAuthority::load_or_create(ca_dir)?;
     let vars = variables(proxy_url, ca_dir, ca.cert_pem(), no_proxy)?;
+    // The system store first: a failed install must not leave half the output evaluated.
+    if let Some(root) = install {
+        let done = super::trust::install(ca.cert_pem(), root)?;
+        for line in super::ca::install_report(&done, root) {
+            eprintln!("latchkey: {line}");
+        }
+    }
     print!("{}", render(&vars, format));
     Ok(std::process::ExitCode::SUCCESS)
 }

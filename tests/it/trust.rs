@@ -205,3 +205,58 @@ fn ca_install_writes_the_ca_into_a_debian_or_alpine_image_root_and_names_what_it
     assert_eq!(out.code(), Some(1), "{out:#?}");
     assert!(out.stderr.contains("os-release"), "{out:#?}");
 }
+
+#[test]
+fn env_install_adds_the_ca_to_an_image_root_and_keeps_its_stdout_shell_lines() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ca_dir = dir.path().join("ca");
+    let root = dir.path().join("debian");
+    std::fs::create_dir_all(root.join("etc")).expect("etc");
+    std::fs::write(root.join("etc/os-release"), "ID=debian\n").expect("os-release");
+    let out = run_cli([
+        "env".as_ref(),
+        "--ca-dir".as_ref(),
+        ca_dir.as_os_str(),
+        "--install".as_ref(),
+        "--root".as_ref(),
+        root.as_os_str(),
+    ]);
+    assert_eq!(out.code(), Some(0), "{out:#?}");
+    let pem = std::fs::read_to_string(ca_dir.join("latchkey-ca.pem")).expect("CA");
+    let installed = root.join("usr/local/share/ca-certificates/latchkey.crt");
+    assert_eq!(std::fs::read_to_string(&installed).expect("installed"), pem);
+    // What the install did is on stderr; stdout is still only what `eval` can run.
+    assert!(out.stderr.contains("update-ca-certificates"), "{out:#?}");
+    for line in out.stdout.lines().filter(|l| !l.trim().is_empty()) {
+        assert!(
+            line.starts_with("export ") || line.starts_with('#'),
+            "not a shell line on stdout: {line:?}\n{out:#?}"
+        );
+    }
+    assert!(out.stdout.contains("export SSL_CERT_FILE="), "{out:#?}");
+
+    // An unsupported system fails the whole command, before any variable is printed.
+    let other = dir.path().join("fedora");
+    std::fs::create_dir_all(other.join("etc")).expect("etc");
+    std::fs::write(other.join("etc/os-release"), "ID=fedora\n").expect("os-release");
+    let out = run_cli([
+        "env".as_ref(),
+        "--ca-dir".as_ref(),
+        ca_dir.as_os_str(),
+        "--install".as_ref(),
+        "--root".as_ref(),
+        other.as_os_str(),
+    ]);
+    assert_eq!(out.code(), Some(1), "{out:#?}");
+    assert!(!out.stdout.contains("export "), "{out:#?}");
+
+    // --root alone is a usage error: it only means something with --install.
+    let out = run_cli([
+        "env".as_ref(),
+        "--ca-dir".as_ref(),
+        ca_dir.as_os_str(),
+        "--root".as_ref(),
+        root.as_os_str(),
+    ]);
+    assert_eq!(out.code(), Some(2), "{out:#?}");
+}
