@@ -33,21 +33,38 @@ use crate::upstream;
 impl Proxy {
     /// Accepts connections until shutdown begins.
     pub async fn serve(self: Arc<Self>, listener: TcpListener) {
+        self.clone()
+            .accept_until_shutdown(listener, "proxy", |stream, peer, slot| match slot {
+                Ok(slot) => {
+                    tokio::spawn(self.clone().connection(stream, peer, slot));
+                }
+                Err(why) => {
+                    tokio::spawn(self.clone().over_limit(stream, peer, why));
+                }
+            })
+            .await;
+    }
+
+    /// The one accept loop every listener runs: each connection takes a slot from the
+    /// connection caps (or is handed `Err(why)` to refuse) and goes to `on`, until shutdown
+    /// begins. `what` names the listener in the log.
+    pub(super) async fn accept_until_shutdown(
+        self: Arc<Self>,
+        listener: TcpListener,
+        what: &'static str,
+        mut on: impl FnMut(TcpStream, SocketAddr, Result<limits::ConnectionSlot, String>),
+    ) {
         let mut shutdown = self.shutdown.subscribe();
         loop {
             tokio::select! {
                 accepted = listener.accept() => match accepted {
-                    Ok((stream, peer)) => match self.connections.acquire(peer.ip(), &self.limits) {
-                        Ok(slot) => {
-                            tokio::spawn(self.clone().connection(stream, peer, slot));
-                        }
-                        Err(why) => {
-                            tokio::spawn(self.clone().over_limit(stream, peer, why));
-                        }
-                    },
+                    Ok((stream, peer)) => {
+                        let slot = self.connections.acquire(peer.ip(), &self.limits);
+                        on(stream, peer, slot);
+                    }
                     Err(e) => {
                         // Out of file descriptors and the like: back off instead of spinning.
-                        tracing::warn!(error = %e, "accept failed");
+                        tracing::warn!(error = %e, listener = what, "accept failed");
                         tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 },

@@ -24,7 +24,6 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
@@ -49,26 +48,16 @@ impl Proxy {
     /// Accepts SOCKS5 connections until shutdown begins, under the same connection caps as the
     /// proxy listener.
     pub async fn serve_socks(self: Arc<Self>, listener: TcpListener) {
-        let mut shutdown = self.shutdown.subscribe();
-        loop {
-            tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, peer)) => match self.connections.acquire(peer.ip(), &self.limits) {
-                        Ok(slot) => {
-                            tokio::spawn(self.clone().socks_connection(stream, peer, slot));
-                        }
-                        Err(why) => {
-                            tokio::spawn(self.clone().socks_over_limit(stream, peer, why));
-                        }
-                    },
-                    Err(e) => {
-                        tracing::warn!(error = %e, "SOCKS5 accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                },
-                () = super::stopped(&mut shutdown) => break,
-            }
-        }
+        self.clone()
+            .accept_until_shutdown(listener, "socks5", |stream, peer, slot| match slot {
+                Ok(slot) => {
+                    tokio::spawn(self.clone().socks_connection(stream, peer, slot));
+                }
+                Err(why) => {
+                    tokio::spawn(self.clone().socks_over_limit(stream, peer, why));
+                }
+            })
+            .await;
     }
 
     /// A connection over the caps: SOCKS5 has no answer before the greeting, so it is recorded

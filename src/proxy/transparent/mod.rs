@@ -108,23 +108,11 @@ impl Proxy {
             );
             return;
         };
-        let mut shutdown = self.shutdown.subscribe();
-        loop {
-            tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, peer)) => {
-                        let slot = self.connections.acquire(peer.ip(), &self.limits);
-                        tokio::spawn(self.clone().captured(stream, peer, listen, capture, slot));
-                    }
-                    Err(e) => {
-                        // Out of file descriptors and the like: back off instead of spinning.
-                        tracing::warn!(error = %e, listener = capture.flag(), "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                },
-                () = super::stopped(&mut shutdown) => break,
-            }
-        }
+        self.clone()
+            .accept_until_shutdown(listener, capture.flag(), |stream, peer, slot| {
+                tokio::spawn(self.clone().captured(stream, peer, listen, capture, slot));
+            })
+            .await;
     }
 
     /// One captured connection: caps, destination, identity, first bytes, then TLS or HTTP.
