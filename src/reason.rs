@@ -105,11 +105,18 @@ pub enum Reason {
     DnsTypeRefused,
     /// The client sent more DNS queries than `--dns-rate` allows per second.
     DnsRateLimited,
+    /// The request waits for a person (an `ask` rule or `[ask] unknown`) and nobody answered
+    /// within the hold: retry it after approval (`x-latchkey-approval` names the approval).
+    ApprovalPending,
+    /// A person denied this request's approval.
+    ApprovalDenied,
+    /// Over a rate limit: approval requests per identity (and, later, `[limits]`).
+    RateLimited,
 }
 
 impl Reason {
     /// Every reason, for registry tests and documentation.
-    pub const ALL: [Reason; 43] = [
+    pub const ALL: [Reason; 46] = [
         Reason::Allowed,
         Reason::Tunnel,
         Reason::NoRule,
@@ -153,6 +160,9 @@ impl Reason {
         Reason::NotRedirected,
         Reason::DnsTypeRefused,
         Reason::DnsRateLimited,
+        Reason::ApprovalPending,
+        Reason::ApprovalDenied,
+        Reason::RateLimited,
     ];
 
     /// The stable snake_case code used in headers, logs and audit records.
@@ -201,6 +211,9 @@ impl Reason {
             Reason::NotRedirected => "not_redirected",
             Reason::DnsTypeRefused => "dns_type_refused",
             Reason::DnsRateLimited => "dns_rate_limited",
+            Reason::ApprovalPending => "approval_pending",
+            Reason::ApprovalDenied => "approval_denied",
+            Reason::RateLimited => "rate_limited",
         }
     }
 
@@ -220,8 +233,10 @@ impl Reason {
             | Reason::IdentityNotAllowed
             | Reason::PresignedQuery
             | Reason::DestinationMismatch
-            | Reason::DnsTypeRefused => StatusCode::FORBIDDEN,
-            Reason::DnsRateLimited => StatusCode::TOO_MANY_REQUESTS,
+            | Reason::DnsTypeRefused
+            | Reason::ApprovalPending
+            | Reason::ApprovalDenied => StatusCode::FORBIDDEN,
+            Reason::DnsRateLimited | Reason::RateLimited => StatusCode::TOO_MANY_REQUESTS,
             Reason::ProxyAuthRequired => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
             Reason::SecretUnavailable
             | Reason::TooManyConnections

@@ -399,6 +399,7 @@ pub fn compile_sources_with(
                     has_token: raw_id.token.is_some(),
                     sources,
                     rules: rule_set,
+                    labels: Default::default(),
                 });
             }
         }
@@ -494,6 +495,8 @@ fn index(
         exact,
         wildcard,
         secrets,
+        ask: Default::default(),
+        notifiers: Vec::new(),
         digest,
         files,
     }

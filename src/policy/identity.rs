@@ -45,6 +45,9 @@ pub struct Identity {
     pub has_token: bool,
     pub sources: Vec<Cidr>,
     pub rules: RuleSet,
+    /// `labels = { sandbox = "…", owner = "…" }`: facts about the sandbox, copied into
+    /// approval requests (and audit records) so a reviewer knows whose request it is.
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 /// Why a client could not be identified.

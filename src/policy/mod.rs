@@ -16,6 +16,7 @@
 //! shares with them (host forms, CIDRs, path ambiguity, hop-by-hop names, size caps) is in
 //! [`crate::wire`].
 
+pub mod ask;
 pub mod cases;
 mod compile;
 mod credential;
@@ -42,6 +43,7 @@ pub use compile::{
 };
 // Re-exported: callers that match requests against policy normalise hosts the same way.
 pub use crate::wire::host::{display_authority, normalize_host, HostError};
+pub use ask::{Ask, AskPolicy, Asking, Notifier, NotifyFormat, Scope};
 pub use identity::{Identity, DEFAULT_IDENTITY};
 
 use crate::reason::Reason;
@@ -149,6 +151,8 @@ pub struct Rule {
     pub report: bool,
     /// The credential that signs or authenticates this rule's requests.
     pub credential: Option<String>,
+    /// `ask = { … }`: a request this rule allows waits for a person first.
+    pub ask: Option<Ask>,
     pub origin: Origin,
 }
 
@@ -204,6 +208,7 @@ impl Rule {
             allow_private: Vec::new(),
             report: true,
             credential: None,
+            ask: None,
             origin: Origin {
                 file: PathBuf::from("--mode report"),
                 line: 0,
@@ -237,6 +242,10 @@ pub struct Policy {
     exact: HashMap<String, Vec<usize>>,
     wildcard: HashMap<String, Vec<usize>>,
     secrets: Arc<SecretStore>,
+    /// `[ask]`: asking a person for unknown destinations, and the defaults for rules' `ask`.
+    ask: AskPolicy,
+    /// `[notify.NAME]` webhooks, by name order.
+    notifiers: Vec<Notifier>,
     digest: String,
     files: Vec<PathBuf>,
 }
@@ -349,6 +358,16 @@ impl Policy {
 
     pub fn files(&self) -> &[PathBuf] {
         &self.files
+    }
+
+    /// The `[ask]` table (defaults when the policy has none: `unknown = false`).
+    pub fn ask(&self) -> &AskPolicy {
+        &self.ask
+    }
+
+    /// The `[notify.NAME]` webhooks.
+    pub fn notifiers(&self) -> &[Notifier] {
+        &self.notifiers
     }
 
     /// Candidate rules for a host, in decision order.

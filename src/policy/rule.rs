@@ -475,6 +475,7 @@ impl FileCx<'_> {
             allow_private,
             report,
             credential,
+            ask: None,
             origin,
         })
     }
