@@ -7,4 +7,6 @@
 //! `policy`, `state`, `audit`, `secrets` and (to deliver webhooks through the guarded dialer)
 //! `upstream`; never on `proxy`.
 
+pub mod links;
+pub mod notify;
 pub mod record;
