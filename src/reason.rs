@@ -112,11 +112,16 @@ pub enum Reason {
     ApprovalDenied,
     /// Over a rate limit: approval requests per identity (and, later, `[limits]`).
     RateLimited,
+    /// The state store (approvals, grants) cannot be read or written: what needs it fails
+    /// closed.
+    StateUnavailable,
+    /// A request body latchkey must hold whole (one waiting for approval) is over the limit.
+    BodyTooLarge,
 }
 
 impl Reason {
     /// Every reason, for registry tests and documentation.
-    pub const ALL: [Reason; 46] = [
+    pub const ALL: [Reason; 48] = [
         Reason::Allowed,
         Reason::Tunnel,
         Reason::NoRule,
@@ -163,6 +168,8 @@ impl Reason {
         Reason::ApprovalPending,
         Reason::ApprovalDenied,
         Reason::RateLimited,
+        Reason::StateUnavailable,
+        Reason::BodyTooLarge,
     ];
 
     /// The stable snake_case code used in headers, logs and audit records.
@@ -214,6 +221,8 @@ impl Reason {
             Reason::ApprovalPending => "approval_pending",
             Reason::ApprovalDenied => "approval_denied",
             Reason::RateLimited => "rate_limited",
+            Reason::StateUnavailable => "state_unavailable",
+            Reason::BodyTooLarge => "body_too_large",
         }
     }
 
@@ -241,7 +250,9 @@ impl Reason {
             Reason::SecretUnavailable
             | Reason::TooManyConnections
             | Reason::AuditUnavailable
-            | Reason::TooBusy => StatusCode::SERVICE_UNAVAILABLE,
+            | Reason::TooBusy
+            | Reason::StateUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Reason::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Reason::UriTooLong => StatusCode::URI_TOO_LONG,
             Reason::UninspectableRequestBody => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Reason::HeaderTimeout | Reason::BodyTimeout => StatusCode::REQUEST_TIMEOUT,

@@ -12,6 +12,8 @@
 //! With `--admin-token`, every endpoint but `/healthz` and `/readyz` needs
 //! `Authorization: Bearer TOKEN` (compared in constant time).
 
+mod approvals;
+
 use std::convert::Infallible;
 use std::sync::Arc;
 
@@ -66,7 +68,9 @@ pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener, token: Option<Secre
             let service = service_fn(move |req| {
                 let proxy = proxy.clone();
                 let token = token.clone();
-                async move { Ok::<_, Infallible>(route(&proxy, token.as_ref().as_ref(), req).await) }
+                async move {
+                    Ok::<_, Infallible>(route(&proxy, token.as_ref().as_ref(), peer, req).await)
+                }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -93,6 +97,7 @@ fn authorized(token: Option<&SecretValue>, req: &Request<Incoming>) -> bool {
 async fn route(
     proxy: &Arc<Proxy>,
     token: Option<&SecretValue>,
+    peer: std::net::SocketAddr,
     req: Request<Incoming>,
 ) -> Response<Body> {
     let path = req.uri().path().to_string();
@@ -152,6 +157,12 @@ async fn route(
             }
         }
         (&Method::GET, "/explain") => explain(proxy, req.uri().query().unwrap_or_default()),
+        (_, p) if p == "/approvals" || p == "/grants" || p.starts_with("/approvals/") => {
+            match approvals::route(proxy, peer, req).await {
+                Some(res) => res,
+                None => respond(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
+            }
+        }
         (_, "/healthz" | "/readyz" | "/metrics" | "/status" | "/reload" | "/explain") => respond(
             StatusCode::METHOD_NOT_ALLOWED,
             "text/plain",
@@ -160,7 +171,7 @@ async fn route(
         _ => respond(
             StatusCode::NOT_FOUND,
             "text/plain",
-            "not found: try /status, /metrics, /reload, /explain, /healthz, /readyz\n",
+            "not found: try /status, /metrics, /reload, /explain, /approvals, /grants, /healthz, /readyz\n",
         ),
     }
 }

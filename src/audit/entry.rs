@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
-use super::{new_id, AuditLog, Record};
+use super::{new_id, ApprovalInfo, AuditLog, Record};
 use crate::reason::Reason;
 
 /// Replaces secret values in text with `[REDACTED:name]`. The record and the log see only what
@@ -58,6 +58,8 @@ pub struct Entry {
     /// Replaces the values of the secrets in force, which must never reach the record or the
     /// log, even when the sandbox put one in a URL.
     scrub: Option<Arc<dyn Scrub>>,
+    /// Seconds the sandbox should wait before retrying a refusal (`retry-after`), if any.
+    retry_after: Option<u64>,
 }
 
 impl Entry {
@@ -88,10 +90,12 @@ impl Entry {
                 redactions: 0,
                 would_deny: false,
                 dns: None,
+                approval: None,
             }),
             started: Instant::now(),
             counters: Arc::new(Counters::default()),
             scrub: None,
+            retry_after: None,
         }
     }
 
@@ -144,6 +148,21 @@ impl Entry {
 
     pub fn id(&self) -> &str {
         self.record.as_ref().map_or("", |r| r.id.as_str())
+    }
+
+    /// Asks the refusal's answer to carry `retry-after: secs`.
+    pub fn set_retry_after(&mut self, secs: u64) {
+        self.retry_after = Some(secs);
+    }
+
+    /// What [`Self::set_retry_after`] set.
+    pub fn retry_after(&self) -> Option<u64> {
+        self.retry_after
+    }
+
+    /// The approval this request is part of, if any (the refusal answer names it).
+    pub fn approval(&self) -> Option<&ApprovalInfo> {
+        self.record.as_ref().and_then(|r| r.approval.as_ref())
     }
 
     pub fn counters(&self) -> Arc<Counters> {

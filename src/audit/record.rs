@@ -42,6 +42,32 @@ pub struct Record {
     /// from every other record.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dns: Option<DnsInfo>,
+    /// On a request that needed a person, and on a decision's record (`method = "APPROVAL"`):
+    /// which approval, where it stood. Absent from every other record.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalInfo>,
+}
+
+/// A request's (or a decision's) place in an approval (README "Audit record", "Approvals").
+#[derive(Clone, Debug, Serialize, PartialEq, Eq, Default)]
+pub struct ApprovalInfo {
+    pub id: String,
+    /// `pending`, `approved`, `denied` or `expired`.
+    pub state: &'static str,
+    /// The scope granted (`once`, `1h`, `session`), once approved.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scope: Option<String>,
+    /// The request went on under a standing grant (no new question): the grant's scope.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grant: Option<String>,
+    /// How long the request was held waiting for an answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waited_ms: Option<u64>,
+    /// On a decision's record: who answered, and their note.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// What a DNS query asked latchkey's resolver and what it answered (README "Audit record").

@@ -216,6 +216,20 @@ impl Rule {
         }
     }
 
+    /// The empty rule a request no rule allows goes on under once a person approved it
+    /// (`[ask] unknown`): named `unknown`, it injects nothing and binds no secret.
+    pub fn unknown() -> Rule {
+        Rule {
+            name: ask::UNKNOWN.to_string(),
+            report: false,
+            origin: Origin {
+                file: PathBuf::from("[ask] unknown"),
+                line: 0,
+            },
+            ..Rule::report_only()
+        }
+    }
+
     /// Whether this rule adds anything to requests (and so strips the sandbox's own auth).
     pub fn injects(&self) -> bool {
         !self.inject_headers.is_empty()

@@ -26,13 +26,11 @@ use std::time::Duration;
 
 use http::header::CONTENT_LENGTH;
 use http::HeaderMap;
-use http_body::Body as HttpBody;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 
 use super::body;
 use super::budget::Budget;
-use super::request_body::{self, drain, BodyRefused, Prefixed, Progress, Read, Whole};
+use super::request_body::{self, drain, BodyRefused, Inbound, Prefixed, Read, Whole};
 use crate::audit::Counters;
 use crate::policy::{Policy, Rule};
 use crate::reason::{Reason, Refusal};
@@ -112,7 +110,7 @@ pub async fn apply(
     req: &RequestCx<'_>,
     headers: &mut HeaderMap,
     path_and_query: &mut String,
-    incoming: Incoming,
+    incoming: Inbound,
     counters: Arc<Counters>,
 ) -> Result<Brokered, Refusal> {
     let (identity, host) = (req.identity, req.host);
@@ -145,7 +143,7 @@ pub async fn apply(
         Ok(names) => names,
         Err(refusal) => {
             // Read (and drop) what the client is still sending, so it reads the refusal.
-            drain(Progress::new(incoming, req.body_timeout)).await;
+            incoming.drain(req.body_timeout).await;
             return Err(refusal);
         }
     };
@@ -155,7 +153,7 @@ pub async fn apply(
     // bytes (S3 streaming uploads), which the detector reads as they are.
     if scrubber.is_some() && !incoming.is_end_stream() {
         if let Some(why) = request_coding(headers) {
-            drain(Progress::new(incoming, req.body_timeout)).await;
+            incoming.drain(req.body_timeout).await;
             return Err(Refusal::new(
                 Reason::UninspectableRequestBody,
                 format!("the request body to host {host} is sent {why}: latchkey cannot inspect it for secret values; send it uncompressed"),
@@ -187,7 +185,12 @@ pub async fn apply(
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    let read = request_body::read_body(incoming, need, declared, req).await?;
+    let read = match incoming {
+        Inbound::Streaming(incoming) => {
+            request_body::read_body(incoming, need, declared, req.into()).await?
+        }
+        Inbound::Held(body, trailers, charge) => Read::Whole(body, trailers, charge),
+    };
     let (body_bytes, trailers, rest, charge) = match read {
         Read::Whole(b, t, c) => (b, t, None, c),
         Read::Partial(b, rest, c) => (b, None, Some(rest), c),

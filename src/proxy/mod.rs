@@ -97,6 +97,12 @@ pub struct Proxy {
     /// What latchkey's own resolver answered (`serve --dns`), shared with the listeners that
     /// check a connection's address against it.
     pins: Arc<Pins>,
+    /// Approvals and the state store, set once when serving starts (`--state`); absent, every
+    /// request that needs a person fails closed (`state_unavailable`).
+    governance: std::sync::OnceLock<Arc<crate::governance::Governance>>,
+    /// The empty rule a request no rule allows runs under once a person approved it
+    /// (`[ask] unknown`): it injects nothing and binds no secret.
+    unknown_rule: crate::policy::Rule,
 }
 
 /// How to build a [`Proxy`].
@@ -152,6 +158,8 @@ impl Proxy {
             ),
             body_timeout: config.body_timeout,
             pins: Arc::new(Pins::default()),
+            governance: std::sync::OnceLock::new(),
+            unknown_rule: crate::policy::Rule::unknown(),
         }))
     }
 
@@ -204,6 +212,16 @@ impl Proxy {
     /// address guard (and `--resolve` pins) as every dial.
     pub(crate) fn dialer(&self) -> &Arc<Dialer> {
         &self.dialer
+    }
+
+    /// Approvals and the state store, once serving set them up.
+    pub fn governance(&self) -> Option<&Arc<crate::governance::Governance>> {
+        self.governance.get()
+    }
+
+    /// Sets the approvals (once; a second call is ignored and returns `false`).
+    pub fn set_governance(&self, g: Arc<crate::governance::Governance>) -> bool {
+        self.governance.set(g).is_ok()
     }
 
     /// What latchkey's own resolver handed out, for listeners that check addresses against it.

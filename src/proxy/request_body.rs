@@ -359,6 +359,49 @@ fn read_error(e: BoxError) -> Refusal {
     }
 }
 
+/// What reading a body needs to know: who is charged for what it holds, and how long it may
+/// stall.
+#[derive(Clone, Copy)]
+pub(super) struct BodyCx<'a> {
+    pub budget: &'a std::sync::Arc<super::budget::Budget>,
+    pub client: std::net::IpAddr,
+    pub body_timeout: Duration,
+}
+
+impl<'a> From<&'a RequestCx<'a>> for BodyCx<'a> {
+    fn from(req: &'a RequestCx<'a>) -> Self {
+        Self {
+            budget: req.budget,
+            client: req.client,
+            body_timeout: req.body_timeout,
+        }
+    }
+}
+
+/// A request body as the broker receives it: still arriving, or already held whole (a request
+/// that waited for approval was read before it was asked about).
+pub enum Inbound {
+    Streaming(Incoming),
+    Held(Bytes, Option<HeaderMap>, Charge),
+}
+
+impl Inbound {
+    /// Whether there is nothing (more) to read.
+    pub fn is_end_stream(&self) -> bool {
+        match self {
+            Inbound::Streaming(i) => i.is_end_stream(),
+            Inbound::Held(b, t, _) => b.is_empty() && t.is_none(),
+        }
+    }
+
+    /// Reads (and drops) what the client is still sending, so it reads the refusal.
+    pub async fn drain(self, body_timeout: Duration) {
+        if let Inbound::Streaming(i) = self {
+            drain(Progress::new(i, body_timeout)).await;
+        }
+    }
+}
+
 /// Reads what must be read before dialing: the whole body up to `need` bytes when a feature
 /// needs it (the rest streams if it is longer), else only a small body already there (up to
 /// [`PEEK_LIMIT`], waiting at most [`PEEK_WAIT`] for its first bytes). Every byte held is
@@ -367,10 +410,10 @@ pub(super) async fn read_body(
     incoming: Incoming,
     need: Option<usize>,
     declared: Option<u64>,
-    req: &RequestCx<'_>,
+    cx: BodyCx<'_>,
 ) -> Result<Read, Refusal> {
-    let mut body = Progress::new(incoming, req.body_timeout);
-    let mut charge = req.budget.start(req.client);
+    let mut body = Progress::new(incoming, cx.body_timeout);
+    let mut charge = cx.budget.start(cx.client);
     if body.is_end_stream() {
         return Ok(Read::Whole(Bytes::new(), None, charge));
     }

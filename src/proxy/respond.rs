@@ -20,6 +20,8 @@ pub const DECISION_HEADER: &str = "x-latchkey-decision";
 pub const RULE_HEADER: &str = "x-latchkey-rule";
 pub const REASON_HEADER: &str = "x-latchkey-reason";
 pub const ID_HEADER: &str = "x-latchkey-id";
+/// On a request that waits for (or was refused by) a person: the approval's id.
+pub const APPROVAL_HEADER: &str = "x-latchkey-approval";
 
 /// A refusal or failure: status from the reason, decision/rule/reason headers, and a plain-text
 /// sentence. `message` must never contain a secret value: callers build it from names, hosts
@@ -59,7 +61,16 @@ pub fn refuse_raw(reason: Reason, message: &str, id: &str) -> Vec<u8> {
 pub fn refused(mut entry: Entry, refusal: &Refusal) -> Response<Body> {
     let message = entry.scrub_text(&refusal.message);
     let rule = refusal.rule.as_deref();
-    let res = refuse(refusal.reason, rule, &message, entry.id());
+    let mut res = refuse(refusal.reason, rule, &message, entry.id());
+    if let Some(a) = entry.approval() {
+        if let Ok(v) = HeaderValue::from_str(&a.id) {
+            res.headers_mut().insert(APPROVAL_HEADER, v);
+        }
+    }
+    if let Some(secs) = entry.retry_after() {
+        res.headers_mut()
+            .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
+    }
     entry.outcome(refusal.reason, rule, Some(res.status().as_u16()));
     entry.finish();
     res

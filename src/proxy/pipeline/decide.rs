@@ -108,6 +108,22 @@ pub(super) fn verdict<'a>(
     }
 }
 
+/// A policy denial that `[ask] unknown` turns into a question: it goes on (to the ask phase)
+/// under the empty `unknown` rule. Any other refusal stands.
+pub(super) fn ask_unknown<'a>(
+    refusal: Refusal,
+    asking: Option<crate::policy::Asking<'_>>,
+    unknown: &'a Rule,
+) -> Result<Verdict<'a>, Refusal> {
+    match asking {
+        Some(a) if a.rule.is_none() && refusal.reason.is_policy_denial() => Ok(Verdict {
+            rule: unknown,
+            would_deny: None,
+        }),
+        _ => Err(refusal),
+    }
+}
+
 /// Under a rule with `paths`, refuses `;` parameters and empty segments: the rule matched one
 /// reading of the path, and an upstream may act on another (`ambiguous_path`).
 ///

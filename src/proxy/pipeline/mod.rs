@@ -17,6 +17,7 @@
 //! module composes them and decides nothing itself.
 
 mod admit;
+mod ask;
 mod decide;
 mod outgoing;
 
@@ -30,6 +31,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use super::limits::HeadSniff;
+use super::request_body::Inbound;
 use super::respond::{self, ID_HEADER};
 use super::{body, response, Proxy, IDENTITY_DEFAULT};
 use crate::audit::Entry;
@@ -160,7 +162,8 @@ async fn phases(
     // identify: the identity the listener found must still exist in the policy in force.
     let identity = decide::identity(policy, &ctx.identity)?;
 
-    // decide: deny by default; report-only lets a policy denial through, marked.
+    // decide: deny by default; report-only lets a policy denial through, marked; a rule's
+    // `ask` (or `[ask] unknown` for a policy denial) needs a person first.
     let decision = policy.decide(&Target {
         identity,
         scheme: target.scheme,
@@ -169,7 +172,13 @@ async fn phases(
         method: &head.method,
         path: target.path(),
     });
-    let verdict = decide::verdict(decision, proxy.report_all, &proxy.report_rule)?;
+    let asking = policy.asks(&decision);
+    let denial = (!decision.allowed()).then_some(decision.reason);
+    let verdict = decide::verdict(decision, proxy.report_all, &proxy.report_rule)
+        .or_else(|refusal| decide::ask_unknown(refusal, asking, &proxy.unknown_rule))?;
+    // ask: only what a rule with `ask` allows, or what no rule allows under `[ask] unknown`
+    // (report-only lets that through unasked).
+    let asking = asking.filter(|a| a.rule.is_some() || verdict.would_deny.is_none());
     if let Some(w) = &verdict.would_deny {
         tracing::warn!(audit.id = %entry.id(), reason = w.reason.code(), message = %entry.scrub_text(&w.message), "report-only: would deny");
     }
@@ -179,11 +188,16 @@ async fn phases(
         r.rule = Some(verdict.record_rule().to_string());
         r.would_deny = verdict.would_deny.is_some();
     });
+    let incoming = match asking {
+        Some(asking) => {
+            ask::ask(proxy, ctx, policy, asking, denial, &target, &head, body, entry).await?
+        }
+        None => Inbound::Streaming(body.take().ok_or_else(|| {
+            Refusal::new(Reason::BadRequest, "the request body was already read")
+        })?),
+    };
 
     // broker: strip, check, placeholders, inject, sign.
-    let incoming = body
-        .take()
-        .ok_or_else(|| Refusal::new(Reason::BadRequest, "the request body was already read"))?;
     let out = outgoing::broker(proxy, ctx, policy, rule, &target, head, incoming, entry).await?;
 
     // send: provisionally an upstream error, so a request cut short (shutdown, the client

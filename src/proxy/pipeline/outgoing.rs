@@ -14,7 +14,7 @@ use http::{HeaderMap, Request, Response, Uri, Version};
 use hyper::body::Incoming;
 
 use super::super::broker;
-use super::super::request_body::BodyRefused;
+use super::super::request_body::{BodyRefused, Inbound};
 use super::super::{body, Proxy};
 use super::admit::Admitted;
 use super::Ctx;
@@ -58,7 +58,7 @@ pub(super) async fn broker(
     rule: &Rule,
     target: &Admitted,
     mut head: Parts,
-    incoming: Incoming,
+    incoming: Inbound,
     entry: &mut Entry,
 ) -> Result<Outgoing, Refusal> {
     let is_head = head.method == http::Method::HEAD;

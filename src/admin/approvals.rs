@@ -1,0 +1,222 @@
+//! The approvals endpoints of the admin API (behind the admin token, on the admin listener a
+//! sandbox cannot reach through the proxy):
+//!
+//! - `GET /approvals?state=pending|approved|denied|expired|all` (default `pending`);
+//! - `GET /approvals/ID`;
+//! - `POST /approvals/ID` with `{"decision": "approve"|"deny", "scope", "note", "by"}`;
+//! - `GET /grants`: the grants still standing.
+//!
+//! Every answer taken leaves an audit record (`method = "APPROVAL"`).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
+use serde::Deserialize;
+
+use super::{json, Body};
+use crate::audit::ApprovalInfo;
+use crate::governance::approvals::AnswerError;
+use crate::governance::record::{Answer, Approval, State};
+use crate::governance::Governance;
+use crate::proxy::Proxy;
+use crate::reason::Reason;
+
+/// Largest answer body accepted.
+const MAX_ANSWER: usize = 16 * 1024;
+
+/// What an approver sends.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AnswerBody {
+    pub decision: String,
+    #[serde(default)]
+    pub scope: Option<String>,
+    #[serde(default)]
+    pub note: Option<String>,
+    #[serde(default)]
+    pub by: Option<String>,
+}
+
+/// Routes `/approvals…` and `/grants`; `None` when the path is neither.
+pub async fn route(
+    proxy: &Arc<Proxy>,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+) -> Option<Response<Body>> {
+    let path = req.uri().path().to_string();
+    let rest = match path.as_str() {
+        "/approvals" | "/grants" => "",
+        p => p.strip_prefix("/approvals/")?,
+    };
+    let Some(gov) = proxy.governance().cloned() else {
+        return Some(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "latchkey has no state store: approvals are unavailable",
+        ));
+    };
+    let now = SystemTime::now();
+    Some(match (req.method().clone(), path.as_str()) {
+        (Method::GET, "/approvals") => list(&gov, req.uri().query().unwrap_or_default(), now).await,
+        (Method::GET, "/grants") => match gov.approvals.grants(now).await {
+            Ok(g) => json(StatusCode::OK, &serde_json::json!({ "grants": g })),
+            Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+        },
+        (_, "/approvals" | "/grants") => error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed"),
+        (Method::GET, _) if !rest.contains('/') => match gov.approvals.get(rest).await {
+            Ok(Some(mut a)) => {
+                a.state = a.state_at(now);
+                json(StatusCode::OK, &shown(&a))
+            }
+            Ok(None) => error(StatusCode::NOT_FOUND, &format!("no approval {rest:?}")),
+            Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+        },
+        (Method::POST, _) if !rest.contains('/') => {
+            let id = rest.to_string();
+            let body = match read_json(req).await {
+                Ok(b) => b,
+                Err(why) => return Some(error(StatusCode::BAD_REQUEST, &why)),
+            };
+            let by = body.by.clone().unwrap_or_else(|| "admin-api".to_string());
+            answer(proxy, &gov, peer, &id, body, &by).await
+        }
+        _ => error(StatusCode::NOT_FOUND, "not found: try /approvals, /approvals/ID, /grants"),
+    })
+}
+
+async fn list(gov: &Governance, query: &str, now: SystemTime) -> Response<Body> {
+    let mut state = Some(State::Pending);
+    for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+        if k == "state" {
+            state = match &*v {
+                "pending" => Some(State::Pending),
+                "approved" => Some(State::Approved),
+                "denied" => Some(State::Denied),
+                "expired" => Some(State::Expired),
+                "all" => None,
+                other => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        &format!("state {other:?} is not pending, approved, denied, expired or all"),
+                    )
+                }
+            };
+        }
+    }
+    match gov.approvals.list(state, now).await {
+        Ok(list) => json(
+            StatusCode::OK,
+            &serde_json::json!({ "approvals": list.iter().map(Approval::public).collect::<Vec<_>>() }),
+        ),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+    }
+}
+
+/// Takes an answer (from the API, the CLI or a signed link), records it and says how it went.
+pub async fn answer(
+    proxy: &Arc<Proxy>,
+    gov: &Governance,
+    peer: SocketAddr,
+    id: &str,
+    body: AnswerBody,
+    by: &str,
+) -> Response<Body> {
+    let note = body.note.map(|n| n.chars().take(1024).collect::<String>());
+    let answer = Answer {
+        decision: body.decision,
+        scope: body.scope,
+        note,
+        by: by.chars().take(128).collect(),
+        at: SystemTime::now(),
+    };
+    match gov.approvals.answer(id, answer, SystemTime::now()).await {
+        Ok((a, _grant)) => {
+            record(proxy, peer, &a);
+            tracing::info!(approval.id = %a.id, decision = a.state.as_str(), by = %by, "approval answered");
+            if let Err(e) = gov.decided(&proxy.policy(), &a).await {
+                tracing::error!(approval.id = %a.id, error = %e, "cannot queue the decision's notifications");
+            }
+            json(StatusCode::OK, &shown(&a))
+        }
+        Err(AnswerError::NotFound(_)) => error(StatusCode::NOT_FOUND, &format!("no approval {id:?}")),
+        Err(e @ AnswerError::Conflict { .. }) => error(StatusCode::CONFLICT, &e.to_string()),
+        Err(e @ AnswerError::Invalid(_)) => error(StatusCode::BAD_REQUEST, &e.to_string()),
+        Err(AnswerError::Store(e)) => error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+    }
+}
+
+/// The decision's audit record: who answered what, for which request.
+fn record(proxy: &Proxy, peer: SocketAddr, a: &Approval) {
+    let policy = proxy.policy();
+    let mut entry = proxy.open_record(peer, &a.identity, &policy);
+    let answer = a.answer.as_ref();
+    entry.update(|r| {
+        r.method = Some("APPROVAL".to_string());
+        r.scheme = Some(a.scheme.clone());
+        r.host = Some(a.host.clone());
+        r.port = Some(a.port);
+        r.path = Some(a.path.clone());
+        r.approval = Some(ApprovalInfo {
+            id: a.id.clone(),
+            state: a.state.as_str(),
+            scope: answer.and_then(|x| x.scope.clone()),
+            by: answer.map(|x| x.by.clone()),
+            note: answer.and_then(|x| x.note.clone()),
+            ..ApprovalInfo::default()
+        });
+    });
+    let reason = if a.state == State::Approved {
+        Reason::Allowed
+    } else {
+        Reason::ApprovalDenied
+    };
+    entry.outcome(reason, Some(&a.rule), None);
+    entry.finish();
+}
+
+fn shown(a: &Approval) -> serde_json::Value {
+    serde_json::to_value(a.public()).unwrap_or_default()
+}
+
+async fn read_json(req: Request<Incoming>) -> Result<AnswerBody, String> {
+    let body = Limited::new(req.into_body(), MAX_ANSWER)
+        .collect()
+        .await
+        .map_err(|e| format!("cannot read the answer (at most {MAX_ANSWER} bytes): {e}"))?
+        .to_bytes();
+    parse_answer(&body)
+}
+
+/// An answer body: JSON, or a form (`decision=approve&scope=1h`) as a browser sends it.
+pub fn parse_answer(body: &Bytes) -> Result<AnswerBody, String> {
+    if body.first().is_some_and(|b| *b == b'{') {
+        return serde_json::from_slice(body).map_err(|e| format!("the answer is not valid: {e}"));
+    }
+    let mut out = AnswerBody {
+        decision: String::new(),
+        scope: None,
+        note: None,
+        by: None,
+    };
+    for (k, v) in form_urlencoded::parse(body) {
+        match &*k {
+            "decision" => out.decision = v.into_owned(),
+            "scope" if !v.is_empty() => out.scope = Some(v.into_owned()),
+            "note" if !v.is_empty() => out.note = Some(v.into_owned()),
+            "by" if !v.is_empty() => out.by = Some(v.into_owned()),
+            _ => {}
+        }
+    }
+    if out.decision.is_empty() {
+        return Err("give a decision: {\"decision\": \"approve\" | \"deny\", \"scope\": …}".to_string());
+    }
+    Ok(out)
+}
+
+fn error(status: StatusCode, message: &str) -> Response<Body> {
+    json(status, &serde_json::json!({ "error": message }))
+}

@@ -1,0 +1,362 @@
+//! The ask phase: a request that needs a person (a rule's `ask`, or `[ask] unknown`) waits for
+//! one.
+//!
+//! Its body is read whole first (bounded: it is held for as long as the question is open), so
+//! the question can show its size, SHA-256 and a preview, and a retry can be matched to it.
+//! Then, in order: a grant that covers it lets it on; an answer already given to this exact
+//! request stands; otherwise an approval is stored (one per distinct request; the identity's
+//! rate of new questions capped), the notifiers are told, and the request is held up to the
+//! rule's `hold`. Every exit is a verdict for the record: `allowed` under an approval,
+//! `approval_pending` (retry later: `x-latchkey-approval`, `retry-after`), `approval_denied`,
+//! `rate_limited`, or `state_unavailable` when the store cannot answer (fail closed).
+
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::Bytes;
+use http::request::Parts;
+use hyper::body::Incoming;
+
+use super::super::request_body::{read_body, BodyCx, Inbound, Read};
+use super::super::Proxy;
+use super::admit::Admitted;
+use super::Ctx;
+use crate::audit::{ApprovalInfo, Entry};
+use crate::governance::approvals::{hex, Asked, Found, Key};
+use crate::governance::record::{Approval, State};
+use crate::governance::Governance;
+use crate::policy::identity::token_key;
+use crate::policy::{display_url, Asking, Policy};
+use crate::reason::{Reason, Refusal};
+use crate::state::StateError;
+
+/// Most of a request body held while it waits for a person.
+pub const MAX_HELD_BODY: usize = 1024 * 1024;
+/// The preview of a JSON body shown to approvers, in characters.
+const PREVIEW_CHARS: usize = 512;
+/// What is scrubbed before the preview is cut (so a secret straddling the cut is still found).
+const PREVIEW_SCAN: usize = 64 * 1024;
+
+/// Holds the request until a person answers, or refuses it.
+///
+/// Assumes: `target` was admitted and `asking` is `policy.asks()` for its decision.
+/// Guarantees: on `Ok`, a person approved this request (now, or by a standing grant) and the
+/// body is returned whole; the record's `approval` says which approval. On `Err`, nothing was
+/// sent upstream.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn ask(
+    proxy: &Proxy,
+    ctx: &Ctx,
+    policy: &Policy,
+    asking: Asking<'_>,
+    denial: Option<Reason>,
+    target: &Admitted,
+    head: &Parts,
+    body: &mut Option<Incoming>,
+    entry: &mut Entry,
+) -> Result<Inbound, Refusal> {
+    let rule = asking.rule_name().to_string();
+    let under = |r: Refusal| r.under(&rule);
+    let gov = proxy.governance().ok_or_else(|| {
+        under(Refusal::new(
+            Reason::StateUnavailable,
+            "this request needs a person's approval, and latchkey has no state store to keep it",
+        ))
+    })?;
+    let held = hold_body(proxy, ctx, head, body, &target.host).await.map_err(under)?;
+    let Inbound::Held(bytes, _, _) = &held else {
+        return Err(under(Refusal::new(Reason::BadRequest, "the request body was not held")));
+    };
+    let sha = hex(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, bytes).as_ref());
+    let full_url = display_url(target.scheme, &target.host, target.port, &target.path_and_query);
+    let approvals = &gov.approvals;
+    let fingerprint = approvals.fingerprint(&ctx.identity, head.method.as_str(), &full_url, &sha);
+    let session = approvals.session(&ctx.identity, &session_credential(policy, &ctx.identity).await);
+    let key = Key {
+        identity: &ctx.identity,
+        rule: &rule,
+        host: &target.host,
+        fingerprint: &fingerprint,
+        session: &session,
+    };
+    let down = |e: StateError| under(state_down(&e));
+
+    let pending = match approvals.find(&key, SystemTime::now()).await.map_err(down)? {
+        Found::Granted(g) => {
+            entry.update(|r| {
+                r.approval = Some(ApprovalInfo {
+                    id: g.approval.clone(),
+                    state: State::Approved.as_str(),
+                    scope: Some(g.scope.clone()),
+                    grant: Some(g.scope.clone()),
+                    ..ApprovalInfo::default()
+                })
+            });
+            return Ok(held);
+        }
+        Found::Denied(a) => return Err(under(denied(entry, &a))),
+        Found::Pending(a) => a,
+        Found::Nothing => {
+            let approval = question(policy, ctx, &asking, denial, target, head, bytes, &sha, entry);
+            let approval = Approval {
+                fingerprint: fingerprint.clone(),
+                session: session.clone(),
+                ..approval
+            };
+            let ask_policy = policy.ask();
+            let now = SystemTime::now();
+            match approvals
+                .ask(approval, ask_policy.rate, ask_policy.rate_window, now)
+                .await
+                .map_err(down)?
+            {
+                Asked::New(a) => {
+                    tracing::info!(audit.id = %entry.id(), approval.id = %a.id, rule = %rule, url.host = %target.host, "asked a person");
+                    announce(gov, policy, &asking, &a).await;
+                    a
+                }
+                Asked::Existing(a) => a,
+                Asked::Denied(a) => return Err(under(denied(entry, &a))),
+                Asked::RateLimited(wait) => {
+                    entry.set_retry_after(wait.as_secs().max(1));
+                    return Err(under(Refusal::new(
+                        Reason::RateLimited,
+                        format!(
+                            "identity '{}' asked for more than {} approvals in {}; nobody was asked about this one",
+                            ctx.identity,
+                            ask_policy.rate,
+                            humantime::format_duration(ask_policy.rate_window)
+                        ),
+                    )));
+                }
+            }
+        }
+    };
+
+    let started = Instant::now();
+    let hold = asking.terms.hold;
+    let answered = approvals.wait(&pending.id, hold).await.map_err(down)?;
+    let waited_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+    let info = |state: State, scope: Option<String>| ApprovalInfo {
+        id: pending.id.clone(),
+        state: state.as_str(),
+        scope,
+        waited_ms: Some(waited_ms),
+        ..ApprovalInfo::default()
+    };
+    let now = SystemTime::now();
+    match answered.as_ref().map(|a| (a.state_at(now), a)) {
+        Some((State::Approved, a)) => {
+            // Take the grant the answer left (a `once` grant is used up by this request).
+            if let Found::Granted(g) = approvals.find(&key, now).await.map_err(down)? {
+                let scope = a.answer.as_ref().and_then(|x| x.scope.clone()).or(Some(g.scope));
+                entry.update(|r| r.approval = Some(info(State::Approved, scope)));
+                return Ok(held);
+            }
+            // A twin request used the one-time grant first: this one asks again on retry.
+            entry.update(|r| r.approval = Some(info(State::Pending, None)));
+            entry.set_retry_after(1);
+            Err(under(Refusal::new(
+                Reason::ApprovalPending,
+                format!("approval {} was used by another request; retry to ask again", pending.id),
+            )))
+        }
+        Some((State::Denied, a)) => {
+            entry.update(|r| r.approval = Some(info(State::Denied, None)));
+            Err(under(denied_message(a)))
+        }
+        _ => {
+            entry.update(|r| r.approval = Some(info(State::Pending, None)));
+            entry.set_retry_after(retry_after(hold));
+            Err(under(Refusal::new(
+                Reason::ApprovalPending,
+                format!(
+                    "this request waits for a person's approval ({}; asked {}): retry it after approval",
+                    pending.id,
+                    if hold.is_zero() {
+                        "without holding".to_string()
+                    } else {
+                        format!("held {}", humantime::format_duration(Duration::from_secs(hold.as_secs())))
+                    }
+                ),
+            )))
+        }
+    }
+}
+
+/// Reads the request body whole, charged to the buffer budget, at most [`MAX_HELD_BODY`].
+async fn hold_body(
+    proxy: &Proxy,
+    ctx: &Ctx,
+    head: &Parts,
+    body: &mut Option<Incoming>,
+    host: &str,
+) -> Result<Inbound, Refusal> {
+    let incoming = body
+        .take()
+        .ok_or_else(|| Refusal::new(Reason::BadRequest, "the request body was already read"))?;
+    let declared = head
+        .headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let cx = BodyCx {
+        budget: &proxy.budget,
+        client: ctx.client.ip(),
+        body_timeout: proxy.body_timeout,
+    };
+    match read_body(incoming, Some(MAX_HELD_BODY), declared, cx).await? {
+        Read::Whole(b, t, c) => Ok(Inbound::Held(b, t, c)),
+        Read::Partial(_, rest, _) => {
+            super::super::request_body::drain(rest).await;
+            Err(Refusal::new(
+                Reason::BodyTooLarge,
+                format!(
+                    "a request that waits for approval is held whole, and this body to {host} is over {} KiB",
+                    MAX_HELD_BODY / 1024
+                ),
+            ))
+        }
+        Read::OverBudget(_, rest, _, why) => {
+            super::super::request_body::drain(rest).await;
+            Err(Refusal::new(
+                Reason::TooBusy,
+                format!("cannot hold this request body for host {host} while it waits for approval: {why}; retry later"),
+            ))
+        }
+    }
+}
+
+/// The approval record for this request: everything an approver needs, nothing secret (the
+/// URL's query values redacted, then the whole record's text scrubbed of secret values).
+#[allow(clippy::too_many_arguments)]
+fn question(
+    policy: &Policy,
+    ctx: &Ctx,
+    asking: &Asking<'_>,
+    denial: Option<Reason>,
+    target: &Admitted,
+    head: &Parts,
+    body: &Bytes,
+    sha: &str,
+    entry: &Entry,
+) -> Approval {
+    let now = SystemTime::now();
+    let shown = crate::audit::redact_query(&target.path_and_query);
+    let url = entry.scrub_text(&display_url(target.scheme, &target.host, target.port, &shown));
+    let labels = policy
+        .identity(&ctx.identity)
+        .map(|i| i.labels.clone())
+        .unwrap_or_default();
+    Approval {
+        id: crate::audit::new_id(),
+        state: State::Pending,
+        created: now,
+        expires: now + policy.ask().expire,
+        identity: ctx.identity.to_string(),
+        labels,
+        client: ctx.client.to_string(),
+        method: entry.scrub_text(head.method.as_str()),
+        url,
+        scheme: target.scheme.as_str().to_string(),
+        host: entry.scrub_text(&target.host),
+        port: target.port,
+        path: entry.scrub_text(&crate::audit::redact_query(target.path())),
+        rule: asking.rule_name().to_string(),
+        denial: denial.map(|d| d.code().to_string()),
+        message: asking.terms.message.clone(),
+        scopes: asking.terms.scopes.iter().map(ToString::to_string).collect(),
+        body_bytes: body.len() as u64,
+        body_sha256: sha.to_string(),
+        preview: preview(head, body, entry),
+        request_id: entry.id().to_string(),
+        policy: policy.digest().to_string(),
+        answer: None,
+        fingerprint: String::new(),
+        session: String::new(),
+    }
+}
+
+/// The start of a JSON body, compacted and scrubbed; `None` for anything else.
+fn preview(head: &Parts, body: &Bytes, entry: &Entry) -> Option<String> {
+    let json_type = head
+        .headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.to_ascii_lowercase().contains("json"));
+    let starts_json = body
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|b| matches!(b, b'{' | b'['));
+    if body.is_empty() || !(json_type || starts_json) {
+        return None;
+    }
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let compact = value.to_string();
+    let mut cut = compact.len().min(PREVIEW_SCAN);
+    while !compact.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let scrubbed = entry.scrub_text(&compact[..cut]);
+    let mut shown: String = scrubbed.chars().take(PREVIEW_CHARS).collect();
+    if scrubbed.chars().count() > PREVIEW_CHARS || cut < compact.len() {
+        shown.push('…');
+    }
+    Some(shown)
+}
+
+/// What a `session` grant is tied to: the identity's token as it is now (so a new token ends
+/// the session), else its sources.
+async fn session_credential(policy: &Policy, identity: &str) -> Vec<u8> {
+    let Some(id) = policy.identity(identity) else {
+        return identity.as_bytes().to_vec();
+    };
+    if id.has_token {
+        if let Ok(token) = policy.secrets().get(&token_key(identity)).await {
+            return token.expose().to_vec();
+        }
+    }
+    id.sources
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+        .into_bytes()
+}
+
+/// Tells the notifiers a new approval waits.
+async fn announce(gov: &Governance, policy: &Policy, asking: &Asking<'_>, approval: &Approval) {
+    if let Err(e) = gov.announce(policy, &asking.terms.notify, approval).await {
+        tracing::error!(approval.id = %approval.id, error = %e, "cannot queue the approval's notifications");
+    }
+}
+
+fn denied(entry: &mut Entry, a: &Approval) -> Refusal {
+    entry.update(|r| {
+        r.approval = Some(ApprovalInfo {
+            id: a.id.clone(),
+            state: State::Denied.as_str(),
+            ..ApprovalInfo::default()
+        })
+    });
+    denied_message(a)
+}
+
+fn denied_message(a: &Approval) -> Refusal {
+    let by = a.answer.as_ref().map_or("a person", |x| x.by.as_str());
+    Refusal::new(
+        Reason::ApprovalDenied,
+        format!("{by} denied this request (approval {})", a.id),
+    )
+}
+
+fn state_down(e: &StateError) -> Refusal {
+    Refusal::new(
+        Reason::StateUnavailable,
+        format!("this request needs a person's approval and the state store cannot be used: {e}"),
+    )
+}
+
+/// The `retry-after` for a request still waiting: about when a person may have answered.
+fn retry_after(hold: Duration) -> u64 {
+    hold.as_secs().clamp(5, 60)
+}
