@@ -181,9 +181,11 @@ fn migrate(conn: &mut Connection) -> Result<(), String> {
         .optional()
         .map_err(|e| format!("cannot read the schema version: {e}"))?;
     match found {
-        Some(v) if v > SCHEMA_VERSION => return Err(format!(
+        Some(v) if v > SCHEMA_VERSION => {
+            return Err(format!(
             "schema version {v} was written by a newer latchkey (this one knows {SCHEMA_VERSION})"
-        )),
+        ))
+        }
         Some(v) if v < 1 => return Err(format!("unknown schema version {v}")),
         Some(_) => {}
         None => {
