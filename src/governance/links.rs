@@ -7,8 +7,9 @@
 //! verifies with the same key. The signed string is length-prefixed field by field, so no field
 //! can be shifted into another; signatures are compared in constant time.
 //!
-//! Depends on `state` (the key), `secrets` (the key is a [`SecretValue`]) and
-//! `governance::record`; never on `proxy` or `admin`, which call it.
+//! Depends on `state` (the key, through `governance::approvals::shared_key`), `secrets` (a key
+//! may be a [`SecretValue`]) and `governance::record`; never on `proxy` or `admin`, which call
+//! it.
 
 use std::time::{Duration, SystemTime};
 
@@ -19,8 +20,7 @@ use super::record::{Approval, Links};
 use crate::secrets::SecretValue;
 use crate::state::{StateError, StateStore};
 
-/// State-store namespace and id of the link key.
-pub const NS_KEYS: &str = "keys";
+/// State-store id of the link key (namespace `keys`, beside the other shared keys).
 pub const KEY_LINKS: &str = "links";
 
 /// Domain separation: the first field of every signed string.
@@ -108,12 +108,10 @@ impl std::fmt::Debug for Signer {
 impl Signer {
     /// A signer over a 32-byte key (from [`load_or_create_key`]).
     pub fn new(key: [u8; 32]) -> Signer {
-        let mut key = zeroize::Zeroizing::new(key);
-        let signer = Signer {
+        let key = zeroize::Zeroizing::new(key);
+        Signer {
             key: hmac::Key::new(hmac::HMAC_SHA256, key.as_ref()),
-        };
-        zeroize::Zeroize::zeroize(&mut *key);
-        signer
+        }
     }
 
     /// A signer over a key held as a secret value.
@@ -229,35 +227,11 @@ pub fn links_for(base: &url::Url, approval: &Approval, signer: &Signer) -> Links
     }
 }
 
-/// The link key shared by every replica on `store`: created (32 random bytes, hex) if absent,
-/// then read back, so concurrent first starts agree on the one that won.
+/// The link key shared by every replica on `store` (`keys`/`links`): created (32 random bytes)
+/// by the first replica that needs it, then read back, so concurrent first starts agree on
+/// the one that won.
 pub async fn load_or_create_key(store: &dyn StateStore) -> Result<[u8; 32], StateError> {
-    let fail = |message: &str| StateError::Backend {
-        store: store.describe().to_string(),
-        message: message.to_string(),
-    };
-    let mut fresh = zeroize::Zeroizing::new([0u8; 32]);
-    aws_lc_rs::rand::fill(fresh.as_mut()).map_err(|_| fail("no randomness for the link key"))?;
-    let encoded = zeroize::Zeroizing::new(hex(fresh.as_ref()));
-    store
-        .put_new(NS_KEYS, KEY_LINKS, encoded.as_bytes(), None)
-        .await?;
-    let stored = store
-        .get(NS_KEYS, KEY_LINKS)
-        .await?
-        .ok_or_else(|| fail("the link key vanished right after it was stored"))?;
-    let text = zeroize::Zeroizing::new(stored.doc);
-    let bytes = std::str::from_utf8(&text)
-        .ok()
-        .and_then(unhex)
-        .map(zeroize::Zeroizing::new)
-        .ok_or_else(|| fail("the link key (keys/links) is not hex"))?;
-    let mut key = [0u8; 32];
-    if bytes.len() != key.len() {
-        return Err(fail("the link key (keys/links) is not 32 bytes"));
-    }
-    key.copy_from_slice(&bytes);
-    Ok(key)
+    super::approvals::shared_key(store, KEY_LINKS).await
 }
 
 /// The signed string: a context and each field length-prefixed, so no two field lists give the

@@ -396,12 +396,11 @@ pub async fn handle(
             Ok(Outcome::Delivered)
         }
         Err(e) => {
-            let due = now + backoff(item.attempts);
+            let wait = backoff(item.attempts);
+            store.reschedule(QUEUE_NOTIFY, &item.id, now + wait).await?;
             tracing::warn!(delivery = %item.id, attempts = item.attempts + 1,
-                "notification not delivered (retrying in {}s): {e}",
-                backoff(item.attempts).as_secs());
-            store.reschedule(QUEUE_NOTIFY, &item.id, due).await?;
-            Ok(Outcome::Retry(due))
+                "notification not delivered (retrying in {}s): {e}", wait.as_secs());
+            Ok(Outcome::Retry(now + wait))
         }
     }
 }
