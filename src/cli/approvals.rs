@@ -26,7 +26,7 @@ const MAX_ANSWER: usize = 16 * 1024 * 1024;
 pub struct ApprovalsArgs {
     /// The admin API of the running latchkey (`serve --admin`).
     #[arg(
-        long,
+        long = "admin-url",
         env = "LATCHKEY_ADMIN_URL",
         default_value = "http://127.0.0.1:3129",
         global = true
@@ -49,10 +49,10 @@ pub enum ApprovalsAction {
     /// List approvals (newest first).
     List {
         /// pending (default), approved, denied, expired or all.
-        #[arg(long, default_value = "pending")]
+        #[arg(long, env = "LATCHKEY_LIST_STATE", default_value = "pending")]
         state: String,
         /// Print the JSON the admin API returned.
-        #[arg(long)]
+        #[arg(long, env = "LATCHKEY_LIST_JSON")]
         json: bool,
     },
     /// Show one approval, as JSON.
@@ -67,7 +67,7 @@ pub enum ApprovalsAction {
         #[arg(long)]
         note: Option<String>,
         /// Who is answering, for the record (default: $USER).
-        #[arg(long, env = "USER")]
+        #[arg(long, env = "LATCHKEY_BY")]
         by: Option<String>,
     },
     /// Deny a pending request.
@@ -75,16 +75,17 @@ pub enum ApprovalsAction {
         id: String,
         #[arg(long)]
         note: Option<String>,
-        #[arg(long, env = "USER")]
+        /// Who is answering, for the record (default: $USER).
+        #[arg(long, env = "LATCHKEY_BY")]
         by: Option<String>,
     },
     /// Write the standing grants as policy rules and test cases, ready for a change request.
     Export {
         /// The rules file (default: stdout).
-        #[arg(long)]
+        #[arg(long, env = "LATCHKEY_EXPORT_OUT")]
         out: Option<PathBuf>,
         /// The policy test cases file (`latchkey test` format).
-        #[arg(long)]
+        #[arg(long, env = "LATCHKEY_EXPORT_TESTS")]
         tests: Option<PathBuf>,
     },
 }
@@ -138,7 +139,7 @@ async fn run_async(args: ApprovalsArgs) -> anyhow::Result<std::process::ExitCode
             note,
             by,
         } => {
-            let body = serde_json::json!({"decision": "approve", "scope": scope, "note": note, "by": by.unwrap_or_else(|| "cli".into())});
+            let body = serde_json::json!({"decision": "approve", "scope": scope, "note": note, "by": by.or_else(|| std::env::var("USER").ok()).unwrap_or_else(|| "cli".into())});
             let a = admin
                 .post(&format!("/approvals/{}", enc(&id)), &body)
                 .await?;
@@ -149,7 +150,7 @@ async fn run_async(args: ApprovalsArgs) -> anyhow::Result<std::process::ExitCode
             )?;
         }
         ApprovalsAction::Deny { id, note, by } => {
-            let body = serde_json::json!({"decision": "deny", "note": note, "by": by.unwrap_or_else(|| "cli".into())});
+            let body = serde_json::json!({"decision": "deny", "note": note, "by": by.or_else(|| std::env::var("USER").ok()).unwrap_or_else(|| "cli".into())});
             admin
                 .post(&format!("/approvals/{}", enc(&id)), &body)
                 .await?;
