@@ -6,7 +6,9 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use latchkey::state::{Added, Event, Sqlite, StateStore};
+use latchkey::state::{Added, Event, Redis, Sqlite, StateStore};
+
+use crate::support::redis::RedisServer;
 
 /// Short enough to keep the suite fast, long enough that a loaded machine does not expire a
 /// record between the write and the first read.
@@ -535,4 +537,146 @@ async fn a_state_url_of_no_known_form_is_refused() {
         let err = latchkey::state::open(url).await.unwrap_err().to_string();
         assert!(err.contains("sqlite:PATH"), "{url:?}: {err}");
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Redis
+
+async fn redis_store() -> (RedisServer, Arc<dyn StateStore>) {
+    let server = RedisServer::start();
+    let store = Redis::open_with_prefix(&server.url(), "lktest:")
+        .await
+        .unwrap();
+    (server, Arc::new(store))
+}
+
+every_behaviour!(redis, redis_store());
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_two_handles_on_one_server() {
+    let server = RedisServer::start();
+    let a = latchkey::state::open(&server.url()).await.unwrap();
+    let b = latchkey::state::open(&server.url()).await.unwrap();
+    two_handles_share_one_store(a, b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_prefixes_keep_stores_apart() {
+    let server = RedisServer::start();
+    let a = Redis::open_with_prefix(&server.url(), "one:")
+        .await
+        .unwrap();
+    let b = Redis::open_with_prefix(&server.url(), "two:")
+        .await
+        .unwrap();
+    a.put("p", "x", b"a", None).await.unwrap();
+    assert!(b.get("p", "x").await.unwrap().is_none());
+    let mut rx = b.subscribe();
+    a.publish("decided", "not for b").await.unwrap();
+    b.publish("decided", "for b").await.unwrap();
+    assert_eq!(next_event(&mut rx).await.message, "for b");
+    assert_eq!(
+        server.command(&["EXISTS", "one:rec:p:x"]),
+        ":1",
+        "keys live under the prefix"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_reopen_keeps_data() {
+    let server = RedisServer::start();
+    let store = latchkey::state::open(&server.url()).await.unwrap();
+    write_before_restart(store.as_ref()).await;
+    drop(store);
+    let store = latchkey::state::open(&server.url()).await.unwrap();
+    check_after_restart(store.as_ref()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_resubscribes_after_a_dropped_connection() {
+    let server = RedisServer::start();
+    let store = Redis::open(&server.url()).await.unwrap();
+    let mut rx = store.subscribe();
+    let killed = server.command(&["CLIENT", "KILL", "TYPE", "pubsub"]);
+    assert_eq!(killed, ":1", "one subscription connection to kill");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        store.publish("decided", "after").await.unwrap();
+        match tokio::time::timeout(Duration::from_millis(500), rx.recv()).await {
+            Ok(Ok(event)) => {
+                assert_eq!(event.message, "after");
+                break;
+            }
+            _ if tokio::time::Instant::now() < deadline => continue,
+            other => panic!("no event within 20 s of the subscription being killed: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_password_is_used_and_never_shown() {
+    let server = RedisServer::start();
+    assert_eq!(
+        server.command(&["CONFIG", "SET", "requirepass", "pw-s3cret-42"]),
+        "+OK"
+    );
+    let port = server.port();
+    let good = format!("redis://:pw-s3cret-42@127.0.0.1:{port}/0");
+    let store = latchkey::state::open(&good).await.unwrap();
+    assert_eq!(store.describe(), format!("redis://127.0.0.1:{port}/0"));
+    assert!(!format!("{store:?}").contains("pw-s3cret-42"));
+    store.put("pw", "x", b"ok", None).await.unwrap();
+    let bad = format!("redis://:pw-wrong-99@127.0.0.1:{port}/0");
+    let err = latchkey::state::open(&bad).await.unwrap_err().to_string();
+    assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
+    assert!(!err.contains("pw-wrong-99"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_unreachable_is_an_error_at_start_naming_host_and_port() {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let url = format!("redis://user:pw-hidden-7@127.0.0.1:{port}/2");
+    let started = std::time::Instant::now();
+    let err = latchkey::state::open(&url).await.unwrap_err().to_string();
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "fails promptly"
+    );
+    assert!(
+        err.contains(&format!("redis://127.0.0.1:{port}/2")),
+        "{err}"
+    );
+    assert!(err.contains("cannot connect"), "{err}");
+    assert!(!err.contains("pw-hidden-7"), "{err}");
+}
+
+#[tokio::test]
+async fn redis_bad_urls_are_refused_without_the_password() {
+    for url in [
+        "redis://:pw-in-url-5@127.0.0.1:notaport/0",
+        "redis://:pw-in-url-5@127.0.0.1:6379/notadb",
+    ] {
+        let err = latchkey::state::open(url).await.unwrap_err().to_string();
+        assert!(err.contains("state store URL"), "{url}: {err}");
+        assert!(!err.contains("pw-in-url-5"), "{url}: {err}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_fails_calls_closed() {
+    let server = RedisServer::start();
+    let store = latchkey::state::open(&server.url()).await.unwrap();
+    store.put("d", "x", b"1", None).await.unwrap();
+    drop(server);
+    let started = std::time::Instant::now();
+    let err = store.get("d", "x").await.unwrap_err().to_string();
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "fails, does not hang"
+    );
+    assert!(err.contains("state store redis://127.0.0.1:"), "{err}");
+    assert!(store.delete("d", "x").await.is_err());
 }
