@@ -23,8 +23,10 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+pub mod redis;
 pub mod sqlite;
 
+pub use self::redis::Redis;
 pub use sqlite::Sqlite;
 
 /// Opens the store `--state` names: `sqlite:PATH` (the file is created if missing) or
@@ -38,6 +40,9 @@ pub async fn open(url: &str) -> Result<Arc<dyn StateStore>, StateError> {
             });
         }
         return Ok(Arc::new(Sqlite::open(path).await?));
+    }
+    if url.starts_with("redis://") {
+        return Ok(Arc::new(Redis::open(url).await?));
     }
     Err(StateError::Url {
         url: url.to_string(),

@@ -96,7 +96,11 @@ impl Sqlite {
         F: FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
     {
         let conn = self.conn.clone();
-        let purge = write && self.writes.fetch_add(1, Ordering::Relaxed) % PURGE_EVERY == 0;
+        let purge = write
+            && self
+                .writes
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(PURGE_EVERY);
         Box::pin(async move {
             let done = tokio::task::spawn_blocking(move || {
                 let mut conn = conn
@@ -132,6 +136,12 @@ fn absolute(path: &Path) -> PathBuf {
 /// the step and its cause; the caller adds the store's name.
 fn open_file(path: &Path) -> Result<(Connection, PathBuf), String> {
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        if dir.exists() && !dir.is_dir() {
+            return Err(format!(
+                "cannot create directory {}: it is not a directory",
+                dir.display()
+            ));
+        }
         DirBuilder::new()
             .recursive(true)
             .mode(0o700)

@@ -58,6 +58,7 @@ mod secrets_rotation;
 mod secrets_streaming;
 mod shutdown;
 mod socks;
+mod state_store;
 mod trust;
 mod tunnel;
 mod upstream_failures;
