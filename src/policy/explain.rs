@@ -20,12 +20,15 @@ use super::identity::{Identity, DEFAULT_IDENTITY};
 use super::{display_url, normalize_host, ConnectDecision, Policy, Rule, Scheme, Target};
 use crate::reason::Reason;
 
-/// Allow or deny, as printed and serialised.
+/// Allow, deny or ask a person, as printed and serialised.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Verdict {
     Allow,
     Deny,
+    /// The request waits for a person ([`Policy::asks`]): an allow under a rule with `ask`, or
+    /// a policy denial under `[ask] unknown = true`.
+    Ask,
 }
 
 impl Verdict {
@@ -33,7 +36,44 @@ impl Verdict {
         match self {
             Verdict::Allow => "allow",
             Verdict::Deny => "deny",
+            Verdict::Ask => "ask",
         }
+    }
+}
+
+/// Why and on what terms a request asks a person (the `ask` of an [`Explanation`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AskExplained {
+    /// The rule with `ask`, or `unknown` (`[ask] unknown = true`).
+    pub rule: String,
+    /// How long the request is held (`0s`: not held).
+    pub hold: String,
+    /// What an approver may grant; the first is the default.
+    pub scopes: Vec<String>,
+    pub message: Option<String>,
+    /// The notifiers told, resolved (a rule naming none tells every `[notify.*]`).
+    pub notify: Vec<String>,
+}
+
+impl AskExplained {
+    /// `rule 'prod-writes'; hold 30s; scopes once, 1h` (or `[ask] unknown = true; …`), for the
+    /// text output and test failures.
+    pub fn summary(&self) -> String {
+        let why = if self.rule == super::ask::UNKNOWN {
+            "[ask] unknown = true".to_string()
+        } else {
+            format!("rule '{}'", self.rule)
+        };
+        let notify = if self.notify.is_empty() {
+            "no notifier".to_string()
+        } else {
+            format!("notifies {}", self.notify.join(", "))
+        };
+        format!(
+            "{why}; hold {}; scopes {}; {notify}",
+            self.hold,
+            self.scopes.join(", ")
+        )
     }
 }
 
@@ -87,6 +127,9 @@ pub struct Candidate {
 #[derive(Clone, Debug, Serialize)]
 pub struct Explanation {
     pub decision: Verdict,
+    /// Set when the decision is `ask`: on what terms a person is asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ask: Option<AskExplained>,
     /// The stable reason code ([`Reason::code`]).
     pub reason: &'static str,
     /// The allowing rule, or on deny the rule that came closest.
@@ -261,6 +304,22 @@ pub fn explain(
         }
     };
     let allowed = reason.is_allow();
+    let decided = super::Decision {
+        reason,
+        rule,
+        message: String::new(),
+    };
+    let ask = policy.asks(&decided).map(|a| AskExplained {
+        rule: a.rule_name().to_string(),
+        hold: humantime::format_duration(a.terms.hold).to_string(),
+        scopes: a.terms.scopes.iter().map(|s| s.to_string()).collect(),
+        message: a.terms.message.clone(),
+        notify: if a.terms.notify.is_empty() {
+            policy.notifiers().iter().map(|n| n.name.clone()).collect()
+        } else {
+            a.terms.notify.clone()
+        },
+    });
 
     let candidates = policy
         .candidates(&host)
@@ -308,11 +367,12 @@ pub fn explain(
         .map(|c| c.kind.label().to_string());
 
     Ok(Explanation {
-        decision: if allowed {
-            Verdict::Allow
-        } else {
-            Verdict::Deny
+        decision: match (&ask, allowed) {
+            (Some(_), _) => Verdict::Ask,
+            (None, true) => Verdict::Allow,
+            (None, false) => Verdict::Deny,
         },
+        ask,
         reason: reason.code(),
         rule: rule.map(|r| r.name.clone()),
         rule_origin: rule.map(|r| r.origin.to_string()),
