@@ -4,8 +4,9 @@
 //! The decision is the proxy's own, step for step: an unidentified client when identities are
 //! configured is refused, a URL with userinfo is refused, an `https` URL first passes the CONNECT
 //! gate ([`Policy::decide_connect`]), a path with dot segments or encoded slashes is refused, then
-//! [`Policy::decide`]. Secrets and injected headers are listed by name only; values are never
-//! read (an explanation works on a policy loaded without them).
+//! [`Policy::decide`]. A decision [`Policy::asks`] about is the verdict `ask`, with its terms.
+//! Secrets and injected headers are listed by name only; values are never read (an explanation
+//! works on a policy loaded without them).
 //!
 //! ```text
 //! let e = explain(&policy, None, "POST", "https://api.github.com/zen")?;
@@ -164,6 +165,7 @@ pub struct Explanation {
 }
 
 impl Explanation {
+    /// Allowed outright: not denied, and nobody needs to be asked.
     pub fn allowed(&self) -> bool {
         self.decision == Verdict::Allow
     }
