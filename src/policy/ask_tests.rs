@@ -609,3 +609,12 @@ fn lint_warns_when_nobody_hears_of_approvals_and_of_notifiers_no_ask_tells() {
     assert_eq!(w.len(), 1, "{w:?}");
     assert!(w[0].contains("notifier \"sec\" is never told of anything: every ask names its own notify list without it"), "{w:?}");
 }
+
+#[test]
+fn the_rule_name_unknown_is_reserved_for_requests_no_rule_allows() {
+    let e = errors("[[rules]]\nname = \"unknown\"\nhosts = [\"a.test\"]\n");
+    assert_eq!(
+        e,
+        ["test.toml:2:8: rules[0].name: rule name \"unknown\" is reserved: approvals and grants for requests no rule allows go by it; rename the rule"]
+    );
+}

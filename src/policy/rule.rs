@@ -52,6 +52,14 @@ impl FileCx<'_> {
                         raw_name.get_ref()
                     ),
                 );
+            } else if name == super::ask::UNKNOWN {
+                self.error(
+                    raw_name.span(),
+                    format!(
+                        "{}: rule name \"unknown\" is reserved: approvals and grants for requests no rule allows go by it; rename the rule",
+                        at("name")
+                    ),
+                );
             }
         }
 
