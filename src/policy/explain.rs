@@ -316,11 +316,10 @@ pub fn explain(
         hold: humantime::format_duration(a.terms.hold).to_string(),
         scopes: a.terms.scopes.iter().map(|s| s.to_string()).collect(),
         message: a.terms.message.clone(),
-        notify: if a.terms.notify.is_empty() {
-            policy.notifiers().iter().map(|n| n.name.clone()).collect()
-        } else {
-            a.terms.notify.clone()
-        },
+        notify: policy
+            .notifiers_for(a.terms)
+            .map(|n| n.name.clone())
+            .collect(),
     });
 
     let candidates = policy
