@@ -34,6 +34,7 @@ mod network_limits;
 mod network_smuggling;
 mod paths;
 mod plain_http;
+mod policy_ask_cli;
 mod policy_cli;
 mod policy_ops;
 mod presets;
