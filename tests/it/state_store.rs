@@ -680,3 +680,21 @@ async fn redis_down_fails_calls_closed() {
     assert!(err.contains("state store redis://127.0.0.1:"), "{err}");
     assert!(store.delete("d", "x").await.is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_index_of_expired_records_is_pruned_on_write() {
+    let server = RedisServer::start();
+    let store = Redis::open_with_prefix(&server.url(), "px:").await.unwrap();
+    for id in ["a", "b", "c", "d", "e"] {
+        store.put("g", id, b"grant", Some(TTL)).await.unwrap();
+    }
+    assert_eq!(server.command(&["ZCARD", "px:idx:g"]), ":5");
+    past_ttl().await;
+    store.put("g", "kept", b"grant", None).await.unwrap();
+    assert_eq!(
+        server.command(&["ZCARD", "px:idx:g"]),
+        ":1",
+        "nobody listed, still pruned"
+    );
+    assert_eq!(server.command(&["ZCARD", "px:exp:g"]), ":0");
+}
