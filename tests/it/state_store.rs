@@ -698,3 +698,35 @@ async fn redis_index_of_expired_records_is_pruned_on_write() {
     );
     assert_eq!(server.command(&["ZCARD", "px:exp:g"]), ":0");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_store_recovers_after_the_server_restarts() {
+    let mut server = RedisServer::start();
+    let store = latchkey::state::open(&server.url()).await.unwrap();
+    let mut rx = store.subscribe();
+    store.put("r", "before", b"1", None).await.unwrap();
+    server.restart();
+    // Calls fail (closed) or succeed, never hang, until the connection is back.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let call =
+            tokio::time::timeout(Duration::from_secs(10), store.put("r", "after", b"2", None));
+        match call.await.expect("a call returns within 10 s") {
+            Ok(()) => break,
+            Err(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            Err(e) => panic!("no reconnection within 30 s: {e}"),
+        }
+    }
+    assert_eq!(store.get("r", "after").await.unwrap().unwrap().doc, b"2");
+    // The subscription is back too.
+    loop {
+        store.publish("decided", "again").await.unwrap();
+        match tokio::time::timeout(Duration::from_millis(500), rx.recv()).await {
+            Ok(Ok(event)) if event.message == "again" => break,
+            _ if tokio::time::Instant::now() < deadline => continue,
+            other => panic!("no event within 30 s of the restart: {other:?}"),
+        }
+    }
+}
