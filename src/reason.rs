@@ -402,6 +402,7 @@ mod tests {
                     | Reason::TooManyConnections
                     | Reason::AuditUnavailable
                     | Reason::TooBusy
+                    | Reason::StateUnavailable
             ) {
                 assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
             } else if !r.is_allow() {
