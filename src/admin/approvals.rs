@@ -66,7 +66,9 @@ pub async fn route(
             Ok(g) => json(StatusCode::OK, &serde_json::json!({ "grants": g })),
             Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
         },
-        (_, "/approvals" | "/grants") => error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed"),
+        (_, "/approvals" | "/grants") => {
+            error(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
+        }
         (Method::GET, _) if !rest.contains('/') => match gov.approvals.get(rest).await {
             Ok(Some(mut a)) => {
                 a.state = a.state_at(now);
@@ -84,7 +86,10 @@ pub async fn route(
             let by = body.by.clone().unwrap_or_else(|| "admin-api".to_string());
             answer(proxy, &gov, peer, &id, body, &by).await
         }
-        _ => error(StatusCode::NOT_FOUND, "not found: try /approvals, /approvals/ID, /grants"),
+        _ => error(
+            StatusCode::NOT_FOUND,
+            "not found: try /approvals, /approvals/ID, /grants",
+        ),
     })
 }
 
@@ -101,7 +106,9 @@ async fn list(gov: &Governance, query: &str, now: SystemTime) -> Response<Body> 
                 other => {
                     return error(
                         StatusCode::BAD_REQUEST,
-                        &format!("state {other:?} is not pending, approved, denied, expired or all"),
+                        &format!(
+                            "state {other:?} is not pending, approved, denied, expired or all"
+                        ),
                     )
                 }
             };
@@ -142,7 +149,9 @@ pub async fn answer(
             }
             json(StatusCode::OK, &shown(&a))
         }
-        Err(AnswerError::NotFound(_)) => error(StatusCode::NOT_FOUND, &format!("no approval {id:?}")),
+        Err(AnswerError::NotFound(_)) => {
+            error(StatusCode::NOT_FOUND, &format!("no approval {id:?}"))
+        }
         Err(e @ AnswerError::Conflict { .. }) => error(StatusCode::CONFLICT, &e.to_string()),
         Err(e @ AnswerError::Invalid(_)) => error(StatusCode::BAD_REQUEST, &e.to_string()),
         Err(AnswerError::Store(e)) => error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
@@ -212,7 +221,9 @@ pub fn parse_answer(body: &Bytes) -> Result<AnswerBody, String> {
         }
     }
     if out.decision.is_empty() {
-        return Err("give a decision: {\"decision\": \"approve\" | \"deny\", \"scope\": …}".to_string());
+        return Err(
+            "give a decision: {\"decision\": \"approve\" | \"deny\", \"scope\": …}".to_string(),
+        );
     }
     Ok(out)
 }

@@ -141,12 +141,17 @@ pub async fn shared_key(store: &dyn StateStore, id: &str) -> Result<[u8; 32], St
         store: store.describe().to_string(),
         message: "the system random generator failed".to_string(),
     })?;
-    store.put_new(NS_KEYS, id, hex(&fresh).as_bytes(), None).await?;
+    store
+        .put_new(NS_KEYS, id, hex(&fresh).as_bytes(), None)
+        .await?;
     let bad = |why: &str| StateError::Backend {
         store: store.describe().to_string(),
         message: format!("the shared key {NS_KEYS}/{id} {why}"),
     };
-    let stored = store.get(NS_KEYS, id).await?.ok_or_else(|| bad("vanished"))?;
+    let stored = store
+        .get(NS_KEYS, id)
+        .await?
+        .ok_or_else(|| bad("vanished"))?;
     let text = std::str::from_utf8(&stored.doc).map_err(|_| bad("is not text"))?;
     let mut key = [0u8; 32];
     if text.len() != 64 {
@@ -183,7 +188,13 @@ impl Approvals {
     }
 
     /// The keyed hash a retry of the same request (identity, method, full URL, body) matches.
-    pub fn fingerprint(&self, identity: &str, method: &str, url: &str, body_sha256: &str) -> String {
+    pub fn fingerprint(
+        &self,
+        identity: &str,
+        method: &str,
+        url: &str,
+        body_sha256: &str,
+    ) -> String {
         self.keyed(&[
             b"request",
             identity.as_bytes(),
@@ -201,7 +212,13 @@ impl Approvals {
 
     fn grant_key(&self, k: &Key<'_>, session: Option<&str>) -> String {
         let s = session.unwrap_or_default();
-        self.keyed(&[b"grant", k.identity.as_bytes(), k.rule.as_bytes(), k.host.as_bytes(), s.as_bytes()])
+        self.keyed(&[
+            b"grant",
+            k.identity.as_bytes(),
+            k.rule.as_bytes(),
+            k.host.as_bytes(),
+            s.as_bytes(),
+        ])
     }
 
     /// What the store says about this request, newest rights first: a one-time grant (taken),
@@ -272,25 +289,39 @@ impl Approvals {
                     Some((State::Denied, a)) => return Ok(Asked::Denied(a)),
                     // Approved (and used) or expired: this is a new question.
                     _ => {
-                        if !self.store.delete(NS_BY_REQUEST, &approval.fingerprint).await? {
+                        if !self
+                            .store
+                            .delete(NS_BY_REQUEST, &approval.fingerprint)
+                            .await?
+                        {
                             continue;
                         }
                     }
                 }
             }
-            if let Some(wait) = self.over_rate(&approval.identity, rate, window, now).await? {
+            if let Some(wait) = self
+                .over_rate(&approval.identity, rate, window, now)
+                .await?
+            {
                 return Ok(Asked::RateLimited(wait));
             }
             let doc = to_json(&approval);
             if !self
                 .store
-                .put_new(NS_BY_REQUEST, &approval.fingerprint, approval.id.as_bytes(), link_ttl)
+                .put_new(
+                    NS_BY_REQUEST,
+                    &approval.fingerprint,
+                    approval.id.as_bytes(),
+                    link_ttl,
+                )
                 .await?
             {
                 // A twin won the race: wait on theirs (next round reads it).
                 continue;
             }
-            self.store.put(NS_APPROVAL, &approval.id, &doc, Some(ttl)).await?;
+            self.store
+                .put(NS_APPROVAL, &approval.id, &doc, Some(ttl))
+                .await?;
             return Ok(Asked::New(approval));
         }
         Err(StateError::Backend {
@@ -308,10 +339,20 @@ impl Approvals {
         now: SystemTime,
     ) -> Result<Option<Duration>, StateError> {
         let secs = window.as_secs().max(1);
-        let t = now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default().as_secs();
+        let t = now
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs();
         let start = t - t % secs;
-        let key = format!("ask-rate:{}:{start}", self.keyed(&[b"rate", identity.as_bytes()]));
-        match self.store.add(&key, 1, Some(i64::from(rate)), Duration::from_secs(secs)).await? {
+        let key = format!(
+            "ask-rate:{}:{start}",
+            self.keyed(&[b"rate", identity.as_bytes()])
+        );
+        match self
+            .store
+            .add(&key, 1, Some(i64::from(rate)), Duration::from_secs(secs))
+            .await?
+        {
             Added::Ok(_) => Ok(None),
             Added::Over(_) => Ok(Some(Duration::from_secs(start + secs - t))),
         }
@@ -393,7 +434,11 @@ impl Approvals {
                         .and_then(|s| Scope::parse(s).ok())
                         .unwrap_or(Scope::Once),
                 };
-                if !a.scopes.iter().any(|s| Scope::parse(s).ok() == Some(chosen)) {
+                if !a
+                    .scopes
+                    .iter()
+                    .any(|s| Scope::parse(s).ok() == Some(chosen))
+                {
                     return Err(AnswerError::Invalid(format!(
                         "scope {:?} is not one approval {id} offers ({})",
                         chosen.to_string(),
@@ -406,10 +451,18 @@ impl Approvals {
             };
             answer.scope = scope.map(|s| s.to_string());
             answer.at = now;
-            a.state = if approve { State::Approved } else { State::Denied };
+            a.state = if approve {
+                State::Approved
+            } else {
+                State::Denied
+            };
             a.answer = Some(answer.clone());
             let doc = to_json(&a);
-            if !self.store.replace(NS_APPROVAL, id, v.version, &doc, Some(KEEP)).await? {
+            if !self
+                .store
+                .replace(NS_APPROVAL, id, v.version, &doc, Some(KEEP))
+                .await?
+            {
                 continue;
             }
             let grant = match scope {
@@ -465,7 +518,11 @@ impl Approvals {
     }
 
     /// Approvals in `state` (`None`: all), as of `now`, newest first.
-    pub async fn list(&self, state: Option<State>, now: SystemTime) -> Result<Vec<Approval>, StateError> {
+    pub async fn list(
+        &self,
+        state: Option<State>,
+        now: SystemTime,
+    ) -> Result<Vec<Approval>, StateError> {
         let mut out = Vec::new();
         for (_, v) in self.store.list(NS_APPROVAL, LIST_MAX).await? {
             if let Some(mut a) = parse::<Approval>(self.store.as_ref(), NS_APPROVAL, &v.doc)? {

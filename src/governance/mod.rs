@@ -7,8 +7,8 @@
 //! `policy`, `state`, `audit`, `secrets` and (to deliver webhooks through the guarded dialer)
 //! `upstream`; never on `proxy`.
 
-pub mod record;
 pub mod approvals;
+pub mod record;
 
 use std::sync::Arc;
 
@@ -49,7 +49,8 @@ impl Governance {
         names: &[String],
         approval: &record::Approval,
     ) -> Result<usize, crate::state::StateError> {
-        self.queue(policy, names, "approval.requested", approval).await
+        self.queue(policy, names, "approval.requested", approval)
+            .await
     }
 
     async fn queue(
@@ -74,7 +75,12 @@ impl Governance {
             let id = format!("{}-{event}-{}", approval.id, n.name);
             let doc = serde_json::to_vec(&notice).unwrap_or_default();
             self.store()
-                .enqueue(record::QUEUE_NOTIFY, &id, &doc, std::time::SystemTime::now())
+                .enqueue(
+                    record::QUEUE_NOTIFY,
+                    &id,
+                    &doc,
+                    std::time::SystemTime::now(),
+                )
                 .await?;
             queued += 1;
         }
@@ -97,6 +103,7 @@ impl Governance {
             .unwrap_or(&policy.ask().terms)
             .notify
             .clone();
-        self.queue(policy, &names, "approval.decided", approval).await
+        self.queue(policy, &names, "approval.decided", approval)
+            .await
     }
 }

@@ -8,6 +8,9 @@
 
 mod support;
 
+mod approvals;
+mod approvals_admin;
+mod approvals_restart;
 mod audit_schema;
 mod audit_sink;
 mod bad_input;

@@ -62,15 +62,28 @@ pub(super) async fn ask(
             "this request needs a person's approval, and latchkey has no state store to keep it",
         ))
     })?;
-    let held = hold_body(proxy, ctx, head, body, &target.host).await.map_err(under)?;
+    let held = hold_body(proxy, ctx, head, body, &target.host)
+        .await
+        .map_err(under)?;
     let Inbound::Held(bytes, _, _) = &held else {
-        return Err(under(Refusal::new(Reason::BadRequest, "the request body was not held")));
+        return Err(under(Refusal::new(
+            Reason::BadRequest,
+            "the request body was not held",
+        )));
     };
     let sha = hex(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, bytes).as_ref());
-    let full_url = display_url(target.scheme, &target.host, target.port, &target.path_and_query);
+    let full_url = display_url(
+        target.scheme,
+        &target.host,
+        target.port,
+        &target.path_and_query,
+    );
     let approvals = &gov.approvals;
     let fingerprint = approvals.fingerprint(&ctx.identity, head.method.as_str(), &full_url, &sha);
-    let session = approvals.session(&ctx.identity, &session_credential(policy, &ctx.identity).await);
+    let session = approvals.session(
+        &ctx.identity,
+        &session_credential(policy, &ctx.identity).await,
+    );
     let key = Key {
         identity: &ctx.identity,
         rule: &rule,
@@ -80,7 +93,11 @@ pub(super) async fn ask(
     };
     let down = |e: StateError| under(state_down(&e));
 
-    let pending = match approvals.find(&key, SystemTime::now()).await.map_err(down)? {
+    let pending = match approvals
+        .find(&key, SystemTime::now())
+        .await
+        .map_err(down)?
+    {
         Found::Granted(g) => {
             entry.update(|r| {
                 r.approval = Some(ApprovalInfo {
@@ -96,7 +113,9 @@ pub(super) async fn ask(
         Found::Denied(a) => return Err(under(denied(entry, &a))),
         Found::Pending(a) => a,
         Found::Nothing => {
-            let approval = question(policy, ctx, &asking, denial, target, head, bytes, &sha, entry);
+            let approval = question(
+                policy, ctx, &asking, denial, target, head, bytes, &sha, entry,
+            );
             let approval = Approval {
                 fingerprint: fingerprint.clone(),
                 session: session.clone(),
@@ -148,7 +167,11 @@ pub(super) async fn ask(
         Some((State::Approved, a)) => {
             // Take the grant the answer left (a `once` grant is used up by this request).
             if let Found::Granted(g) = approvals.find(&key, now).await.map_err(down)? {
-                let scope = a.answer.as_ref().and_then(|x| x.scope.clone()).or(Some(g.scope));
+                let scope = a
+                    .answer
+                    .as_ref()
+                    .and_then(|x| x.scope.clone())
+                    .or(Some(g.scope));
                 entry.update(|r| r.approval = Some(info(State::Approved, scope)));
                 return Ok(held);
             }
@@ -157,7 +180,10 @@ pub(super) async fn ask(
             entry.set_retry_after(1);
             Err(under(Refusal::new(
                 Reason::ApprovalPending,
-                format!("approval {} was used by another request; retry to ask again", pending.id),
+                format!(
+                    "approval {} was used by another request; retry to ask again",
+                    pending.id
+                ),
             )))
         }
         Some((State::Denied, a)) => {
@@ -242,7 +268,12 @@ fn question(
 ) -> Approval {
     let now = SystemTime::now();
     let shown = crate::audit::redact_query(&target.path_and_query);
-    let url = entry.scrub_text(&display_url(target.scheme, &target.host, target.port, &shown));
+    let url = entry.scrub_text(&display_url(
+        target.scheme,
+        &target.host,
+        target.port,
+        &shown,
+    ));
     let labels = policy
         .identity(&ctx.identity)
         .map(|i| i.labels.clone())
@@ -264,7 +295,12 @@ fn question(
         rule: asking.rule_name().to_string(),
         denial: denial.map(|d| d.code().to_string()),
         message: asking.terms.message.clone(),
-        scopes: asking.terms.scopes.iter().map(ToString::to_string).collect(),
+        scopes: asking
+            .terms
+            .scopes
+            .iter()
+            .map(ToString::to_string)
+            .collect(),
         body_bytes: body.len() as u64,
         body_sha256: sha.to_string(),
         preview: preview(head, body, entry),

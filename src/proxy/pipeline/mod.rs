@@ -190,7 +190,10 @@ async fn phases(
     });
     let incoming = match asking {
         Some(asking) => {
-            ask::ask(proxy, ctx, policy, asking, denial, &target, &head, body, entry).await?
+            ask::ask(
+                proxy, ctx, policy, asking, denial, &target, &head, body, entry,
+            )
+            .await?
         }
         None => Inbound::Streaming(body.take().ok_or_else(|| {
             Refusal::new(Reason::BadRequest, "the request body was already read")
