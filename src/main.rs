@@ -82,5 +82,6 @@ fn run(args: Cli) -> anyhow::Result<ExitCode> {
             install.then_some(root.as_path()),
         ),
         Command::GatewaySetup(setup) => cli::gateway_setup::run(&setup),
+        Command::Approvals(args) => cli::approvals::run(args),
     }
 }

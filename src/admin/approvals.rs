@@ -231,3 +231,140 @@ pub fn parse_answer(body: &Bytes) -> Result<AnswerBody, String> {
 fn error(status: StatusCode, message: &str) -> Response<Body> {
     json(status, &serde_json::json!({ "error": message }))
 }
+
+/// Whether `path` is a signed link's (`/approvals/ID/answer`): answered without the admin
+/// token, because the link's signature is the credential.
+pub fn is_link(path: &str) -> bool {
+    path.strip_prefix("/approvals/")
+        .and_then(|r| r.strip_suffix("/answer"))
+        .is_some_and(|id| !id.is_empty() && !id.contains('/'))
+}
+
+/// A signed one-click link. `GET` shows what it will do and a button; only the button's `POST`
+/// answers, because chat apps and mail scanners open links on their own.
+pub async fn link(proxy: &Arc<Proxy>, peer: SocketAddr, req: Request<Incoming>) -> Response<Body> {
+    let Some(gov) = proxy.governance().cloned() else {
+        return page(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Approvals are unavailable",
+            "latchkey has no state store.",
+            None,
+        );
+    };
+    let path = req.uri().path().to_string();
+    let id = path
+        .strip_prefix("/approvals/")
+        .and_then(|r| r.strip_suffix("/answer"))
+        .unwrap_or_default()
+        .to_string();
+    let query = req.uri().query().unwrap_or_default().to_string();
+    let params = match crate::governance::links::LinkParams::from_query(&query) {
+        Ok(p) => p,
+        Err(e) => {
+            return page(
+                StatusCode::FORBIDDEN,
+                "This link does not work",
+                &e.to_string(),
+                None,
+            )
+        }
+    };
+    if let Err(e) = gov.signer.verify_params(&id, &params, SystemTime::now()) {
+        tracing::warn!(client.addr = %peer, approval.id = %id, error = %e, "refused an approval link");
+        return page(
+            StatusCode::FORBIDDEN,
+            "This link does not work",
+            &e.to_string(),
+            None,
+        );
+    }
+    match *req.method() {
+        Method::GET => {
+            let approval = match gov.approvals.get(&id).await {
+                Ok(Some(a)) => a,
+                Ok(None) => return page(StatusCode::NOT_FOUND, "No such approval", &id, None),
+                Err(e) => {
+                    return page(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "Approvals are unavailable",
+                        &e.to_string(),
+                        None,
+                    )
+                }
+            };
+            let what = match (params.decision.as_str(), params.scope.as_deref()) {
+                ("approve", Some(scope)) => format!("Approve (scope {scope})"),
+                _ => "Deny".to_string(),
+            };
+            let detail = format!(
+                "{} {} — identity {}, rule {}, state {}",
+                approval.method,
+                approval.url,
+                approval.identity,
+                approval.rule,
+                approval.state_at(SystemTime::now()).as_str()
+            );
+            page(StatusCode::OK, &what, &detail, Some((&path, &query, &what)))
+        }
+        Method::POST => {
+            let body = AnswerBody {
+                decision: params.decision.clone(),
+                scope: params.scope.clone(),
+                note: None,
+                by: None,
+            };
+            let res = answer(proxy, &gov, peer, &id, body, "link").await;
+            let status = res.status();
+            if status.is_success() {
+                page(
+                    StatusCode::OK,
+                    "Answered",
+                    &format!("approval {id}: {}", params.decision),
+                    None,
+                )
+            } else {
+                page(status, "Not answered", &format!("approval {id} could not be answered ({status}); it may be answered already or expired"), None)
+            }
+        }
+        _ => page(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "Method not allowed",
+            "GET shows the link, POST answers",
+            None,
+        ),
+    }
+}
+
+/// A small HTML page; `form` is (path, query, button label) for the confirmation button.
+fn page(
+    status: StatusCode,
+    title: &str,
+    detail: &str,
+    form: Option<(&str, &str, &str)>,
+) -> Response<Body> {
+    let esc = |s: &str| {
+        s.replace('&', "&amp;")
+            .replace('<', "&lt;")
+            .replace('>', "&gt;")
+            .replace('"', "&quot;")
+    };
+    let button = form.map_or(String::new(), |(path, query, label)| {
+        format!(
+            "<form method=\"post\" action=\"{}?{}\"><button type=\"submit\">{}</button></form>",
+            esc(path),
+            esc(query),
+            esc(label)
+        )
+    });
+    let html = format!(
+        "<!doctype html><html><head><meta charset=\"utf-8\"><meta name=\"robots\" content=\"noindex\"><title>latchkey: {t}</title></head><body><h1>{t}</h1><p>{d}</p>{button}</body></html>\n",
+        t = esc(title),
+        d = esc(detail),
+    );
+    let mut res = super::respond(status, "text/html; charset=utf-8", html);
+    res.headers_mut().insert(
+        http::header::HeaderName::from_static("referrer-policy"),
+        http::header::HeaderValue::from_static("no-referrer"),
+    );
+    res
+}

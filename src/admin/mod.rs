@@ -8,6 +8,8 @@
 //! - `GET /metrics`: Prometheus text format.
 //! - `POST /reload`: reload the policy now (422 with the errors if invalid; the old one stays).
 //! - `GET /explain?method=GET&url=...&identity=...`: the decision for one request, as JSON.
+//! - `GET /approvals`, `GET|POST /approvals/ID`, `GET /grants`: requests waiting for a person,
+//!   and the answers (`approvals`).
 //!
 //! With `--admin-token`, every endpoint but `/healthz` and `/readyz` needs
 //! `Authorization: Bearer TOKEN` (compared in constant time).
@@ -120,6 +122,8 @@ async fn route(
                 respond(StatusCode::OK, "text/plain", "ready\n")
             }
         }
+        // A signed link carries its own credential (its HMAC): no admin token.
+        (_, p) if approvals::is_link(p) => approvals::link(proxy, peer, req).await,
         _ if !authorized(token, &req) => {
             let mut res = respond(
                 StatusCode::UNAUTHORIZED,
@@ -137,7 +141,7 @@ async fn route(
             "text/plain; version=0.0.4; charset=utf-8",
             proxy.metrics().render(&proxy.gauges()),
         ),
-        (&Method::GET, "/status") => json(StatusCode::OK, &status(proxy)),
+        (&Method::GET, "/status") => json(StatusCode::OK, &status(proxy).await),
         (&Method::POST, "/reload") => {
             // Drain any body; the reload takes no input.
             let _ = req.into_body().collect().await;
@@ -176,7 +180,27 @@ async fn route(
     }
 }
 
-fn status(proxy: &Proxy) -> serde_json::Value {
+async fn status(proxy: &Proxy) -> serde_json::Value {
+    let state = match proxy.governance() {
+        Some(g) => {
+            let outbox = g
+                .store()
+                .queue_len(crate::governance::record::QUEUE_NOTIFY)
+                .await;
+            serde_json::json!({
+                "store": g.store().describe(),
+                "notifications_queued": outbox.as_ref().ok(),
+                "error": outbox.err().map(|e| e.to_string()),
+            })
+        }
+        None => serde_json::Value::Null,
+    };
+    let mut v = status_of(proxy);
+    v["state"] = state;
+    v
+}
+
+fn status_of(proxy: &Proxy) -> serde_json::Value {
     let policy = proxy.policy();
     let gauges = proxy.gauges();
     let reload = proxy.reload_state();

@@ -116,6 +116,9 @@ pub enum Command {
     /// `serve --transparent`, DNS to `serve --dns`, everything else dropped, IPv4 and IPv6), in
     /// the table `inet latchkey`; `--apply` loads them, `--remove` deletes the table.
     GatewaySetup(GatewaySetupArgs),
+    /// Answer requests waiting for a person, through a running latchkey's admin API: list,
+    /// show, approve, deny, and export standing grants as policy rules.
+    Approvals(super::approvals::ApprovalsArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -242,6 +245,15 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer TOKEN` on the admin API; TOKEN from `env:VAR` or `file:PATH`.
     #[arg(long, env = "LATCHKEY_ADMIN_TOKEN", value_name = "SOURCE")]
     pub admin_token: Option<String>,
+    /// Where approvals, grants and the notification outbox are kept: `sqlite:PATH`, or
+    /// `redis://HOST:PORT[/DB]` for several replicas sharing them (default: `state.db` beside
+    /// the audit log).
+    #[arg(long, env = "LATCHKEY_STATE", value_name = "URL")]
+    pub state: Option<String>,
+    /// The admin API's URL as approvers reach it, for the signed one-click links in
+    /// notifications (default: http://ADMIN, the --admin address).
+    #[arg(long, env = "LATCHKEY_APPROVAL_URL", value_name = "URL")]
+    pub approval_url: Option<String>,
     /// `enforce` (default), or `report`: let policy denials through, audited with would_deny.
     #[arg(long, env = "LATCHKEY_MODE", value_enum, default_value = "enforce")]
     pub mode: Mode,

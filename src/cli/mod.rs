@@ -7,6 +7,7 @@
 //! everything below `cli` returns its own `thiserror` types. Nothing else in the crate depends
 //! on `cli`.
 
+pub mod approvals;
 pub mod args;
 pub mod ca;
 pub mod demo;

@@ -1,7 +1,7 @@
 //! The policy commands a security team runs: `check`, `test` and `explain`.
 //!
 //! Each takes a policies directory, prints a report (text, or JSON for CI) and returns the exit
-//! code: 0 ok (or allow, for `explain`), 1 for errors, failing cases or a deny. Problems are
+//! code: 0 ok (or allow, for `explain`), 1 for errors, failing cases, a deny or an ask. Problems are
 //! printed as `file:line:col: message` on stderr, warnings as `file:line:col: warning: message`.
 //! `test` and `explain` never read secret values ([`SecretLoading::Skip`]); `check` reads them
 //! unless told not to (`--no-secrets`), so it also catches a missing key.
@@ -77,6 +77,9 @@ pub fn check(dir: &Path, format: CheckFormat, secrets: SecretLoading) -> ExitCod
                 "files": policy.files().len(),
                 "policy": policy.digest(),
                 "secrets_read": secrets_read,
+                "ask_rules": policy.rules().iter().filter(|r| r.ask.is_some()).map(|r| r.name.as_str()).collect::<Vec<_>>(),
+                "ask_unknown": policy.ask().unknown,
+                "notifiers": policy.notifiers().iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
             });
             println!("{v}");
         }
@@ -90,6 +93,9 @@ pub fn check(dir: &Path, format: CheckFormat, secrets: SecretLoading) -> ExitCod
                 policy.files().len(),
                 policy.digest()
             );
+            if let Some(asks) = asks_summary(&policy) {
+                line.push_str(&format!("; {asks}"));
+            }
             if !warnings.is_empty() {
                 line.push_str(&format!(", {} warning(s)", warnings.len()));
             }
@@ -100,6 +106,28 @@ pub fn check(dir: &Path, format: CheckFormat, secrets: SecretLoading) -> ExitCod
         }
     }
     ExitCode::SUCCESS
+}
+
+/// `asks a person: 2 rule(s) and unknown hosts; notifiers: ops` when the policy asks anyone.
+fn asks_summary(policy: &Policy) -> Option<String> {
+    let rules = policy.rules().iter().filter(|r| r.ask.is_some()).count();
+    let unknown = policy.ask().unknown;
+    let names: Vec<&str> = policy.notifiers().iter().map(|n| n.name.as_str()).collect();
+    if rules == 0 && !unknown && names.is_empty() {
+        return None;
+    }
+    let who = match (rules, unknown) {
+        (0, false) => "nothing".to_string(),
+        (0, true) => "requests no rule allows ([ask] unknown)".to_string(),
+        (n, false) => format!("{n} rule(s)"),
+        (n, true) => format!("{n} rule(s) and requests no rule allows ([ask] unknown)"),
+    };
+    let notifiers = if names.is_empty() {
+        "none".to_string()
+    } else {
+        names.join(", ")
+    };
+    Some(format!("asks a person: {who}; notifiers: {notifiers}"))
 }
 
 /// Reports a policy that did not load, in `format`; always exit 1.
@@ -209,7 +237,8 @@ pub fn test(policies: &Path, tests: Option<&Path>) -> ExitCode {
 
 /// `latchkey explain`: the decision for one request, the rule, why every other candidate rule
 /// did not decide it, and the secrets and headers that would apply (names only). Exit 0 on
-/// allow, 1 on deny.
+/// allow, 1 on deny or ask (a request that waits for a person is not allowed yet; the JSON's
+/// `decision` tells them apart).
 pub fn explain(
     dir: &Path,
     identity: Option<&str>,
@@ -252,6 +281,12 @@ fn render(e: &Explanation) -> String {
         line(format!("about:    {d}"));
     }
     line(format!("why:      {}", e.message));
+    if let Some(ask) = &e.ask {
+        line(format!("ask:      asks a person ({})", ask.summary()));
+        if let Some(m) = &ask.message {
+            line(format!("          message: {m}"));
+        }
+    }
     if e.report_only {
         line(format!(
             "note:     rule '{}' is in report mode: latchkey lets this request through and audits it with would_deny = true",
@@ -265,7 +300,8 @@ fn render(e: &Explanation) -> String {
         line("rules:    none names this host".to_string());
     } else {
         line("rules:    (in decision order)".to_string());
-        let allowed = e.allowed();
+        // A rule with `ask` decides (once a person approves); tags follow the rules' decision.
+        let allowed = e.reason == crate::reason::Reason::Allowed.code();
         let mut decided = false;
         for c in &e.candidates {
             let what = match c.outcome {

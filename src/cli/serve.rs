@@ -47,6 +47,11 @@ pub struct Server {
     rules: usize,
     /// `--dns`: latchkey's resolver, bound.
     dns: Option<crate::dns::DnsListener>,
+    /// `--state` (`None`: `state.db` in `state_dir`).
+    state: Option<String>,
+    state_dir: PathBuf,
+    /// Where approvers reach the admin API (`--approval-url`, else the admin address).
+    approval_url: Option<String>,
 }
 
 impl std::fmt::Debug for Server {
@@ -216,7 +221,19 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
         digest,
         rules,
         dns,
+        state: args.state.clone(),
+        state_dir: state_dir(&args.audit),
+        approval_url: args.approval_url.clone(),
     })
+}
+
+/// Where the default state store goes: beside the audit log (the working directory when the
+/// audit log is not a file in a directory).
+fn state_dir(audit: &Path) -> PathBuf {
+    match audit.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
 }
 
 /// Binds `--dns` with its answer style and rate, or says which flag is wrong.
@@ -276,7 +293,43 @@ impl Server {
             digest,
             rules,
             dns,
+            state,
+            state_dir,
+            approval_url,
         } = self;
+        // The state store first: a request that needs a person must find it from the first one.
+        let url =
+            state.unwrap_or_else(|| format!("sqlite:{}", state_dir.join("state.db").display()));
+        let store = crate::state::open(&url)
+            .await
+            .context("--state: cannot open the state store")?;
+        tracing::info!(state = store.describe(), "state store open");
+        eprintln!("latchkey: state in {}", store.describe());
+        let admin_url = admin
+            .as_ref()
+            .and_then(|(l, _)| l.local_addr().ok())
+            .map(|a| format!("http://{a}"));
+        let public_url = match approval_url.or(admin_url) {
+            Some(u) => Some(
+                url::Url::parse(&u)
+                    .with_context(|| format!("--approval-url {u:?} is not a URL"))?,
+            ),
+            None => None,
+        };
+        let gov = crate::governance::Governance::open(store.clone(), public_url)
+            .await
+            .context("--state: cannot read the approvals' shared keys")?;
+        proxy.set_governance(Arc::new(gov));
+        // The notification outbox, delivered through the guarded client.
+        let worker = {
+            let p = proxy.clone();
+            crate::governance::notify::Worker::new(
+                store,
+                Arc::new(move || p.policy()),
+                proxy.upstream_client(),
+            )
+        };
+        tokio::spawn(worker.run(proxy.shutdown_signal()));
         let listener = tokio::net::TcpListener::from_std(listener)?;
         let addr = listener.local_addr()?;
         tracing::info!(listen.addr = %addr, policy.digest = %digest, policy.rules = rules, audit = %audit_path.display(), "proxy ready");
@@ -387,6 +440,12 @@ fn policies_dir(named: Option<&Path>) -> anyhow::Result<PathBuf> {
 
 /// Reads the admin token from `env:VAR` or `file:PATH` (never from the command line itself,
 /// where `ps` would show it).
+/// The admin token `spec` names, as text (for `latchkey approvals`, which sends it).
+pub fn read_token(spec: &str) -> anyhow::Result<String> {
+    let token = admin_token(spec)?;
+    Ok(String::from_utf8_lossy(token.expose()).into_owned())
+}
+
 fn admin_token(spec: &str) -> anyhow::Result<SecretValue> {
     let bytes = match spec.split_once(':') {
         Some(("env", var)) => std::env::var(var)

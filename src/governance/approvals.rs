@@ -532,7 +532,7 @@ impl Approvals {
                 }
             }
         }
-        out.sort_by(|a, b| b.created.cmp(&a.created));
+        out.sort_by_key(|a| std::cmp::Reverse(a.created));
         Ok(out)
     }
 
@@ -548,7 +548,7 @@ impl Approvals {
                 }
             }
         }
-        out.sort_by(|a, b| b.created.cmp(&a.created));
+        out.sort_by_key(|a| std::cmp::Reverse(a.created));
         Ok(out)
     }
 }
@@ -587,3 +587,7 @@ pub fn hex(bytes: &[u8]) -> String {
     }
     s
 }
+
+#[cfg(test)]
+#[path = "approvals_tests.rs"]
+mod tests;

@@ -8,6 +8,9 @@
 //! `upstream`; never on `proxy`.
 
 pub mod approvals;
+pub mod export;
+pub mod links;
+pub mod notify;
 pub mod record;
 
 use std::sync::Arc;
@@ -19,18 +22,23 @@ use crate::state::StateStore;
 #[derive(Debug)]
 pub struct Governance {
     pub approvals: approvals::Approvals,
-    /// The admin listener's URL as approvers reach it (`--approval-url`), for links.
-    pub public_url: String,
+    /// Signs and checks one-click links; the key is shared by every replica on the store.
+    pub signer: links::Signer,
+    /// The admin listener's URL as approvers reach it (`--approval-url`); `None`: no links in
+    /// notifications.
+    pub public_url: Option<url::Url>,
 }
 
 impl Governance {
     /// Governance over `store`: loads (or, first on this store, makes) the shared keys.
     pub async fn open(
         store: Arc<dyn StateStore>,
-        public_url: String,
+        public_url: Option<url::Url>,
     ) -> Result<Self, crate::state::StateError> {
+        let signer = links::Signer::new(links::load_or_create_key(store.as_ref()).await?);
         Ok(Self {
             approvals: approvals::Approvals::open(store).await?,
+            signer,
             public_url,
         })
     }
@@ -38,57 +46,34 @@ impl Governance {
     pub fn store(&self) -> &Arc<dyn StateStore> {
         self.approvals.store()
     }
-}
 
-impl Governance {
+    /// Signed links for `approval`'s chat buttons, when approvers have a URL to reach.
+    pub fn links(&self, approval: &record::Approval) -> Option<record::Links> {
+        self.public_url
+            .as_ref()
+            .map(|base| links::links_for(base, approval, &self.signer))
+    }
+
     /// Queues an `approval.requested` notice for each notifier in `names` (every `[notify.*]`
-    /// when empty).
+    /// when empty), with signed links.
     pub async fn announce(
         &self,
         policy: &crate::policy::Policy,
         names: &[String],
         approval: &record::Approval,
     ) -> Result<usize, crate::state::StateError> {
-        self.queue(policy, names, "approval.requested", approval)
-            .await
+        let links = self.links(approval);
+        notify::enqueue(
+            self.store().as_ref(),
+            policy,
+            names,
+            "approval.requested",
+            &approval.public(),
+            links,
+        )
+        .await
     }
 
-    async fn queue(
-        &self,
-        policy: &crate::policy::Policy,
-        names: &[String],
-        event: &str,
-        approval: &record::Approval,
-    ) -> Result<usize, crate::state::StateError> {
-        let mut queued = 0;
-        for n in policy
-            .notifiers()
-            .iter()
-            .filter(|n| names.is_empty() || names.contains(&n.name))
-        {
-            let notice = record::Notice {
-                notifier: n.name.clone(),
-                event: event.to_string(),
-                approval: approval.public(),
-                links: None,
-            };
-            let id = format!("{}-{event}-{}", approval.id, n.name);
-            let doc = serde_json::to_vec(&notice).unwrap_or_default();
-            self.store()
-                .enqueue(
-                    record::QUEUE_NOTIFY,
-                    &id,
-                    &doc,
-                    std::time::SystemTime::now(),
-                )
-                .await?;
-            queued += 1;
-        }
-        Ok(queued)
-    }
-}
-
-impl Governance {
     /// Queues an `approval.decided` notice for the notifiers that heard of the request.
     pub async fn decided(
         &self,
@@ -103,7 +88,14 @@ impl Governance {
             .unwrap_or(&policy.ask().terms)
             .notify
             .clone();
-        self.queue(policy, &names, "approval.decided", approval)
-            .await
+        notify::enqueue(
+            self.store().as_ref(),
+            policy,
+            &names,
+            "approval.decided",
+            &approval.public(),
+            None,
+        )
+        .await
     }
 }

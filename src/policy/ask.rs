@@ -169,4 +169,12 @@ impl super::Policy {
             _ => None,
         }
     }
+
+    /// The notifiers told of an approval asked on `terms`: those it names, or every one when it
+    /// names none. Names are checked at load, so each named one exists.
+    pub fn notifiers_for<'p>(&'p self, terms: &'p Ask) -> impl Iterator<Item = &'p Notifier> {
+        self.notifiers
+            .iter()
+            .filter(move |n| terms.notify.is_empty() || terms.notify.contains(&n.name))
+    }
 }

@@ -8,8 +8,9 @@
 //! method = "GET"
 //! url = "https://api.github.com/zen"
 //! headers = { "x-foo" = "bar" }          # optional, informational for now
-//! expect = "allow"                       # allow | deny
+//! expect = "allow"                       # allow | deny | ask (waits for a person)
 //! rule = "github-read"                   # optional: the deciding (or, on deny, closest) rule
+//! ask_rule = "prod-writes"               # optional (ask only): the rule asking, or "unknown"
 //! reason = "method_not_allowed"          # optional: the reason code
 //! secrets = ["openai"]                   # optional (allow only): bound by the deciding rule
 //! credential = "gh"                      # optional (allow only): the credential it uses
@@ -51,6 +52,7 @@ struct RawCase {
     reason: Option<Spanned<String>>,
     secrets: Option<Spanned<Vec<Spanned<String>>>>,
     credential: Option<Spanned<String>>,
+    ask_rule: Option<Spanned<String>>,
 }
 
 /// One validated case.
@@ -72,6 +74,8 @@ pub struct Case {
     pub secrets: Option<Vec<String>>,
     /// The credential the deciding rule must use.
     pub credential: Option<String>,
+    /// `expect = "ask"` only: the rule that asks, or `unknown`.
+    pub ask_rule: Option<String>,
 }
 
 impl Case {
@@ -169,6 +173,7 @@ const CASE_KEYS: &[&str] = &[
     "reason",
     "secrets",
     "credential",
+    "ask_rule",
 ];
 
 /// Reads a case file key by key (the policy files' reader): an unknown key or a wrong type is
@@ -205,6 +210,7 @@ fn read_case_file(table: &toml_edit::Table, cx: &mut Cx<'_>) -> RawCaseFile {
             reason: f.string(cx, "reason"),
             secrets: f.strings(cx, "secrets"),
             credential: f.string(cx, "credential"),
+            ask_rule: f.string(cx, "ask_rule"),
         };
         cases.push((index, Spanned::new(f.span.clone(), case)));
     }
@@ -276,14 +282,38 @@ fn validate(
     let expect = match raw.expect.get_ref().as_str() {
         "allow" => Some(Verdict::Allow),
         "deny" => Some(Verdict::Deny),
+        "ask" => Some(Verdict::Ask),
         other => {
             cx.error(
                 raw.expect.span(),
-                format!("{}: {other:?} is not \"allow\" or \"deny\"", at("expect")),
+                format!(
+                    "{}: {other:?} is not \"allow\", \"deny\" or \"ask\"",
+                    at("expect")
+                ),
             );
             None
         }
     };
+    if let Some(r) = &raw.ask_rule {
+        let name = r.get_ref();
+        let rule = policy.rules().iter().find(|rule| &rule.name == name);
+        let why = if expect.is_some_and(|e| e != Verdict::Ask) {
+            Some("only a case with expect = \"ask\" has an asking rule".to_string())
+        } else if name == super::ask::UNKNOWN {
+            None
+        } else {
+            match rule {
+                None => Some(format!(
+                    "unknown rule {name:?} (\"unknown\" names [ask] unknown = true)"
+                )),
+                Some(rule) if rule.ask.is_none() => Some(format!("rule {name:?} has no ask")),
+                Some(_) => None,
+            }
+        };
+        if let Some(why) = why {
+            cx.error(r.span(), format!("{}: {why}", at("ask_rule")));
+        }
+    }
     let reason = raw.reason.as_ref().and_then(|r| {
         let found = Reason::ALL.iter().copied().find(|c| c.code() == r.get_ref());
         if found.is_none() {
@@ -387,6 +417,7 @@ fn validate(
             .secrets
             .map(|s| s.into_inner().into_iter().map(|n| n.into_inner()).collect()),
         credential: raw.credential.map(|c| c.into_inner()),
+        ask_rule: raw.ask_rule.map(|r| r.into_inner()),
     })
 }
 
@@ -408,10 +439,30 @@ pub fn run_case(policy: &Policy, case: &Case) -> CaseResult {
         None => "no rule".to_string(),
     };
     if e.decision != case.expect {
-        failures.push(match e.decision {
-            Verdict::Deny => format!("expected allow, got deny ({}: {})", e.reason, e.message),
-            Verdict::Allow => format!("expected deny, got allow ({}: {})", got_rule(&e), e.message),
+        let want = case.expect.as_str();
+        failures.push(match (e.decision, &e.ask) {
+            (Verdict::Ask, Some(ask)) => format!(
+                "expected {want}, got ask: asks a person ({}) ({}: {})",
+                ask.summary(),
+                e.reason,
+                e.message
+            ),
+            (Verdict::Allow, _) => format!(
+                "expected {want}, got allow ({}: {})",
+                got_rule(&e),
+                e.message
+            ),
+            _ => format!("expected {want}, got deny ({}: {})", e.reason, e.message),
         });
+    }
+    if let Some(want) = &case.ask_rule {
+        let got = e.ask.as_ref().map(|a| a.rule.as_str());
+        if got != Some(want.as_str()) {
+            failures.push(match got {
+                Some(got) => format!("expected ask_rule '{want}', rule '{got}' asks"),
+                None => format!("expected ask_rule '{want}', nobody is asked"),
+            });
+        }
     }
     if let Some(want) = &case.rule {
         if e.rule.as_deref() != Some(want.as_str()) {

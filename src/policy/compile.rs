@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::identity::{token_key, Identity, RuleSet, DEFAULT_IDENTITY};
 use super::schema::{self, RawPolicyFile, RawSecret, Report};
-use super::{HostPattern, Origin, Policy, Rule};
+use super::{AskPolicy, HostPattern, Notifier, Origin, Policy, Rule};
 use crate::secrets::{SecretStore, Source};
 use crate::signing::{Credential, TokenCache};
 
@@ -264,6 +264,15 @@ pub fn compile_sources_with(
         }
     }
 
+    // Phase 2d: `[notify.NAME]` and `[ask]`, which rules' `ask` resolve against. A notifier's
+    // signing secret joins the secret store like an identity token.
+    let (ask, notifiers, ask_defaults, notify_secrets) =
+        super::ask_compile::compile_asks(&mut parsed, &mut errors);
+    for (fi, key, span, origin, source) in notify_secrets {
+        secret_at.insert(key.clone(), (fi, span, origin));
+        secret_sources.push((key, source));
+    }
+
     // Phase 3: rules. A name counts once it is read, whether or not its rule is valid, so a
     // duplicate is reported even when either copy has errors of its own.
     let mut rules: Vec<Rule> = Vec::new();
@@ -295,7 +304,12 @@ pub fn compile_sources_with(
                     names.insert(trimmed, origin.clone());
                 }
             }
-            if let Some(rule) = cx.rule(index, entry, origin, &secret_names, &credential_names) {
+            let known = super::rule::Known {
+                secrets: &secret_names,
+                credentials: &credential_names,
+                asks: &ask_defaults,
+            };
+            if let Some(rule) = cx.rule(index, entry, origin, &known) {
                 if unique {
                     rules.push(rule);
                 }
@@ -331,6 +345,7 @@ pub fn compile_sources_with(
                 unique = true;
             }
             let raw_id = entry.raw;
+            let labels = cx.labels(&format!("{field}.labels"), raw_id.labels);
             let mut sources = Vec::new();
             if let Some(list) = &raw_id.sources {
                 for (i, c) in list.get_ref().iter().enumerate() {
@@ -399,7 +414,7 @@ pub fn compile_sources_with(
                     has_token: raw_id.token.is_some(),
                     sources,
                     rules: rule_set,
-                    labels: Default::default(),
+                    labels,
                 });
             }
         }
@@ -424,6 +439,8 @@ pub fn compile_sources_with(
                     };
                     let field = if let Some(id) = name.strip_prefix("identity:") {
                         format!("identities.{id}.token")
+                    } else if let Some(n) = name.strip_prefix("notify:") {
+                        format!("notify.{n}.secret")
                     } else if let Some((cred, f)) = name
                         .strip_prefix("credential:")
                         .and_then(|r| r.split_once(':'))
@@ -449,6 +466,7 @@ pub fn compile_sources_with(
     let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
     Ok(index(
         rules,
+        (ask, notifiers),
         identities,
         credentials,
         std::sync::Arc::new(store),
@@ -460,6 +478,7 @@ pub fn compile_sources_with(
 /// Builds the host index, ordering each host's rules by precedence (see the module docs).
 fn index(
     rules: Vec<Rule>,
+    (ask, notifiers): (AskPolicy, Vec<Notifier>),
     identities: Vec<Identity>,
     credentials: HashMap<String, Arc<Credential>>,
     secrets: std::sync::Arc<SecretStore>,
@@ -495,8 +514,8 @@ fn index(
         exact,
         wildcard,
         secrets,
-        ask: Default::default(),
-        notifiers: Vec::new(),
+        ask,
+        notifiers,
         digest,
         files,
     }

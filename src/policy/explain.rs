@@ -4,8 +4,9 @@
 //! The decision is the proxy's own, step for step: an unidentified client when identities are
 //! configured is refused, a URL with userinfo is refused, an `https` URL first passes the CONNECT
 //! gate ([`Policy::decide_connect`]), a path with dot segments or encoded slashes is refused, then
-//! [`Policy::decide`]. Secrets and injected headers are listed by name only; values are never
-//! read (an explanation works on a policy loaded without them).
+//! [`Policy::decide`]. A decision [`Policy::asks`] about is the verdict `ask`, with its terms.
+//! Secrets and injected headers are listed by name only; values are never read (an explanation
+//! works on a policy loaded without them).
 //!
 //! ```text
 //! let e = explain(&policy, None, "POST", "https://api.github.com/zen")?;
@@ -20,12 +21,15 @@ use super::identity::{Identity, DEFAULT_IDENTITY};
 use super::{display_url, normalize_host, ConnectDecision, Policy, Rule, Scheme, Target};
 use crate::reason::Reason;
 
-/// Allow or deny, as printed and serialised.
+/// Allow, deny or ask a person, as printed and serialised.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Verdict {
     Allow,
     Deny,
+    /// The request waits for a person ([`Policy::asks`]): an allow under a rule with `ask`, or
+    /// a policy denial under `[ask] unknown = true`.
+    Ask,
 }
 
 impl Verdict {
@@ -33,7 +37,44 @@ impl Verdict {
         match self {
             Verdict::Allow => "allow",
             Verdict::Deny => "deny",
+            Verdict::Ask => "ask",
         }
+    }
+}
+
+/// Why and on what terms a request asks a person (the `ask` of an [`Explanation`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AskExplained {
+    /// The rule with `ask`, or `unknown` (`[ask] unknown = true`).
+    pub rule: String,
+    /// How long the request is held (`0s`: not held).
+    pub hold: String,
+    /// What an approver may grant; the first is the default.
+    pub scopes: Vec<String>,
+    pub message: Option<String>,
+    /// The notifiers told, resolved (a rule naming none tells every `[notify.*]`).
+    pub notify: Vec<String>,
+}
+
+impl AskExplained {
+    /// `rule 'prod-writes'; hold 30s; scopes once, 1h` (or `[ask] unknown = true; …`), for the
+    /// text output and test failures.
+    pub fn summary(&self) -> String {
+        let why = if self.rule == super::ask::UNKNOWN {
+            "[ask] unknown = true".to_string()
+        } else {
+            format!("rule '{}'", self.rule)
+        };
+        let notify = if self.notify.is_empty() {
+            "no notifier".to_string()
+        } else {
+            format!("notifies {}", self.notify.join(", "))
+        };
+        format!(
+            "{why}; hold {}; scopes {}; {notify}",
+            self.hold,
+            self.scopes.join(", ")
+        )
     }
 }
 
@@ -87,6 +128,9 @@ pub struct Candidate {
 #[derive(Clone, Debug, Serialize)]
 pub struct Explanation {
     pub decision: Verdict,
+    /// Set when the decision is `ask`: on what terms a person is asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ask: Option<AskExplained>,
     /// The stable reason code ([`Reason::code`]).
     pub reason: &'static str,
     /// The allowing rule, or on deny the rule that came closest.
@@ -121,6 +165,7 @@ pub struct Explanation {
 }
 
 impl Explanation {
+    /// Allowed outright: not denied, and nobody needs to be asked.
     pub fn allowed(&self) -> bool {
         self.decision == Verdict::Allow
     }
@@ -261,6 +306,21 @@ pub fn explain(
         }
     };
     let allowed = reason.is_allow();
+    let decided = super::Decision {
+        reason,
+        rule,
+        message: String::new(),
+    };
+    let ask = policy.asks(&decided).map(|a| AskExplained {
+        rule: a.rule_name().to_string(),
+        hold: humantime::format_duration(a.terms.hold).to_string(),
+        scopes: a.terms.scopes.iter().map(|s| s.to_string()).collect(),
+        message: a.terms.message.clone(),
+        notify: policy
+            .notifiers_for(a.terms)
+            .map(|n| n.name.clone())
+            .collect(),
+    });
 
     let candidates = policy
         .candidates(&host)
@@ -308,11 +368,12 @@ pub fn explain(
         .map(|c| c.kind.label().to_string());
 
     Ok(Explanation {
-        decision: if allowed {
-            Verdict::Allow
-        } else {
-            Verdict::Deny
+        decision: match (&ask, allowed) {
+            (Some(_), _) => Verdict::Ask,
+            (None, true) => Verdict::Allow,
+            (None, false) => Verdict::Deny,
         },
+        ask,
         reason: reason.code(),
         rule: rule.map(|r| r.name.clone()),
         rule_origin: rule.map(|r| r.origin.to_string()),

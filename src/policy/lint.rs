@@ -12,7 +12,10 @@
 //! - `shadowed_rule`: a rule that never decides for a host, because a rule before it in the
 //!   decision order (see [`super`]) allows the same ports, methods and paths;
 //! - `wide_identity`: an identity with every rule (`rules = ["*"]`), no token, and a source range
-//!   wider than an IPv4 /16 (IPv6 /48).
+//!   wider than an IPv4 /16 (IPv6 /48);
+//! - `unheard_ask`: rules with `ask` or `[ask] unknown = true`, and no `[notify.*]`: nobody hears
+//!   of an approval unless they poll `latchkey approvals list`;
+//! - `unused_notifier`: a `[notify.NAME]` no ask ever tells.
 //!
 //! Lint runs on a compiled [`Policy`] plus the source text it came from (for line:col spans), and
 //! reads no secret value.
@@ -77,6 +80,10 @@ struct Spans {
     identity_sources: HashMap<String, Vec<Loc>>,
     /// Identity name → the location of its name.
     identities: HashMap<String, Loc>,
+    /// Notifier name → the location of its `[notify.NAME]` key.
+    notifiers: BTreeMap<String, Loc>,
+    /// Where `[ask]` is.
+    ask: Option<Loc>,
 }
 
 #[derive(Clone)]
@@ -130,6 +137,13 @@ fn spans(sources: &[(&Path, &str)]) -> Spans {
         for (name, _) in &raw.credentials {
             out.credentials
                 .insert(name.get_ref().clone(), Loc::at(file, text, name.span()));
+        }
+        for (name, _) in &raw.notify {
+            out.notifiers
+                .insert(name.get_ref().clone(), Loc::at(file, text, name.span()));
+        }
+        if let (None, Some(ask)) = (&out.ask, &raw.ask) {
+            out.ask = Some(Loc::at(file, text, ask.span.clone()));
         }
         for (name, id) in &raw.identities {
             out.identities
@@ -299,8 +313,83 @@ pub fn lint(policy: &Policy, sources: &[(&Path, &str)]) -> Vec<Warning> {
         }
     }
 
+    asks(policy, &spans, &rule_loc, &mut warn);
+
     out.sort_by(|a, b| (&a.file, a.line, a.col).cmp(&(&b.file, b.line, b.col)));
     out
+}
+
+/// `unheard_ask` and `unused_notifier`: who hears of approvals.
+fn asks(
+    policy: &Policy,
+    spans: &Spans,
+    rule_loc: &dyn Fn(&Rule) -> Loc,
+    warn: &mut dyn FnMut(Loc, &'static str, String),
+) {
+    let ask_rules: Vec<&Rule> = policy.rules().iter().filter(|r| r.ask.is_some()).collect();
+    let unknown = policy.ask().unknown;
+    let notifiers = policy.notifiers();
+    if notifiers.is_empty() && (unknown || !ask_rules.is_empty()) {
+        let loc = match (unknown, &spans.ask, ask_rules.first()) {
+            (true, Some(loc), _) => loc.clone(),
+            (_, _, Some(rule)) => rule_loc(rule),
+            (_, loc, None) => loc.clone().unwrap_or(Loc {
+                file: PathBuf::new(),
+                line: 0,
+                col: 0,
+            }),
+        };
+        let what = if unknown {
+            "[ask] unknown = true turns every request no rule allows into an approval request"
+                .to_string()
+        } else {
+            format!(
+                "rule(s) {} ask a person",
+                ask_rules
+                    .iter()
+                    .map(|r| format!("{:?}", r.name))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        warn(
+            loc,
+            "unheard_ask",
+            format!("{what}, but no [notify.NAME] webhook exists: nobody hears of an approval unless they poll `latchkey approvals list`; add a [notify.NAME] with a url"),
+        );
+    }
+    // Who each ask tells: its own list, or every notifier when it names none.
+    let mut told: Vec<&[String]> = ask_rules
+        .iter()
+        .filter_map(|r| r.ask.as_ref())
+        .map(|a| a.notify.as_slice())
+        .collect();
+    if unknown {
+        told.push(&policy.ask().terms.notify);
+    }
+    for n in notifiers {
+        if told.iter().any(|t| t.is_empty() || t.contains(&n.name)) {
+            continue;
+        }
+        let why = if told.is_empty() {
+            "no rule has ask and [ask] unknown is off"
+        } else {
+            "every ask names its own notify list without it"
+        };
+        let loc = spans.notifiers.get(&n.name).cloned().unwrap_or(Loc {
+            file: n.origin.file.clone(),
+            line: n.origin.line,
+            col: 1,
+        });
+        warn(
+            loc,
+            "unused_notifier",
+            format!(
+                "notifier {:?} is never told of anything: {why}; remove it or name it in a notify list",
+                n.name
+            ),
+        );
+    }
 }
 
 /// A rule that never decides for some of its hosts.

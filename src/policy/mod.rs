@@ -17,6 +17,7 @@
 //! [`crate::wire`].
 
 pub mod ask;
+mod ask_compile;
 pub mod cases;
 mod compile;
 mod credential;
@@ -498,8 +499,26 @@ impl Policy {
     }
 
     /// Decides a `CONNECT host:port` before any TLS: refuse unless some rule could allow a
-    /// request to this host and port.
+    /// request to this host and port. With `[ask] unknown = true` a policy refusal
+    /// (`no_rule`, `port_not_allowed`, `identity_not_allowed`) is an intercept instead, so each
+    /// inner request can be asked about. (The DNS resolver still answers only hosts a rule
+    /// names: `names::could_allow_host` does not change with `[ask]`.)
     pub fn decide_connect(
+        &self,
+        host: &str,
+        port: u16,
+        identity: Option<&Identity>,
+    ) -> ConnectDecision<'_> {
+        match self.decide_connect_by_rules(host, port, identity) {
+            ConnectDecision::Deny(d) if self.ask.unknown && d.reason.is_policy_denial() => {
+                ConnectDecision::Intercept
+            }
+            other => other,
+        }
+    }
+
+    /// [`Self::decide_connect`] by the rules alone, before `[ask] unknown`.
+    fn decide_connect_by_rules(
         &self,
         host: &str,
         port: u16,
@@ -565,3 +584,6 @@ mod tests;
 
 #[cfg(test)]
 mod validate_tests;
+
+#[cfg(test)]
+mod ask_tests;

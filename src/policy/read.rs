@@ -7,7 +7,7 @@ use toml::Spanned;
 use toml_edit::{Item, TableLike, Value};
 
 use super::schema::{
-    Claims, Report, StringMap, CREDENTIAL_KEYS, IDENTITY_KEYS, RULE_KEYS, SECRET_KEYS,
+    Claims, Report, StringMap, CREDENTIAL_KEYS, IDENTITY_KEYS, NOTIFY_KEYS, RULE_KEYS, SECRET_KEYS,
 };
 
 /// A named table (`[secrets.NAME]`): the name, and the table or (if it is not one) its span.
@@ -250,6 +250,7 @@ impl<'a> Fields<'a> {
         let known: &[&str] = match key {
             "secrets" => SECRET_KEYS,
             "identities" => IDENTITY_KEYS,
+            "notify" => NOTIFY_KEYS,
             _ => &[],
         };
         let mut out = Vec::new();

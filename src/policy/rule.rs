@@ -6,12 +6,21 @@ use std::collections::{BTreeSet, HashSet};
 use globset::{GlobBuilder, GlobSetBuilder};
 use http::{HeaderName, Method};
 
+use super::ask_compile::AskDefaults;
 use super::compile::FileCx;
 use super::schema::{Entry, RawRule};
 use super::{HostPattern, Origin, PathMatcher, Rule};
 use crate::secrets::placeholder::Place;
 use crate::secrets::Template;
 use crate::wire::host::normalize_host;
+
+/// What a rule may refer to, declared anywhere in the policy.
+pub(super) struct Known<'a> {
+    pub secrets: &'a HashSet<String>,
+    pub credentials: &'a HashSet<String>,
+    /// `[ask]`'s terms and the notifiers, for the rule's `ask`.
+    pub asks: &'a AskDefaults,
+}
 
 impl FileCx<'_> {
     /// Validates one rule; records every problem and returns `None` if there was any (here or
@@ -21,9 +30,9 @@ impl FileCx<'_> {
         index: usize,
         entry: Entry<RawRule>,
         origin: Origin,
-        secrets: &HashSet<String>,
-        credentials: &HashSet<String>,
+        known: &Known<'_>,
     ) -> Option<Rule> {
+        let (secrets, credentials) = (known.secrets, known.credentials);
         let before = self.errors.len();
         let at = |field: &str| format!("rules[{index}].{field}");
         let (span, raw) = (entry.span, entry.raw);
@@ -41,6 +50,14 @@ impl FileCx<'_> {
                         "{}: rule name {:?} must be non-empty and use only letters, digits, '-', '_', '.', ':'",
                         at("name"),
                         raw_name.get_ref()
+                    ),
+                );
+            } else if name == super::ask::UNKNOWN {
+                self.error(
+                    raw_name.span(),
+                    format!(
+                        "{}: rule name \"unknown\" is reserved: approvals and grants for requests no rule allows go by it; rename the rule",
+                        at("name")
                     ),
                 );
             }
@@ -453,6 +470,23 @@ impl FileCx<'_> {
                 ),
             );
         }
+        let ask = raw.ask.as_ref().and_then(|a| {
+            let field = at("ask");
+            if matches!(tunnel, Some((true, _))) {
+                self.error(
+                    a.span(),
+                    format!("{field}: a tunnel rule cannot ask a person: latchkey cannot see inside the tunnel; remove ask or set tunnel = false"),
+                );
+            }
+            if report {
+                self.error(
+                    a.span(),
+                    format!("{field}: a rule in mode = \"report\" lets requests through and cannot also hold them for a person; remove ask or mode"),
+                );
+            }
+            let d = known.asks;
+            self.ask_terms(&field, a.get_ref(), &d.terms, &d.notifiers, d.expire)
+        });
 
         if self.errors.len() > before || !entry.complete {
             return None;
@@ -475,7 +509,7 @@ impl FileCx<'_> {
             allow_private,
             report,
             credential,
-            ask: None,
+            ask,
             origin,
         })
     }

@@ -37,6 +37,34 @@ pub struct RawPolicyFile {
     pub rules: Vec<Entry<RawRule>>,
     pub identities: Vec<(Spanned<String>, Entry<RawIdentity>)>,
     pub credentials: Vec<(Spanned<String>, Entry<RawCredential>)>,
+    /// `[ask]`, if this file has one.
+    pub ask: Option<Entry<RawAsk>>,
+    /// `[notify.NAME]` webhooks.
+    pub notify: Vec<(Spanned<String>, Entry<RawNotify>)>,
+}
+
+/// `[ask]`, or a rule's `ask = { … }` (which takes only `hold`, `scope`, `message`, `notify`;
+/// the reader checks the keys).
+#[derive(Debug, Default)]
+pub struct RawAsk {
+    pub unknown: Option<Spanned<bool>>,
+    pub hold: Option<Spanned<String>>,
+    pub scope: Option<Spanned<Vec<Spanned<String>>>>,
+    pub message: Option<Spanned<String>>,
+    pub notify: Option<Spanned<Vec<Spanned<String>>>>,
+    pub rate: Option<Spanned<String>>,
+    pub expire: Option<Spanned<String>>,
+}
+
+/// `[notify.NAME]`: a webhook told of approval requests and decisions.
+#[derive(Debug, Default)]
+pub struct RawNotify {
+    /// Required.
+    pub url: Option<Spanned<String>>,
+    /// A secret source (`env:`, `file:`, `exec:`) for the HMAC signing key.
+    pub secret: Option<Spanned<String>>,
+    /// `json` (default) or `slack`.
+    pub format: Option<Spanned<String>>,
 }
 
 /// `[credentials.NAME.assume_role]`: trade the base keys for a role's temporary keys.
@@ -106,6 +134,8 @@ pub struct RawIdentity {
     pub sources: Option<Spanned<Vec<Spanned<String>>>>,
     /// Rule names this identity may use; `["*"]` for all. Required.
     pub rules: Option<Spanned<Vec<Spanned<String>>>>,
+    /// `labels = { k = "v" }`: facts about the sandbox, copied into approvals.
+    pub labels: Option<Spanned<StringMap>>,
 }
 
 /// `[secrets.NAME]`: where a secret's value comes from.
@@ -148,6 +178,8 @@ pub struct RawRule {
     pub allow_private: Option<Spanned<Vec<Spanned<String>>>>,
     /// Required to bind a secret to a wildcard host: every matching host receives it.
     pub dangerously_inject_into_wildcard: Option<Spanned<bool>>,
+    /// `ask = { hold, scope, message, notify }`: an allowed request waits for a person.
+    pub ask: Option<Spanned<RawAsk>>,
 }
 
 /// `[rules.inject]`: what latchkey adds to an allowed request.
@@ -165,9 +197,23 @@ pub struct RawBasicAuth {
     pub password: Option<Spanned<String>>,
 }
 
-const TOP_KEYS: &[&str] = &["secrets", "rules", "identities", "credentials"];
+const TOP_KEYS: &[&str] = &[
+    "secrets",
+    "rules",
+    "identities",
+    "credentials",
+    "ask",
+    "notify",
+];
 pub(super) const SECRET_KEYS: &[&str] = &["source", "ttl", "timeout"];
-pub(super) const IDENTITY_KEYS: &[&str] = &["token", "sources", "rules"];
+pub(super) const IDENTITY_KEYS: &[&str] = &["token", "sources", "rules", "labels"];
+pub(super) const NOTIFY_KEYS: &[&str] = &["url", "secret", "format"];
+/// The policy-wide `[ask]` table's keys.
+const ASK_KEYS: &[&str] = &[
+    "unknown", "hold", "scope", "message", "notify", "rate", "expire",
+];
+/// A rule's `ask`: the per-request terms only (`unknown`, `rate`, `expire` are policy-wide).
+const RULE_ASK_KEYS: &[&str] = &["hold", "scope", "message", "notify"];
 pub(super) const RULE_KEYS: &[&str] = &[
     "name",
     "description",
@@ -184,6 +230,7 @@ pub(super) const RULE_KEYS: &[&str] = &[
     "mode",
     "allow_private",
     "dangerously_inject_into_wildcard",
+    "ask",
 ];
 const INJECT_KEYS: &[&str] = &["headers", "query", "basic_auth"];
 const BASIC_KEYS: &[&str] = &["user", "password"];
@@ -265,6 +312,45 @@ pub(super) fn read_file(doc: &toml_edit::Table, r: &mut dyn Report) -> RawPolicy
             .into_iter()
             .map(|(name, t)| (name, entry(t, r, read_credential)))
             .collect(),
+        ask: root
+            .table(r, "ask", ASK_KEYS)
+            .map(|t| entry(Ok(t), r, read_ask)),
+        notify: root
+            .named_tables("notify", r)
+            .into_iter()
+            .map(|(name, t)| (name, entry(t, r, read_notify)))
+            .collect(),
+    }
+}
+
+fn read_ask(t: &Fields<'_>, r: &mut dyn Report) -> RawAsk {
+    RawAsk {
+        unknown: t.boolean(r, "unknown"),
+        hold: t.string(r, "hold"),
+        scope: t.strings(r, "scope"),
+        message: t.string(r, "message"),
+        notify: t.strings(r, "notify"),
+        rate: t.string(r, "rate"),
+        expire: t.string(r, "expire"),
+    }
+}
+
+/// A rule's `ask`: the keys `[ask]` takes for every request, not the policy-wide ones.
+fn read_rule_ask(t: &Fields<'_>, r: &mut dyn Report) -> RawAsk {
+    RawAsk {
+        hold: t.string(r, "hold"),
+        scope: t.strings(r, "scope"),
+        message: t.string(r, "message"),
+        notify: t.strings(r, "notify"),
+        ..RawAsk::default()
+    }
+}
+
+fn read_notify(t: &Fields<'_>, r: &mut dyn Report) -> RawNotify {
+    RawNotify {
+        url: t.required(r, "url", Fields::string),
+        secret: t.string(r, "secret"),
+        format: t.string(r, "format"),
     }
 }
 
@@ -321,6 +407,7 @@ fn read_identity(t: &Fields<'_>, r: &mut dyn Report) -> RawIdentity {
         token: t.string(r, "token"),
         sources: t.strings(r, "sources"),
         rules: t.required(r, "rules", Fields::strings),
+        labels: t.string_map(r, "labels"),
     }
 }
 
@@ -359,6 +446,9 @@ fn read_rule(t: &Fields<'_>, r: &mut dyn Report) -> RawRule {
         mode: t.string(r, "mode"),
         allow_private: t.strings(r, "allow_private"),
         dangerously_inject_into_wildcard: t.boolean(r, "dangerously_inject_into_wildcard"),
+        ask: t
+            .table(r, "ask", RULE_ASK_KEYS)
+            .map(|a| Spanned::new(a.span.clone(), read_rule_ask(&a, r))),
     }
 }
 

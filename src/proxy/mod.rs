@@ -214,6 +214,12 @@ impl Proxy {
         &self.dialer
     }
 
+    /// The pooled, guarded client (resolve, address guard, verified TLS) for what latchkey
+    /// itself sends: webhook notifications.
+    pub fn upstream_client(&self) -> Client {
+        self.client.clone()
+    }
+
     /// Approvals and the state store, once serving set them up.
     pub fn governance(&self) -> Option<&Arc<crate::governance::Governance>> {
         self.governance.get()

@@ -20,7 +20,35 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
+
+pub mod redis;
+pub mod sqlite;
+
+pub use self::redis::Redis;
+pub use sqlite::Sqlite;
+
+/// Opens the store `--state` names: `sqlite:PATH` (the file is created if missing) or
+/// `redis://HOST:PORT[/DB]`. Anything else is a [`StateError::Url`] saying which forms work.
+pub async fn open(url: &str) -> Result<Arc<dyn StateStore>, StateError> {
+    if let Some(path) = url.strip_prefix("sqlite:") {
+        if path.is_empty() {
+            return Err(StateError::Url {
+                url: url.to_string(),
+                why: "no path after `sqlite:` (expected sqlite:PATH)".to_string(),
+            });
+        }
+        return Ok(Arc::new(Sqlite::open(path).await?));
+    }
+    if url.starts_with("redis://") {
+        return Ok(Arc::new(Redis::open(url).await?));
+    }
+    Err(StateError::Url {
+        url: url.to_string(),
+        why: "expected sqlite:PATH or redis://HOST:PORT[/DB]".to_string(),
+    })
+}
 
 /// What every store call returns: a boxed future, so the trait stays object-safe
 /// (`Arc<dyn StateStore>`).

@@ -302,6 +302,36 @@ const EVERY_ERROR: &[(&str, u32, u32, &str)] = &[
     ("c.toml", 6, 1, "invalid TOML: invalid array expected `]`"),
     ("d.toml", 2, 9, "rules: expected a list of tables, found a string; write each rule as [[rules]]"),
     ("d.toml", 3, 14, "identities: expected a table, found a list"),
+    ("e.toml", 4, 11, "ask.unknown: expected true or false, found a string"),
+    ("e.toml", 5, 8, "ask.rate: \"10/week\" is not a rate like \"10/min\" (N/s, N/min, N/h or N/day, N at least 1)"),
+    ("e.toml", 6, 10, "ask.expire: \"10s\" is shorter than 1m"),
+    ("e.toml", 7, 8, "ask.hold: \"11m\" is longer than 10m"),
+    ("e.toml", 8, 11, "ask.notify[0]: unknown notifier \"nobody\": declare [notify.nobody] with a url (declared: nourl, ops, query, scheme, userinfo)"),
+    ("e.toml", 9, 9, "ask.scope: an empty list offers the approver nothing; list at least one of \"once\", \"session\" or a duration such as \"1h\""),
+    ("e.toml", 10, 1, "ask: unknown key `quorum`; known keys: unknown, hold, scope, message, notify, rate, expire"),
+    ("e.toml", 13, 7, "notify.userinfo.url: it carries a user or password ('@'): credentials do not belong in a URL; use secret = \"env:…\" to sign deliveries"),
+    ("e.toml", 16, 7, "notify.query.url: it has a query ('?'): a token there would be logged and shown to approvers; use secret = \"env:…\" to sign deliveries"),
+    ("e.toml", 17, 10, "notify.query.format: unknown format \"xml\": use \"json\" or \"slack\""),
+    ("e.toml", 20, 7, "notify.scheme.url: scheme \"ftp\": a webhook URL is http:// or https://"),
+    ("e.toml", 22, 1, "notify.nourl: missing key `url`"),
+    ("e.toml", 23, 10, "notify.nourl.secret: env var LATCHKEY_FIXTURE_HOOK is not set"),
+    ("e.toml", 27, 10, "notify.ops.secret: the value is not env:VAR, file:PATH or exec:COMMAND"),
+    ("e.toml", 32, 16, "rules[0].ask.hold: \"soon\" is not a duration like \"30s\" or \"5m\""),
+    ("e.toml", 32, 41, "rules[0].ask.scope[1]: scope \"once\" is listed twice"),
+    ("e.toml", 32, 49, "rules[0].ask.scope[2]: scope \"forever\" is not \"once\", \"session\" or a duration such as \"1h\""),
+    ("e.toml", 32, 60, "rules[0].ask.scope[3]: \"400d\" is longer than 30days: access wanted for longer is a rule (latchkey approvals export), not a grant"),
+    ("e.toml", 32, 79, "rules[0].ask.message: empty; remove the key for no message"),
+    ("e.toml", 32, 93, "rules[0].ask.notify[0]: unknown notifier \"nobody\": declare [notify.nobody] with a url (declared: nourl, ops, query, scheme, userinfo)"),
+    ("e.toml", 32, 110, "rules[0].ask.notify[2]: notifier \"ops\" is listed twice"),
+    ("e.toml", 39, 1, "rules[1].ask: unknown key `rate`; known keys: hold, scope, message, notify"),
+    ("e.toml", 40, 10, "rules[1].ask.notify: an empty list; remove the key to tell every [notify.*] webhook"),
+    ("e.toml", 46, 7, "rules[2].ask: a tunnel rule cannot ask a person: latchkey cannot see inside the tunnel; remove ask or set tunnel = false"),
+    ("e.toml", 52, 7, "rules[3].ask: a rule in mode = \"report\" lets requests through and cannot also hold them for a person; remove ask or mode"),
+    ("e.toml", 52, 19, "rules[3].ask.message: contains a control character (a newline?): one line"),
+    ("e.toml", 57, 12, "identities.labelled.labels.Owner: label keys use lower-case letters, digits, '_', '.' and '-' (at most 64)"),
+    ("e.toml", 57, 31, "identities.labelled.labels.n: expected a string, found an integer"),
+    ("e.toml", 57, 39, "identities.labelled.labels.nl: value contains a control character"),
+    ("f.toml", 2, 1, "ask: a second [ask] table; the first is at {dir}/e.toml:3: a policy takes one [ask], so merge them"),
 ];
 
 fn every_error_dir() -> std::path::PathBuf {
@@ -310,7 +340,7 @@ fn every_error_dir() -> std::path::PathBuf {
 
 /// The fixture's files, to hand to `latchkey serve`.
 fn every_error_files() -> Vec<(&'static str, String)> {
-    ["a.toml", "b.toml", "c.toml", "d.toml"]
+    ["a.toml", "b.toml", "c.toml", "d.toml", "e.toml", "f.toml"]
         .into_iter()
         .map(|name| {
             let text = std::fs::read_to_string(every_error_dir().join(name))

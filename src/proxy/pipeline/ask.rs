@@ -151,6 +151,15 @@ pub(super) async fn ask(
         }
     };
 
+    // Provisionally pending: a client that leaves while held leaves this record.
+    entry.update(|r| {
+        r.approval = Some(ApprovalInfo {
+            id: pending.id.clone(),
+            state: State::Pending.as_str(),
+            ..ApprovalInfo::default()
+        })
+    });
+    entry.outcome(Reason::ApprovalPending, Some(&rule), None);
     let started = Instant::now();
     let hold = asking.terms.hold;
     let answered = approvals.wait(&pending.id, hold).await.map_err(down)?;

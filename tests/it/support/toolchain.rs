@@ -38,6 +38,7 @@ const TOOLS: &[(&str, &str)] = &[
     ("dig", "dnsutils"),
     ("nsenter", "util-linux"),
     ("setpriv", "util-linux"),
+    ("redis-server", "redis-server"),
 ];
 
 /// The pinned requirements the Python environment is built from.
