@@ -10,6 +10,7 @@ mod support;
 
 mod approvals;
 mod approvals_admin;
+mod approvals_replicas;
 mod approvals_restart;
 mod audit_schema;
 mod audit_sink;
