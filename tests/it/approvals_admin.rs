@@ -117,7 +117,7 @@ fn the_sandbox_cannot_reach_the_admin_api_through_the_proxy_even_to_approve_itse
     });
     let id = ask(&w, "/v1/self", r#"{"self":true}"#);
     let bearer = format!("Authorization: Bearer {ADMIN_TOKEN}");
-    for (method, url, body) in [
+    let attempts = [
         (
             "POST",
             format!("http://127.0.0.1:{admin_port}/approvals/{id}"),
@@ -133,7 +133,8 @@ fn the_sandbox_cannot_reach_the_admin_api_through_the_proxy_even_to_approve_itse
             format!("http://localhost:{admin_port}/approvals/{id}"),
             "",
         ),
-    ] {
+    ];
+    let through_proxy = |method: &str, url: &str, body: &str| {
         let out = curl(&w.lk)
             .args([
                 "--proxy-user",
@@ -146,29 +147,49 @@ fn the_sandbox_cannot_reach_the_admin_api_through_the_proxy_even_to_approve_itse
                 "content-type: application/json",
                 "--data-binary",
                 body,
-                &url,
+                url,
             ])
             .run();
-        let resp = out.ok();
+        let resp = out.ok().clone();
         assert_eq!(
             resp.status, 403,
             "{method} {url} through the proxy: {resp:#?}"
         );
         assert_eq!(resp.header("x-latchkey-decision"), Some("deny"));
-        assert_ne!(
-            resp.header("x-latchkey-reason"),
-            Some("approval_pending"),
-            "the admin API became something to ask about: {resp:#?}"
-        );
-        assert!(resp.header("x-latchkey-approval").is_none(), "{resp:#?}");
+        resp
+    };
+    let mut reasons = Vec::new();
+    for (method, url, body) in &attempts {
+        let resp = through_proxy(method, url, body);
+        reasons.push((
+            url.clone(),
+            resp.header("x-latchkey-reason").map(str::to_string),
+        ));
+    }
+    // Even if a person approved such a question, the retry must not reach the admin API.
+    for a in w.admin.list("pending") {
+        if a["port"] == admin_port {
+            w.admin.approve(a["id"].as_str().expect("id"), None);
+        }
+    }
+    for (method, url, body) in &attempts {
+        through_proxy(method, url, body);
     }
     assert_eq!(
         w.admin.show(&id)["state"],
         "pending",
         "the sandbox approved itself"
     );
+    // And it is refused outright, never made something to ask a person about.
+    for (url, reason) in &reasons {
+        assert_ne!(
+            reason.as_deref(),
+            Some("approval_pending"),
+            "{url}: the admin API became something to ask about"
+        );
+    }
     assert_eq!(w.admin.list("all").len(), 1, "{:#?}", w.admin.list("all"));
-    let records = w.lk.wait_audit(4);
+    let records = w.lk.wait_audit(7);
     for r in records.iter().filter(|r| r["port"] == admin_port) {
         assert_record(r, json!({"decision": "deny", "upstream": null}));
         assert!(r.get("approval").is_none(), "{r:#}");
@@ -282,6 +303,19 @@ fn the_approvals_cli_lists_shows_approves_denies_and_exports_tested_rules() {
     );
     let tests = std::fs::read_to_string(&cases).expect("exported tests");
     assert!(tests.contains("[[cases]]"), "{tests}");
+    // As a change request would: the identity gets the exported rule.
+    let granted = exported
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("name = \"")
+                .and_then(|n| n.strip_suffix('"'))
+        })
+        .unwrap_or_else(|| panic!("no rule name in the export: {exported}"));
+    std::fs::write(
+        policies.join("identities.toml"),
+        format!("[identities.agent]\ntoken = \"env:AGENT_TOKEN\"\nrules = [\"{granted}\"]\n"),
+    )
+    .expect("write identities");
     let check = run_cli([
         "check",
         "--no-secrets",

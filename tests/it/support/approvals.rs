@@ -322,13 +322,13 @@ pub fn http_call(
 // ---------------------------------------------------------------------------------------------
 // The CLI
 
-/// Runs `latchkey approvals ARGS... --admin URL` with the admin token in
+/// Runs `latchkey approvals ARGS... --admin-url URL` with the admin token in
 /// `LATCHKEY_ADMIN_TOKEN`'s source form (`env:LK_ADMIN_TOKEN`) when `token` is set.
 pub fn approvals_cli(admin: &Admin, args: &[&str]) -> CliOutput {
     let mut cmd = Command::new(BIN);
     cmd.arg("approvals")
         .args(args)
-        .arg("--admin")
+        .arg("--admin-url")
         .arg(admin.url());
     for var in SCRUBBED_ENV {
         cmd.env_remove(var);
