@@ -544,8 +544,7 @@ fn an_identity_over_its_rate_of_approval_requests_is_rate_limited_and_nobody_is_
 
 #[test]
 fn secret_values_and_placeholders_never_reach_an_approval_the_api_or_the_audit_log() {
-    let policy = format!(
-        r#"
+    let policy = r#"
 [secrets.openai]
 source = "env:TEST_OPENAI_KEY"
 
@@ -556,16 +555,15 @@ ports        = [PORT]
 methods      = ["POST"]
 secrets      = ["openai"]
 placeholders = ["header", "query", "body"]
-ask          = {{ hold = "0s", scope = ["once"] }}
+ask          = { hold = "0s", scope = ["once"] }
 [rules.inject.headers]
-authorization = "Bearer {{{{secret.openai}}}}"
+authorization = "Bearer {{secret.openai}}"
 
 [identities.agent]
 token = "env:AGENT_TOKEN"
 rules = ["prod-writes"]
-"#
-    );
-    let w = ask_world(&policy, |b| b.env("TEST_OPENAI_KEY", OPENAI));
+"#;
+    let w = ask_world(policy, |b| b.env("TEST_OPENAI_KEY", OPENAI));
     let placeholder = "__LATCHKEY_openai__";
     let cases = [
         (
