@@ -8,6 +8,7 @@
 
 mod support;
 
+mod approvals_notify;
 mod audit_schema;
 mod audit_sink;
 mod bad_input;
