@@ -25,6 +25,10 @@ use tokio::task::JoinHandle;
 
 use super::{Added, Claimed, Event, Fut, StateError, StateStore, Versioned};
 
+#[path = "redis_scripts.rs"]
+mod scripts;
+use scripts::{ACK, ADD, CLAIM, DELETE, ENQUEUE, LEASE, LIST, RELEASE, RESCHEDULE, WRITE};
+
 /// The key prefix latchkey uses unless told otherwise.
 pub const DEFAULT_PREFIX: &str = "latchkey:";
 
@@ -290,165 +294,6 @@ fn ttl_arg(ttl: Option<Duration>) -> Vec<u8> {
     ttl.map(|t| arg(ms(t))).unwrap_or_default()
 }
 
-/// KEYS: record, index, sequence. ARGV: doc, ttl ms or "", id, mode ("new" | "put" | version).
-/// Returns the new version, or 0 when nothing was written.
-static WRITE: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
-    Script::new(
-        r"
-local mode = ARGV[4]
-if mode == 'new' then
-  if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-elseif mode ~= 'put' then
-  if redis.call('HGET', KEYS[1], 'v') ~= mode then return 0 end
-end
-local v = redis.call('INCR', KEYS[3])
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'v', v, 'd', ARGV[1])
-if ARGV[2] ~= '' then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-redis.call('ZADD', KEYS[2], v, ARGV[3])
-return v
-",
-    )
-});
-
-/// KEYS: record, index. ARGV: id. 1 if this call removed a live record.
-static DELETE: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
-    Script::new(
-        r"
-redis.call('ZREM', KEYS[2], ARGV[1])
-return redis.call('DEL', KEYS[1])
-",
-    )
-});
-
-/// KEYS: index. ARGV: limit, record key prefix. Flat {id, version, doc, ...}, newest first;
-/// ids whose record expired are pruned from the index.
-static LIST: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
-    Script::new(
-        r"
-local limit = tonumber(ARGV[1])
-local out, stale, start, n = {}, {}, 0, 0
-while n < limit do
-  local ids = redis.call('ZREVRANGE', KEYS[1], start, start + 99)
-  if #ids == 0 then break end
-  for _, id in ipairs(ids) do
-    local r = redis.call('HMGET', ARGV[2] .. id, 'v', 'd')
-    if r[1] then
-      out[#out + 1] = id; out[#out + 1] = r[1]; out[#out + 1] = r[2]
-      n = n + 1
-      if n >= limit then break end
-    else
-      stale[#stale + 1] = id
-    end
-  end
-  start = start + #ids
-end
-for _, id in ipairs(stale) do redis.call('ZREM', KEYS[1], id) end
-return out
-",
-    )
-});
-
-/// KEYS: counter. ARGV: delta, limit or "", ttl ms. {1, new} added or {0, current} over.
-static ADD: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
-    Script::new(
-        r"
-local cur = redis.call('GET', KEYS[1])
-local delta = tonumber(ARGV[1])
-local c = 0
-if cur then c = tonumber(cur) end
-if delta > 0 and ARGV[2] ~= '' and c + delta > tonumber(ARGV[2]) then return {0, c} end
-local n = c + delta
-if n < 0 then n = 0 end
-if cur then
-  redis.call('SET', KEYS[1], n, 'KEEPTTL')
-else
-  redis.call('SET', KEYS[1], n, 'PX', ARGV[3])
-end
-return {1, n}
-",
-    )
-});
-
-/// KEYS: lease. ARGV: holder, ttl ms. 1 if taken or renewed.
-static LEASE: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
-    Script::new(
-        r"
-local h = redis.call('GET', KEYS[1])
-if h and h ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1
-",
-    )
-});
-
-/// KEYS: lease. ARGV: holder.
-static RELEASE: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
-    Script::new(
-        r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
-return 0
-",
-    )
-});
-
-/// KEYS: due zset, docs hash, attempts hash. ARGV: id, doc, due ms.
-static ENQUEUE: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
-    Script::new(
-        r"
-redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-redis.call('HSET', KEYS[3], ARGV[1], 0)
-return 0
-",
-    )
-});
-
-/// KEYS: due zset, docs hash, attempts hash. ARGV: now ms, now + lease ms, max.
-/// Flat {id, doc, attempts before this claim, ...}, oldest due first.
-static CLAIM: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
-    Script::new(
-        r"
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, ARGV[3])
-local out = {}
-for _, id in ipairs(ids) do
-  local doc = redis.call('HGET', KEYS[2], id)
-  if doc then
-    redis.call('ZADD', KEYS[1], ARGV[2], id)
-    local a = redis.call('HINCRBY', KEYS[3], id, 1)
-    out[#out + 1] = id; out[#out + 1] = doc; out[#out + 1] = a - 1
-  else
-    redis.call('ZREM', KEYS[1], id)
-    redis.call('HDEL', KEYS[3], id)
-  end
-end
-return out
-",
-    )
-});
-
-/// KEYS: due zset. ARGV: id, due ms. Only an item still queued is moved.
-static RESCHEDULE: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
-    Script::new(
-        r"
-redis.call('ZADD', KEYS[1], 'XX', ARGV[2], ARGV[1])
-return 0
-",
-    )
-});
-
-/// KEYS: due zset, docs hash, attempts hash. ARGV: id.
-static ACK: std::sync::LazyLock<Script> = std::sync::LazyLock::new(|| {
-    Script::new(
-        r"
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('HDEL', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[3], ARGV[1])
-return 0
-",
-    )
-});
-
 impl Redis {
     fn queue_keys(&self, queue: &str) -> Vec<String> {
         vec![
@@ -469,12 +314,14 @@ impl Redis {
         let keys = vec![
             self.record_key(ns, id),
             self.key("idx", ns),
+            self.key("exp", ns),
             format!("{}seq", self.prefix),
         ];
+        let prefix = arg(self.record_key(ns, ""));
         self.eval(
             &WRITE,
             keys,
-            vec![doc.to_vec(), ttl_arg(ttl), arg(id), mode],
+            vec![prefix, doc.to_vec(), ttl_arg(ttl), arg(id), mode],
         )
     }
 }
@@ -547,9 +394,14 @@ impl StateStore for Redis {
     }
 
     fn delete<'a>(&'a self, ns: &'a str, id: &'a str) -> Fut<'a, bool> {
-        let keys = vec![self.record_key(ns, id), self.key("idx", ns)];
+        let keys = vec![
+            self.record_key(ns, id),
+            self.key("idx", ns),
+            self.key("exp", ns),
+        ];
+        let prefix = arg(self.record_key(ns, ""));
         Box::pin(async move {
-            let removed: i64 = self.eval(&DELETE, keys, vec![arg(id)]).await?;
+            let removed: i64 = self.eval(&DELETE, keys, vec![prefix, arg(id)]).await?;
             Ok(removed == 1)
         })
     }

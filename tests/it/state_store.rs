@@ -680,3 +680,53 @@ async fn redis_down_fails_calls_closed() {
     assert!(err.contains("state store redis://127.0.0.1:"), "{err}");
     assert!(store.delete("d", "x").await.is_err());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_index_of_expired_records_is_pruned_on_write() {
+    let server = RedisServer::start();
+    let store = Redis::open_with_prefix(&server.url(), "px:").await.unwrap();
+    for id in ["a", "b", "c", "d", "e"] {
+        store.put("g", id, b"grant", Some(TTL)).await.unwrap();
+    }
+    assert_eq!(server.command(&["ZCARD", "px:idx:g"]), ":5");
+    past_ttl().await;
+    store.put("g", "kept", b"grant", None).await.unwrap();
+    assert_eq!(
+        server.command(&["ZCARD", "px:idx:g"]),
+        ":1",
+        "nobody listed, still pruned"
+    );
+    assert_eq!(server.command(&["ZCARD", "px:exp:g"]), ":0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_store_recovers_after_the_server_restarts() {
+    let mut server = RedisServer::start();
+    let store = latchkey::state::open(&server.url()).await.unwrap();
+    let mut rx = store.subscribe();
+    store.put("r", "before", b"1", None).await.unwrap();
+    server.restart();
+    // Calls fail (closed) or succeed, never hang, until the connection is back.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let call =
+            tokio::time::timeout(Duration::from_secs(10), store.put("r", "after", b"2", None));
+        match call.await.expect("a call returns within 10 s") {
+            Ok(()) => break,
+            Err(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await
+            }
+            Err(e) => panic!("no reconnection within 30 s: {e}"),
+        }
+    }
+    assert_eq!(store.get("r", "after").await.unwrap().unwrap().doc, b"2");
+    // The subscription is back too.
+    loop {
+        store.publish("decided", "again").await.unwrap();
+        match tokio::time::timeout(Duration::from_millis(500), rx.recv()).await {
+            Ok(Ok(event)) if event.message == "again" => break,
+            _ if tokio::time::Instant::now() < deadline => continue,
+            other => panic!("no event within 30 s of the restart: {other:?}"),
+        }
+    }
+}

@@ -6,6 +6,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -21,14 +22,13 @@ const READY_TIMEOUT: Duration = Duration::from_secs(15);
 pub struct RedisServer {
     child: Child,
     port: u16,
-    _dir: TempDir,
+    dir: TempDir,
 }
 
 impl RedisServer {
     /// Starts a server on a free loopback port and waits until it answers `PING`. Panics naming
     /// what failed (a missing binary, a server that exited, one that never answered).
     pub fn start() -> RedisServer {
-        let program = toolchain::tool("redis-server");
         let mut last = String::new();
         // A port found free can be taken before the server binds it: try a few.
         for _ in 0..5 {
@@ -36,38 +36,33 @@ impl RedisServer {
                 .prefix("latchkey-redis-")
                 .tempdir()
                 .expect("a temp dir for redis-server");
-            let port = free_port();
-            let mut child = Command::new(program)
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no"])
-                .arg("--dir")
-                .arg(dir.path())
-                .args(["--protected-mode", "no", "--daemonize", "no"])
-                .arg("--logfile")
-                .arg(dir.path().join("redis.log"))
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .unwrap_or_else(|e| panic!("spawning {program}: {e}"));
-            match wait_ready(&mut child, port) {
-                Ok(()) => {
-                    return RedisServer {
-                        child,
-                        port,
-                        _dir: dir,
-                    }
-                }
-                Err(why) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    let log = std::fs::read_to_string(dir.path().join("redis.log"))
-                        .unwrap_or_else(|e| format!("(no log: {e})"));
-                    last = format!("{why}; its log:\n{log}");
-                }
+            match spawn(dir.path(), free_port()) {
+                Ok((child, port)) => return RedisServer { child, port, dir },
+                Err(why) => last = why,
             }
         }
         panic!("redis-server did not start: {last}")
+    }
+
+    /// Kills the server and starts a new one on the same port (empty: nothing is persisted), as
+    /// a Redis restart looks to its clients.
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let started = Instant::now();
+        loop {
+            match spawn(self.dir.path(), self.port) {
+                Ok((child, _)) => {
+                    self.child = child;
+                    return;
+                }
+                // The old socket may linger for a moment.
+                Err(_) if started.elapsed() < READY_TIMEOUT => {
+                    thread::sleep(Duration::from_millis(100))
+                }
+                Err(why) => panic!("redis-server did not restart on port {}: {why}", self.port),
+            }
+        }
     }
 
     pub fn port(&self) -> u16 {
@@ -89,6 +84,34 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Starts `redis-server` on `port` in `dir`; ready once it answers `PING`.
+fn spawn(dir: &Path, port: u16) -> Result<(Child, u16), String> {
+    let program = toolchain::tool("redis-server");
+    let log = dir.join("redis.log");
+    let mut child = Command::new(program)
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+        .args(["--save", "", "--appendonly", "no"])
+        .arg("--dir")
+        .arg(dir)
+        .args(["--protected-mode", "no", "--daemonize", "no"])
+        .arg("--logfile")
+        .arg(&log)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("spawning {program}: {e}"))?;
+    match wait_ready(&mut child, port) {
+        Ok(()) => Ok((child, port)),
+        Err(why) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            let log = std::fs::read_to_string(&log).unwrap_or_else(|e| format!("(no log: {e})"));
+            Err(format!("{why}; its log:\n{log}"))
+        }
     }
 }
 
