@@ -2,8 +2,8 @@
 //! `[notify.ops]` webhook, a receiver on loopback that checks the HMAC signature and records
 //! every delivery. A parked request is announced once (and its decision too, answered through
 //! the signed link the announcement carried); a receiver that fails is retried with the same
-//! delivery id; a delivery pending at `kill -9` arrives after the restart; a secret the request
-//! carries never reaches the webhook.
+//! delivery id; a delivery pending at `kill -9` arrives after the restart (SQLite and Redis); a
+//! secret the request carries never reaches the webhook.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -17,6 +17,7 @@ use serde_json::Value;
 
 use crate::support::admin::{admin_get, admin_request, json_body};
 use crate::support::clients::raw_request;
+use crate::support::redis::RedisServer;
 use crate::support::{latchkey, Latchkey, Upstream};
 
 const HOOK_SECRET: &str = "whsec-it-4f1e2d3c5b6a7980";
@@ -349,16 +350,30 @@ fn a_receiver_failing_twice_gets_three_attempts_with_one_delivery_id() {
 
 #[test]
 fn a_delivery_pending_at_kill_9_arrives_after_the_restart() {
-    let upstream = Upstream::http();
     let state_dir = tempfile::tempdir().expect("state dir");
-    let state = format!("sqlite:{}", state_dir.path().join("state.db").display());
+    survives_kill_9(&format!(
+        "sqlite:{}",
+        state_dir.path().join("state.db").display()
+    ));
+}
+
+#[test]
+fn a_delivery_pending_at_kill_9_arrives_after_the_restart_on_redis() {
+    let redis = RedisServer::start();
+    survives_kill_9(&redis.url());
+}
+
+/// Receiver down, request parked, latchkey killed with `kill -9`, receiver up, latchkey
+/// restarted on the same `--state`: the announcement arrives.
+fn survives_kill_9(state: &str) {
+    let upstream = Upstream::http();
     // The receiver's port, with nothing listening on it yet.
     let reserved = TcpListener::bind("127.0.0.1:0").expect("reserve a port");
     let hook_addr = reserved.local_addr().expect("reserved address");
     drop(reserved);
     let url = format!("http://{hook_addr}/hook");
 
-    let mut first = start(upstream.port(), &url, "json", &["--state", &state]);
+    let mut first = start(upstream.port(), &url, "json", &["--state", state]);
     let id = ask(&first, upstream.port(), "/v1/items", r#"{"n":1}"#);
     assert!(
         first.wait_stderr_contains("notification not delivered", Duration::from_secs(10)),
@@ -369,7 +384,7 @@ fn a_delivery_pending_at_kill_9_arrives_after_the_restart() {
     assert!(first.wait_exit(Duration::from_secs(5)).is_some(), "kill -9");
 
     let hook = Hook::on(TcpListener::bind(hook_addr).expect("receiver up"), &[200]);
-    let second = start(upstream.port(), &url, "json", &["--state", &state]);
+    let second = start(upstream.port(), &url, "json", &["--state", state]);
     let seen = hook.wait_for(1, Duration::from_secs(20), &second);
     assert!(seen[0].signed, "{:#?}", seen[0]);
     assert_eq!(seen[0].header("x-latchkey-event"), "approval.requested");
