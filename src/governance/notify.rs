@@ -661,3 +661,7 @@ fn clip(text: &str, max: usize) -> String {
 #[cfg(test)]
 #[path = "notify_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "notify_outbox_tests.rs"]
+mod outbox_tests;

@@ -17,7 +17,7 @@ use crate::secrets::Source;
 
 const SECRET: &str = "sk-live-NOTIFYTESTSECRET123";
 
-fn approval() -> Approval {
+pub(super) fn approval() -> Approval {
     let created = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
     Approval {
         id: "ap_1234".into(),
@@ -64,7 +64,7 @@ fn links() -> Links {
     }
 }
 
-fn notice(event: &str, links: Option<Links>) -> Notice {
+pub(super) fn notice(event: &str, links: Option<Links>) -> Notice {
     Notice {
         notifier: "ops".into(),
         event: event.into(),
@@ -73,7 +73,7 @@ fn notice(event: &str, links: Option<Links>) -> Notice {
     }
 }
 
-fn notifier(url: &str, signed: bool, format: NotifyFormat) -> Notifier {
+pub(super) fn notifier(url: &str, signed: bool, format: NotifyFormat) -> Notifier {
     Notifier {
         name: "ops".into(),
         url: url::Url::parse(url).unwrap(),
@@ -307,14 +307,14 @@ fn long_fields_are_clipped_for_slack() {
 
 /// One request as a receiver saw it.
 #[derive(Debug, Clone)]
-struct Seen {
-    headers: http::HeaderMap,
-    body: Vec<u8>,
+pub(super) struct Seen {
+    pub(super) headers: http::HeaderMap,
+    pub(super) body: Vec<u8>,
 }
 
 /// A loopback HTTP receiver answering each request with the next status of `statuses` (the
 /// last one repeated), recording what it received.
-async fn receiver(statuses: Vec<u16>) -> (SocketAddr, Arc<Mutex<Vec<Seen>>>) {
+pub(super) async fn receiver(statuses: Vec<u16>) -> (SocketAddr, Arc<Mutex<Vec<Seen>>>) {
     use hyper::service::service_fn;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -358,7 +358,7 @@ async fn receiver(statuses: Vec<u16>) -> (SocketAddr, Arc<Mutex<Vec<Seen>>>) {
 }
 
 /// The guarded client as `serve --allow-private 127.0.0.0/8` builds it.
-fn loopback_client() -> Client {
+pub(super) fn loopback_client() -> Client {
     let config = crate::upstream::UpstreamConfig {
         allow_private: vec![crate::upstream::Cidr::parse("127.0.0.0/8").unwrap()],
         ..Default::default()
@@ -468,237 +468,4 @@ async fn the_guarded_client_refuses_loopback_without_allow_private() {
     .unwrap_err();
     assert!(matches!(err, DeliveryError::Unreachable { .. }), "{err}");
     assert!(seen.lock().unwrap().is_empty());
-}
-
-async fn sqlite(dir: &tempfile::TempDir) -> Arc<dyn StateStore> {
-    crate::state::open(&format!("sqlite:{}", dir.path().join("state.db").display()))
-        .await
-        .unwrap()
-}
-
-fn two_notifiers(url: &str) -> Vec<Notifier> {
-    let mut chat = notifier(url, false, NotifyFormat::Slack);
-    chat.name = "chat".into();
-    vec![chat, notifier(url, false, NotifyFormat::Json)]
-}
-
-#[tokio::test]
-async fn enqueue_puts_one_item_per_notifier_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = sqlite(&dir).await;
-    let configured = two_notifiers("http://127.0.0.1:9/hook");
-    let a = approval();
-    let now = SystemTime::now();
-    let all = enqueue_to(&*store, &configured, &[], EVENT_REQUESTED, &a, None, now).await;
-    assert_eq!(all.unwrap(), 2);
-    assert_eq!(store.queue_len(QUEUE_NOTIFY).await.unwrap(), 2);
-    // The same event again (a duplicate call) is not queued twice.
-    let again = enqueue_to(&*store, &configured, &[], EVENT_REQUESTED, &a, None, now).await;
-    assert_eq!(again.unwrap(), 0);
-    // Named notifiers only; a name the policy lacks is skipped.
-    let names = ["ops".to_string(), "gone".to_string()];
-    let decided = enqueue_to(&*store, &configured, &names, EVENT_DECIDED, &a, None, now).await;
-    assert_eq!(decided.unwrap(), 1);
-    let mut ids: Vec<String> = store
-        .claim(QUEUE_NOTIFY, now, CLAIM_LEASE, 10)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|c| {
-            let doc: Value = serde_json::from_slice(&c.doc).unwrap();
-            assert!(doc["approval"].get("fingerprint").is_none(), "{doc}");
-            assert!(doc["first_enqueued"].is_string(), "{doc}");
-            c.id
-        })
-        .collect();
-    ids.sort();
-    assert_eq!(
-        ids,
-        [
-            "ap_1234-approval.decided-ops",
-            "ap_1234-approval.requested-chat",
-            "ap_1234-approval.requested-ops",
-        ]
-    );
-}
-
-#[tokio::test]
-async fn a_failed_delivery_is_retried_with_the_same_delivery_id_then_acked() {
-    let (addr, seen) = receiver(vec![500, 503, 200]).await;
-    let dir = tempfile::tempdir().unwrap();
-    let store = sqlite(&dir).await;
-    let configured = vec![notifier(
-        &format!("http://{addr}/hook"),
-        false,
-        NotifyFormat::Json,
-    )];
-    let client = loopback_client();
-    let secrets = SecretStore::empty();
-    let start = SystemTime::now();
-    enqueue_to(
-        &*store,
-        &configured,
-        &[],
-        EVENT_REQUESTED,
-        &approval(),
-        None,
-        start,
-    )
-    .await
-    .unwrap();
-    let mut now = start;
-    let mut outcomes = Vec::new();
-    for _ in 0..3 {
-        let mut items = store
-            .claim(QUEUE_NOTIFY, now, CLAIM_LEASE, 16)
-            .await
-            .unwrap();
-        assert_eq!(items.len(), 1, "due at {now:?}");
-        let item = items.remove(0);
-        let outcome = handle(&*store, &configured, &secrets, &client, item, now)
-            .await
-            .unwrap();
-        if let Outcome::Retry(due) = outcome {
-            // Not due again before its backoff has passed.
-            assert!(store
-                .claim(
-                    QUEUE_NOTIFY,
-                    due - Duration::from_millis(500),
-                    CLAIM_LEASE,
-                    16
-                )
-                .await
-                .unwrap()
-                .is_empty());
-            now = due;
-        }
-        outcomes.push(outcome);
-    }
-    assert_eq!(
-        outcomes,
-        [
-            Outcome::Retry(start + Duration::from_secs(1)),
-            Outcome::Retry(start + Duration::from_secs(3)),
-            Outcome::Delivered,
-        ]
-    );
-    assert_eq!(store.queue_len(QUEUE_NOTIFY).await.unwrap(), 0);
-    let seen = seen.lock().unwrap().clone();
-    assert_eq!(seen.len(), 3);
-    assert!(seen
-        .iter()
-        .all(|s| s.headers["x-latchkey-delivery"] == "ap_1234-approval.requested-ops"));
-}
-
-#[tokio::test]
-async fn items_past_a_day_or_for_a_removed_notifier_are_dropped_undelivered() {
-    let (addr, seen) = receiver(vec![200]).await;
-    let dir = tempfile::tempdir().unwrap();
-    let store = sqlite(&dir).await;
-    let configured = two_notifiers(&format!("http://{addr}/hook"));
-    let client = loopback_client();
-    let secrets = SecretStore::empty();
-    let start = SystemTime::now();
-    enqueue_to(
-        &*store,
-        &configured,
-        &[],
-        EVENT_REQUESTED,
-        &approval(),
-        None,
-        start,
-    )
-    .await
-    .unwrap();
-    // A reload removed `chat`; a day later `ops` is still undelivered.
-    let later = start + GIVE_UP_AFTER;
-    let now_configured = &configured[1..];
-    for item in store
-        .claim(QUEUE_NOTIFY, later, CLAIM_LEASE, 16)
-        .await
-        .unwrap()
-    {
-        let outcome = handle(&*store, now_configured, &secrets, &client, item, later)
-            .await
-            .unwrap();
-        assert_eq!(outcome, Outcome::Dropped);
-    }
-    assert_eq!(store.queue_len(QUEUE_NOTIFY).await.unwrap(), 0);
-    // An item for a removed notifier, still young, is dropped too.
-    let mut a = approval();
-    a.id = "ap_2".into();
-    enqueue_to(
-        &*store,
-        &configured,
-        &["chat".into()],
-        EVENT_REQUESTED,
-        &a,
-        None,
-        start,
-    )
-    .await
-    .unwrap();
-    let item = store
-        .claim(QUEUE_NOTIFY, start, CLAIM_LEASE, 16)
-        .await
-        .unwrap();
-    let outcome = handle(
-        &*store,
-        now_configured,
-        &secrets,
-        &client,
-        item[0].clone(),
-        start,
-    )
-    .await
-    .unwrap();
-    assert_eq!(outcome, Outcome::Dropped);
-    assert_eq!(store.queue_len(QUEUE_NOTIFY).await.unwrap(), 0);
-    assert!(seen.lock().unwrap().is_empty());
-}
-
-#[tokio::test]
-async fn a_bare_notice_counts_its_age_from_the_approval_and_garbage_is_dropped() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = sqlite(&dir).await;
-    let configured = vec![notifier(
-        "http://127.0.0.1:9/hook",
-        false,
-        NotifyFormat::Json,
-    )];
-    let n = notice(EVENT_REQUESTED, None);
-    let created = n.approval.created;
-    store
-        .enqueue(
-            QUEUE_NOTIFY,
-            "bare",
-            &serde_json::to_vec(&n).unwrap(),
-            created,
-        )
-        .await
-        .unwrap();
-    store
-        .enqueue(QUEUE_NOTIFY, "garbage", b"not json", created)
-        .await
-        .unwrap();
-    let now = created + GIVE_UP_AFTER;
-    let client = loopback_client();
-    for item in store
-        .claim(QUEUE_NOTIFY, now, CLAIM_LEASE, 16)
-        .await
-        .unwrap()
-    {
-        let outcome = handle(
-            &*store,
-            &configured,
-            &SecretStore::empty(),
-            &client,
-            item,
-            now,
-        )
-        .await
-        .unwrap();
-        assert_eq!(outcome, Outcome::Dropped);
-    }
-    assert_eq!(store.queue_len(QUEUE_NOTIFY).await.unwrap(), 0);
 }

@@ -8,6 +8,11 @@
 
 mod support;
 
+mod approvals;
+mod approvals_admin;
+mod approvals_replicas;
+mod approvals_restart;
+mod approvals_notify;
 mod audit_schema;
 mod audit_sink;
 mod bad_input;

@@ -74,6 +74,13 @@ pub const REASONS: &[&str] = &[
     // latchkey's resolver: a query type it does not answer; a client over --dns-rate.
     "dns_type_refused",
     "dns_rate_limited",
+    // Approvals: a request waiting for a person, one a person denied, an identity over its
+    // rate of approval requests, the state store down (fail closed), a held body too large.
+    "approval_pending",
+    "approval_denied",
+    "rate_limited",
+    "state_unavailable",
+    "body_too_large",
 ];
 
 /// DNS records (`method = "DNS"`) whose reason allows them no name and no query type: the

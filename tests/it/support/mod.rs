@@ -10,6 +10,7 @@
 //! - [`clients`]: curl, Python `requests`, raw sockets and a rustls client.
 
 pub mod admin;
+pub mod approvals;
 pub mod audit;
 pub mod ca;
 pub mod clients;
