@@ -10,9 +10,9 @@ mod support;
 
 mod approvals;
 mod approvals_admin;
+mod approvals_notify;
 mod approvals_replicas;
 mod approvals_restart;
-mod approvals_notify;
 mod audit_schema;
 mod audit_sink;
 mod bad_input;

@@ -62,6 +62,9 @@ pub(super) async fn ask(
             "this request needs a person's approval, and latchkey has no state store to keep it",
         ))
     })?;
+    // Nobody is asked about what could never be sent: latchkey's own addresses (its admin API),
+    // metadata and private ranges the guard refuses, names that do not resolve.
+    reachable(proxy, &asking, target).await.map_err(under)?;
     let held = hold_body(proxy, ctx, head, body, &target.host)
         .await
         .map_err(under)?;
@@ -215,6 +218,24 @@ pub(super) async fn ask(
                 ),
             )))
         }
+    }
+}
+
+/// Resolves the target through the address guard, as the dial will: a request the guard would
+/// refuse is refused now (`non_public_address`, or why it cannot be reached), before any
+/// approval exists.
+async fn reachable(proxy: &Proxy, asking: &Asking<'_>, target: &Admitted) -> Result<(), Refusal> {
+    let extra = asking.rule.map_or(&[][..], |r| r.allow_private.as_slice());
+    match proxy
+        .dialer()
+        .resolve(&target.host, target.port, extra)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(e) => Err(Refusal::new(
+            e.reason(),
+            format!("nobody was asked about this request: {e}"),
+        )),
     }
 }
 
