@@ -431,14 +431,15 @@ fn a_session_scope_ends_when_the_identitys_token_changes() {
         posts_upstream, 1,
         "the old session's grant let the new token through"
     );
+    // Found by its approval, not by its place in the file: a record is written when its
+    // response ends, so the allowed request's record may land after this refusal's.
     let records = w.lk.audit_records();
-    let last = records
+    let refused = records
         .iter()
-        .rev()
-        .find(|r| r["method"] == "POST")
-        .expect("a POST record");
+        .find(|r| r["method"] == "POST" && r["approval"]["id"] == again.as_str())
+        .expect("the new token's POST record");
     assert_record(
-        last,
+        refused,
         json!({"reason": "approval_pending", "identity": "agent"}),
     );
 }
