@@ -110,18 +110,24 @@ pub enum Reason {
     ApprovalPending,
     /// A person denied this request's approval.
     ApprovalDenied,
-    /// Over a rate limit: approval requests per identity (and, later, `[limits]`).
+    /// Over a rate limit: approval requests per identity, a `[limits]` request rate, or a
+    /// concurrency cap whose queue wait ran out.
     RateLimited,
     /// The state store (approvals, grants) cannot be read or written: what needs it fails
     /// closed.
     StateUnavailable,
     /// A request body latchkey must hold whole (one waiting for approval) is over the limit.
     BodyTooLarge,
+    /// A `[limits]` budget (bytes_up, llm_tokens, spend) has no room for this request's
+    /// reservation in the current window.
+    BudgetExhausted,
+    /// The state store holding a `[limits]` counter cannot answer, and the limit fails closed.
+    LimitsUnavailable,
 }
 
 impl Reason {
     /// Every reason, for registry tests and documentation.
-    pub const ALL: [Reason; 48] = [
+    pub const ALL: [Reason; 50] = [
         Reason::Allowed,
         Reason::Tunnel,
         Reason::NoRule,
@@ -170,6 +176,8 @@ impl Reason {
         Reason::RateLimited,
         Reason::StateUnavailable,
         Reason::BodyTooLarge,
+        Reason::BudgetExhausted,
+        Reason::LimitsUnavailable,
     ];
 
     /// The stable snake_case code used in headers, logs and audit records.
@@ -222,6 +230,8 @@ impl Reason {
             Reason::ApprovalDenied => "approval_denied",
             Reason::RateLimited => "rate_limited",
             Reason::StateUnavailable => "state_unavailable",
+            Reason::BudgetExhausted => "budget_exhausted",
+            Reason::LimitsUnavailable => "limits_unavailable",
             Reason::BodyTooLarge => "body_too_large",
         }
     }
@@ -245,13 +255,16 @@ impl Reason {
             | Reason::DnsTypeRefused
             | Reason::ApprovalPending
             | Reason::ApprovalDenied => StatusCode::FORBIDDEN,
-            Reason::DnsRateLimited | Reason::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            Reason::DnsRateLimited | Reason::RateLimited | Reason::BudgetExhausted => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             Reason::ProxyAuthRequired => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
             Reason::SecretUnavailable
             | Reason::TooManyConnections
             | Reason::AuditUnavailable
             | Reason::TooBusy
-            | Reason::StateUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            | Reason::StateUnavailable
+            | Reason::LimitsUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Reason::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Reason::UriTooLong => StatusCode::URI_TOO_LONG,
             Reason::UninspectableRequestBody => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -403,6 +416,7 @@ mod tests {
                     | Reason::AuditUnavailable
                     | Reason::TooBusy
                     | Reason::StateUnavailable
+                    | Reason::LimitsUnavailable
             ) {
                 assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
             } else if !r.is_allow() {

@@ -91,6 +91,8 @@ impl Entry {
                 would_deny: false,
                 dns: None,
                 approval: None,
+                limits: Vec::new(),
+                usage: None,
             }),
             started: Instant::now(),
             counters: Arc::new(Counters::default()),

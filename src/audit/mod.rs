@@ -32,7 +32,7 @@ mod sink;
 mod writer;
 
 pub use entry::{Counters, Entry, Scrub};
-pub use record::{new_id, ApprovalInfo, DnsInfo, Record};
+pub use record::{new_id, ApprovalInfo, DnsInfo, LimitCharge, Record, UsageInfo};
 pub use writer::{AuditError, AuditLog};
 
 /// Replaces every query value with `REDACTED`, keeping parameter names for reviewers.

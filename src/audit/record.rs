@@ -46,6 +46,54 @@ pub struct Record {
     /// which approval, where it stood. Absent from every other record.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub approval: Option<ApprovalInfo>,
+    /// On a request charged to `[limits]`: what each limit took (README "Limits and
+    /// budgets"). Absent when no limit applies.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub limits: Vec<LimitCharge>,
+    /// On a model-provider call: the model and tokens its response reported, and their cost.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<UsageInfo>,
+}
+
+/// One measure of one limit, as charged for a request.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct LimitCharge {
+    /// The `[limits.NAME]`.
+    pub limit: String,
+    /// `requests`, `concurrency`, `bytes_up`, `llm_tokens` or `spend`.
+    pub measure: &'static str,
+    /// Whose counter: `identity:ci-agent`, `rule:openai`, `credential:gh`, `global`, plus
+    /// `@host` for `bytes_up`.
+    pub key: String,
+    /// What this request took: 1 for requests and concurrency, bytes, tokens, micro-USD. On a
+    /// refusal, what it asked for.
+    pub charged: u64,
+    /// The counter after the charge (for a refusal: before), and the limit.
+    pub used: u64,
+    pub limit_value: u64,
+    /// This measure refused the request.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub refused: bool,
+    /// The store could not be reached and the limit says `on_store_error = "allow"`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub unchecked: bool,
+}
+
+/// A model-provider call's usage, read from its response.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct UsageInfo {
+    /// `openai`, `anthropic` or `gemini`.
+    pub provider: &'static str,
+    pub model: Option<String>,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// Input tokens served from the provider's cache (part of `input_tokens`).
+    pub cached_input_tokens: u64,
+    /// USD under the price table; `None` when the model has no price.
+    pub cost: Option<f64>,
+    /// `response` when the provider reported usage; `reserved` when it did not (the
+    /// reservation was charged in its place).
+    pub source: &'static str,
 }
 
 /// A request's (or a decision's) place in an approval (README "Audit record", "Approvals").

@@ -9,9 +9,11 @@
 
 pub mod approvals;
 pub mod export;
+pub mod limits;
 pub mod links;
 pub mod notify;
 pub mod record;
+pub mod usage;
 
 use std::sync::Arc;
 

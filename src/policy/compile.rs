@@ -415,6 +415,7 @@ pub fn compile_sources_with(
                     sources,
                     rules: rule_set,
                     labels,
+                    limits: Vec::new(),
                 });
             }
         }
@@ -516,6 +517,9 @@ fn index(
         secrets,
         ask,
         notifiers,
+        limits: Vec::new(),
+        credential_limits: HashMap::new(),
+        prices: Arc::new(crate::policy::limits::shipped_prices()),
         digest,
         files,
     }

@@ -48,6 +48,8 @@ pub struct Identity {
     /// `labels = { sandbox = "…", owner = "…" }`: facts about the sandbox, copied into
     /// approval requests (and audit records) so a reviewer knows whose request it is.
     pub labels: std::collections::BTreeMap<String, String>,
+    /// `limits = ["NAME", …]`: the `[limits.NAME]` every request of this identity is charged to.
+    pub limits: Vec<String>,
 }
 
 /// Why a client could not be identified.

@@ -23,8 +23,10 @@ mod compile;
 mod credential;
 pub mod explain;
 pub mod identity;
+pub mod limits;
 pub mod lint;
 mod names;
+mod prices;
 mod read;
 mod rule;
 mod schema;
@@ -46,6 +48,7 @@ pub use compile::{
 pub use crate::wire::host::{display_authority, normalize_host, HostError};
 pub use ask::{Ask, AskPolicy, Asking, Notifier, NotifyFormat, Scope};
 pub use identity::{Identity, DEFAULT_IDENTITY};
+pub use limits::{Limit, Measure, Per, Period, Price, PriceTable};
 
 use crate::reason::Reason;
 use crate::secrets::placeholder::Place;
@@ -154,6 +157,8 @@ pub struct Rule {
     pub credential: Option<String>,
     /// `ask = { … }`: a request this rule allows waits for a person first.
     pub ask: Option<Ask>,
+    /// `limits = ["NAME", …]`: the `[limits.NAME]` its requests are charged to.
+    pub limits: Vec<String>,
     pub origin: Origin,
 }
 
@@ -210,6 +215,7 @@ impl Rule {
             report: true,
             credential: None,
             ask: None,
+            limits: Vec::new(),
             origin: Origin {
                 file: PathBuf::from("--mode report"),
                 line: 0,
@@ -261,6 +267,12 @@ pub struct Policy {
     ask: AskPolicy,
     /// `[notify.NAME]` webhooks, by name order.
     notifiers: Vec<Notifier>,
+    /// `[limits.NAME]`, by name order.
+    limits: Vec<Limit>,
+    /// `limits = [...]` of each `[credentials.NAME]`.
+    credential_limits: HashMap<String, Vec<String>>,
+    /// The shipped price table with `[prices."MODEL"]` over it.
+    prices: Arc<PriceTable>,
     digest: String,
     files: Vec<PathBuf>,
 }
@@ -383,6 +395,52 @@ impl Policy {
     /// The `[notify.NAME]` webhooks.
     pub fn notifiers(&self) -> &[Notifier] {
         &self.notifiers
+    }
+
+    /// Every `[limits.NAME]`, by name.
+    pub fn limits(&self) -> &[Limit] {
+        &self.limits
+    }
+
+    /// A `[limits.NAME]` by name.
+    pub fn limit(&self, name: &str) -> Option<&Limit> {
+        self.limits
+            .binary_search_by(|l| l.name.as_str().cmp(name))
+            .ok()
+            .map(|i| &self.limits[i])
+    }
+
+    /// The limits a request under `rule` by `identity` is charged to: the rule's, then the
+    /// identity's, then the rule's credential's, each named once.
+    pub fn limits_for(&self, rule: &Rule, identity: Option<&Identity>) -> Vec<&Limit> {
+        let credential = rule
+            .credential
+            .as_ref()
+            .and_then(|c| self.credential_limits.get(c));
+        let names = rule
+            .limits
+            .iter()
+            .chain(identity.into_iter().flat_map(|i| i.limits.iter()))
+            .chain(credential.into_iter().flatten());
+        let mut out: Vec<&Limit> = Vec::new();
+        for name in names {
+            if let Some(l) = self.limit(name) {
+                if !out.iter().any(|o| o.name == l.name) {
+                    out.push(l);
+                }
+            }
+        }
+        out
+    }
+
+    /// The `limits = [...]` of credential `name`.
+    pub fn credential_limits(&self, name: &str) -> &[String] {
+        self.credential_limits.get(name).map_or(&[], Vec::as_slice)
+    }
+
+    /// The price table in force.
+    pub fn prices(&self) -> &Arc<PriceTable> {
+        &self.prices
     }
 
     /// Candidate rules for a host, in decision order.

@@ -510,6 +510,7 @@ impl FileCx<'_> {
             report,
             credential,
             ask,
+            limits: Vec::new(),
             origin,
         })
     }

@@ -92,6 +92,19 @@ pub enum Added {
     Over(i64),
 }
 
+/// The result of [`StateStore::take`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Taken {
+    /// The token was taken: the request may go.
+    pub allowed: bool,
+    /// Whole tokens left in the bucket after this call.
+    pub remaining: u64,
+    /// When refused: how long until one token is back. Zero when allowed.
+    pub retry_after: Duration,
+    /// How long until the bucket is full again.
+    pub reset_after: Duration,
+}
+
 /// A message on a channel, as every subscriber (on every replica) sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Event {
@@ -162,6 +175,61 @@ pub trait StateStore: Send + Sync + std::fmt::Debug + 'static {
 
     /// The current value of counter `key` (0 when absent or expired).
     fn counter<'a>(&'a self, key: &'a str) -> Fut<'a, i64>;
+
+    /// Takes one token from token bucket `key`, which holds at most `burst` tokens and gets
+    /// one back every `interval` (GCRA: the store keeps one "theoretical arrival time" per
+    /// key, on the store's own clock, so replicas with skewed clocks share one bucket). A new
+    /// key starts full; an idle key expires once full.
+    fn take<'a>(&'a self, key: &'a str, burst: u64, interval: Duration) -> Fut<'a, Taken> {
+        let _ = (key, burst, interval);
+        Box::pin(async move {
+            Err(StateError::Backend {
+                store: self.describe().to_string(),
+                message: "token buckets are not supported by this backend".to_string(),
+            })
+        })
+    }
+
+    /// Takes one of `max` slots of semaphore `key` for `holder` for `ttl` (or renews the one
+    /// `holder` has): the number of slots now held, or `None` when all `max` are held by
+    /// others. A holder that dies loses its slot when `ttl` passes.
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        holder: &'a str,
+        max: u64,
+        ttl: Duration,
+    ) -> Fut<'a, Option<u64>> {
+        let _ = (key, holder, max, ttl);
+        Box::pin(async move {
+            Err(StateError::Backend {
+                store: self.describe().to_string(),
+                message: "semaphores are not supported by this backend".to_string(),
+            })
+        })
+    }
+
+    /// Gives `holder`'s slot of semaphore `key` back (nothing if it has none).
+    fn relinquish<'a>(&'a self, key: &'a str, holder: &'a str) -> Fut<'a, ()> {
+        let _ = (key, holder);
+        Box::pin(async move {
+            Err(StateError::Backend {
+                store: self.describe().to_string(),
+                message: "semaphores are not supported by this backend".to_string(),
+            })
+        })
+    }
+
+    /// How many unexpired slots semaphore `key` has held.
+    fn holders<'a>(&'a self, key: &'a str) -> Fut<'a, u64> {
+        let _ = key;
+        Box::pin(async move {
+            Err(StateError::Backend {
+                store: self.describe().to_string(),
+                message: "semaphores are not supported by this backend".to_string(),
+            })
+        })
+    }
 
     /// Takes lease `key` for `holder` for `ttl`, or renews it if `holder` already has it;
     /// `false` if another holder has it.
