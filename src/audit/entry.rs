@@ -60,6 +60,8 @@ pub struct Entry {
     scrub: Option<Arc<dyn Scrub>>,
     /// Seconds the sandbox should wait before retrying a refusal (`retry-after`), if any.
     retry_after: Option<u64>,
+    /// `x-ratelimit-limit`, `-remaining`, `-reset` for the answer, from a request bucket.
+    rate_headers: Option<(u64, u64, u64)>,
 }
 
 impl Entry {
@@ -98,6 +100,7 @@ impl Entry {
             counters: Arc::new(Counters::default()),
             scrub: None,
             retry_after: None,
+            rate_headers: None,
         }
     }
 
@@ -160,6 +163,16 @@ impl Entry {
     /// What [`Self::set_retry_after`] set.
     pub fn retry_after(&self) -> Option<u64> {
         self.retry_after
+    }
+
+    /// Asks the answer to carry `x-ratelimit-limit/remaining/reset`.
+    pub fn set_rate_headers(&mut self, limit: u64, remaining: u64, reset: u64) {
+        self.rate_headers = Some((limit, remaining, reset));
+    }
+
+    /// What [`Self::set_rate_headers`] set: (limit, remaining, reset seconds).
+    pub fn rate_headers(&self) -> Option<(u64, u64, u64)> {
+        self.rate_headers
     }
 
     /// The approval this request is part of, if any (the refusal answer names it).
