@@ -62,6 +62,9 @@ pub struct Entry {
     retry_after: Option<u64>,
     /// `x-ratelimit-limit`, `-remaining`, `-reset` for the answer, from a request bucket.
     rate_headers: Option<(u64, u64, u64)>,
+    /// What must live exactly as long as the record is open (a tunnel's hold on its limits),
+    /// dropped after the record is handed to the log.
+    held: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 impl Entry {
@@ -101,6 +104,7 @@ impl Entry {
             scrub: None,
             retry_after: None,
             rate_headers: None,
+            held: None,
         }
     }
 
@@ -163,6 +167,11 @@ impl Entry {
     /// What [`Self::set_retry_after`] set.
     pub fn retry_after(&self) -> Option<u64> {
         self.retry_after
+    }
+
+    /// Keeps `thing` alive until this record is written (a tunnel's concurrency slot).
+    pub fn hold(&mut self, thing: Box<dyn std::any::Any + Send + Sync>) {
+        self.held = Some(thing);
     }
 
     /// Asks the answer to carry `x-ratelimit-limit/remaining/reset`.

@@ -5,15 +5,16 @@
 //! the gateway listeners (transparent, DNS-routed, SOCKS5).
 //!
 //! ```text
-//! admit ─▶ identify ─▶ decide ─▶ (ask) ─▶ broker ─▶ send ─▶ respond ─▶ record
-//!   │          │          │        │         │        │        │
-//!   └──────────┴──────────┴────────┴─────────┴────────┴────────┴──▶ refuse (drain, answer, record)
+//! admit ─▶ identify ─▶ decide ─▶ (ask) ─▶ limits ─▶ broker ─▶ send ─▶ respond ─▶ record
+//!   │          │          │        │         │         │        │        │
+//!   └──────────┴──────────┴────────┴─────────┴─────────┴────────┴────────┴──▶ refuse (drain, answer, record)
 //! ```
 //!
 //! Each phase is a function whose doc comment says what it may assume and what it guarantees;
 //! each returns `Result<_, Refusal>`, and `?` carries a refusal to [`refuse`], the one place
 //! that drains the request body, answers and records. The phases live in [`admit`], [`decide`],
-//! [`ask`] (only for a request that needs a person) and [`outgoing`] (broker, send); respond
+//! [`ask`] (only for a request that needs a person), [`limits`] (reserve against `[limits]`
+//! before anything is sent; settled when the response ends) and [`outgoing`] (broker, send); respond
 //! (over [`super::response`]) and record are here. This module composes them and decides
 //! nothing itself.
 
