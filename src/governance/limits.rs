@@ -214,6 +214,8 @@ pub struct Upload {
     budgets: Vec<UploadBudget>,
     /// Bytes sent so far.
     sent: AtomicU64,
+    /// Which budget cut the upload off, if one did (its charge is marked refused).
+    cut: Mutex<Option<String>>,
 }
 
 /// One `bytes_up` budget a streamed upload is charged to.
@@ -256,6 +258,7 @@ impl Upload {
                         let left = cap.saturating_sub(current).max(0) as u64;
                         let short = after - b.reserved.load(Ordering::Relaxed);
                         if left < short {
+                            *lock(&self.cut) = Some(b.store_key.clone());
                             return Err(Refusal::new(
                                 Reason::BudgetExhausted,
                                 format!(
@@ -607,6 +610,7 @@ impl Limiter {
                 limiter: self.clone(),
                 budgets: uploads,
                 sent: AtomicU64::new(0),
+                cut: Mutex::new(None),
             }));
         }
         Ok(admission)
@@ -1032,9 +1036,14 @@ impl Admission {
             };
             let Some(actual) = actual else { continue };
             let reserved = upload_reserved(&held, self.upload.as_deref());
+            let cut = self
+                .upload
+                .as_ref()
+                .is_some_and(|u| lock(&u.cut).as_deref() == Some(held.store_key.as_str()));
             if let Some(c) = self.charges.get_mut(held.charge) {
                 c.charged = actual;
                 c.used = (c.used + actual).saturating_sub(reserved);
+                c.refused |= cut;
             }
             let delta = i64::try_from(actual).unwrap_or(i64::MAX)
                 - i64::try_from(reserved).unwrap_or(i64::MAX);
