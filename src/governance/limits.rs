@@ -367,9 +367,10 @@ impl Limiter {
                 }
             }
         }
-        // Full buckets hold no information: forget them.
+        // Full buckets and idle semaphores hold no information: forget them.
         let instant = Instant::now();
         lock(&local.buckets).retain(|_, tat| *tat > instant);
+        lock(&local.semaphores).retain(|_, (max, s)| s.available_permits() < *max as usize);
     }
 
     /// Stops the embedded flusher after one last flush.
@@ -703,7 +704,7 @@ impl Limiter {
                         .await?
                     {
                         let stop = Arc::new(Notify::new());
-                        self.renew(key.to_string(), holder.to_string(), stop.clone());
+                        self.renew(key.to_string(), holder.to_string(), u64::from(max), stop.clone());
                         let slot = Slot::Shared { stop };
                         return Ok(Some((slot, in_use)));
                     }
@@ -719,13 +720,13 @@ impl Limiter {
     }
 
     /// Keeps a shared slot alive while its request is in flight.
-    fn renew(&self, key: String, holder: String, stop: Arc<Notify>) {
+    fn renew(&self, key: String, holder: String, max: u64, stop: Arc<Notify>) {
         let store = self.store.clone();
         tokio::spawn(async move {
             loop {
                 tokio::select! {
                     () = tokio::time::sleep(SLOT_TTL / 3) => {
-                        if let Err(e) = store.acquire(&key, &holder, u64::MAX, SLOT_TTL).await {
+                        if let Err(e) = store.acquire(&key, &holder, max, SLOT_TTL).await {
                             tracing::warn!(error = %e, "cannot renew a concurrency slot");
                         }
                     }
