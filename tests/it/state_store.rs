@@ -319,7 +319,7 @@ fn assert_exactly_the_burst(taken: &[Taken], burst: u64, interval: Duration) {
 
 async fn buckets_admit_exactly_their_burst(store: Arc<dyn StateStore>) {
     let minute = Duration::from_secs(60);
-    let taken = concurrent_takes(&[store.clone()], "burst", 50, 10, minute).await;
+    let taken = concurrent_takes(std::slice::from_ref(&store), "burst", 50, 10, minute).await;
     assert_exactly_the_burst(&taken, 10, minute);
     assert!(
         !store.take("burst", 10, minute).await.unwrap().allowed,
@@ -424,7 +424,7 @@ async fn concurrent_acquires(
 }
 
 async fn semaphores_admit_exactly_max(store: Arc<dyn StateStore>) {
-    let (got, counts) = concurrent_acquires(&[store.clone()], "sem", 10, 3).await;
+    let (got, counts) = concurrent_acquires(std::slice::from_ref(&store), "sem", 10, 3).await;
     assert_eq!(got, 3);
     assert_eq!(counts, [1, 2, 3]);
     assert_eq!(store.holders("sem").await.unwrap(), 3);
