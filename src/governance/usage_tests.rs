@@ -861,12 +861,12 @@ fn sse_line_endings_comments_and_multiline_data() {
 fn sse_event_name_is_a_fallback_for_the_type() {
     // Data without `type`: the event name says it is the final delta.
     let stream = "event: message_delta\ndata: {\"usage\":{\"output_tokens\":4}}\n\n";
-    assert_eq!(meter(Provider::Anthropic, SSE, stream).1, true);
+    assert!(meter(Provider::Anthropic, SSE, stream).1);
     let stream = "event: content_block_delta\ndata: {\"usage\":{\"output_tokens\":4}}\n\n";
-    assert_eq!(meter(Provider::Anthropic, SSE, stream).1, false);
+    assert!(!meter(Provider::Anthropic, SSE, stream).1);
     // The event name is reset after each event.
     let stream = "event: message_delta\ndata: {}\n\ndata: {\"usage\":{\"output_tokens\":4}}\n\n";
-    assert_eq!(meter(Provider::Anthropic, SSE, stream).1, false);
+    assert!(!meter(Provider::Anthropic, SSE, stream).1);
 }
 
 #[test]
