@@ -80,6 +80,8 @@ pub fn check(dir: &Path, format: CheckFormat, secrets: SecretLoading) -> ExitCod
                 "ask_rules": policy.rules().iter().filter(|r| r.ask.is_some()).map(|r| r.name.as_str()).collect::<Vec<_>>(),
                 "ask_unknown": policy.ask().unknown,
                 "notifiers": policy.notifiers().iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
+                "limits": policy.limits().iter().map(|l| l.name.as_str()).collect::<Vec<_>>(),
+                "prices_overridden": policy.prices().overridden(),
             });
             println!("{v}");
         }
@@ -95,6 +97,9 @@ pub fn check(dir: &Path, format: CheckFormat, secrets: SecretLoading) -> ExitCod
             );
             if let Some(asks) = asks_summary(&policy) {
                 line.push_str(&format!("; {asks}"));
+            }
+            if !policy.limits().is_empty() {
+                line.push_str(&format!("; {} limit(s)", policy.limits().len()));
             }
             if !warnings.is_empty() {
                 line.push_str(&format!(", {} warning(s)", warnings.len()));
@@ -337,6 +342,10 @@ fn render(e: &Explanation) -> String {
     if let Some(c) = &e.credential {
         let kind = e.credential_kind.as_deref().unwrap_or("credential");
         line(format!("auth:     credential {c} ({kind}), applied last"));
+    }
+    for (i, l) in e.limits.iter().enumerate() {
+        let head = if i == 0 { "limits:  " } else { "         " };
+        line(format!("{head} {}", l.summary));
     }
     line(format!("policy:   {}", e.policy));
     out

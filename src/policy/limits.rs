@@ -89,6 +89,15 @@ pub enum OnStoreError {
     Allow,
 }
 
+impl OnStoreError {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnStoreError::Deny => "deny",
+            OnStoreError::Allow => "allow",
+        }
+    }
+}
+
 /// A period: a token bucket's refill time, or a budget's aligned window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Period {
@@ -211,6 +220,11 @@ impl Measure {
         }
     }
 
+    /// Whether it needs to see a request or response body, which a `tunnel = true` rule hides.
+    pub fn meters_body(self) -> bool {
+        matches!(self, Measure::BytesUp | Measure::LlmTokens | Measure::Spend)
+    }
+
     /// The unit of its counter, for messages and `/limits`.
     pub fn unit(self) -> &'static str {
         match self {
@@ -250,36 +264,50 @@ impl Limit {
         self.llm_tokens.is_some() || self.spend.is_some()
     }
 
-    /// One line for `explain` and `check`: `openai-budget (per identity): llm_tokens 2000000/day, spend 20 USD/day`.
-    pub fn summary(&self) -> String {
-        let mut parts = Vec::new();
+    /// Each measure this limit sets with its terms as a reviewer reads them: `(requests,
+    /// "100/min")`, `(spend, "20 USD/day")`.
+    pub fn terms(&self) -> Vec<(Measure, String)> {
+        let mut out = Vec::new();
         if let Some(r) = &self.requests {
-            parts.push(format!("requests {}/{}", r.count, r.period.as_str()));
+            out.push((
+                Measure::Requests,
+                format!("{}/{}", r.count, r.period.as_str()),
+            ));
         }
         if let Some(c) = &self.concurrency {
-            parts.push(format!(
-                "concurrency {} (queue {})",
-                c.max,
-                humantime::format_duration(c.queue)
+            out.push((
+                Measure::Concurrency,
+                format!("{} (queue {})", c.max, humantime::format_duration(c.queue)),
             ));
         }
         if let Some(q) = &self.bytes_up {
-            parts.push(format!(
-                "bytes_up {} bytes/{} per host",
-                q.amount,
-                q.period.as_str()
+            out.push((
+                Measure::BytesUp,
+                format!("{} bytes/{} per host", q.amount, q.period.as_str()),
             ));
         }
         if let Some(q) = &self.llm_tokens {
-            parts.push(format!("llm_tokens {}/{}", q.amount, q.period.as_str()));
-        }
-        if let Some(q) = &self.spend {
-            parts.push(format!(
-                "spend {} USD/{}",
-                format_usd(q.amount),
-                q.period.as_str()
+            out.push((
+                Measure::LlmTokens,
+                format!("{}/{}", q.amount, q.period.as_str()),
             ));
         }
+        if let Some(q) = &self.spend {
+            out.push((
+                Measure::Spend,
+                format!("{} USD/{}", format_usd(q.amount), q.period.as_str()),
+            ));
+        }
+        out
+    }
+
+    /// One line for `explain` and `check`: `openai-budget (per identity): llm_tokens 2000000/day, spend 20 USD/day`.
+    pub fn summary(&self) -> String {
+        let parts: Vec<String> = self
+            .terms()
+            .into_iter()
+            .map(|(m, t)| format!("{} {t}", m.as_str()))
+            .collect();
         format!(
             "{} (per {}): {}",
             self.name,
