@@ -350,3 +350,26 @@ fn render(e: &Explanation) -> String {
     line(format!("policy:   {}", e.policy));
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::compile_sources_with;
+
+    #[test]
+    fn the_text_explanation_lists_each_limit_charged_on_its_own_line() {
+        let text = "[limits.rate]\nrequests = \"10/min\"\n[limits.spend]\nper = \"global\"\nspend = \"5 USD/day\"\n[[rules]]\nname = \"llm\"\nhosts = [\"llm.test\"]\nlimits = [\"rate\", \"spend\"]\n";
+        let p = compile_sources_with(&[(Path::new("p.toml"), text)], SecretLoading::Skip)
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        let e = explain_request(&p, None, "POST", "https://llm.test/v1").unwrap();
+        let out = render(&e);
+        assert!(
+            out.contains(
+                "\nlimits:   rate (per identity): requests 10/min\n          spend (per global): spend 5 USD/day\n"
+            ),
+            "{out}"
+        );
+        let denied = explain_request(&p, None, "GET", "https://other.test/").unwrap();
+        assert!(!render(&denied).contains("limits:"));
+    }
+}
