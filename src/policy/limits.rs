@@ -9,6 +9,9 @@
 //! sliding window); `bytes_up`, `llm_tokens` and `spend` are counted in **aligned** UTC
 //! windows (a minute, hour or day starts on its boundary; a month on the 1st at 00:00 UTC),
 //! and reset when the next window starts.
+//!
+//! The value parsers (`parse_rate`, `parse_bytes`, `parse_tokens`, `parse_spend`, …) are pure
+//! and return the message without the field; `limits_compile` adds `file:line:col: field`.
 
 use std::time::{Duration, SystemTime};
 
@@ -27,6 +30,11 @@ pub fn shipped_prices() -> PriceTable {
 }
 
 /// One `[limits.NAME]` table, compiled.
+///
+/// On a `tunnel = true` rule only `requests` and `concurrency` apply (they count CONNECTs, and
+/// a tunnel holds its slot while open): latchkey cannot read a tunnel's bytes, so compile
+/// refuses a limit with `bytes_up`, `llm_tokens` or `spend` there. An identity's limits still
+/// reach its tunnels, where those measures count nothing (lint `unmetered_tunnel`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Limit {
     pub name: String,
