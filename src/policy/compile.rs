@@ -494,8 +494,10 @@ pub fn compile_sources_with(
         identities,
         credentials,
         std::sync::Arc::new(store),
-        format!("sha256:{hex}"),
-        sources.iter().map(|(p, _)| p.to_path_buf()).collect(),
+        (
+            format!("sha256:{hex}"),
+            sources.iter().map(|(p, _)| p.to_path_buf()).collect(),
+        ),
     ))
 }
 
@@ -507,8 +509,7 @@ fn index(
     identities: Vec<Identity>,
     credentials: HashMap<String, Arc<Credential>>,
     secrets: std::sync::Arc<SecretStore>,
-    digest: String,
-    files: Vec<PathBuf>,
+    (digest, files): (String, Vec<PathBuf>),
 ) -> Policy {
     let mut exact: HashMap<String, Vec<usize>> = HashMap::new();
     let mut wildcard: HashMap<String, Vec<usize>> = HashMap::new();

@@ -130,12 +130,10 @@ pub(super) fn compile_prices(
                 Some(format!(
                     "write the model without Gemini's \"models/\" prefix: [prices.{rest:?}]"
                 ))
-            } else if let Some(first) = first_at.get(&model) {
-                Some(format!(
-                    "model {model:?} is priced twice (names ignore case), first at {first}"
-                ))
             } else {
-                None
+                first_at.get(&model).map(|first| {
+                    format!("model {model:?} is priced twice (names ignore case), first at {first}")
+                })
             };
             if let Some(why) = &why {
                 cx.error(name_span, format!("{field}: {why}"));
