@@ -1029,13 +1029,18 @@ impl Admission {
         let mut adjustments = Vec::new();
         for held in std::mem::take(&mut self.held) {
             let actual = match held.measure {
-                Measure::BytesUp => Some(bytes_up),
+                // A streamed upload counts what it let through, not what was read.
+                Measure::BytesUp => Some(match (held.upload, &self.upload) {
+                    (Some(_), Some(u)) => u.sent.load(Ordering::Relaxed),
+                    _ => bytes_up,
+                }),
                 Measure::LlmTokens => match (&info, success) {
                     (Some(i), _) => Some(i.input_tokens + i.output_tokens),
                     (None, _) => Some(0),
                 },
                 Measure::Spend => match &info {
-                    Some(i) => Some(i.cost.map_or(held.reserved, |c| (c * 1e6).ceil() as u64)),
+                    // The cost was whole micro-dollars before it became USD.
+                    Some(i) => Some(i.cost.map_or(held.reserved, |c| (c * 1e6).round() as u64)),
                     None => Some(0),
                 },
                 _ => None,

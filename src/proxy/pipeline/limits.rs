@@ -385,3 +385,14 @@ pub(super) fn settle_when_done(
     }));
     answer
 }
+
+/// Settles an admission whose request got no response (the upstream failed, or the upload was
+/// cut off): the record says what was charged.
+pub(super) fn settle_failed(admission: Admission, entry: &mut Entry) {
+    let up = entry
+        .counters()
+        .up
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let (charges, _) = admission.settle(up, None, None, &PriceTable::empty());
+    entry.update(|r| r.limits = charges);
+}

@@ -227,7 +227,18 @@ async fn phases(
     // leaving) is recorded as allowed by policy and not completed.
     verdict.record_outcome(entry, Reason::UpstreamError, None);
     let plan = out.plan;
-    let res = outgoing::send(proxy, rule, &target, out.request, &plan.body_refused, entry).await?;
+    let sent = outgoing::send(proxy, rule, &target, out.request, &plan.body_refused, entry).await;
+    let res = match sent {
+        Ok(res) => res,
+        Err(refusal) => {
+            // No response: the reservations go back, but bytes that left stay charged (and an
+            // upload its budget cut off says so).
+            if let Some(admission) = admission {
+                limits::settle_failed(admission, entry);
+            }
+            return Err(refusal);
+        }
+    };
 
     // respond: decode decision, strip, scrub; a model-provider call's usage is read as its
     // body passes, and the limits are settled when it ends.
