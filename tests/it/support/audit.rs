@@ -81,6 +81,10 @@ pub const REASONS: &[&str] = &[
     "rate_limited",
     "state_unavailable",
     "body_too_large",
+    // Limits: a budget without room for the request's reservation; the store holding a
+    // limit's counters down (fail closed).
+    "budget_exhausted",
+    "limits_unavailable",
 ];
 
 /// DNS records (`method = "DNS"`) whose reason allows them no name and no query type: the

@@ -755,17 +755,6 @@ impl Call {
         }
     }
 
-    pub fn get(url: &str) -> Call {
-        Call {
-            method: "GET".into(),
-            url: url.to_string(),
-            headers: Vec::new(),
-            body: Vec::new(),
-            chunked: None,
-            user: None,
-        }
-    }
-
     pub fn header(mut self, name: &str, value: &str) -> Call {
         self.headers.push((name.to_string(), value.to_string()));
         self
@@ -951,9 +940,8 @@ authorization = "Bearer {{{{secret.provider}}}}"
 pub struct LimitsWorld {
     pub lk: Latchkey,
     pub providers: Providers,
-    pub ca: TestCa,
-    /// The policy as written (with `PORT` replaced), to start another replica or restart.
-    pub policy: String,
+    /// Signed the fake's certificate: lives as long as the world.
+    _ca: TestCa,
     seen: Mutex<Vec<(String, Vec<u8>)>>,
 }
 
@@ -994,8 +982,7 @@ pub fn limits_world(
     LimitsWorld {
         lk,
         providers,
-        ca,
-        policy,
+        _ca: ca,
         seen: Mutex::new(Vec::new()),
     }
 }
