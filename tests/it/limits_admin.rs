@@ -29,17 +29,6 @@ fn policy() -> String {
     )
 }
 
-/// Every string and number in `v`, flattened, for finding a value wherever the shape puts it.
-fn leaves(v: &Value, out: &mut Vec<String>) {
-    match v {
-        Value::Object(m) => m.values().for_each(|x| leaves(x, out)),
-        Value::Array(a) => a.iter().for_each(|x| leaves(x, out)),
-        Value::String(s) => out.push(s.clone()),
-        Value::Number(n) => out.push(n.to_string()),
-        _ => {}
-    }
-}
-
 #[test]
 fn get_limits_and_metrics_show_what_each_key_used_and_has_left() {
     let w = limits_world(&policy(), |b| b);
@@ -75,33 +64,55 @@ fn get_limits_and_metrics_show_what_each_key_used_and_has_left() {
 
     let resp = admin_get(&w.lk, "/limits");
     assert_eq!(resp.status, 200, "{resp:#?}");
-    let body = json_body(&resp);
     w.saw("GET /limits", resp.text().as_bytes());
-    let mut all = Vec::new();
-    leaves(&body, &mut all);
-    for needle in [
-        "llm".to_string(),
-        "agent-cap".to_string(),
-        "identity:agent".to_string(),
-        used_tokens.to_string(),
-        (10_000 - used_tokens).to_string(),
-        up.to_string(),
-    ] {
-        assert!(
-            all.iter().any(|v| v == &needle || v.contains(&needle)),
-            "GET /limits does not show {needle}: {body:#}"
-        );
-    }
+    let body = json_body(&resp);
+    let declared: Vec<&str> = body["limits"]
+        .as_array()
+        .unwrap_or_else(|| panic!("GET /limits has no limits: {body:#}"))
+        .iter()
+        .filter_map(|l| l["name"].as_str())
+        .collect();
+    assert_eq!(declared, ["agent-cap", "llm"], "{body:#}");
+    assert_eq!(body["prices"]["date"].as_str().map(str::len), Some(10), "{body:#}");
+    let counter = |limit: &str, measure: &str| -> Value {
+        body["counters"]
+            .as_array()
+            .unwrap_or_else(|| panic!("GET /limits has no counters: {body:#}"))
+            .iter()
+            .find(|c| c["limit"] == limit && c["measure"] == measure)
+            .unwrap_or_else(|| panic!("no {limit}/{measure} counter: {body:#}"))
+            .clone()
+    };
+    let tokens = counter("llm", "llm_tokens");
+    assert_record(
+        &tokens,
+        json!({"key": "identity:agent", "used": used_tokens, "limit_value": 10_000,
+               "remaining": 10_000 - used_tokens}),
+    );
+    assert!(tokens["resets_at"].is_string(), "{tokens:#}");
+    let requests = counter("llm", "requests");
+    assert_record(&requests, json!({"key": "identity:agent", "limit_value": 50}));
+    let bytes = counter("agent-cap", "bytes_up");
+    assert_record(
+        &bytes,
+        json!({"key": format!("identity:agent@{OPENAI_HOST}"), "used": up,
+               "limit_value": 1_000_000}),
+    );
 
     let m = metrics(&w.lk);
     w.saw("/metrics", m.text.as_bytes());
-    let used = m.samples("latchkey_limit_used", &[("limit", "llm")]);
+    let labels = [
+        ("limit", "llm"),
+        ("measure", "llm_tokens"),
+        ("key", "identity:agent"),
+    ];
+    let used = m.samples("latchkey_limit_used", &labels);
     assert!(
         used.iter().any(|s| s.value == used_tokens as f64),
         "no latchkey_limit_used of {used_tokens} for llm: {used:#?}\n{}",
         m.text
     );
-    let remaining = m.samples("latchkey_limit_remaining", &[("limit", "llm")]);
+    let remaining = m.samples("latchkey_limit_remaining", &labels);
     assert!(
         remaining
             .iter()
@@ -130,7 +141,10 @@ fn explain_lists_the_limits_a_request_would_be_charged() {
         &url,
     ]);
     assert_eq!(out.code(), Some(0), "{out:#?}");
-    for needle in ["llm", "agent-cap", "llm_tokens", "bytes_up"] {
+    for needle in [
+        "llm (per identity): requests 50/min, llm_tokens 10000/day",
+        "agent-cap (per identity): bytes_up 1000000 bytes/day per host",
+    ] {
         assert!(
             out.stdout.contains(needle),
             "explain does not list {needle}:\n{}",
@@ -149,10 +163,19 @@ fn explain_lists_the_limits_a_request_would_be_charged() {
     ]);
     let v: Value = serde_json::from_str(json_out.stdout.trim())
         .unwrap_or_else(|e| panic!("explain --json printed no JSON ({e}): {json_out:#?}"));
-    let mut all = Vec::new();
-    leaves(&v, &mut all);
-    for needle in ["llm", "agent-cap"] {
-        assert!(all.iter().any(|s| s == needle), "{v:#}");
-    }
+    let limits = v["limits"]
+        .as_array()
+        .unwrap_or_else(|| panic!("explain --json has no limits: {v:#}"));
+    let names: Vec<&str> = limits.iter().filter_map(|l| l["name"].as_str()).collect();
+    assert!(
+        names.contains(&"llm") && names.contains(&"agent-cap") && names.len() == 2,
+        "{v:#}"
+    );
+    let llm = limits.iter().find(|l| l["name"] == "llm").expect("llm");
+    assert_record(
+        llm,
+        json!({"per": "identity", "on_store_error": "deny",
+               "measures": {"llm_tokens": "10000/day", "requests": "50/min"}}),
+    );
     assert!(!out.stdout.contains("tok-limits"), "explain printed a token");
 }

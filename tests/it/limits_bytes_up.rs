@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use crate::support::assert_record;
 use crate::support::providers::{
-    charge, header_num, is_refusal, limits_world, on_path, provider_rule, Call, LimitsWorld,
+    charge, header_num, is_refusal, limits_world, num, on_path, provider_rule, Call, LimitsWorld,
     ANTHROPIC_HOST, OPENAI_HOST, SECRET_TOML,
 };
 
@@ -59,10 +59,14 @@ fn uploads_with_and_without_a_length_count_and_the_one_that_does_not_fit_never_l
         over.text().contains("exfil"),
         "the refusal does not name the budget: {over:#?}"
     );
-    assert_eq!(header_num(&over, "x-ratelimit-limit"), BUDGET, "{over:#?}");
-    assert_eq!(header_num(&over, "x-ratelimit-remaining"), 0, "{over:#?}");
-    assert!(header_num(&over, "x-ratelimit-reset") <= 86_400, "{over:#?}");
-    assert!(header_num(&over, "retry-after") >= 1, "{over:#?}");
+    assert!(
+        over.text().contains("has 2000 of 2000 bytes used this day"),
+        "the refusal does not say what is used of the budget: {over:#?}"
+    );
+    assert!(over.text().contains("resets at"), "{over:#?}");
+    // Until the day's window ends.
+    let retry = header_num(&over, "retry-after");
+    assert!((1..=86_400).contains(&retry), "{over:#?}");
     let over_chunked = w.run(&upload(&w, OPENAI_HOST, 10).chunked(5));
     assert!(
         is_refusal(&over_chunked, 429, "budget_exhausted"),
@@ -122,7 +126,10 @@ fn an_upload_larger_than_what_is_left_is_refused_whole_and_a_smaller_one_still_f
     // 500 bytes left: 800 is refused up front (its Content-Length says it does not fit).
     let big = w.run(&upload(&w, OPENAI_HOST, 800));
     assert!(is_refusal(&big, 429, "budget_exhausted"), "{big:#?}");
-    assert_eq!(header_num(&big, "x-ratelimit-remaining"), 500, "{big:#?}");
+    assert!(
+        big.text().contains("has 1500 of 2000 bytes used") && big.text().contains("needs 800"),
+        "{big:#?}"
+    );
     assert_eq!(w.providers.received().len(), 1);
     let small = w.run(&upload(&w, OPENAI_HOST, 400));
     assert_eq!(small.status, 200, "{small:#?}");
@@ -136,5 +143,47 @@ fn an_upload_larger_than_what_is_left_is_refused_whole_and_a_smaller_one_still_f
     assert_eq!(refused.len(), 1, "{records:#?}");
     let c = charge(refused[0], "exfil", "bytes_up");
     assert_eq!((c["charged"].clone(), c["used"].clone()), (json!(800), json!(1500)));
+    w.sweep();
+}
+
+#[test]
+fn a_chunked_upload_that_outgrows_the_budget_is_cut_off_at_it() {
+    let w = world();
+    // 3000 bytes in 100-byte chunks against 2000: what leaves stops at the budget.
+    let cut = w.run(&upload(&w, OPENAI_HOST, 3000).chunked(100));
+    assert!(is_refusal(&cut, 429, "budget_exhausted"), "{cut:#?}");
+    assert!(cut.text().contains("cut off"), "{cut:#?}");
+    let received = w.providers.received();
+    assert_eq!(received.len(), 1, "{received:#?}");
+    assert!(!received[0].complete, "the cut upload ended cleanly upstream");
+    assert!(
+        received[0].body.len() as u64 <= BUDGET,
+        "{} bytes left against a budget of {BUDGET}",
+        received[0].body.len()
+    );
+    // Nothing is left for the next one.
+    let next = w.run(&upload(&w, OPENAI_HOST, 10).chunked(10));
+    assert!(is_refusal(&next, 429, "budget_exhausted"), "{next:#?}");
+    assert_eq!(w.providers.received().len(), 1);
+
+    let records = w.lk.wait_audit(2);
+    for r in &records {
+        assert_record(
+            r,
+            json!({"reason": "budget_exhausted", "decision": "deny", "status": 429}),
+        );
+        let c = charge(r, "exfil", "bytes_up");
+        assert_eq!(c["refused"], true, "{c:#}");
+        assert!(num(&c, "used") <= BUDGET, "{c:#}");
+    }
+    let first = records
+        .iter()
+        .find(|r| r["upstream"].is_string())
+        .unwrap_or_else(|| panic!("the cut upload had an upstream: {records:#?}"));
+    assert_eq!(
+        num(&charge(first, "exfil", "bytes_up"), "charged"),
+        received[0].body.len() as u64,
+        "charged what left: {first:#}"
+    );
     w.sweep();
 }

@@ -6,17 +6,57 @@
 
 use std::sync::Barrier;
 use std::thread;
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use crate::support::admin::{admin_get, json_body};
 use crate::support::assert_record;
+use crate::support::latchkey::Latchkey;
 use crate::support::providers::{
     charge, chat_body, charges, is_refusal, limits_latchkey, num, provider_rule, sweep_latchkey,
     with_reason, Call, Providers, ANTHROPIC_HOST, GEMINI_HOST, OPENAI_HOST, SECRET_TOML,
 };
 use crate::support::redis::RedisServer;
 use crate::support::TestCa;
+
+/// The `GET /limits` counter of `limit`'s budget (its only counter).
+fn counter(lk: &Latchkey, limit: &str) -> Value {
+    let resp = admin_get(lk, "/limits");
+    assert_eq!(resp.status, 200, "{resp:#?}");
+    let body = json_body(&resp);
+    let found: Vec<&Value> = body["counters"]
+        .as_array()
+        .unwrap_or_else(|| panic!("GET /limits has no counters: {body:#}"))
+        .iter()
+        .filter(|c| c["limit"] == limit)
+        .collect();
+    assert_eq!(found.len(), 1, "{body:#}");
+    found[0].clone()
+}
+
+/// Waits (up to 5 s) until `lk`'s `GET /limits` shows `used` for `limit`.
+fn wait_used(lk: &Latchkey, limit: &str, used: u64) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let resp = admin_get(lk, "/limits");
+        let body = json_body(&resp);
+        let now = body["counters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["limit"] == limit)
+            .and_then(|c| c["used"].as_u64());
+        if now == Some(used) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{limit} never showed {used} used: {body:#}"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+}
 
 #[test]
 fn two_replicas_on_one_redis_share_one_request_bucket_and_one_token_budget() {
@@ -70,6 +110,8 @@ fn two_replicas_on_one_redis_share_one_request_bucket_and_one_token_budget() {
         .header("x-fake-input-tokens", "200")
     };
     assert_eq!(llm(100).run(&a).status, 200);
+    // On a shared store the settle lands in the background: wait until the store has it.
+    wait_used(&a, "budget", 300);
     let refused = llm(300).run(&b);
     assert!(
         is_refusal(&refused, 429, "budget_exhausted"),
@@ -96,12 +138,9 @@ fn two_replicas_on_one_redis_share_one_request_bucket_and_one_token_budget() {
         num(&charge(b_refusal[0], "budget", "llm_tokens"), "used"),
         300
     );
-    // Each replica's /limits shows the shared counter.
+    // Each replica's /limits reads the shared counter from the store.
     for lk in [&a, &b] {
-        let resp = admin_get(lk, "/limits");
-        assert_eq!(resp.status, 200, "{resp:#?}");
-        let text = json_body(&resp).to_string();
-        assert!(text.contains("budget") && text.contains("300"), "{text}");
+        assert_eq!(counter(lk, "budget")["used"], 300);
     }
     sweep_latchkey(&a);
     sweep_latchkey(&b);

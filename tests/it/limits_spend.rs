@@ -18,6 +18,10 @@ spend = "1 USD/day"
 [prices."fake-model"]
 input  = 1000.0
 output = 2000.0
+
+[prices."penny-model"]
+input  = 1.0
+output = 1.0
 "#;
 
 fn world() -> LimitsWorld {
@@ -180,5 +184,37 @@ fn a_call_whose_priced_reservation_does_not_fit_is_refused_and_an_unpriced_model
     let ok = with_reason(&records, "allowed");
     assert_eq!(ok.len(), 1, "{records:#?}");
     assert_cost(ok[0], "fake-model", 10 * 1000 + 5 * 2000);
+    w.sweep();
+}
+
+/// A cost in micro-USD goes into the record as USD (a float) and must come back as the same
+/// count for the charge: 123 micro-USD is 0.000123 USD, and 0.000123 × 10^6 in floating point
+/// is a hair over 123, which rounding up would charge as 124.
+#[test]
+fn the_spend_charged_is_the_cost_to_the_micro_dollar() {
+    let w = world();
+    let url = w.url(OPENAI_HOST, "/v1/chat/completions");
+    for (input, output) in [(100, 23), (200, 46), (250, 3)] {
+        let resp = w.run(&tokens(
+            Call::post(&url, &chat_body("penny-model", false, Some(output))),
+            input,
+            0,
+            output,
+        ));
+        assert_eq!(resp.status, 200, "{resp:#?}");
+    }
+    let records = w.lk.wait_audit(3);
+    let mut total = 0;
+    for r in &records {
+        let usage = usage_of(r);
+        let micros = num(&usage, "input_tokens") + num(&usage, "output_tokens");
+        assert_cost(r, "penny-model", micros);
+        total += micros;
+    }
+    let used = records
+        .iter()
+        .map(|r| num(&charge(r, "money", "spend"), "used"))
+        .max();
+    assert_eq!(used, Some(total), "{records:#?}");
     w.sweep();
 }
