@@ -921,16 +921,20 @@ pub fn identities_toml(limits: &[(&str, &str)]) -> String {
 pub const SECRET_TOML: &str = "[secrets.provider]\nsource = \"env:TEST_OPENAI_KEY\"\n\n";
 
 /// A rule `name` for `host` on the fake's port (`PORT`), injecting the provider key, charged
-/// `limits` (a TOML array body, may be empty).
+/// `limits` (a TOML array body; empty: the rule has no limits).
 pub fn provider_rule(name: &str, host: &str, limits: &str) -> String {
+    let limits = if limits.is_empty() {
+        String::new()
+    } else {
+        format!("limits = [{limits}]\n")
+    };
     format!(
         r#"
 [[rules]]
 name   = "{name}"
 hosts  = ["{host}"]
 ports  = [PORT]
-limits = [{limits}]
-[rules.inject.headers]
+{limits}[rules.inject.headers]
 authorization = "Bearer {{{{secret.provider}}}}"
 "#
     )
