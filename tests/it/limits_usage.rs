@@ -79,7 +79,9 @@ fn every_provider_api_streaming_and_not_reports_its_usage_into_the_audit_record(
     let mut expected = Vec::new();
     for stream in [false, true] {
         for (i, (api, host, path, body, model)) in calls(stream).into_iter().enumerate() {
-            let (input, cached, output) = (100 + i as u64, 10 + i as u64, 20 + i as u64);
+            // Distinct numbers for every call, so each record is found by its input.
+            let n = i as u64 + if stream { 10 } else { 0 };
+            let (input, cached, output) = (100 + n, 10 + n, 20 + n);
             let resp = w.run(
                 &Call::post(&w.url(host, &path), &body)
                     .header("x-fake-input-tokens", &input.to_string())
