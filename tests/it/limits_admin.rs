@@ -7,8 +7,8 @@ use serde_json::{json, Value};
 use crate::support::admin::{admin_get, json_body, metrics};
 use crate::support::assert_record;
 use crate::support::providers::{
-    charge, chat_body, identities_toml, limits_world, num, provider_rule, user, Call,
-    OPENAI_HOST, SECRET_TOML,
+    charge, chat_body, identities_toml, limits_world, num, provider_rule, user, Call, OPENAI_HOST,
+    SECRET_TOML,
 };
 use crate::support::{policy_dir, run_cli};
 
@@ -59,7 +59,10 @@ fn get_limits_and_metrics_show_what_each_key_used_and_has_left() {
         })
         .sum();
     for r in &records {
-        assert_record(r, json!({"identity": "agent", "rule": "openai", "status": 200}));
+        assert_record(
+            r,
+            json!({"identity": "agent", "rule": "openai", "status": 200}),
+        );
     }
 
     let resp = admin_get(&w.lk, "/limits");
@@ -73,7 +76,11 @@ fn get_limits_and_metrics_show_what_each_key_used_and_has_left() {
         .filter_map(|l| l["name"].as_str())
         .collect();
     assert_eq!(declared, ["agent-cap", "llm"], "{body:#}");
-    assert_eq!(body["prices"]["date"].as_str().map(str::len), Some(10), "{body:#}");
+    assert_eq!(
+        body["prices"]["date"].as_str().map(str::len),
+        Some(10),
+        "{body:#}"
+    );
     let counter = |limit: &str, measure: &str| -> Value {
         body["counters"]
             .as_array()
@@ -91,7 +98,10 @@ fn get_limits_and_metrics_show_what_each_key_used_and_has_left() {
     );
     assert!(tokens["resets_at"].is_string(), "{tokens:#}");
     let requests = counter("llm", "requests");
-    assert_record(&requests, json!({"key": "identity:agent", "limit_value": 50}));
+    assert_record(
+        &requests,
+        json!({"key": "identity:agent", "limit_value": 50}),
+    );
     let bytes = counter("agent-cap", "bytes_up");
     assert_record(
         &bytes,
@@ -177,5 +187,8 @@ fn explain_lists_the_limits_a_request_would_be_charged() {
         json!({"per": "identity", "on_store_error": "deny",
                "measures": {"llm_tokens": "10000/day", "requests": "50/min"}}),
     );
-    assert!(!out.stdout.contains("tok-limits"), "explain printed a token");
+    assert!(
+        !out.stdout.contains("tok-limits"),
+        "explain printed a token"
+    );
 }

@@ -83,9 +83,7 @@ fn uploads_with_and_without_a_length_count_and_the_one_that_does_not_fit_never_l
     assert_eq!(elsewhere.status, 200, "{elsewhere:#?}");
 
     let records = w.lk.wait_audit(5);
-    let on = |host: &str| -> Vec<&Value> {
-        records.iter().filter(|r| r["host"] == host).collect()
-    };
+    let on = |host: &str| -> Vec<&Value> { records.iter().filter(|r| r["host"] == host).collect() };
     let openai = on(OPENAI_HOST);
     assert_eq!(openai.len(), 4);
     let mut allowed_used = Vec::new();
@@ -142,7 +140,10 @@ fn an_upload_larger_than_what_is_left_is_refused_whole_and_a_smaller_one_still_f
         .collect();
     assert_eq!(refused.len(), 1, "{records:#?}");
     let c = charge(refused[0], "exfil", "bytes_up");
-    assert_eq!((c["charged"].clone(), c["used"].clone()), (json!(800), json!(1500)));
+    assert_eq!(
+        (c["charged"].clone(), c["used"].clone()),
+        (json!(800), json!(1500))
+    );
     w.sweep();
 }
 
@@ -176,10 +177,7 @@ fn a_chunked_upload_that_outgrows_the_budget_is_cut_off_at_it() {
             r.body.len() as u64
         })
         .sum();
-    assert!(
-        sent <= BIG,
-        "{sent} bytes left against a budget of {BIG}"
-    );
+    assert!(sent <= BIG, "{sent} bytes left against a budget of {BIG}");
 
     let records = w.lk.wait_audit(2);
     for r in &records {

@@ -130,7 +130,10 @@ fn a_request_waiting_for_a_slot_goes_through_when_one_frees_within_the_queue() {
     assert_eq!(w.providers.received().len(), 2);
     let records = w.lk.wait_audit(2);
     for r in &records {
-        assert_record(r, json!({"decision": "allow", "reason": "allowed", "status": 200}));
+        assert_record(
+            r,
+            json!({"decision": "allow", "reason": "allowed", "status": 200}),
+        );
         assert_eq!(charge(r, "slots", "concurrency")["charged"], 1, "{r:#}");
     }
     w.sweep();

@@ -12,7 +12,7 @@ use serde_json::json;
 use crate::support::assert_record;
 use crate::support::clients::RawResponse;
 use crate::support::providers::{
-    chat_body, charge, header_num, identities_toml, is_refusal, limits_world, on_path,
+    charge, chat_body, header_num, identities_toml, is_refusal, limits_world, on_path,
     provider_rule, ratelimit_headers, user, with_reason, Call, LimitsWorld, ANTHROPIC_HOST,
     GEMINI_HOST, OPENAI_HOST, SECRET_TOML,
 };
@@ -69,7 +69,10 @@ fn a_burst_of_twelve_against_five_per_minute_admits_exactly_five() {
         assert_eq!(r.header("x-latchkey-decision"), Some("deny"), "{r:#?}");
         let (limit, remaining, reset) = ratelimit_headers(r);
         assert_eq!((limit, remaining), (5, 0), "{r:#?}");
-        assert!((1..=60).contains(&reset), "x-ratelimit-reset {reset}: {r:#?}");
+        assert!(
+            (1..=60).contains(&reset),
+            "x-ratelimit-reset {reset}: {r:#?}"
+        );
         // One token comes back every 12 s.
         let retry = header_num(r, "retry-after");
         assert!((1..=12).contains(&retry), "retry-after {retry}: {r:#?}");
@@ -149,7 +152,11 @@ fn the_bucket_refills_one_token_per_interval() {
     assert_eq!(w.providers.received().len(), 2);
     let records = w.lk.wait_audit(4);
     assert_eq!(with_reason(&records, "allowed").len(), 2, "{records:#?}");
-    assert_eq!(with_reason(&records, "rate_limited").len(), 2, "{records:#?}");
+    assert_eq!(
+        with_reason(&records, "rate_limited").len(),
+        2,
+        "{records:#?}"
+    );
     w.sweep();
 }
 
@@ -175,16 +182,12 @@ requests = "3/min"
         |b| b,
     );
     let own = |who: &str| {
-        w.run(
-            &Call::post(&w.url(OPENAI_HOST, "/upload"), &json!({"who": who})).user(&user(who)),
-        )
-        .status
+        w.run(&Call::post(&w.url(OPENAI_HOST, "/upload"), &json!({"who": who})).user(&user(who)))
+            .status
     };
     let shared = |who: &str| {
-        w.run(
-            &Call::post(&w.url(GEMINI_HOST, "/upload"), &json!({"who": who})).user(&user(who)),
-        )
-        .status
+        w.run(&Call::post(&w.url(GEMINI_HOST, "/upload"), &json!({"who": who})).user(&user(who)))
+            .status
     };
     // Per identity: each gets two.
     assert_eq!([own("agent"), own("agent"), own("agent")], [200, 200, 429]);

@@ -14,7 +14,7 @@ use crate::support::admin::{admin_get, json_body};
 use crate::support::assert_record;
 use crate::support::latchkey::Latchkey;
 use crate::support::providers::{
-    charge, chat_body, charges, is_refusal, limits_latchkey, num, provider_rule, sweep_latchkey,
+    charge, charges, chat_body, is_refusal, limits_latchkey, num, provider_rule, sweep_latchkey,
     with_reason, Call, Providers, ANTHROPIC_HOST, GEMINI_HOST, OPENAI_HOST, SECRET_TOML,
 };
 use crate::support::redis::RedisServer;
@@ -88,7 +88,10 @@ fn two_replicas_on_one_redis_share_one_request_bucket_and_one_token_budget() {
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().expect("ping")).collect()
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("ping"))
+            .collect()
     });
     assert_eq!(
         statuses.iter().filter(|s| **s == 200).count(),

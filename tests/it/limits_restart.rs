@@ -43,9 +43,8 @@ fn a_restart_on_the_same_sqlite_state_keeps_a_token_budget_and_an_exfiltration_b
         )
         .header("x-fake-input-tokens", "200")
     };
-    let upload = |n: usize| {
-        Call::post(&url(GEMINI_HOST, "/upload"), &json!(null)).raw_body(vec![b'u'; n])
-    };
+    let upload =
+        |n: usize| Call::post(&url(GEMINI_HOST, "/upload"), &json!(null)).raw_body(vec![b'u'; n]);
 
     let mut first = limits_latchkey(&ca, &policy, |b| b.arg("--state").arg(&state));
     // 2 × (200 in + 100 out) = 600 of the day's 1000 tokens; 2 × 400 of its 1000 bytes.
@@ -87,7 +86,10 @@ fn a_restart_on_the_same_sqlite_state_keeps_a_token_budget_and_an_exfiltration_b
         .find(|r| r["rule"] == "api" && r["reason"] == "budget_exhausted")
         .unwrap_or_else(|| panic!("{after:#?}"));
     assert_record(refused_upload, json!({"status": 429, "upstream": null}));
-    assert_eq!(num(&charge(refused_upload, "exfil", "bytes_up"), "used"), 800);
+    assert_eq!(
+        num(&charge(refused_upload, "exfil", "bytes_up"), "used"),
+        800
+    );
     let greedy_record = after
         .iter()
         .find(|r| r["rule"] == "llm" && r["reason"] == "budget_exhausted")
@@ -119,6 +121,10 @@ fn a_restart_on_the_same_sqlite_state_keeps_a_token_budget_and_an_exfiltration_b
             .find(|c| c["limit"] == limit)
             .and_then(|c| c["used"].as_u64())
     };
-    assert_eq!((used("daily"), used("exfil")), (Some(900), Some(1000)), "{body:#}");
+    assert_eq!(
+        (used("daily"), used("exfil")),
+        (Some(900), Some(1000)),
+        "{body:#}"
+    );
     sweep_latchkey(&second);
 }

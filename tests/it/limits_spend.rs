@@ -6,9 +6,9 @@ use serde_json::{json, Value};
 
 use crate::support::assert_record;
 use crate::support::providers::{
-    anthropic_body, charge, chat_body, gemini_body, is_refusal, limits_world, num,
-    provider_rule, usage_of, with_reason, Call, LimitsWorld, ANTHROPIC_HOST, GEMINI_HOST,
-    OPENAI_HOST, SECRET_TOML,
+    anthropic_body, charge, chat_body, gemini_body, is_refusal, limits_world, num, provider_rule,
+    usage_of, with_reason, Call, LimitsWorld, ANTHROPIC_HOST, GEMINI_HOST, OPENAI_HOST,
+    SECRET_TOML,
 };
 
 const LIMITS: &str = r#"
@@ -153,11 +153,17 @@ fn a_call_whose_priced_reservation_does_not_fit_is_refused_and_an_unpriced_model
     let w = world();
     let url = w.url(OPENAI_HOST, "/v1/chat/completions");
     // 1000 output tokens at $2000/M reserve $2: over the $1 budget before anything is spent.
-    let dear = w.run(&Call::post(&url, &chat_body("fake-model", false, Some(1000))));
+    let dear = w.run(&Call::post(
+        &url,
+        &chat_body("fake-model", false, Some(1000)),
+    ));
     assert!(is_refusal(&dear, 429, "budget_exhausted"), "{dear:#?}");
     assert!(dear.text().contains("money"), "{dear:#?}");
     // A model the table does not know has no price: refused rather than counted as free.
-    let unknown = w.run(&Call::post(&url, &chat_body("mystery-model-9", false, Some(5))));
+    let unknown = w.run(&Call::post(
+        &url,
+        &chat_body("mystery-model-9", false, Some(5)),
+    ));
     assert_eq!(unknown.status, 429, "{unknown:#?}");
     assert!(
         unknown.header("x-latchkey-reason").is_some(),

@@ -55,7 +55,10 @@ fn twenty_concurrent_sdk_streams_overshoot_a_token_budget_by_at_most_one_reserva
     }
     for r in &refused {
         assert_eq!(r["error"], "RateLimitError", "{r:#}");
-        assert_eq!(r["headers"]["x-latchkey-reason"], "budget_exhausted", "{r:#}");
+        assert_eq!(
+            r["headers"]["x-latchkey-reason"], "budget_exhausted",
+            "{r:#}"
+        );
         assert!(
             r["body"].as_str().is_some_and(|b| b.contains("tokens")),
             "the refusal does not name the budget: {r:#}"

@@ -12,8 +12,8 @@ use serde_json::{json, Value};
 use crate::support::assert_record;
 use crate::support::providers::{
     anthropic_body, charge, chat_body, completion_text, gemini_body, limits_world, num,
-    provider_rule, responses_body, streamed_text, usage_of, Api, Call, LimitsWorld,
-    ANTHROPIC_HOST, GEMINI_HOST, OPENAI_HOST, SECRET_TOML,
+    provider_rule, responses_body, streamed_text, usage_of, Api, Call, LimitsWorld, ANTHROPIC_HOST,
+    GEMINI_HOST, OPENAI_HOST, SECRET_TOML,
 };
 
 const METER: &str = "[limits.meter]\nllm_tokens = \"10M/day\"\n";
@@ -282,7 +282,10 @@ fn include_usage_adds_stream_options_when_the_limit_asks_and_is_off_by_default()
     let received = w.providers.received();
     let sent: Value = serde_json::from_slice(&received[0].body).expect("JSON body upstream");
     assert_eq!(sent["stream_options"]["include_usage"], true, "{sent:#}");
-    assert_eq!(sent["messages"], body["messages"], "the rest of the body is kept");
+    assert_eq!(
+        sent["messages"], body["messages"],
+        "the rest of the body is kept"
+    );
     assert_eq!(
         received[1].body,
         body.to_string().into_bytes(),
@@ -290,8 +293,15 @@ fn include_usage_adds_stream_options_when_the_limit_asks_and_is_off_by_default()
     );
     // The sandbox sees the usage chunk only where it was asked for.
     assert!(with.text().contains("\"choices\":[]"), "{}", with.text());
-    assert!(!without.text().contains("prompt_tokens"), "{}", without.text());
-    assert_eq!(streamed_text(Api::OpenAiChat, &with.text()), completion_text());
+    assert!(
+        !without.text().contains("prompt_tokens"),
+        "{}",
+        without.text()
+    );
+    assert_eq!(
+        streamed_text(Api::OpenAiChat, &with.text()),
+        completion_text()
+    );
     assert_eq!(
         streamed_text(Api::OpenAiChat, &without.text()),
         completion_text()

@@ -643,7 +643,11 @@ fn gemini_events(model: &str, u: Tokens) -> Vec<String> {
             let i = i as u64;
             let done = i + 1 == n;
             let so_far = Tokens {
-                output: if done { u.output } else { u.output * (i + 1) / n },
+                output: if done {
+                    u.output
+                } else {
+                    u.output * (i + 1) / n
+                },
                 ..u
             };
             // Gemini separates its SSE events with CRLF pairs.
