@@ -105,11 +105,11 @@ fn a_request_waiting_for_a_slot_goes_through_when_one_frees_within_the_queue() {
     let w = world(1, "5s");
     let w = &w;
     thread::scope(|s| {
-        let first = s.spawn(|| w.run(&held(&w, 1)));
-        wait_received(&w, 1);
+        let first = s.spawn(|| w.run(&held(w, 1)));
+        wait_received(w, 1);
         let started = Instant::now();
         let second = s.spawn(move || {
-            let resp = w.run(&quick(&w));
+            let resp = w.run(&quick(w));
             (resp, started.elapsed())
         });
         thread::sleep(Duration::from_millis(400));

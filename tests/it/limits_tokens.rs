@@ -173,3 +173,36 @@ fn a_call_naming_no_maximum_reserves_reserve_tokens() {
     );
     w.sweep();
 }
+
+#[test]
+fn a_call_that_fails_without_usage_gives_its_reservation_back() {
+    let w = world("llm_tokens = \"1000/day\"");
+    let url = w.url(OPENAI_HOST, "/v1/chat/completions");
+    // Reserves at least 600 of the 1000; the provider fails and reports no usage.
+    let failed =
+        w.run(&Call::post(&url, &chat_body("gpt-4o", false, Some(600))).header("x-fake-fail", "1"));
+    assert_eq!(failed.status, 500, "{failed:#?}");
+    // Had the reservation stayed, this one (600 more) would not fit.
+    let next = w.run(
+        &Call::post(&url, &chat_body("gpt-4o", false, Some(600)))
+            .header("x-fake-input-tokens", "10")
+            .header("x-fake-output-tokens", "5"),
+    );
+    assert_eq!(next.status, 200, "{next:#?}");
+    assert_eq!(w.providers.received().len(), 2);
+    let records = w.lk.wait_audit(2);
+    let failed = records
+        .iter()
+        .find(|r| r["status"] == 500)
+        .unwrap_or_else(|| panic!("{records:#?}"));
+    assert!(failed.get("usage").is_none(), "{failed:#}");
+    let c = charge(failed, "tokens", "llm_tokens");
+    assert_eq!((num(&c, "charged"), num(&c, "used")), (0, 0), "{c:#}");
+    let ok = records
+        .iter()
+        .find(|r| r["status"] == 200)
+        .unwrap_or_else(|| panic!("{records:#?}"));
+    let c = charge(ok, "tokens", "llm_tokens");
+    assert_eq!((num(&c, "charged"), num(&c, "used")), (15, 15), "{c:#}");
+    w.sweep();
+}

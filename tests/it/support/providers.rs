@@ -33,6 +33,7 @@
 //! | `x-fake-model`          | the model the response names                              | the request's |
 //! | `x-fake-delay-ms`       | pause between two events of a stream                      | 10      |
 //! | `x-fake-hold`           | `1`: wait for [`Providers::release`] before answering     | off     |
+//! | `x-fake-fail`           | `1`: answer `500` with an error body and no usage         | off     |
 //! | `x-fake-gate`           | `1`: stream all but the usage-bearing end, then wait for [`Providers::release`] | off |
 //!
 //! Every answer is logged ([`Providers::answers`]) with the usage it reported, and
@@ -273,6 +274,12 @@ async fn answer(state: Arc<State>, req: Received) -> Response<UpBody> {
     });
     if req.header("x-fake-hold") == Some("1") {
         wait_release(&state).await;
+    }
+    if req.header("x-fake-fail") == Some("1") {
+        return json_response(
+            500,
+            json!({"error": {"message": "the fake provider failed", "type": "server_error"}}),
+        );
     }
     if !stream {
         let doc = match api {
