@@ -18,6 +18,7 @@ pub mod credentials;
 pub mod latchkey;
 pub mod netns;
 pub mod problems;
+pub mod providers;
 pub mod redis;
 pub mod secrets;
 pub mod session;
