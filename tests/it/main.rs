@@ -36,6 +36,7 @@ mod inner_policy;
 mod limits_admin;
 mod limits_bytes_up;
 mod limits_concurrency;
+mod limits_plain;
 mod limits_rate;
 mod limits_replicas;
 mod limits_restart;

@@ -309,6 +309,26 @@ struct Metered {
     slot: MeterSlot,
 }
 
+impl Metered {
+    /// Hands what the meter read to the record, once. A stream that ended before its final
+    /// usage report (cut short, or dropped by the client) may be billed more than it reported
+    /// so far: it hands nothing, and the reservation is charged instead.
+    fn conclude(&mut self) {
+        if let Some(meter) = self.meter.take() {
+            let complete = meter.complete();
+            let usage = meter.finish().filter(|_| complete);
+            *self.slot.lock().unwrap_or_else(PoisonError::into_inner) = usage;
+        }
+    }
+}
+
+/// Dropped before the record's finisher (it is the inner body), so the settle sees it.
+impl Drop for Metered {
+    fn drop(&mut self) {
+        self.conclude();
+    }
+}
+
 impl HttpBody for Metered {
     type Data = Bytes;
     type Error = BoxError;
@@ -324,16 +344,12 @@ impl HttpBody for Metered {
                 if let (Some(meter), Some(data)) = (this.meter.as_mut(), frame.data_ref()) {
                     meter.feed(data);
                 }
-            }
-            Poll::Ready(None) => {
-                if let Some(meter) = this.meter.take() {
-                    // A stream that ended before its final usage report may be billed more
-                    // than it reported so far: it is charged its reservation instead.
-                    let complete = meter.complete();
-                    let usage = meter.finish().filter(|_| complete);
-                    *this.slot.lock().unwrap_or_else(PoisonError::into_inner) = usage;
+                // A body of known length ends with its last frame: hyper does not poll again.
+                if this.inner.is_end_stream() {
+                    this.conclude();
                 }
             }
+            Poll::Ready(None) => this.conclude(),
             _ => {}
         }
         polled
