@@ -365,7 +365,6 @@ impl Collector for Snapshot {
         )?;
         let labels = [("digest", g.policy_info.as_str())];
         ConstGauge::new(1u64).encode(info.encode_family(&labels)?)?;
-        drop(info);
         // Present once a limit has been charged (a policy without [limits] adds nothing).
         if !g.limits.is_empty() {
             for (name, help, pick) in [
