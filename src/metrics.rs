@@ -138,6 +138,18 @@ pub struct Gauges {
     pub policy_info: String,
     /// Whether the audit log's last write succeeded (traffic is refused while it is not).
     pub audit_healthy: bool,
+    /// Each `[limits]` counter this process has charged, as last seen.
+    pub limits: Vec<LimitGauge>,
+}
+
+/// One limit counter for `latchkey_limit_used` / `latchkey_limit_remaining`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitGauge {
+    pub limit: String,
+    pub measure: &'static str,
+    pub key: String,
+    pub used: u64,
+    pub remaining: u64,
 }
 
 impl Metrics {
@@ -352,7 +364,34 @@ impl Collector for Snapshot {
             MetricType::Gauge,
         )?;
         let labels = [("digest", g.policy_info.as_str())];
-        ConstGauge::new(1u64).encode(info.encode_family(&labels)?)
+        ConstGauge::new(1u64).encode(info.encode_family(&labels)?)?;
+        drop(info);
+        // Present once a limit has been charged (a policy without [limits] adds nothing).
+        if !g.limits.is_empty() {
+            for (name, help, pick) in [
+                (
+                    "latchkey_limit_used",
+                    "A [limits] counter's use in its current window (requests taken from the bucket, requests in flight, bytes, tokens, micro-USD), by limit, measure and key.",
+                    (|l: &LimitGauge| l.used) as fn(&LimitGauge) -> u64,
+                ),
+                (
+                    "latchkey_limit_remaining",
+                    "What a [limits] counter has left in its current window, by limit, measure and key.",
+                    |l: &LimitGauge| l.remaining,
+                ),
+            ] {
+                let mut family = e.encode_descriptor(name, help, None, MetricType::Gauge)?;
+                for l in &g.limits {
+                    let labels = [
+                        ("limit", l.limit.as_str()),
+                        ("measure", l.measure),
+                        ("key", l.key.as_str()),
+                    ];
+                    ConstGauge::new(pick(l)).encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -473,6 +512,7 @@ latchkey_policy_info{digest="sha256:ab"} 1
             policy_rules: 2,
             policy_info: "sha256:ab".into(),
             audit_healthy: true,
+            limits: Vec::new(),
         });
         assert_eq!(text, EXPOSITION);
     }

@@ -10,6 +10,7 @@
 //! - `GET /explain?method=GET&url=...&identity=...`: the decision for one request, as JSON.
 //! - `GET /approvals`, `GET|POST /approvals/ID`, `GET /grants`: requests waiting for a person,
 //!   and the answers (`approvals`).
+//! - `GET /limits`: the `[limits]` in force and every counter charged, with its use now.
 //!
 //! With `--admin-token`, every endpoint but `/healthz` and `/readyz` needs
 //! `Authorization: Bearer TOKEN` (compared in constant time).
@@ -161,13 +162,14 @@ async fn route(
             }
         }
         (&Method::GET, "/explain") => explain(proxy, req.uri().query().unwrap_or_default()),
+        (&Method::GET, "/limits") => json(StatusCode::OK, &limits(proxy).await),
         (_, p) if p == "/approvals" || p == "/grants" || p.starts_with("/approvals/") => {
             match approvals::route(proxy, peer, req).await {
                 Some(res) => res,
                 None => respond(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
             }
         }
-        (_, "/healthz" | "/readyz" | "/metrics" | "/status" | "/reload" | "/explain") => respond(
+        (_, "/healthz" | "/readyz" | "/metrics" | "/status" | "/reload" | "/explain" | "/limits") => respond(
             StatusCode::METHOD_NOT_ALLOWED,
             "text/plain",
             "method not allowed\n",
@@ -175,9 +177,50 @@ async fn route(
         _ => respond(
             StatusCode::NOT_FOUND,
             "text/plain",
-            "not found: try /status, /metrics, /reload, /explain, /approvals, /grants, /healthz, /readyz\n",
+            "not found: try /status, /metrics, /reload, /explain, /limits, /approvals, /grants, /healthz, /readyz\n",
         ),
     }
+}
+
+/// `GET /limits`: every `[limits.NAME]` in force and each counter charged, with its use now
+/// (read again from a shared store).
+async fn limits(proxy: &Proxy) -> serde_json::Value {
+    let policy = proxy.policy();
+    let declared: Vec<serde_json::Value> = policy
+        .limits()
+        .iter()
+        .map(|l| {
+            serde_json::json!({
+                "name": l.name,
+                "per": l.per.as_str(),
+                "summary": l.summary(),
+                "on_store_error": match l.on_store_error {
+                    crate::policy::limits::OnStoreError::Deny => "deny",
+                    crate::policy::limits::OnStoreError::Allow => "allow",
+                },
+            })
+        })
+        .collect();
+    let (store, embedded, counters) = match proxy.limiter() {
+        Some(l) => (
+            Some(l.store().to_string()),
+            Some(l.embedded()),
+            l.current().await,
+        ),
+        None => (None, None, Vec::new()),
+    };
+    serde_json::json!({
+        "store": store,
+        "embedded": embedded,
+        "prices": {
+            "source": policy.prices().source,
+            "date": policy.prices().date,
+            "models": policy.prices().len(),
+            "overridden": policy.prices().overridden(),
+        },
+        "limits": declared,
+        "counters": counters,
+    })
 }
 
 async fn status(proxy: &Proxy) -> serde_json::Value {

@@ -60,6 +60,11 @@ pub struct Entry {
     scrub: Option<Arc<dyn Scrub>>,
     /// Seconds the sandbox should wait before retrying a refusal (`retry-after`), if any.
     retry_after: Option<u64>,
+    /// `x-ratelimit-limit`, `-remaining`, `-reset` for the answer, from a request bucket.
+    rate_headers: Option<(u64, u64, u64)>,
+    /// What must live exactly as long as the record is open (a tunnel's hold on its limits),
+    /// dropped after the record is handed to the log.
+    held: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 impl Entry {
@@ -98,6 +103,8 @@ impl Entry {
             counters: Arc::new(Counters::default()),
             scrub: None,
             retry_after: None,
+            rate_headers: None,
+            held: None,
         }
     }
 
@@ -160,6 +167,21 @@ impl Entry {
     /// What [`Self::set_retry_after`] set.
     pub fn retry_after(&self) -> Option<u64> {
         self.retry_after
+    }
+
+    /// Keeps `thing` alive until this record is written (a tunnel's concurrency slot).
+    pub fn hold(&mut self, thing: Box<dyn std::any::Any + Send + Sync>) {
+        self.held = Some(thing);
+    }
+
+    /// Asks the answer to carry `x-ratelimit-limit/remaining/reset`.
+    pub fn set_rate_headers(&mut self, limit: u64, remaining: u64, reset: u64) {
+        self.rate_headers = Some((limit, remaining, reset));
+    }
+
+    /// What [`Self::set_rate_headers`] set: (limit, remaining, reset seconds).
+    pub fn rate_headers(&self) -> Option<(u64, u64, u64)> {
+        self.rate_headers
     }
 
     /// The approval this request is part of, if any (the refusal answer names it).

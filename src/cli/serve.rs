@@ -320,6 +320,7 @@ impl Server {
             .await
             .context("--state: cannot read the approvals' shared keys")?;
         proxy.set_governance(Arc::new(gov));
+        proxy.set_limiter(crate::governance::limits::Limiter::new(store.clone()));
         // The notification outbox, delivered through the guarded client.
         let worker = {
             let p = proxy.clone();
@@ -399,6 +400,10 @@ impl Server {
             );
         } else {
             tracing::info!("all connections finished");
+        }
+        // Embedded limit counters changed since the last flush go to the state store.
+        if let Some(limiter) = proxy.limiter() {
+            limiter.shutdown().await;
         }
         Ok(())
     }

@@ -101,3 +101,6 @@ impl Governance {
         .await
     }
 }
+
+#[cfg(test)]
+mod limits_tests;

@@ -280,7 +280,12 @@ impl Limit {
                 q.period.as_str()
             ));
         }
-        format!("{} (per {}): {}", self.name, self.per.as_str(), parts.join(", "))
+        format!(
+            "{} (per {}): {}",
+            self.name,
+            self.per.as_str(),
+            parts.join(", ")
+        )
     }
 }
 

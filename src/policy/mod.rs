@@ -100,6 +100,18 @@ pub enum HostPattern {
     Wildcard(String),
 }
 
+impl HostPattern {
+    /// Whether this pattern matches `host` (normalised).
+    pub fn matches(&self, host: &str) -> bool {
+        match self {
+            HostPattern::Exact(h) => h == host,
+            HostPattern::Wildcard(s) => host
+                .strip_suffix(s.as_str())
+                .is_some_and(|rest| rest.len() > 1 && rest.ends_with('.')),
+        }
+    }
+}
+
 impl std::fmt::Display for HostPattern {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -235,6 +247,18 @@ impl Rule {
             },
             ..Rule::report_only()
         }
+    }
+
+    /// The host as this rule names it for `host`: the exact entry if it lists one, else the
+    /// wildcard that matches (`*.example.com`), else `host` itself.
+    pub fn host_for(&self, host: &str) -> String {
+        let exact = self
+            .hosts
+            .iter()
+            .find(|p| matches!(p, HostPattern::Exact(h) if h == host));
+        exact
+            .or_else(|| self.hosts.iter().find(|p| p.matches(host)))
+            .map_or_else(|| host.to_string(), ToString::to_string)
     }
 
     /// Whether this rule adds anything to requests (and so strips the sandbox's own auth).

@@ -89,7 +89,13 @@ pin_project_lite::pin_project! {
 struct Finisher {
     entry: Option<Entry>,
     request_refused: Option<Arc<std::sync::OnceLock<super::request_body::BodyRefused>>>,
+    /// Runs on the entry just before it is written (the limits' settle).
+    on_finish: Option<FinishHook>,
 }
+
+/// What runs on a response's record when its body ends: it may fill in fields only known
+/// then (usage, limits settled).
+pub type FinishHook = Box<dyn FnOnce(&mut Entry) + Send + Sync>;
 
 impl Finisher {
     fn finish(&mut self, reason: Option<crate::reason::Reason>) {
@@ -103,6 +109,9 @@ impl Finisher {
             .map(|r| r.reason);
         if let Some(reason) = refused.or(reason) {
             entry.update(|r| r.reason = reason.code());
+        }
+        if let Some(hook) = self.on_finish.take() {
+            hook(&mut entry);
         }
     }
 }
@@ -167,6 +176,7 @@ pub fn audited(
     body: Body,
     entry: Entry,
     request_refused: Option<Arc<std::sync::OnceLock<super::request_body::BodyRefused>>>,
+    on_finish: Option<FinishHook>,
 ) -> Body {
     let counters = entry.counters();
     Audited {
@@ -175,6 +185,7 @@ pub fn audited(
         entry: Finisher {
             entry: Some(entry),
             request_refused,
+            on_finish,
         },
     }
     .boxed()

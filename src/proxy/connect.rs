@@ -168,6 +168,10 @@ pub(crate) async fn decide_authority(
         }
         ConnectDecision::Tunnel(rule) => {
             entry.update(|r| r.rule = Some(rule.name.clone()));
+            // A tunnel's limits count CONNECTs (rate, concurrency): held while it is open.
+            tunnel_limits(proxy, ctx, policy, identity, rule, &host, entry)
+                .await
+                .map_err(|r| r.under(&rule.name))?;
             // Dial first, so an unreachable upstream is a 502 the client can see.
             let dialed = proxy
                 .dialer
@@ -182,6 +186,62 @@ pub(crate) async fn decide_authority(
         ConnectDecision::Deny(_) | ConnectDecision::Intercept => Ok(Opened::Intercept(
             Ctx::pinned(ctx.client, ctx.identity.clone(), host, port),
         )),
+    }
+}
+
+/// Charges a tunnel to its rule's and identity's limits (only request rates and concurrency
+/// apply: policy refuses budgets on a tunnel rule, whose bytes latchkey cannot read). The
+/// admission lives as long as the tunnel's record.
+async fn tunnel_limits(
+    proxy: &Proxy,
+    ctx: &Ctx,
+    policy: &Policy,
+    identity: Option<&crate::policy::Identity>,
+    rule: &crate::policy::Rule,
+    host: &str,
+    entry: &mut Entry,
+) -> Result<(), Refusal> {
+    let limits = policy.limits_for(rule, identity);
+    if limits.is_empty() {
+        return Ok(());
+    }
+    let Some(limiter) = proxy.limiter() else {
+        return Err(Refusal::new(
+            Reason::LimitsUnavailable,
+            "this tunnel is under [limits], and latchkey has no state store to count them in",
+        ));
+    };
+    let pattern = rule.host_for(host);
+    let id = entry.id().to_string();
+    let who = crate::governance::limits::Subject {
+        identity: &ctx.identity,
+        rule: &rule.name,
+        credential: rule.credential.as_deref(),
+        host: &pattern,
+        request_id: &id,
+    };
+    let estimate = crate::governance::limits::Estimate {
+        bytes_up: Some(0),
+        llm: None,
+    };
+    match limiter.admit(&limits, who, &estimate).await {
+        Ok(admission) => {
+            let charges = admission.charges().to_vec();
+            entry.update(|r| r.limits = charges);
+            entry.hold(Box::new(admission));
+            Ok(())
+        }
+        Err(refused) => {
+            let refused = *refused;
+            entry.update(|r| r.limits = refused.charges);
+            if let Some(secs) = refused.retry_after {
+                entry.set_retry_after(secs);
+            }
+            if let Some(rate) = refused.rate {
+                entry.set_rate_headers(rate.limit, rate.remaining, rate.reset);
+            }
+            Err(refused.refusal)
+        }
     }
 }
 

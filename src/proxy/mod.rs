@@ -100,6 +100,9 @@ pub struct Proxy {
     /// Approvals and the state store, set once when serving starts (`--state`); absent, every
     /// request that needs a person fails closed (`state_unavailable`).
     governance: std::sync::OnceLock<Arc<crate::governance::Governance>>,
+    /// `[limits]` counters on the state store, set once when serving starts; absent, a
+    /// request under a limit fails closed (`limits_unavailable`).
+    limiter: std::sync::OnceLock<Arc<crate::governance::limits::Limiter>>,
     /// The empty rule a request no rule allows runs under once a person approved it
     /// (`[ask] unknown`): it injects nothing and binds no secret.
     unknown_rule: crate::policy::Rule,
@@ -159,6 +162,7 @@ impl Proxy {
             body_timeout: config.body_timeout,
             pins: Arc::new(Pins::default()),
             governance: std::sync::OnceLock::new(),
+            limiter: std::sync::OnceLock::new(),
             unknown_rule: crate::policy::Rule::unknown(),
         }))
     }
@@ -225,6 +229,16 @@ impl Proxy {
         self.governance.get()
     }
 
+    /// The `[limits]` counters, once serving set them up.
+    pub fn limiter(&self) -> Option<&Arc<crate::governance::limits::Limiter>> {
+        self.limiter.get()
+    }
+
+    /// Sets the limiter (once; a second call is ignored and returns `false`).
+    pub fn set_limiter(&self, l: Arc<crate::governance::limits::Limiter>) -> bool {
+        self.limiter.set(l).is_ok()
+    }
+
     /// Sets the approvals (once; a second call is ignored and returns `false`).
     pub fn set_governance(&self, g: Arc<crate::governance::Governance>) -> bool {
         self.governance.set(g).is_ok()
@@ -249,6 +263,21 @@ impl Proxy {
             policy_rules: policy.rules().len() as u64,
             policy_info: policy.digest().to_string(),
             audit_healthy: self.audit.is_healthy(),
+            limits: self
+                .limiter()
+                .map(|l| {
+                    l.counters()
+                        .into_iter()
+                        .map(|c| crate::metrics::LimitGauge {
+                            limit: c.limit,
+                            measure: c.measure,
+                            key: c.key,
+                            used: c.used,
+                            remaining: c.remaining,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
         }
     }
 

@@ -71,9 +71,20 @@ pub fn refused(mut entry: Entry, refusal: &Refusal) -> Response<Body> {
         res.headers_mut()
             .insert(http::header::RETRY_AFTER, HeaderValue::from(secs));
     }
+    rate_headers(res.headers_mut(), &entry);
     entry.outcome(refusal.reason, rule, Some(res.status().as_u16()));
     entry.finish();
     res
+}
+
+/// `x-ratelimit-limit`, `x-ratelimit-remaining` and `x-ratelimit-reset` (seconds until the
+/// bucket is full), when a `[limits]` request rate was charged.
+pub fn rate_headers(headers: &mut http::HeaderMap, entry: &Entry) {
+    if let Some((limit, remaining, reset)) = entry.rate_headers() {
+        headers.insert("x-ratelimit-limit", HeaderValue::from(limit));
+        headers.insert("x-ratelimit-remaining", HeaderValue::from(remaining));
+        headers.insert("x-ratelimit-reset", HeaderValue::from(reset));
+    }
 }
 
 /// [`refused`] for a connection hyper does not serve: the record is written, and the bytes to

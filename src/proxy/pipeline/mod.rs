@@ -5,21 +5,23 @@
 //! the gateway listeners (transparent, DNS-routed, SOCKS5).
 //!
 //! ```text
-//! admit ─▶ identify ─▶ decide ─▶ (ask) ─▶ broker ─▶ send ─▶ respond ─▶ record
-//!   │          │          │        │         │        │        │
-//!   └──────────┴──────────┴────────┴─────────┴────────┴────────┴──▶ refuse (drain, answer, record)
+//! admit ─▶ identify ─▶ decide ─▶ (ask) ─▶ limits ─▶ broker ─▶ send ─▶ respond ─▶ record
+//!   │          │          │        │         │         │        │        │
+//!   └──────────┴──────────┴────────┴─────────┴─────────┴────────┴────────┴──▶ refuse (drain, answer, record)
 //! ```
 //!
 //! Each phase is a function whose doc comment says what it may assume and what it guarantees;
 //! each returns `Result<_, Refusal>`, and `?` carries a refusal to [`refuse`], the one place
 //! that drains the request body, answers and records. The phases live in [`admit`], [`decide`],
-//! [`ask`] (only for a request that needs a person) and [`outgoing`] (broker, send); respond
+//! [`ask`] (only for a request that needs a person), [`limits`] (reserve against `[limits]`
+//! before anything is sent; settled when the response ends) and [`outgoing`] (broker, send); respond
 //! (over [`super::response`]) and record are here. This module composes them and decides
 //! nothing itself.
 
 mod admit;
 mod ask;
 mod decide;
+mod limits;
 mod outgoing;
 
 use std::convert::Infallible;
@@ -139,6 +141,8 @@ pub async fn handle(
 struct Answer {
     response: Response<Body>,
     body_refused: Arc<std::sync::OnceLock<super::request_body::BodyRefused>>,
+    /// Fills in what is known only when the body has ended (limits settled, usage).
+    on_finish: Option<body::FinishHook>,
 }
 
 /// The phases in order, one per line; `?` is a refusal.
@@ -189,6 +193,7 @@ async fn phases(
         r.rule = Some(verdict.record_rule().to_string());
         r.would_deny = verdict.would_deny.is_some();
     });
+    let mut head = head;
     let incoming = match asking {
         Some(asking) => {
             ask::ask(
@@ -201,8 +206,22 @@ async fn phases(
         })?),
     };
 
+    // limits: reserve against every limit the rule, identity and credential name; a
+    // refusal here has sent nothing. Dropped before the response, the admission gives back.
+    let (incoming, admission) = limits::charge(
+        proxy, ctx, policy, rule, identity, &target, &mut head, incoming, entry,
+    )
+    .await?;
+
     // broker: strip, check, placeholders, inject, sign.
-    let out = outgoing::broker(proxy, ctx, policy, rule, &target, head, incoming, entry).await?;
+    let mut out =
+        outgoing::broker(proxy, ctx, policy, rule, &target, head, incoming, entry).await?;
+    if let Some(upload) = admission.as_ref().and_then(|a| a.upload()) {
+        let refused = out.plan.body_refused.clone();
+        out.request = out
+            .request
+            .map(|b| limits::limit_upload(b, upload, refused));
+    }
 
     // send: provisionally an upstream error, so a request cut short (shutdown, the client
     // leaving) is recorded as allowed by policy and not completed.
@@ -210,8 +229,13 @@ async fn phases(
     let plan = out.plan;
     let res = outgoing::send(proxy, rule, &target, out.request, &plan.body_refused, entry).await?;
 
-    // respond: decode decision, strip, scrub.
-    respond(proxy, &verdict, &target.host, res, plan, entry).await
+    // respond: decode decision, strip, scrub; a model-provider call's usage is read as its
+    // body passes, and the limits are settled when it ends.
+    let mut answer = respond(proxy, &verdict, &target.host, res, plan, entry).await?;
+    if let Some(admission) = admission {
+        answer = limits::settle_when_done(answer, admission, policy.prices().clone());
+    }
+    Ok(answer)
 }
 
 /// The respond phase: records what came back, then turns it into what the sandbox may see
@@ -244,6 +268,7 @@ async fn respond(
     Ok(Answer {
         response,
         body_refused: plan.body_refused,
+        on_finish: None,
     })
 }
 
@@ -254,7 +279,9 @@ fn record(answer: Answer, entry: Entry) -> Response<Body> {
     if let Ok(v) = HeaderValue::from_str(entry.id()) {
         res.headers_mut().insert(ID_HEADER, v);
     }
-    res.map(|b| body::audited(b, entry, Some(answer.body_refused)))
+    respond::rate_headers(res.headers_mut(), &entry);
+    let finish = answer.on_finish;
+    res.map(|b| body::audited(b, entry, Some(answer.body_refused), finish))
 }
 
 /// The one end of every refused request: reads what is left of the request body, then answers

@@ -81,6 +81,10 @@ pub const REASONS: &[&str] = &[
     "rate_limited",
     "state_unavailable",
     "body_too_large",
+    // Limits and budgets: a budget without room for the request's reservation, the state store
+    // holding a limit's counters unreachable.
+    "budget_exhausted",
+    "limits_unavailable",
 ];
 
 /// DNS records (`method = "DNS"`) whose reason allows them no name and no query type: the
@@ -272,12 +276,97 @@ pub fn check_record(record: &Value) -> Result<(), String> {
     count("bytes_up")?;
     count("bytes_down")?;
     count("duration_ms")?;
+    if let Some(limits) = obj.get("limits") {
+        check_limits(limits, reason)?;
+    }
+    if let Some(usage) = obj.get("usage") {
+        check_usage(usage)?;
+    }
     let policy = string("policy")?;
     let digest = policy
         .strip_prefix("sha256:")
         .ok_or_else(|| format!("policy {policy:?} does not start with sha256:"))?;
     if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(format!("policy {policy:?} is not a sha256 hex digest"));
+    }
+    Ok(())
+}
+
+/// `limits`: present only when some limit was charged; one object per limit and measure. A
+/// record refused by a limit has exactly the refusing measure marked `refused`.
+fn check_limits(limits: &Value, reason: &str) -> Result<(), String> {
+    let list = limits
+        .as_array()
+        .filter(|l| !l.is_empty())
+        .ok_or_else(|| format!("limits is {limits}, not a non-empty array"))?;
+    let mut refused = 0;
+    for c in list {
+        let o = c
+            .as_object()
+            .ok_or_else(|| format!("limits holds {c}, not an object"))?;
+        for f in ["limit", "key"] {
+            match o.get(f) {
+                Some(Value::String(s)) if !s.is_empty() => {}
+                other => return Err(format!("limits[].{f} is {other:?}")),
+            }
+        }
+        match o.get("measure").and_then(Value::as_str) {
+            Some("requests" | "concurrency" | "bytes_up" | "llm_tokens" | "spend") => {}
+            other => return Err(format!("limits[].measure is {other:?}")),
+        }
+        for f in ["charged", "used", "limit_value"] {
+            if o.get(f).and_then(Value::as_u64).is_none() {
+                return Err(format!("limits[].{f} is {:?}, not a count", o.get(f)));
+            }
+        }
+        for f in ["refused", "unchecked"] {
+            match o.get(f) {
+                None | Some(Value::Bool(true)) => {}
+                other => {
+                    return Err(format!(
+                        "limits[].{f} is {other:?} (present only when true)"
+                    ))
+                }
+            }
+        }
+        refused += usize::from(o.contains_key("refused"));
+    }
+    let by_limit = matches!(
+        reason,
+        "rate_limited" | "budget_exhausted" | "limits_unavailable"
+    );
+    if refused > 1 || ((refused == 1) != by_limit && reason != "rate_limited") {
+        return Err(format!("{refused} limits refused with reason {reason}"));
+    }
+    Ok(())
+}
+
+/// `usage`: a model-provider call's tokens and cost.
+fn check_usage(usage: &Value) -> Result<(), String> {
+    let o = usage
+        .as_object()
+        .ok_or_else(|| format!("usage is {usage}, not an object"))?;
+    match o.get("provider").and_then(Value::as_str) {
+        Some("openai" | "anthropic" | "gemini") => {}
+        other => return Err(format!("usage.provider is {other:?}")),
+    }
+    for f in ["input_tokens", "output_tokens", "cached_input_tokens"] {
+        if o.get(f).and_then(Value::as_u64).is_none() {
+            return Err(format!("usage.{f} is {:?}", o.get(f)));
+        }
+    }
+    match o.get("model") {
+        Some(Value::String(_) | Value::Null) => {}
+        other => return Err(format!("usage.model is {other:?}")),
+    }
+    match o.get("cost") {
+        Some(Value::Null) => {}
+        Some(Value::Number(n)) if n.as_f64().is_some_and(|c| c >= 0.0) => {}
+        other => return Err(format!("usage.cost is {other:?}")),
+    }
+    match o.get("source").and_then(Value::as_str) {
+        Some("response" | "reserved") => {}
+        other => return Err(format!("usage.source is {other:?}")),
     }
     Ok(())
 }

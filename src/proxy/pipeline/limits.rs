@@ -1,0 +1,383 @@
+//! The limits phase: a request is charged to the `[limits]` its rule, identity and credential
+//! name before it is sent (`governance::limits`), and the charge is settled when its response
+//! ends.
+//!
+//! For a model-provider call under a token or spend budget the body is read whole first
+//! (bounded by [`MAX_METERED_BODY`], charged to `--max-buffered-bytes`), so the reservation
+//! can use the model and the most output tokens it asks for; its response is asked for without
+//! compression, so its usage can be read as it streams ([`Metered`]).
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::header::{HeaderValue, ACCEPT_ENCODING, CONTENT_LENGTH};
+use http::request::Parts;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+
+use super::super::request_body::{read_body, BodyCx, BodyRefused, Inbound, Read};
+use super::super::Proxy;
+use super::admit::Admitted;
+use super::Ctx;
+use crate::audit::Entry;
+use crate::governance::limits::{Admission, Estimate, LlmEstimate, Subject, Upload};
+use crate::governance::usage::{self, Meter, Provider, Usage};
+use crate::policy::{Identity, Policy, PriceTable, Rule};
+use crate::reason::{Reason, Refusal};
+use crate::upstream::{Body, BoxError};
+
+/// The largest model-provider request body read whole to price it.
+pub const MAX_METERED_BODY: usize = 8 * 1024 * 1024;
+
+/// Charges the request to its limits, or refuses it.
+///
+/// Assumes: policy allowed the request under `rule` (and a person, if it asked). Guarantees:
+/// on `Ok(Some)`, every limit has room for the request's reservation and the record lists the
+/// charges; the admission must live until the response ends (dropping it early returns the
+/// reservations). On `Err`, nothing is charged and nothing was sent.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn charge(
+    proxy: &Proxy,
+    ctx: &Ctx,
+    policy: &Policy,
+    rule: &Rule,
+    identity: Option<&Identity>,
+    target: &Admitted,
+    head: &mut Parts,
+    incoming: Inbound,
+    entry: &mut Entry,
+) -> Result<(Inbound, Option<Admission>), Refusal> {
+    let limits = policy.limits_for(rule, identity);
+    if limits.is_empty() {
+        return Ok((incoming, None));
+    }
+    let under = |r: Refusal| r.under(&rule.name);
+    let Some(limiter) = proxy.limiter() else {
+        return Err(under(Refusal::new(
+            Reason::LimitsUnavailable,
+            "this request is under [limits], and latchkey has no state store to count them in",
+        )));
+    };
+    let provider = limits
+        .iter()
+        .any(|l| l.meters_llm())
+        .then(|| Provider::detect(&head.method, target.path()))
+        .flatten();
+    let mut incoming = incoming;
+    let mut llm = None;
+    if let Some(provider) = provider {
+        let (held, facts_body) = hold(proxy, ctx, head, incoming, &target.host)
+            .await
+            .map_err(under)?;
+        let facts = usage::inspect_request(provider, target.path(), &facts_body);
+        let mut body = facts_body;
+        if provider == Provider::OpenAiChat
+            && limits.iter().any(|l| l.include_usage)
+            && facts.stream
+            && !facts.includes_usage
+        {
+            if let Some(changed) = usage::add_include_usage(&body) {
+                body = Bytes::from(changed);
+                head.headers
+                    .insert(CONTENT_LENGTH, HeaderValue::from(body.len() as u64));
+            }
+        }
+        incoming = match held {
+            Inbound::Held(_, trailers, charge) => Inbound::Held(body, trailers, charge),
+            streaming => streaming,
+        };
+        // Usage is read from the response as it streams: it must come uncompressed.
+        head.headers
+            .insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+        let reserve = limits
+            .iter()
+            .filter(|l| l.meters_llm())
+            .map(|l| l.reserve_tokens)
+            .max()
+            .unwrap_or(crate::policy::limits::DEFAULT_RESERVE_TOKENS);
+        let output = facts.max_output_tokens.unwrap_or(reserve);
+        let input = facts.input_estimate;
+        let cost = facts
+            .model
+            .as_deref()
+            .and_then(|m| policy.prices().lookup(m))
+            .map(|(_, p)| p.cost_micros(input, 0, output));
+        llm = Some(LlmEstimate {
+            provider,
+            model: facts.model.clone(),
+            tokens: input.saturating_add(output),
+            cost_micros: cost,
+        });
+    }
+    let bytes_up = match &incoming {
+        Inbound::Held(b, _, _) => Some(b.len() as u64),
+        Inbound::Streaming(i) if i.is_end_stream() => Some(0),
+        Inbound::Streaming(_) => head
+            .headers
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok()),
+    };
+    let host = rule.host_for(&target.host);
+    let who = Subject {
+        identity: &ctx.identity,
+        rule: &rule.name,
+        credential: rule.credential.as_deref(),
+        host: &host,
+        request_id: entry.id(),
+    };
+    let request_id = entry.id().to_string();
+    let who = Subject {
+        request_id: &request_id,
+        ..who
+    };
+    let estimate = Estimate { bytes_up, llm };
+    match limiter.admit(&limits, who, &estimate).await {
+        Ok(admission) => {
+            let charges = admission.charges().to_vec();
+            entry.update(|r| r.limits = charges);
+            if let Some(rate) = admission.rate() {
+                entry.set_rate_headers(rate.limit, rate.remaining, rate.reset);
+            }
+            Ok((incoming, Some(admission)))
+        }
+        Err(refused) => {
+            let refused = *refused;
+            entry.update(|r| r.limits = refused.charges);
+            if let Some(secs) = refused.retry_after {
+                entry.set_retry_after(secs);
+            }
+            if let Some(rate) = refused.rate {
+                entry.set_rate_headers(rate.limit, rate.remaining, rate.reset);
+            }
+            // The body is drained by the one refusal path; a held one is simply dropped.
+            Err(under(refused.refusal))
+        }
+    }
+}
+
+/// Reads a model-provider call's body whole (it is small: a prompt), so it can be priced.
+async fn hold(
+    proxy: &Proxy,
+    ctx: &Ctx,
+    head: &Parts,
+    incoming: Inbound,
+    host: &str,
+) -> Result<(Inbound, Bytes), Refusal> {
+    let streaming = match incoming {
+        Inbound::Held(b, t, c) => {
+            let copy = b.clone();
+            return Ok((Inbound::Held(b, t, c), copy));
+        }
+        Inbound::Streaming(s) => s,
+    };
+    let declared = head
+        .headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let cx = BodyCx {
+        budget: &proxy.budget,
+        client: ctx.client.ip(),
+        body_timeout: proxy.body_timeout,
+    };
+    match read_body(streaming, Some(MAX_METERED_BODY), declared, cx).await? {
+        Read::Whole(b, t, c) => Ok((Inbound::Held(b.clone(), t, c), b)),
+        Read::Partial(_, rest, _) => {
+            super::super::request_body::drain(rest).await;
+            Err(Refusal::new(
+                Reason::BodyTooLarge,
+                format!(
+                    "a model-provider call under a token or spend budget is read whole to price it, and this body to {host} is over {} MiB",
+                    MAX_METERED_BODY / (1024 * 1024)
+                ),
+            ))
+        }
+        Read::OverBudget(_, rest, _, why) => {
+            super::super::request_body::drain(rest).await;
+            Err(Refusal::new(
+                Reason::TooBusy,
+                format!("cannot hold this model-provider call's body for host {host} to price it: {why}; retry later"),
+            ))
+        }
+    }
+}
+
+/// The request body of a streamed upload under a `bytes_up` budget: each frame is charged
+/// before it goes; when the budget has no room the upload is cut off and the record says
+/// `budget_exhausted`.
+pub(super) fn limit_upload(
+    body: Body,
+    upload: Arc<Upload>,
+    refused: Arc<std::sync::OnceLock<BodyRefused>>,
+) -> Body {
+    use http_body_util::BodyExt;
+    LimitedUpload {
+        inner: body,
+        upload,
+        refused,
+        pending: None,
+    }
+    .boxed()
+}
+
+/// A reservation in progress. In a `Mutex` only so the body is `Sync` (the store's futures
+/// are `Send` only); it is polled through `get_mut`, never locked.
+type Grow = Mutex<Pin<Box<dyn std::future::Future<Output = Result<(), Refusal>> + Send>>>;
+
+struct LimitedUpload {
+    inner: Body,
+    upload: Arc<Upload>,
+    refused: Arc<std::sync::OnceLock<BodyRefused>>,
+    /// A frame waiting for its reservation.
+    pending: Option<(Frame<Bytes>, Grow)>,
+}
+
+impl HttpBody for LimitedUpload {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        if let Some((_, grow)) = this.pending.as_mut() {
+            let grow = grow.get_mut().unwrap_or_else(PoisonError::into_inner);
+            return match grow.as_mut().poll(cx) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(Ok(())) => {
+                    let frame = this.pending.take().map(|(f, _)| f);
+                    Poll::Ready(frame.map(Ok))
+                }
+                Poll::Ready(Err(refusal)) => {
+                    this.pending = None;
+                    let refused = BodyRefused::from(refusal);
+                    let _ = this.refused.set(refused.clone());
+                    Poll::Ready(Some(Err(Box::new(refused))))
+                }
+            };
+        }
+        let frame = match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => frame,
+            other => return other,
+        };
+        let len = frame.data_ref().map_or(0, |d| d.len() as u64);
+        if len == 0 || this.upload.fits(len) {
+            this.upload.sent(len);
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        let upload = this.upload.clone();
+        let grow: Grow = Mutex::new(Box::pin(async move { upload.send(len).await }));
+        this.pending = Some((frame, grow));
+        self.poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.pending.is_none() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// What the response meter read, handed from the body to the record.
+pub(super) type MeterSlot = Arc<Mutex<Option<Usage>>>;
+
+/// A response body whose usage is read as it passes (never held back: each frame goes on as
+/// soon as the meter has seen it).
+pub(super) fn meter_response(
+    body: Body,
+    provider: Provider,
+    content_type: Option<&str>,
+) -> (Body, MeterSlot) {
+    use http_body_util::BodyExt;
+    let slot: MeterSlot = Arc::new(Mutex::new(None));
+    let metered = Metered {
+        inner: body,
+        meter: Some(Meter::new(provider, content_type)),
+        slot: slot.clone(),
+    };
+    (metered.boxed(), slot)
+}
+
+struct Metered {
+    inner: Body,
+    meter: Option<Meter>,
+    slot: MeterSlot,
+}
+
+impl HttpBody for Metered {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(meter), Some(data)) = (this.meter.as_mut(), frame.data_ref()) {
+                    meter.feed(data);
+                }
+            }
+            Poll::Ready(None) => {
+                if let Some(meter) = this.meter.take() {
+                    *this.slot.lock().unwrap_or_else(PoisonError::into_inner) = meter.finish();
+                }
+            }
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Hooks the admission's settle onto the answer's record: the response body (metered when
+/// the call is a model-provider call) ends, then the charges and usage are written with the
+/// record.
+pub(super) fn settle_when_done(
+    mut answer: super::Answer,
+    admission: Admission,
+    prices: Arc<PriceTable>,
+) -> super::Answer {
+    let status = answer.response.status().as_u16();
+    let mut slot = None;
+    if let Some(llm) = admission.llm() {
+        let provider = llm.provider;
+        let content_type = answer
+            .response
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let (parts, body) = answer.response.into_parts();
+        let (metered, s) = meter_response(body, provider, content_type.as_deref());
+        answer.response = http::Response::from_parts(parts, metered);
+        slot = Some(s);
+    }
+    answer.on_finish = Some(Box::new(move |entry: &mut Entry| {
+        let usage = slot.and_then(|s| s.lock().unwrap_or_else(PoisonError::into_inner).take());
+        let up = entry
+            .counters()
+            .up
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let (charges, info) = admission.settle(up, Some(status), usage.as_ref(), &prices);
+        entry.update(|r| {
+            r.limits = charges;
+            r.usage = info;
+        });
+    }));
+    answer
+}
