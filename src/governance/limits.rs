@@ -704,7 +704,12 @@ impl Limiter {
                         .await?
                     {
                         let stop = Arc::new(Notify::new());
-                        self.renew(key.to_string(), holder.to_string(), u64::from(max), stop.clone());
+                        self.renew(
+                            key.to_string(),
+                            holder.to_string(),
+                            u64::from(max),
+                            stop.clone(),
+                        );
                         let slot = Slot::Shared { stop };
                         return Ok(Some((slot, in_use)));
                     }

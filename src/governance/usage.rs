@@ -2,22 +2,41 @@
 //! is sent (the model and the most output tokens it asks for), and the usage its response
 //! reports — read as the response streams past, without delaying it.
 //!
-//! Providers: OpenAI chat completions (`…/chat/completions`) and responses (`…/responses`),
-//! Anthropic messages (`…/v1/messages`), Gemini `…:generateContent` and
-//! `…:streamGenerateContent`; each streaming (SSE) or not. Recognised by method and path, so a
-//! provider behind another host (a gateway, a test upstream) is metered the same way.
+//! Providers: OpenAI chat completions (`…/chat/completions`, and the legacy `…/completions`)
+//! and responses (`…/responses`), Anthropic messages (`…/v1/messages`), Gemini
+//! `…:generateContent` and `…:streamGenerateContent`; each streaming (SSE, or Gemini's JSON
+//! array) or not. Recognised by method and path, so a provider behind another host (a gateway,
+//! a test upstream) is metered the same way.
 //!
-//! Memory is bounded: an SSE event or a JSON body longer than [`MAX_DOCUMENT`] is not parsed
-//! (its usage is then unknown and the reservation is charged instead).
+//! Memory is bounded: an SSE event or a JSON document longer than [`MAX_DOCUMENT`] is not
+//! parsed (its usage is then unknown and the reservation is charged instead); nothing else of
+//! the body is kept.
 //!
 //! Pure parsing: this knows nothing of budgets or the state store.
 
-/// The largest single JSON document (a non-streaming body, or one SSE event's data) parsed.
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::Value;
+
+/// The largest single JSON document (a non-streaming body, one SSE event's data, or one element
+/// of Gemini's streamed array) parsed.
 pub const MAX_DOCUMENT: usize = 4 * 1024 * 1024;
+
+/// A model name longer than this is not kept (no provider has one; it would bloat records).
+const MAX_MODEL_NAME: usize = 256;
+
+/// An SSE `event:` name longer than this is not kept (providers' are under 40 bytes).
+const MAX_EVENT_NAME: usize = 64;
+
+/// A buffer of a finished document above this size is freed rather than kept for the next.
+const KEEP_CAPACITY: usize = 64 * 1024;
 
 /// A model-provider API latchkey meters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Provider {
+    /// `…/chat/completions`, and the legacy `…/completions` (same request fields and usage).
     OpenAiChat,
     OpenAiResponses,
     Anthropic,
@@ -34,23 +53,66 @@ impl Provider {
         }
     }
 
-    /// The API a request calls, by method and path (without the query); `None` for anything
-    /// else (a GET of `/v1/models`, say), which is not metered.
+    /// The API a request calls, by method and path; `None` for anything else (a GET of
+    /// `/v1/models`, say), which is not metered.
+    ///
+    /// POST only. The path is read without its query, percent-decoded, without trailing `/`
+    /// and ignoring ASCII case, so a spelling the provider would still route cannot slip past
+    /// the meter:
+    /// - ends with `/completions` → [`Provider::OpenAiChat`] (chat completions, Azure's
+    ///   `/openai/deployments/D/chat/completions`, the legacy `/v1/completions`);
+    /// - ends with `/responses` → [`Provider::OpenAiResponses`];
+    /// - ends with `/v1/messages` → [`Provider::Anthropic`] (a bare `/messages` is not taken:
+    ///   OpenAI's assistants API posts to `/v1/threads/ID/messages`, which generates nothing);
+    /// - last segment ends with `:generateContent` or `:streamGenerateContent` →
+    ///   [`Provider::Gemini`] (also Vertex AI's `…/publishers/google/models/M:generateContent`).
     pub fn detect(method: &http::Method, path: &str) -> Option<Provider> {
-        let _ = (method, path);
-        todo!("usage parser: provider detection")
+        if method != http::Method::POST {
+            return None;
+        }
+        let path = normalize_path(path).to_ascii_lowercase();
+        if path.ends_with("/completions") {
+            Some(Provider::OpenAiChat)
+        } else if path.ends_with("/responses") {
+            Some(Provider::OpenAiResponses)
+        } else if path.ends_with("/v1/messages") {
+            Some(Provider::Anthropic)
+        } else {
+            match gemini_method(&path) {
+                Some((_, "generatecontent" | "streamgeneratecontent")) => Some(Provider::Gemini),
+                _ => None,
+            }
+        }
     }
 }
 
+/// The path without query or fragment, percent-decoded, without trailing slashes.
+fn normalize_path(path: &str) -> String {
+    let path = path.split(['?', '#']).next().unwrap_or_default();
+    let decoded = percent_encoding::percent_decode_str(path).decode_utf8_lossy();
+    decoded.trim_end_matches('/').to_string()
+}
+
+/// The last segment of a normalized path split at its last `:`: (`models/NAME` part, method).
+fn gemini_method(path: &str) -> Option<(&str, &str)> {
+    let last = path.rsplit('/').next().unwrap_or_default();
+    last.rsplit_once(':')
+}
+
 /// What a request body says about its cost before it is sent.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestFacts {
     /// `model` from the body (Gemini: from the path, `models/NAME:generateContent`).
     pub model: Option<String>,
-    /// `max_tokens` / `max_completion_tokens` (OpenAI chat), `max_output_tokens` (responses),
-    /// `max_tokens` (Anthropic), `generationConfig.maxOutputTokens` (Gemini).
+    /// The most output tokens the call may produce: `max_completion_tokens`, else `max_tokens`
+    /// (OpenAI chat), `max_output_tokens` (responses), `max_tokens` (Anthropic),
+    /// `generationConfig.maxOutputTokens` (Gemini) — times [`RequestFacts::choices`].
     pub max_output_tokens: Option<u64>,
-    /// The call asks for a streamed (SSE) response.
+    /// How many completions the call generates, each up to the per-choice maximum: OpenAI
+    /// `n` (and the legacy `best_of`), Gemini `generationConfig.candidateCount`; 1 otherwise.
+    pub choices: u64,
+    /// The call asks for a streamed response (`"stream": true`; Gemini: the
+    /// `:streamGenerateContent` method).
     pub stream: bool,
     /// An upper estimate of the input tokens: the body's length in bytes divided by
     /// [`BYTES_PER_TOKEN_FLOOR`], rounded up.
@@ -59,23 +121,131 @@ pub struct RequestFacts {
     pub includes_usage: bool,
 }
 
+impl Default for RequestFacts {
+    fn default() -> Self {
+        RequestFacts {
+            model: None,
+            max_output_tokens: None,
+            choices: 1,
+            stream: false,
+            input_estimate: 0,
+            includes_usage: false,
+        }
+    }
+}
+
+impl RequestFacts {
+    /// The output tokens to reserve: [`RequestFacts::max_output_tokens`], else `default` for
+    /// each of the call's choices.
+    pub fn output_reserve(&self, default: u64) -> u64 {
+        self.max_output_tokens
+            .unwrap_or_else(|| default.saturating_mul(self.choices.max(1)))
+    }
+}
+
 /// No tokenizer produces fewer bytes per token than this on text; the input estimate divides
 /// by it, so it errs high (the settle returns the difference).
 pub const BYTES_PER_TOKEN_FLOOR: u64 = 2;
 
-/// Reads what a request body says about its cost. A body that is not JSON gives facts with
-/// only `input_estimate` set.
+/// Reads what a request body says about its cost. A body that is not a JSON object gives facts
+/// with only `input_estimate` set — and, for Gemini, what the path says (model, stream).
+///
+/// The body is read whatever its size (it is already in memory, and nothing of it is copied
+/// but the few members read), so a large upload cannot hide its `max_tokens`.
+///
+/// Counts are read leniently, never so as to reserve less than the provider would allow: a
+/// non-negative integer, an integral float (`1e5`), or a decimal string (`"4096"`, which
+/// Gemini's proto-JSON accepts); a number past `u64` saturates; anything else is ignored.
+/// A key given twice counts at its largest.
 pub fn inspect_request(provider: Provider, path: &str, body: &[u8]) -> RequestFacts {
-    let _ = (provider, path, body);
-    todo!("usage parser: request facts")
+    let mut facts = RequestFacts {
+        input_estimate: (body.len() as u64).div_ceil(BYTES_PER_TOKEN_FLOOR),
+        ..RequestFacts::default()
+    };
+    if provider == Provider::Gemini {
+        let path = normalize_path(path);
+        if let Some((resource, method)) = gemini_method(&path) {
+            facts.stream = method.eq_ignore_ascii_case("streamGenerateContent");
+            facts.model = model_name(resource);
+        }
+    }
+    let Ok(Lenient(Some(req))) = serde_json::from_slice::<Lenient<RawRequest>>(body) else {
+        return facts;
+    };
+    let per_choice = match provider {
+        Provider::OpenAiChat => {
+            facts.choices = req.n.max(req.best_of).unwrap_or(1).max(1);
+            req.max_completion_tokens.or(req.max_tokens)
+        }
+        Provider::OpenAiResponses => req.max_output_tokens,
+        Provider::Anthropic => req.max_tokens,
+        Provider::Gemini => {
+            let config = req.generation_config.unwrap_or_default();
+            facts.choices = config.candidate_count.unwrap_or(1).max(1);
+            config.max_output_tokens
+        }
+    };
+    facts.max_output_tokens = per_choice.map(|m| m.saturating_mul(facts.choices));
+    if provider != Provider::Gemini {
+        facts.model = req.model.as_deref().and_then(model_name);
+        facts.stream = req.stream;
+    }
+    facts.includes_usage = provider == Provider::OpenAiChat && facts.stream && req.include_usage;
+    facts
+}
+
+/// A model name worth keeping: not empty, not absurdly long.
+fn model_name(name: &str) -> Option<String> {
+    let name = name.strip_prefix("models/").unwrap_or(name);
+    (!name.is_empty() && name.len() <= MAX_MODEL_NAME).then(|| name.to_string())
 }
 
 /// For a streaming OpenAI chat request without `stream_options.include_usage`: the same body
 /// with `"stream_options": {"include_usage": true}` added (other keys of `stream_options`
-/// kept). `None` when the body is not such a request or already asks for usage.
+/// kept). `None` when the body is not such a request, already asks for usage, is over
+/// [`MAX_DOCUMENT`], or has a `stream_options` that is not an object (the provider refuses it).
+///
+/// When the body has no `stream_options` the member is spliced in before the closing `}`, so
+/// every other byte is kept; otherwise the body is re-serialised (members in key order).
+///
+/// What it changes for the client: every chunk carries `"usage": null`, and one extra chunk
+/// with empty `choices` and the usage arrives before `[DONE]`.
 pub fn add_include_usage(body: &[u8]) -> Option<Vec<u8>> {
-    let _ = body;
-    todo!("usage parser: include_usage")
+    if body.len() > MAX_DOCUMENT {
+        return None;
+    }
+    let Ok(Value::Object(mut doc)) = serde_json::from_slice::<Value>(body) else {
+        return None;
+    };
+    if doc.get("stream") != Some(&Value::Bool(true)) {
+        return None;
+    }
+    match doc.get_mut("stream_options") {
+        None => {
+            let end = body.iter().rposition(|b| !b.is_ascii_whitespace())?;
+            if body[end] != b'}' {
+                return None;
+            }
+            const MEMBER: &[u8] = br#","stream_options":{"include_usage":true}"#;
+            let mut out = Vec::with_capacity(body.len() + MEMBER.len());
+            out.extend_from_slice(&body[..end]);
+            out.extend_from_slice(MEMBER);
+            out.extend_from_slice(&body[end..]);
+            Some(out)
+        }
+        Some(options @ Value::Null) => {
+            *options = serde_json::json!({ "include_usage": true });
+            serde_json::to_vec(&doc).ok()
+        }
+        Some(Value::Object(options)) => {
+            if options.get("include_usage") == Some(&Value::Bool(true)) {
+                return None;
+            }
+            options.insert("include_usage".to_string(), Value::Bool(true));
+            serde_json::to_vec(&doc).ok()
+        }
+        Some(_) => None,
+    }
 }
 
 /// The usage a response reported.
@@ -83,40 +253,1031 @@ pub fn add_include_usage(body: &[u8]) -> Option<Vec<u8>> {
 pub struct Usage {
     /// The model the response names (it may differ from the request's alias).
     pub model: Option<String>,
-    /// All input tokens, cached ones included.
+    /// All input tokens, cached ones included (Gemini: `toolUsePromptTokenCount` too).
     pub input_tokens: u64,
+    /// All output tokens, reasoning included (Gemini: `thoughtsTokenCount` too).
     pub output_tokens: u64,
     /// Input tokens served from the provider's prompt cache (OpenAI
     /// `prompt_tokens_details.cached_tokens` / `input_tokens_details.cached_tokens`; Anthropic
-    /// `cache_read_input_tokens`; Gemini `cachedContentTokenCount`). Anthropic's
-    /// `cache_creation_input_tokens` count as input.
+    /// `cache_read_input_tokens`; Gemini `cachedContentTokenCount`); never more than
+    /// `input_tokens`. Anthropic's `cache_creation_input_tokens` count as input.
     pub cached_input_tokens: u64,
 }
 
 /// Reads a response's usage from its body as it streams: fed each chunk in order, it keeps
-/// only what it needs (the unfinished SSE line, or a JSON body up to [`MAX_DOCUMENT`]).
-#[derive(Debug)]
+/// only what it needs (the SSE event being read, or the JSON document being read, each up to
+/// [`MAX_DOCUMENT`]).
+///
+/// A `text/event-stream` body is read as SSE. Any other body is sniffed: one starting with `{`
+/// or `[` is read as JSON — one document, several concatenated, or an array whose object
+/// elements are each a document (Gemini's `streamGenerateContent` without `alt=sse`) — and
+/// anything else as SSE (a mislabelled stream). Each document's usage overrides, member by
+/// member, what earlier ones said (the providers' counts are cumulative).
 pub struct Meter {
-    provider: Provider,
+    tally: Tally,
+    body: Body,
+}
+
+impl fmt::Debug for Meter {
+    /// Sizes only: the body may carry anything.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (mode, buffered) = match &self.body {
+            Body::Sniff => ("sniff", 0),
+            Body::Sse(s) => ("sse", s.data.len()),
+            Body::Json(j) => ("json", j.buf.len()),
+        };
+        f.debug_struct("Meter")
+            .field("provider", &self.tally.provider)
+            .field("mode", &mode)
+            .field("buffered", &buffered)
+            .field("seen", &self.tally.seen)
+            .finish()
+    }
+}
+
+enum Body {
+    /// Not yet known whether JSON or SSE (only whitespace so far).
+    Sniff,
+    Sse(Box<Sse>),
+    Json(Box<JsonScan>),
 }
 
 impl Meter {
-    /// A meter for a response of `provider` whose `content-type` is `content_type`
-    /// (`text/event-stream` is read as SSE; anything else as one JSON document).
+    /// A meter for a response of `provider` whose `content-type` is `content_type`.
     pub fn new(provider: Provider, content_type: Option<&str>) -> Meter {
-        let _ = content_type;
-        Meter { provider }
+        let sse = content_type.is_some_and(|ct| {
+            ct.split(';')
+                .next()
+                .is_some_and(|m| m.trim().eq_ignore_ascii_case("text/event-stream"))
+        });
+        Meter {
+            tally: Tally::new(provider),
+            body: if sse {
+                Body::Sse(Box::default())
+            } else {
+                Body::Sniff
+            },
+        }
     }
 
     /// Takes the next chunk of the (decoded) response body.
     pub fn feed(&mut self, chunk: &[u8]) {
-        let _ = (chunk, self.provider);
-        todo!("usage parser: meter feed")
+        let mut chunk = chunk;
+        if let Body::Sniff = self.body {
+            let Some(start) = chunk.iter().position(|b| !b.is_ascii_whitespace()) else {
+                return;
+            };
+            chunk = &chunk[start..];
+            self.body = if matches!(chunk[0], b'{' | b'[') {
+                Body::Json(Box::default())
+            } else {
+                Body::Sse(Box::default())
+            };
+        }
+        match &mut self.body {
+            Body::Sniff => {}
+            Body::Sse(sse) => sse.feed(chunk, &mut self.tally),
+            Body::Json(json) => json.feed(chunk, &mut self.tally),
+        }
+    }
+
+    /// The response's final usage report has been read (OpenAI's usage chunk or body, a
+    /// responses `response.completed`/`incomplete`/`failed`, Anthropic's `message_delta` or
+    /// body, a Gemini chunk with a `finishReason` or a blocked prompt). When usage was read
+    /// but this is false, the stream ended early and the counts are those reported so far —
+    /// the provider may bill more.
+    pub fn complete(&self) -> bool {
+        self.tally.complete
     }
 
     /// The usage read, once the body has ended; `None` when the response reported none (an
     /// error response, a stream cut short, OpenAI streaming without `include_usage`).
-    pub fn finish(self) -> Option<Usage> {
-        todo!("usage parser: meter finish")
+    ///
+    /// An SSE event the stream ended inside (no blank line after it) is still read if its data
+    /// parses: the provider reported it, whether or not a client would have dispatched it.
+    pub fn finish(mut self) -> Option<Usage> {
+        if let Body::Sse(sse) = &mut self.body {
+            sse.dispatch(&mut self.tally);
+        }
+        self.tally.usage()
     }
 }
+
+/// Appends `bytes` to `buf` unless that would pass [`MAX_DOCUMENT`]; grows the buffer to at
+/// most that size, so a document near the bound does not double its allocation past it.
+fn push_bounded(buf: &mut Vec<u8>, bytes: &[u8]) -> bool {
+    let need = buf.len() + bytes.len();
+    if need > MAX_DOCUMENT {
+        return false;
+    }
+    if need > buf.capacity() {
+        let target = need.max(buf.capacity() * 2).min(MAX_DOCUMENT);
+        buf.reserve_exact(target - buf.len());
+    }
+    buf.extend_from_slice(bytes);
+    true
+}
+
+/// Empties a document buffer, freeing it when a large document left it large.
+fn reset_buffer(buf: &mut Vec<u8>) {
+    if buf.capacity() > KEEP_CAPACITY {
+        *buf = Vec::new();
+    } else {
+        buf.clear();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// SSE
+
+/// Where the SSE parser is in the current line.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum LineState {
+    /// Reading the field name (up to `:` or the line's end).
+    #[default]
+    Field,
+    /// Just after the `:`; one space is skipped.
+    Space,
+    /// Reading the value.
+    Value,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Field {
+    #[default]
+    Other,
+    Data,
+    Event,
+}
+
+/// An incremental `text/event-stream` parser (WHATWG HTML, "event stream interpretation"),
+/// keeping only the current event's data and name: lines end at `\n`, `\r\n` or `\r`, even
+/// split across chunks; `data:` lines join with `\n`; a blank line ends the event; `:` lines
+/// are comments; `id:` and `retry:` are ignored. An event whose data passes [`MAX_DOCUMENT`] is
+/// dropped (its data is freed at once) and the parser resyncs at the next line end.
+#[derive(Default)]
+struct Sse {
+    state: LineState,
+    /// The field name read so far (names that matter are short; longer ones are `Other`).
+    name: [u8; 16],
+    name_len: usize,
+    name_overflow: bool,
+    field: Field,
+    /// The last byte was a `\r`: a `\n` next is the same line end.
+    after_cr: bool,
+    /// Past the first line (a byte-order mark is skipped only before it).
+    past_first_line: bool,
+    data: Vec<u8>,
+    has_data: bool,
+    oversized: bool,
+    event: Vec<u8>,
+    event_overflow: bool,
+}
+
+impl Sse {
+    fn feed(&mut self, chunk: &[u8], tally: &mut Tally) {
+        let mut i = 0;
+        while i < chunk.len() {
+            if self.after_cr {
+                self.after_cr = false;
+                if chunk[i] == b'\n' {
+                    i += 1;
+                    continue;
+                }
+            }
+            match self.state {
+                LineState::Field => {
+                    let b = chunk[i];
+                    i += 1;
+                    match b {
+                        b'\n' | b'\r' => {
+                            self.after_cr = b == b'\r';
+                            self.end_of_line(tally);
+                        }
+                        b':' => {
+                            self.start_value();
+                            self.state = LineState::Space;
+                        }
+                        _ if self.name_len < self.name.len() => {
+                            self.name[self.name_len] = b;
+                            self.name_len += 1;
+                        }
+                        _ => self.name_overflow = true,
+                    }
+                }
+                LineState::Space => {
+                    if chunk[i] == b' ' {
+                        i += 1;
+                    }
+                    self.state = LineState::Value;
+                }
+                LineState::Value => {
+                    let rest = &chunk[i..];
+                    let end = memchr::memchr2(b'\n', b'\r', rest);
+                    let value = &rest[..end.unwrap_or(rest.len())];
+                    self.value(value);
+                    match end {
+                        Some(e) => {
+                            self.after_cr = rest[e] == b'\r';
+                            i += e + 1;
+                            self.end_of_line(tally);
+                        }
+                        None => i = chunk.len(),
+                    }
+                }
+            }
+        }
+    }
+
+    /// The field name of the current line (without a leading byte-order mark on the first).
+    fn field_name(&self) -> &[u8] {
+        let name = &self.name[..self.name_len];
+        if self.past_first_line {
+            name
+        } else {
+            name.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(name)
+        }
+    }
+
+    /// The field name has ended (at its `:` or, for a line without one, at the line's end).
+    fn start_value(&mut self) {
+        self.field = if self.name_overflow {
+            Field::Other
+        } else {
+            match self.field_name() {
+                b"data" => Field::Data,
+                b"event" => Field::Event,
+                _ => Field::Other,
+            }
+        };
+        match self.field {
+            Field::Data => {
+                if self.has_data {
+                    self.value(b"\n");
+                }
+                self.has_data = true;
+            }
+            Field::Event => {
+                self.event.clear();
+                self.event_overflow = false;
+            }
+            Field::Other => {}
+        }
+    }
+
+    fn value(&mut self, bytes: &[u8]) {
+        match self.field {
+            Field::Data => {
+                if !self.oversized && !push_bounded(&mut self.data, bytes) {
+                    self.oversized = true;
+                    self.data = Vec::new();
+                }
+            }
+            Field::Event => {
+                if self.event.len() + bytes.len() <= MAX_EVENT_NAME {
+                    self.event.extend_from_slice(bytes);
+                } else {
+                    self.event_overflow = true;
+                }
+            }
+            Field::Other => {}
+        }
+    }
+
+    fn end_of_line(&mut self, tally: &mut Tally) {
+        if self.state == LineState::Field {
+            if self.field_name().is_empty() && !self.name_overflow {
+                self.dispatch(tally);
+            } else {
+                // A field without a colon: its value is empty.
+                self.start_value();
+            }
+        }
+        self.state = LineState::Field;
+        self.name_len = 0;
+        self.name_overflow = false;
+        self.field = Field::Other;
+        self.past_first_line = true;
+    }
+
+    /// Ends the current event: reads its data, then forgets it.
+    fn dispatch(&mut self, tally: &mut Tally) {
+        if self.has_data && !self.oversized {
+            let event = (!self.event_overflow)
+                .then(|| std::str::from_utf8(&self.event).ok())
+                .flatten()
+                .filter(|e| !e.is_empty());
+            tally.document(&self.data, event);
+        }
+        reset_buffer(&mut self.data);
+        self.has_data = false;
+        self.oversized = false;
+        self.event.clear();
+        self.event_overflow = false;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// JSON bodies
+
+/// Finds the JSON documents of a non-SSE body as it streams: a top-level object, several
+/// concatenated, or the object elements of a top-level array. It tracks only nesting and
+/// strings; serde_json validates each document. A body that is not JSON stops the scan.
+#[derive(Default)]
+struct JsonScan {
+    depth: usize,
+    in_string: bool,
+    escape: bool,
+    /// The top-level value is an array (its object elements are the documents).
+    array_top: bool,
+    /// The depth outside the document being read, while one is.
+    doc_depth: Option<usize>,
+    buf: Vec<u8>,
+    /// The current document passed [`MAX_DOCUMENT`]: it is scanned past, not kept.
+    skipping: bool,
+    dead: bool,
+}
+
+impl JsonScan {
+    fn feed(&mut self, chunk: &[u8], tally: &mut Tally) {
+        let mut start = (self.doc_depth.is_some() && !self.skipping).then_some(0);
+        let mut i = 0;
+        while i < chunk.len() && !self.dead {
+            if self.in_string {
+                if self.escape {
+                    self.escape = false;
+                    i += 1;
+                    continue;
+                }
+                match memchr::memchr2(b'"', b'\\', &chunk[i..]) {
+                    Some(k) => {
+                        if chunk[i + k] == b'\\' {
+                            self.escape = true;
+                        } else {
+                            self.in_string = false;
+                        }
+                        i += k + 1;
+                    }
+                    None => i = chunk.len(),
+                }
+                continue;
+            }
+            match chunk[i] {
+                b' ' | b'\t' | b'\n' | b'\r' => {}
+                b'"' if self.depth > 0 => self.in_string = true,
+                b'{' => {
+                    if self.doc_depth.is_none()
+                        && (self.depth == 0 || (self.depth == 1 && self.array_top))
+                    {
+                        self.doc_depth = Some(self.depth);
+                        self.skipping = false;
+                        start = Some(i);
+                    }
+                    self.depth += 1;
+                }
+                b'[' => {
+                    if self.depth == 0 {
+                        self.array_top = true;
+                    }
+                    self.depth += 1;
+                }
+                b'}' | b']' if self.depth > 0 => {
+                    self.depth -= 1;
+                    if self.doc_depth == Some(self.depth) {
+                        if let Some(s) = start.take() {
+                            if push_bounded(&mut self.buf, &chunk[s..=i]) {
+                                tally.document(&self.buf, None);
+                            }
+                        }
+                        reset_buffer(&mut self.buf);
+                        self.doc_depth = None;
+                        self.skipping = false;
+                    }
+                    if self.depth == 0 {
+                        self.array_top = false;
+                    }
+                }
+                _ if self.depth > 0 => {}
+                // Anything else at the top level: not a JSON body we read.
+                _ => {
+                    self.dead = true;
+                    self.buf = Vec::new();
+                    return;
+                }
+            }
+            i += 1;
+        }
+        if let Some(s) = start {
+            if !push_bounded(&mut self.buf, &chunk[s..]) {
+                self.skipping = true;
+                self.buf = Vec::new();
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Usage extraction
+
+/// The counts read so far, by where each provider reports them; `None` until reported.
+struct Tally {
+    provider: Provider,
+    model: Option<String>,
+    /// OpenAI `prompt_tokens`/`input_tokens`, Anthropic `input_tokens` (uncached part),
+    /// Gemini `promptTokenCount`.
+    prompt: Option<u64>,
+    /// Gemini `toolUsePromptTokenCount` (billed as input).
+    tool_prompt: Option<u64>,
+    /// Anthropic `cache_read_input_tokens` (input, and cached).
+    cache_read: Option<u64>,
+    /// Anthropic `cache_creation_input_tokens` (input).
+    cache_creation: Option<u64>,
+    /// OpenAI `cached_tokens`, Gemini `cachedContentTokenCount` (part of `prompt`).
+    cached: Option<u64>,
+    /// OpenAI `completion_tokens`/`output_tokens`, Anthropic `output_tokens`, Gemini
+    /// `candidatesTokenCount`.
+    output: Option<u64>,
+    /// Gemini `thoughtsTokenCount` (billed as output).
+    thoughts: Option<u64>,
+    seen: bool,
+    complete: bool,
+}
+
+/// Sets `slot` when `value` is reported; whether it was.
+fn report(slot: &mut Option<u64>, value: Option<u64>) -> bool {
+    match value {
+        Some(v) => {
+            *slot = Some(v);
+            true
+        }
+        None => false,
+    }
+}
+
+impl Tally {
+    fn new(provider: Provider) -> Tally {
+        Tally {
+            provider,
+            model: None,
+            prompt: None,
+            tool_prompt: None,
+            cache_read: None,
+            cache_creation: None,
+            cached: None,
+            output: None,
+            thoughts: None,
+            seen: false,
+            complete: false,
+        }
+    }
+
+    /// Reads one JSON document (an SSE event's data, or a body's document); `event` is the SSE
+    /// event name, when there was one.
+    fn document(&mut self, data: &[u8], event: Option<&str>) {
+        // Most streamed events (text deltas) carry neither usage nor anything else read here
+        // once the model is known; they are not parsed.
+        if self.model.is_some() && memchr::memmem::find(data, b"usage").is_none() {
+            return;
+        }
+        let Ok(Lenient(Some(doc))) = serde_json::from_slice::<Lenient<Doc>>(data) else {
+            return;
+        };
+        let kind = doc.kind.0.as_deref().or(event);
+        match self.provider {
+            Provider::OpenAiChat | Provider::OpenAiResponses => {
+                // Responses streams wrap the response object in `response`.
+                let (model, usage, terminal) = match doc.response.0 {
+                    Some(r) => (
+                        r.model,
+                        r.usage,
+                        matches!(
+                            kind,
+                            Some("response.completed" | "response.incomplete" | "response.failed")
+                        ),
+                    ),
+                    None => (doc.model, doc.usage, true),
+                };
+                self.set_model(model);
+                if let Some(u) = usage.0 {
+                    let read = [
+                        report(&mut self.prompt, u.prompt_tokens.0.or(u.input_tokens.0)),
+                        report(
+                            &mut self.output,
+                            u.completion_tokens.0.or(u.output_tokens.0),
+                        ),
+                        report(
+                            &mut self.cached,
+                            u.prompt_tokens_details
+                                .0
+                                .or(u.input_tokens_details.0)
+                                .and_then(|d| d.cached_tokens.0),
+                        ),
+                    ];
+                    self.reported(read.contains(&true), terminal);
+                }
+            }
+            Provider::Anthropic => {
+                // `message_start` wraps the message; `message_delta` and a plain body do not.
+                let (model, usage) = match doc.message.0 {
+                    Some(m) => (m.model, m.usage),
+                    None => (doc.model, doc.usage),
+                };
+                self.set_model(model);
+                if let Some(u) = usage.0 {
+                    let read = [
+                        report(&mut self.prompt, u.input_tokens.0),
+                        report(&mut self.cache_read, u.cache_read_input_tokens.0),
+                        report(&mut self.cache_creation, u.cache_creation_input_tokens.0),
+                        report(&mut self.output, u.output_tokens.0),
+                    ];
+                    let terminal = matches!(kind, Some("message_delta" | "message"));
+                    self.reported(read.contains(&true), terminal);
+                }
+            }
+            Provider::Gemini => {
+                self.set_model(doc.model_version);
+                if let Some(u) = doc.usage_metadata.0 {
+                    let read = [
+                        report(&mut self.prompt, u.prompt.0),
+                        report(&mut self.tool_prompt, u.tool_prompt.0),
+                        report(&mut self.cached, u.cached.0),
+                        report(&mut self.output, u.candidates.0),
+                        report(&mut self.thoughts, u.thoughts.0),
+                    ];
+                    let blocked = doc
+                        .prompt_feedback
+                        .0
+                        .is_some_and(|p| p.block_reason.0.is_some());
+                    self.reported(read.contains(&true), doc.candidates.0 || blocked);
+                }
+            }
+        }
+    }
+
+    fn set_model(&mut self, model: Text) {
+        if let Some(m) = model.0.as_deref().and_then(model_name) {
+            self.model = Some(m);
+        }
+    }
+
+    fn reported(&mut self, any: bool, terminal: bool) {
+        if any {
+            self.seen = true;
+            if terminal {
+                self.complete = true;
+            }
+        }
+    }
+
+    fn usage(&self) -> Option<Usage> {
+        if !self.seen {
+            return None;
+        }
+        let n = |v: Option<u64>| v.unwrap_or(0);
+        let input = n(self.prompt)
+            .saturating_add(n(self.tool_prompt))
+            .saturating_add(n(self.cache_read))
+            .saturating_add(n(self.cache_creation));
+        Some(Usage {
+            model: self.model.clone(),
+            input_tokens: input,
+            output_tokens: n(self.output).saturating_add(n(self.thoughts)),
+            cached_input_tokens: n(self.cached).saturating_add(n(self.cache_read)).min(input),
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Lenient JSON shapes: a member of an unexpected type reads as absent, never as an error, so
+// one odd member does not hide the rest of the document.
+
+/// A response document (or an SSE event's data), only the members usage is read from.
+#[derive(Default, serde::Deserialize)]
+#[serde(default)]
+struct Doc {
+    #[serde(rename = "type")]
+    kind: Text,
+    model: Text,
+    #[serde(rename = "modelVersion", alias = "model_version")]
+    model_version: Text,
+    usage: Lenient<Counts>,
+    #[serde(rename = "usageMetadata", alias = "usage_metadata")]
+    usage_metadata: Lenient<GeminiCounts>,
+    /// Anthropic `message_start`.
+    message: Lenient<Inner>,
+    /// OpenAI responses stream events.
+    response: Lenient<Inner>,
+    /// Gemini: whether any candidate has a `finishReason`.
+    candidates: Finished,
+    #[serde(rename = "promptFeedback", alias = "prompt_feedback")]
+    prompt_feedback: Lenient<PromptFeedback>,
+}
+
+#[derive(Default, serde::Deserialize)]
+#[serde(default)]
+struct Inner {
+    model: Text,
+    usage: Lenient<Counts>,
+}
+
+/// OpenAI (chat and responses) and Anthropic usage members.
+#[derive(Default, serde::Deserialize)]
+#[serde(default)]
+struct Counts {
+    prompt_tokens: Count,
+    completion_tokens: Count,
+    prompt_tokens_details: Lenient<Details>,
+    input_tokens: Count,
+    output_tokens: Count,
+    input_tokens_details: Lenient<Details>,
+    cache_read_input_tokens: Count,
+    cache_creation_input_tokens: Count,
+}
+
+#[derive(Default, serde::Deserialize)]
+#[serde(default)]
+struct Details {
+    cached_tokens: Count,
+}
+
+#[derive(Default, serde::Deserialize)]
+#[serde(default)]
+struct GeminiCounts {
+    #[serde(rename = "promptTokenCount", alias = "prompt_token_count")]
+    prompt: Count,
+    #[serde(rename = "candidatesTokenCount", alias = "candidates_token_count")]
+    candidates: Count,
+    #[serde(rename = "thoughtsTokenCount", alias = "thoughts_token_count")]
+    thoughts: Count,
+    #[serde(
+        rename = "cachedContentTokenCount",
+        alias = "cached_content_token_count"
+    )]
+    cached: Count,
+    #[serde(
+        rename = "toolUsePromptTokenCount",
+        alias = "tool_use_prompt_token_count"
+    )]
+    tool_prompt: Count,
+}
+
+#[derive(Default, serde::Deserialize)]
+#[serde(default)]
+struct PromptFeedback {
+    #[serde(rename = "blockReason", alias = "block_reason")]
+    block_reason: Text,
+}
+
+#[derive(Default, serde::Deserialize)]
+#[serde(default)]
+struct Candidate {
+    #[serde(rename = "finishReason", alias = "finish_reason")]
+    finish_reason: Text,
+}
+
+/// The request members cost is read from; a count given twice is taken at its largest.
+#[derive(Default)]
+struct RawRequest {
+    model: Option<String>,
+    max_tokens: Option<u64>,
+    max_completion_tokens: Option<u64>,
+    max_output_tokens: Option<u64>,
+    n: Option<u64>,
+    best_of: Option<u64>,
+    stream: bool,
+    include_usage: bool,
+    generation_config: Option<GenerationConfig>,
+}
+
+#[derive(Default)]
+struct GenerationConfig {
+    max_output_tokens: Option<u64>,
+    candidate_count: Option<u64>,
+}
+
+/// The larger of two reported counts.
+fn larger(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    a.max(b)
+}
+
+impl<'de> Deserialize<'de> for RawRequest {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = RawRequest;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a request object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RawRequest, A::Error> {
+                let mut r = RawRequest::default();
+                while let Some(key) = map.next_key::<Key>()? {
+                    match key {
+                        Key::Model => {
+                            if let Text(Some(m)) = map.next_value()? {
+                                r.model = Some(m);
+                            }
+                        }
+                        Key::MaxTokens => r.max_tokens = larger(r.max_tokens, count(&mut map)?),
+                        Key::MaxCompletionTokens => {
+                            r.max_completion_tokens =
+                                larger(r.max_completion_tokens, count(&mut map)?)
+                        }
+                        Key::MaxOutputTokens => {
+                            r.max_output_tokens = larger(r.max_output_tokens, count(&mut map)?)
+                        }
+                        Key::N => r.n = larger(r.n, count(&mut map)?),
+                        Key::BestOf => r.best_of = larger(r.best_of, count(&mut map)?),
+                        Key::Stream => r.stream |= map.next_value::<Flag>()?.0,
+                        Key::StreamOptions => {
+                            if let Lenient(Some(o)) = map.next_value::<Lenient<StreamOptions>>()? {
+                                r.include_usage |= o.include_usage.0;
+                            }
+                        }
+                        Key::GenerationConfig => {
+                            if let Lenient(Some(g)) =
+                                map.next_value::<Lenient<GenerationConfig>>()?
+                            {
+                                let c = r.generation_config.get_or_insert_with(Default::default);
+                                c.max_output_tokens =
+                                    larger(c.max_output_tokens, g.max_output_tokens);
+                                c.candidate_count = larger(c.candidate_count, g.candidate_count);
+                            }
+                        }
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(r)
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+impl<'de> Deserialize<'de> for GenerationConfig {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = GenerationConfig;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a generationConfig object")
+            }
+            fn visit_map<A: MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<GenerationConfig, A::Error> {
+                let mut g = GenerationConfig::default();
+                while let Some(key) = map.next_key::<Key>()? {
+                    match key {
+                        Key::MaxOutputTokens => {
+                            g.max_output_tokens = larger(g.max_output_tokens, count(&mut map)?)
+                        }
+                        Key::CandidateCount => {
+                            g.candidate_count = larger(g.candidate_count, count(&mut map)?)
+                        }
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(g)
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// The next member's value as a count.
+fn count<'de, A: MapAccess<'de>>(map: &mut A) -> Result<Option<u64>, A::Error> {
+    Ok(map.next_value::<Count>()?.0)
+}
+
+#[derive(Default, serde::Deserialize)]
+#[serde(default)]
+struct StreamOptions {
+    include_usage: Flag,
+}
+
+/// Visitor methods for the JSON values a lenient type does not want: each is consumed (a
+/// container without building it) and reads as `$none`.
+macro_rules! read_as {
+    ($none:expr; $($kind:ident)*) => { $(read_as!(@ $none; $kind);)* };
+    (@ $none:expr; bool) => {
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> { Ok($none) }
+    };
+    (@ $none:expr; i64) => {
+        fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> { Ok($none) }
+    };
+    (@ $none:expr; u64) => {
+        fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> { Ok($none) }
+    };
+    (@ $none:expr; f64) => {
+        fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> { Ok($none) }
+    };
+    (@ $none:expr; str) => {
+        fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> { Ok($none) }
+    };
+    (@ $none:expr; unit) => {
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> { Ok($none) }
+    };
+    (@ $none:expr; seq) => {
+        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
+            IgnoredAny.visit_seq(seq)?;
+            Ok($none)
+        }
+    };
+    (@ $none:expr; map) => {
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            IgnoredAny.visit_map(map)?;
+            Ok($none)
+        }
+    };
+}
+
+/// A JSON object read as `T`; any other JSON value reads as `None`.
+struct Lenient<T>(Option<T>);
+
+impl<T> Default for Lenient<T> {
+    fn default() -> Self {
+        Lenient(None)
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Lenient<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = Lenient<T>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Lenient<T>, A::Error> {
+                T::deserialize(de::value::MapAccessDeserializer::new(map)).map(|t| Lenient(Some(t)))
+            }
+            read_as!(Lenient(None); bool i64 u64 f64 str unit seq);
+        }
+        d.deserialize_any(V(PhantomData))
+    }
+}
+
+/// A token count: a non-negative integer, an integral float, or a decimal string; past `u64`
+/// it saturates. Anything else reads as `None`.
+#[derive(Default)]
+struct Count(Option<u64>);
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Count;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Count, E> {
+                Ok(Count(Some(v)))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Count, E> {
+                Ok(Count(u64::try_from(v).ok()))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Count, E> {
+                Ok(Count(integral(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Count, E> {
+                Ok(Count(decimal(v)))
+            }
+            read_as!(Count(None); bool unit seq map);
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A non-negative float without a fraction as a count (saturating).
+fn integral(v: f64) -> Option<u64> {
+    // `as` saturates at u64::MAX; NaN and negatives are excluded first.
+    (v.is_finite() && v >= 0.0 && v.fract() == 0.0).then_some(v as u64)
+}
+
+/// A string of ASCII digits as a count (saturating).
+fn decimal(v: &str) -> Option<u64> {
+    if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(v.parse::<u64>().unwrap_or(u64::MAX))
+}
+
+/// A JSON string of at most [`MAX_MODEL_NAME`] bytes; any other JSON value reads as `None`
+/// (so a huge string is never copied).
+#[derive(Default)]
+struct Text(Option<String>);
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Text;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Text, E> {
+                Ok(Text((v.len() <= MAX_MODEL_NAME).then(|| v.to_string())))
+            }
+            read_as!(Text(None); bool i64 u64 f64 unit seq map);
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// JSON `true`; any other JSON value reads as false.
+#[derive(Default)]
+struct Flag(bool);
+
+impl<'de> Deserialize<'de> for Flag {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Flag;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Flag, E> {
+                Ok(Flag(v))
+            }
+            read_as!(Flag(false); i64 u64 f64 str unit seq map);
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Gemini `candidates`: true when any candidate has a `finishReason`.
+#[derive(Default)]
+struct Finished(bool);
+
+impl<'de> Deserialize<'de> for Finished {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Finished;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Finished, A::Error> {
+                let mut any = false;
+                while let Some(Lenient(c)) = seq.next_element::<Lenient<Candidate>>()? {
+                    any |= c.is_some_and(|c| c.finish_reason.0.is_some_and(|r| !r.is_empty()));
+                }
+                Ok(Finished(any))
+            }
+            read_as!(Finished(false); bool i64 u64 f64 str unit map);
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// An object key, matched without copying it (a body may have any number of long keys).
+enum Key {
+    Model,
+    MaxTokens,
+    MaxCompletionTokens,
+    MaxOutputTokens,
+    N,
+    BestOf,
+    Stream,
+    StreamOptions,
+    GenerationConfig,
+    CandidateCount,
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Key {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Key;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object key")
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Key, E> {
+                Ok(match v {
+                    "model" => Key::Model,
+                    "max_tokens" => Key::MaxTokens,
+                    "max_completion_tokens" => Key::MaxCompletionTokens,
+                    // Responses' name, and Gemini's (proto-JSON takes either spelling).
+                    "max_output_tokens" | "maxOutputTokens" => Key::MaxOutputTokens,
+                    "n" => Key::N,
+                    "best_of" => Key::BestOf,
+                    "stream" => Key::Stream,
+                    "stream_options" => Key::StreamOptions,
+                    "generationConfig" | "generation_config" => Key::GenerationConfig,
+                    "candidateCount" | "candidate_count" => Key::CandidateCount,
+                    _ => Key::Other,
+                })
+            }
+        }
+        d.deserialize_identifier(V)
+    }
+}
+
+#[cfg(test)]
+#[path = "usage_tests.rs"]
+mod tests;

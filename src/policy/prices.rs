@@ -106,7 +106,8 @@ impl PriceTable {
                     .ok_or_else(|| PriceError(format!("models.{name}.output is missing")))?,
                 cached_input: num("cached_input")?,
             };
-            models.insert(name.clone(), price);
+            // Lookup ignores ASCII case, so entries are kept lowercased.
+            models.insert(name.to_ascii_lowercase(), price);
         }
         Ok(PriceTable {
             source,
@@ -130,6 +131,8 @@ impl PriceTable {
     #[must_use]
     pub fn with_overrides(mut self, overrides: Vec<(String, Price)>) -> PriceTable {
         for (model, price) in overrides {
+            // Lookup ignores ASCII case, so entries are kept lowercased.
+            let model = model.to_ascii_lowercase();
             self.overridden.push(model.clone());
             self.models.insert(model, price);
         }
@@ -195,6 +198,24 @@ mod tests {
         assert_eq!(t.lookup("GPT-4o").unwrap().0, "gpt-4o");
         assert!(t.lookup("gpt-4").is_none());
         assert!(t.lookup("gpt-4ox").is_none());
+    }
+
+    #[test]
+    fn an_entry_spelled_with_capitals_is_found() {
+        let t = PriceTable::parse(
+            "source = \"t\"\ndate = \"2026-01-01\"\n[models.\"My-Model\"]\ninput = 1\noutput = 2\n",
+        )
+        .unwrap()
+        .with_overrides(vec![(
+            "Local-LLM".to_string(),
+            Price {
+                input: 0.0,
+                output: 0.0,
+                cached_input: None,
+            },
+        )]);
+        assert_eq!(t.lookup("my-model-2026").unwrap().0, "my-model");
+        assert_eq!(t.lookup("LOCAL-LLM").unwrap().0, "local-llm");
     }
 
     #[test]

@@ -10,6 +10,9 @@
 //!   and an optional time to live;
 //! - **counters**: atomic add-within-a-limit with an expiry (windows are the caller's keys);
 //! - **leases**: a key held by one holder until it expires or is released;
+//! - **token buckets**: GCRA rate limits, one timestamp per key, on the store's clock;
+//! - **semaphores**: up to N slots of a key, each held by one holder until it expires or is
+//!   given back (in-flight request caps that a crashed replica cannot leak);
 //! - **queues**: items due at a time, claimed under a lease (a crash before `ack` redelivers:
 //!   at-least-once), rescheduled on failure;
 //! - **events**: publish a short message on a channel; every replica's subscribers see it.
@@ -23,6 +26,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+mod gcra;
 pub mod redis;
 pub mod sqlite;
 
@@ -92,14 +96,15 @@ pub enum Added {
     Over(i64),
 }
 
-/// The result of [`StateStore::take`].
+/// The result of [`StateStore::take`]. The durations are what `retry-after` and
+/// `x-ratelimit-reset` report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Taken {
     /// The token was taken: the request may go.
     pub allowed: bool,
     /// Whole tokens left in the bucket after this call.
     pub remaining: u64,
-    /// When refused: how long until one token is back. Zero when allowed.
+    /// When refused: how long until the same take would be allowed. Zero when allowed.
     pub retry_after: Duration,
     /// How long until the bucket is full again.
     pub reset_after: Duration,
@@ -178,58 +183,33 @@ pub trait StateStore: Send + Sync + std::fmt::Debug + 'static {
 
     /// Takes one token from token bucket `key`, which holds at most `burst` tokens and gets
     /// one back every `interval` (GCRA: the store keeps one "theoretical arrival time" per
-    /// key, on the store's own clock, so replicas with skewed clocks share one bucket). A new
-    /// key starts full; an idle key expires once full.
-    fn take<'a>(&'a self, key: &'a str, burst: u64, interval: Duration) -> Fut<'a, Taken> {
-        let _ = (key, burst, interval);
-        Box::pin(async move {
-            Err(StateError::Backend {
-                store: self.describe().to_string(),
-                message: "token buckets are not supported by this backend".to_string(),
-            })
-        })
-    }
+    /// key, on the store's own clock, so replicas with skewed clocks share one bucket; the
+    /// arithmetic is in `gcra.rs`). A new key starts full; an idle key vanishes once full.
+    /// A refused take changes nothing. `burst` 0, an `interval` under 1 µs, or a bucket
+    /// holding more than about 35 years (`burst × interval`) is a [`StateError::Backend`]
+    /// naming the key.
+    fn take<'a>(&'a self, key: &'a str, burst: u64, interval: Duration) -> Fut<'a, Taken>;
 
-    /// Takes one of `max` slots of semaphore `key` for `holder` for `ttl` (or renews the one
-    /// `holder` has): the number of slots now held, or `None` when all `max` are held by
-    /// others. A holder that dies loses its slot when `ttl` passes.
+    /// Takes one of `max` slots of semaphore `key` for `holder` until `ttl` from now, or
+    /// renews the slot `holder` already has (a renewal never takes a second slot, and is
+    /// granted even if `max` was lowered below the slots held). `Some(n)`: `n` slots are now
+    /// held, this one included; `None`: all `max` are held by others (nothing changed). A
+    /// holder that dies loses its slot when `ttl` passes, on the store's clock. `max` 0 or a
+    /// `ttl` under 1 ms is a [`StateError::Backend`] naming the key.
     fn acquire<'a>(
         &'a self,
         key: &'a str,
         holder: &'a str,
         max: u64,
         ttl: Duration,
-    ) -> Fut<'a, Option<u64>> {
-        let _ = (key, holder, max, ttl);
-        Box::pin(async move {
-            Err(StateError::Backend {
-                store: self.describe().to_string(),
-                message: "semaphores are not supported by this backend".to_string(),
-            })
-        })
-    }
+    ) -> Fut<'a, Option<u64>>;
 
-    /// Gives `holder`'s slot of semaphore `key` back (nothing if it has none).
-    fn relinquish<'a>(&'a self, key: &'a str, holder: &'a str) -> Fut<'a, ()> {
-        let _ = (key, holder);
-        Box::pin(async move {
-            Err(StateError::Backend {
-                store: self.describe().to_string(),
-                message: "semaphores are not supported by this backend".to_string(),
-            })
-        })
-    }
+    /// Gives `holder`'s slot of semaphore `key` back (nothing if it has none). A semaphore
+    /// with no slot held leaves nothing behind in the store.
+    fn relinquish<'a>(&'a self, key: &'a str, holder: &'a str) -> Fut<'a, ()>;
 
-    /// How many unexpired slots semaphore `key` has held.
-    fn holders<'a>(&'a self, key: &'a str) -> Fut<'a, u64> {
-        let _ = key;
-        Box::pin(async move {
-            Err(StateError::Backend {
-                store: self.describe().to_string(),
-                message: "semaphores are not supported by this backend".to_string(),
-            })
-        })
-    }
+    /// How many unexpired slots semaphore `key` holds now (0 for an unknown key).
+    fn holders<'a>(&'a self, key: &'a str) -> Fut<'a, u64>;
 
     /// Takes lease `key` for `holder` for `ttl`, or renews it if `holder` already has it;
     /// `false` if another holder has it.
@@ -274,4 +254,25 @@ pub trait StateStore: Send + Sync + std::fmt::Debug + 'static {
     /// Every event published from now on, on every channel. A lagging receiver loses the oldest
     /// events (waiters poll too).
     fn subscribe(&self) -> tokio::sync::broadcast::Receiver<Event>;
+}
+
+/// The longest semaphore slot accepted, in milliseconds (about 35 years): beyond it a slot
+/// would never expire in practice, and Redis keeps scores as doubles.
+const MAX_SLOT_TTL_MS: u128 = 1 << 40;
+
+/// Checks a semaphore's `max` and `ttl` (the same rules in both backends): the slot's time to
+/// live in milliseconds, or a [`StateError::Backend`] naming `store` and `key`.
+fn slot_ttl_ms(store: &str, key: &str, max: u64, ttl: Duration) -> Result<i64, StateError> {
+    let bad = |why: String| StateError::Backend {
+        store: store.to_string(),
+        message: format!("semaphore {key:?}: {why}"),
+    };
+    if max == 0 {
+        return Err(bad("max must be at least 1".to_string()));
+    }
+    match ttl.as_millis() {
+        0 => Err(bad(format!("ttl must be at least 1 ms (got {ttl:?})"))),
+        ms if ms > MAX_SLOT_TTL_MS => Err(bad(format!("ttl {ttl:?} is more than 35 years"))),
+        ms => Ok(ms as i64),
+    }
 }

@@ -23,11 +23,15 @@ use ::redis::{
 use tokio::sync::{broadcast, mpsc};
 use tokio::task::JoinHandle;
 
-use super::{Added, Claimed, Event, Fut, StateError, StateStore, Versioned};
+use super::gcra::Bucket;
+use super::{slot_ttl_ms, Added, Claimed, Event, Fut, StateError, StateStore, Taken, Versioned};
 
 #[path = "redis_scripts.rs"]
 mod scripts;
-use scripts::{ACK, ADD, CLAIM, DELETE, ENQUEUE, LEASE, LIST, RELEASE, RESCHEDULE, WRITE};
+use scripts::{
+    ACK, ACQUIRE, ADD, CLAIM, DELETE, ENQUEUE, HOLDERS, LEASE, LIST, RELEASE, RELINQUISH,
+    RESCHEDULE, TAKE, WRITE,
+};
 
 /// The key prefix latchkey uses unless told otherwise.
 pub const DEFAULT_PREFIX: &str = "latchkey:";
@@ -477,6 +481,52 @@ impl StateStore for Redis {
                 .await
                 .map(drop)
         })
+    }
+
+    fn take<'a>(&'a self, key: &'a str, burst: u64, interval: Duration) -> Fut<'a, Taken> {
+        let keys = vec![self.key("tb", key)];
+        Box::pin(async move {
+            let bucket = Bucket::new(&self.describe, key, burst, interval)?;
+            let (allowed, ahead): (i64, i64) = self
+                .eval(
+                    &TAKE,
+                    keys,
+                    vec![arg(bucket.interval_us), arg(bucket.tau_us)],
+                )
+                .await?;
+            Ok(bucket.taken(allowed == 1, ahead))
+        })
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        holder: &'a str,
+        max: u64,
+        ttl: Duration,
+    ) -> Fut<'a, Option<u64>> {
+        let keys = vec![self.key("sem", key)];
+        Box::pin(async move {
+            let ttl = slot_ttl_ms(&self.describe, key, max, ttl)?;
+            let held: i64 = self
+                .eval(&ACQUIRE, keys, vec![arg(holder), arg(max), arg(ttl)])
+                .await?;
+            Ok(u64::try_from(held).ok())
+        })
+    }
+
+    fn relinquish<'a>(&'a self, key: &'a str, holder: &'a str) -> Fut<'a, ()> {
+        let keys = vec![self.key("sem", key)];
+        Box::pin(async move {
+            self.eval::<i64>(&RELINQUISH, keys, vec![arg(holder)])
+                .await
+                .map(drop)
+        })
+    }
+
+    fn holders<'a>(&'a self, key: &'a str) -> Fut<'a, u64> {
+        let keys = vec![self.key("sem", key)];
+        Box::pin(async move { self.eval(&HOLDERS, keys, Vec::new()).await })
     }
 
     fn enqueue<'a>(

@@ -183,3 +183,78 @@ return 0
 ",
     )
 });
+
+/// KEYS: bucket (its theoretical arrival time, µs, as a string). ARGV: interval µs, burst ×
+/// interval µs (`tau`). {1, ahead} taken or {0, ahead} refused, where `ahead` is how far the
+/// bucket's arrival time is past the server's now (the arithmetic of `gcra.rs`, made here so
+/// it is atomic and on one clock). A taken bucket expires once full, so an idle one vanishes.
+/// Numbers are formatted with `%d`: Lua's default would round a µs timestamp.
+pub(super) static TAKE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local interval, tau = tonumber(ARGV[1]), tonumber(ARGV[2])
+local tat = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+if tat < now then tat = now end
+local nxt = tat + interval
+if nxt - now > tau then return {0, tat - now} end
+redis.call('SET', KEYS[1], string.format('%d', nxt), 'PX',
+  string.format('%d', math.ceil((nxt - now) / 1000)))
+return {1, nxt - now}
+",
+    )
+});
+
+/// Removes the expired slots of the semaphore KEYS[1] and keeps the key's own expiry at its
+/// last slot's, so a semaphore nobody holds vanishes. Defines `now` (ms, the server's clock).
+const SLOTS: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local function keep_until_last()
+  local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
+  if last[2] then
+    redis.call('PEXPIRE', KEYS[1], string.format('%d', math.max(tonumber(last[2]) - now, 1)))
+  end
+end
+";
+
+/// KEYS: semaphore (sorted set holder → expiry ms). ARGV: holder, max, ttl ms. The slots now
+/// held, or -1 when all `max` are held by others.
+pub(super) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{SLOTS}
+local n = redis.call('ZCARD', KEYS[1])
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  if n >= tonumber(ARGV[2]) then return -1 end
+  n = n + 1
+end
+redis.call('ZADD', KEYS[1], string.format('%d', now + tonumber(ARGV[3])), ARGV[1])
+keep_until_last()
+return n
+"
+    ))
+});
+
+/// KEYS: semaphore. ARGV: holder. Removing the last slot removes the key.
+pub(super) static RELINQUISH: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(&format!(
+        r"{SLOTS}
+redis.call('ZREM', KEYS[1], ARGV[1])
+keep_until_last()
+return 0
+"
+    ))
+});
+
+/// KEYS: semaphore. The unexpired slots (read only: counted on the server's clock).
+pub(super) static HOLDERS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZCOUNT', KEYS[1], '(' .. string.format('%d', now), '+inf')
+",
+    )
+});

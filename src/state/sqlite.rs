@@ -23,10 +23,13 @@ use std::time::{Duration, SystemTime};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use tokio::sync::broadcast;
 
-use super::{Added, Claimed, Event, Fut, StateError, StateStore, Versioned};
+use super::gcra::Bucket;
+use super::{slot_ttl_ms, Added, Claimed, Event, Fut, StateError, StateStore, Taken, Versioned};
 
 /// The schema this build writes; a file with a newer one is refused (never silently misread).
-const SCHEMA_VERSION: i64 = 1;
+/// Version 1: records, counters, leases, queues (the approvals release). Version 2: token
+/// buckets and semaphores.
+const SCHEMA_VERSION: i64 = 2;
 
 /// How long a call waits for another handle's write lock before failing.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
@@ -37,7 +40,9 @@ const PURGE_EVERY: u64 = 256;
 /// Buffered events per subscriber before the oldest are dropped (waiters poll as well).
 const EVENT_CAPACITY: usize = 1024;
 
-const SCHEMA: &str = "
+/// The version 1 schema, as the approvals release created it (a file of any version starts
+/// from it; [`MIGRATIONS`] bring it forward).
+const SCHEMA_V1: &str = "
 CREATE TABLE IF NOT EXISTS records (
     ns TEXT NOT NULL, id TEXT NOT NULL, version INTEGER NOT NULL, doc BLOB NOT NULL,
     expires_ms INTEGER, updated_ms INTEGER NOT NULL, PRIMARY KEY (ns, id));
@@ -52,6 +57,21 @@ CREATE TABLE IF NOT EXISTS queue (
 CREATE INDEX IF NOT EXISTS queue_by_due ON queue (queue, due_ms, id);
 INSERT OR IGNORE INTO meta (key, value) VALUES ('seq', 0);
 ";
+
+/// `MIGRATIONS[i]` takes a file from version `i + 1` to `i + 2`; each runs once, in the same
+/// transaction that records the new version, so a crash leaves the file at the old version.
+const MIGRATIONS: [&str; 1] = [
+    // 1 → 2: token buckets (one theoretical arrival time per key, in µs; a row whose `tat_us`
+    // has passed is a full bucket and is purged) and semaphore slots.
+    "
+CREATE TABLE buckets (key TEXT PRIMARY KEY, tat_us INTEGER NOT NULL);
+CREATE TABLE semaphores (
+    key TEXT NOT NULL, holder TEXT NOT NULL, expires_ms INTEGER NOT NULL,
+    PRIMARY KEY (key, holder));
+",
+];
+
+const _: () = assert!(MIGRATIONS.len() as i64 + 1 == SCHEMA_VERSION);
 
 /// The SQLite state store. Open it with [`Sqlite::open`].
 pub struct Sqlite {
@@ -172,7 +192,8 @@ fn open_file(path: &Path) -> Result<(Connection, PathBuf), String> {
     Ok((conn, path))
 }
 
-/// Creates the schema, or checks that the file's schema is one this build knows.
+/// Creates the schema on a new file, or checks that the file's schema is one this build knows
+/// and brings an older one forward to [`SCHEMA_VERSION`], all in one transaction.
 fn migrate(conn: &mut Connection) -> Result<(), String> {
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -190,24 +211,36 @@ fn migrate(conn: &mut Connection) -> Result<(), String> {
         )
         .optional()
         .map_err(|e| format!("cannot read the schema version: {e}"))?;
-    match found {
+    // A new file counts as version 1 once the version 1 schema is created.
+    let from = match found {
         Some(v) if v > SCHEMA_VERSION => {
             return Err(format!(
             "schema version {v} was written by a newer latchkey (this one knows {SCHEMA_VERSION})"
         ))
         }
         Some(v) if v < 1 => return Err(format!("unknown schema version {v}")),
-        Some(_) => {}
-        None => {
-            tx.execute(
-                "INSERT INTO meta (key, value) VALUES ('schema_version', ?1)",
-                [SCHEMA_VERSION],
-            )
-            .map_err(|e| format!("cannot write the schema version: {e}"))?;
+        Some(v) => v,
+        None => 1,
+    };
+    tx.execute_batch(SCHEMA_V1)
+        .map_err(|e| format!("cannot create the schema: {e}"))?;
+    for (to, step) in (2..).zip(MIGRATIONS) {
+        if from < to {
+            tx.execute_batch(step).map_err(|e| {
+                format!(
+                    "cannot migrate the schema from version {} to {to}: {e}",
+                    to - 1
+                )
+            })?;
         }
     }
-    tx.execute_batch(SCHEMA)
-        .map_err(|e| format!("cannot create the schema: {e}"))?;
+    if found != Some(SCHEMA_VERSION) {
+        tx.execute(
+            "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema_version', ?1)",
+            [SCHEMA_VERSION],
+        )
+        .map_err(|e| format!("cannot write the schema version: {e}"))?;
+    }
     tx.commit()
         .map_err(|e| format!("cannot create the schema: {e}"))
 }
@@ -234,6 +267,11 @@ fn purge_expired(conn: &Connection) -> rusqlite::Result<()> {
     )?;
     conn.execute("DELETE FROM counters WHERE expires_ms <= ?1", [now])?;
     conn.execute("DELETE FROM leases WHERE expires_ms <= ?1", [now])?;
+    conn.execute("DELETE FROM semaphores WHERE expires_ms <= ?1", [now])?;
+    conn.execute(
+        "DELETE FROM buckets WHERE tat_us <= ?1",
+        [now.saturating_mul(1000)],
+    )?;
     Ok(())
 }
 
@@ -246,6 +284,15 @@ fn millis(t: SystemTime) -> i64 {
 
 fn now_ms() -> i64 {
     millis(SystemTime::now())
+}
+
+/// Microseconds since the Unix epoch now: token buckets need finer steps than milliseconds
+/// (a rate of 10 000/s refills every 100 µs).
+fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
 }
 
 fn ms(d: Duration) -> i64 {
@@ -494,6 +541,97 @@ impl StateStore for Sqlite {
                 params![key, holder],
             )
             .map(drop)
+        })
+    }
+
+    fn take<'a>(&'a self, key: &'a str, burst: u64, interval: Duration) -> Fut<'a, Taken> {
+        let bucket = match Bucket::new(&self.describe, key, burst, interval) {
+            Ok(bucket) => bucket,
+            Err(e) => return Box::pin(async move { Err(e) }),
+        };
+        let key = key.to_string();
+        self.run(true, move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let now = now_us();
+            let stored: Option<i64> = tx
+                .prepare_cached("SELECT tat_us FROM buckets WHERE key = ?1")?
+                .query_row([&key], |row| row.get(0))
+                .optional()?;
+            let (allowed, ahead, tat) = bucket.take(stored, now);
+            if allowed {
+                tx.prepare_cached(
+                    "INSERT INTO buckets (key, tat_us) VALUES (?1, ?2)
+                     ON CONFLICT (key) DO UPDATE SET tat_us = excluded.tat_us",
+                )?
+                .execute(params![key, tat])?;
+                tx.commit()?;
+            }
+            Ok(bucket.taken(allowed, ahead))
+        })
+    }
+
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        holder: &'a str,
+        max: u64,
+        ttl: Duration,
+    ) -> Fut<'a, Option<u64>> {
+        let ttl = match slot_ttl_ms(&self.describe, key, max, ttl) {
+            Ok(ttl) => ttl,
+            Err(e) => return Box::pin(async move { Err(e) }),
+        };
+        let (key, holder) = (key.to_string(), holder.to_string());
+        self.run(true, move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let now = now_ms();
+            tx.prepare_cached("DELETE FROM semaphores WHERE key = ?1 AND expires_ms <= ?2")?
+                .execute(params![key, now])?;
+            let (held, mine): (i64, i64) = tx
+                .prepare_cached(
+                    "SELECT COUNT(*), COALESCE(SUM(holder = ?2), 0) FROM semaphores
+                     WHERE key = ?1",
+                )?
+                .query_row(params![key, holder], |row| Ok((row.get(0)?, row.get(1)?)))?;
+            let held = u64::try_from(held).unwrap_or(0);
+            let now_held = if mine > 0 {
+                held
+            } else if held >= max {
+                // Keep the purge of expired slots; nothing else changed.
+                tx.commit()?;
+                return Ok(None);
+            } else {
+                held + 1
+            };
+            tx.prepare_cached(
+                "INSERT INTO semaphores (key, holder, expires_ms) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (key, holder) DO UPDATE SET expires_ms = excluded.expires_ms",
+            )?
+            .execute(params![key, holder, now.saturating_add(ttl)])?;
+            tx.commit()?;
+            Ok(Some(now_held))
+        })
+    }
+
+    fn relinquish<'a>(&'a self, key: &'a str, holder: &'a str) -> Fut<'a, ()> {
+        let (key, holder) = (key.to_string(), holder.to_string());
+        self.run(true, move |conn| {
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            tx.prepare_cached("DELETE FROM semaphores WHERE key = ?1 AND holder = ?2")?
+                .execute(params![key, holder])?;
+            tx.commit()
+        })
+    }
+
+    fn holders<'a>(&'a self, key: &'a str) -> Fut<'a, u64> {
+        let key = key.to_string();
+        self.run(false, move |conn| {
+            let n: i64 = conn
+                .prepare_cached(
+                    "SELECT COUNT(*) FROM semaphores WHERE key = ?1 AND expires_ms > ?2",
+                )?
+                .query_row(params![key, now_ms()], |row| row.get(0))?;
+            Ok(u64::try_from(n).unwrap_or(0))
         })
     }
 

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use latchkey::state::{Added, Event, Redis, Sqlite, StateStore};
+use latchkey::state::{Added, Event, Redis, Sqlite, StateStore, Taken};
 
 use crate::support::redis::RedisServer;
 
@@ -269,6 +269,239 @@ async fn leases_are_exclusive(store: Arc<dyn StateStore>) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Token buckets
+
+/// Room for a loaded machine between a call and the next one.
+const SLACK: Duration = Duration::from_millis(500);
+
+/// `n` concurrent takes of `key` on `stores` (round robin): the results, in no order.
+async fn concurrent_takes(
+    stores: &[Arc<dyn StateStore>],
+    key: &'static str,
+    n: usize,
+    burst: u64,
+    interval: Duration,
+) -> Vec<Taken> {
+    let takers = (0..n).map(|i| {
+        let store = stores[i % stores.len()].clone();
+        tokio::spawn(async move { store.take(key, burst, interval).await.unwrap() })
+    });
+    let mut out = Vec::new();
+    for taker in takers.collect::<Vec<_>>() {
+        out.push(taker.await.unwrap());
+    }
+    out
+}
+
+/// Exactly `burst` of the takes were allowed, each seeing a different count left, and the
+/// refused ones say a token is back within one interval.
+fn assert_exactly_the_burst(taken: &[Taken], burst: u64, interval: Duration) {
+    let mut remaining: Vec<u64> = taken
+        .iter()
+        .filter(|t| t.allowed)
+        .map(|t| t.remaining)
+        .collect();
+    remaining.sort_unstable();
+    assert_eq!(remaining, (0..burst).collect::<Vec<_>>(), "{taken:?}");
+    for refused in taken.iter().filter(|t| !t.allowed) {
+        assert_eq!(refused.remaining, 0);
+        assert!(
+            refused.retry_after > Duration::ZERO && refused.retry_after <= interval,
+            "{refused:?}"
+        );
+        assert!(
+            refused.reset_after <= interval * burst as u32
+                && refused.reset_after + SLACK >= interval * burst as u32,
+            "{refused:?}"
+        );
+    }
+}
+
+async fn buckets_admit_exactly_their_burst(store: Arc<dyn StateStore>) {
+    let minute = Duration::from_secs(60);
+    let taken = concurrent_takes(std::slice::from_ref(&store), "burst", 50, 10, minute).await;
+    assert_exactly_the_burst(&taken, 10, minute);
+    assert!(
+        !store.take("burst", 10, minute).await.unwrap().allowed,
+        "still empty"
+    );
+}
+
+async fn buckets_refill_one_token_per_interval(store: Arc<dyn StateStore>) {
+    let interval = Duration::from_millis(400);
+    let first = store.take("refill", 2, interval).await.unwrap();
+    assert!(first.allowed);
+    assert_eq!(first.remaining, 1);
+    assert_eq!(first.retry_after, Duration::ZERO);
+    assert!(
+        first.reset_after <= interval && first.reset_after + SLACK >= interval,
+        "{first:?}"
+    );
+    let second = store.take("refill", 2, interval).await.unwrap();
+    assert!(second.allowed);
+    assert_eq!(second.remaining, 0);
+    let refused = store.take("refill", 2, interval).await.unwrap();
+    assert!(!refused.allowed);
+    assert!(
+        refused.retry_after <= interval && refused.retry_after + SLACK >= interval,
+        "{refused:?}"
+    );
+    assert!(refused.reset_after > refused.retry_after, "{refused:?}");
+    tokio::time::sleep(refused.retry_after + Duration::from_millis(20)).await;
+    let back = store.take("refill", 2, interval).await.unwrap();
+    assert!(back.allowed, "one token back after retry_after: {back:?}");
+    assert_eq!(back.remaining, 0, "only one");
+    // Idle for longer than it takes to fill: full, and no fuller.
+    tokio::time::sleep(interval * 3).await;
+    let full = store.take("refill", 2, interval).await.unwrap();
+    assert!(full.allowed);
+    assert_eq!(full.remaining, 1);
+}
+
+async fn buckets_are_independent(store: Arc<dyn StateStore>) {
+    let minute = Duration::from_secs(60);
+    assert!(store.take("a", 1, minute).await.unwrap().allowed);
+    assert!(!store.take("a", 1, minute).await.unwrap().allowed);
+    let other = store.take("b", 1, minute).await.unwrap();
+    assert!(other.allowed, "another key has its own bucket");
+    assert!(!store.take("b", 1, minute).await.unwrap().allowed);
+    // A bucket is not a counter, nor a semaphore, of the same name.
+    assert_eq!(store.counter("a").await.unwrap(), 0);
+    assert_eq!(store.holders("a").await.unwrap(), 0);
+}
+
+async fn zero_burst_or_interval_is_an_error_naming_the_key(store: Arc<dyn StateStore>) {
+    for (burst, interval) in [(0, Duration::from_secs(1)), (5, Duration::ZERO)] {
+        let err = store
+            .take("rl:bad", burst, interval)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("rl:bad"), "{err}");
+        assert!(err.contains(store.describe()), "{err}");
+    }
+    let err = store
+        .acquire("sem:bad", "h", 0, Duration::from_secs(1))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("sem:bad") && err.contains("max"), "{err}");
+    let err = store
+        .acquire("sem:bad", "h", 1, Duration::ZERO)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("sem:bad") && err.contains("ttl"), "{err}");
+    assert_eq!(store.holders("sem:bad").await.unwrap(), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Semaphores
+
+/// `n` concurrent acquires of `key` by holders `h0..hn` on `stores` (round robin): how many
+/// got a slot, and every count they were given.
+async fn concurrent_acquires(
+    stores: &[Arc<dyn StateStore>],
+    key: &'static str,
+    n: usize,
+    max: u64,
+) -> (usize, Vec<u64>) {
+    let acquirers = (0..n).map(|i| {
+        let store = stores[i % stores.len()].clone();
+        tokio::spawn(async move {
+            store
+                .acquire(key, &format!("h{i}"), max, Duration::from_secs(60))
+                .await
+                .unwrap()
+        })
+    });
+    let mut counts = Vec::new();
+    for acquirer in acquirers.collect::<Vec<_>>() {
+        counts.extend(acquirer.await.unwrap());
+    }
+    counts.sort_unstable();
+    (counts.len(), counts)
+}
+
+async fn semaphores_admit_exactly_max(store: Arc<dyn StateStore>) {
+    let (got, counts) = concurrent_acquires(std::slice::from_ref(&store), "sem", 10, 3).await;
+    assert_eq!(got, 3);
+    assert_eq!(counts, [1, 2, 3]);
+    assert_eq!(store.holders("sem").await.unwrap(), 3);
+    assert_eq!(store.holders("absent").await.unwrap(), 0);
+}
+
+async fn a_holder_renews_without_a_second_slot(store: Arc<dyn StateStore>) {
+    let long = Duration::from_secs(60);
+    assert_eq!(store.acquire("r", "a", 2, long).await.unwrap(), Some(1));
+    assert_eq!(
+        store.acquire("r", "a", 2, long).await.unwrap(),
+        Some(1),
+        "a renewal"
+    );
+    assert_eq!(store.holders("r").await.unwrap(), 1);
+    assert_eq!(store.acquire("r", "b", 2, long).await.unwrap(), Some(2));
+    assert_eq!(store.acquire("r", "c", 2, long).await.unwrap(), None);
+    assert_eq!(store.acquire("r", "a", 2, long).await.unwrap(), Some(2));
+    // A holder renews even when the cap was lowered below what is held.
+    assert_eq!(store.acquire("r", "b", 1, long).await.unwrap(), Some(2));
+    assert_eq!(store.acquire("r", "c", 1, long).await.unwrap(), None);
+    assert_eq!(store.holders("r").await.unwrap(), 2);
+}
+
+async fn relinquish_frees_a_slot(store: Arc<dyn StateStore>) {
+    let long = Duration::from_secs(60);
+    assert_eq!(store.acquire("f", "a", 1, long).await.unwrap(), Some(1));
+    assert_eq!(store.acquire("f", "b", 1, long).await.unwrap(), None);
+    store.relinquish("f", "b").await.unwrap();
+    assert_eq!(
+        store.acquire("f", "b", 1, long).await.unwrap(),
+        None,
+        "only a holder gives its slot back"
+    );
+    store.relinquish("f", "a").await.unwrap();
+    assert_eq!(store.holders("f").await.unwrap(), 0);
+    assert_eq!(store.acquire("f", "b", 1, long).await.unwrap(), Some(1));
+    store.relinquish("f", "b").await.unwrap();
+    store.relinquish("f", "b").await.unwrap();
+    store.relinquish("never", "x").await.unwrap();
+    assert_eq!(store.holders("f").await.unwrap(), 0);
+}
+
+async fn a_dead_holders_slot_expires(store: Arc<dyn StateStore>) {
+    let long = Duration::from_secs(60);
+    assert_eq!(store.acquire("d", "dead", 2, TTL).await.unwrap(), Some(1));
+    assert_eq!(store.acquire("d", "alive", 2, long).await.unwrap(), Some(2));
+    assert_eq!(store.acquire("d", "late", 2, long).await.unwrap(), None);
+    // A renewal pushes the expiry out.
+    assert_eq!(store.acquire("x", "a", 1, TTL).await.unwrap(), Some(1));
+    tokio::time::sleep(TTL / 2).await;
+    assert_eq!(store.acquire("x", "a", 1, TTL).await.unwrap(), Some(1));
+    tokio::time::sleep(TTL / 2 + Duration::from_millis(50)).await;
+    assert_eq!(
+        store.acquire("x", "b", 1, TTL).await.unwrap(),
+        None,
+        "renewed, so still held"
+    );
+    past_ttl().await;
+    assert_eq!(store.holders("d").await.unwrap(), 1, "the dead one is gone");
+    assert_eq!(store.acquire("d", "late", 2, long).await.unwrap(), Some(2));
+    assert_eq!(store.acquire("x", "b", 1, TTL).await.unwrap(), Some(1));
+}
+
+async fn semaphores_are_independent(store: Arc<dyn StateStore>) {
+    let long = Duration::from_secs(60);
+    assert_eq!(store.acquire("s1", "a", 1, long).await.unwrap(), Some(1));
+    assert_eq!(store.acquire("s2", "b", 1, long).await.unwrap(), Some(1));
+    assert_eq!(store.acquire("s1", "b", 1, long).await.unwrap(), None);
+    store.relinquish("s2", "a").await.unwrap();
+    assert_eq!(store.holders("s1").await.unwrap(), 1);
+    assert_eq!(store.holders("s2").await.unwrap(), 1);
+    // Nor is a semaphore a lease of the same name.
+    assert!(store.lease("s1", "z", long).await.unwrap());
+}
+
+// ---------------------------------------------------------------------------------------------
 // Queues
 
 async fn claims_move_due_items_under_a_lease(store: Arc<dyn StateStore>) {
@@ -413,6 +646,42 @@ async fn two_handles_share_one_store(a: Arc<dyn StateStore>, b: Arc<dyn StateSto
     );
 }
 
+/// Two handles (two replicas) enforce one bucket, one semaphore and one counter limit between
+/// them, under concurrency.
+async fn two_handles_share_limits(a: Arc<dyn StateStore>, b: Arc<dyn StateStore>) {
+    let both = [a.clone(), b.clone()];
+    let minute = Duration::from_secs(60);
+    let taken = concurrent_takes(&both, "shared-rl", 50, 10, minute).await;
+    assert_exactly_the_burst(&taken, 10, minute);
+    let (got, counts) = concurrent_acquires(&both, "shared-sem", 10, 3).await;
+    assert_eq!((got, counts), (3, vec![1, 2, 3]));
+    assert_eq!(a.holders("shared-sem").await.unwrap(), 3);
+    assert_eq!(b.holders("shared-sem").await.unwrap(), 3);
+    // A slot taken on one is renewed and given back on the other.
+    assert_eq!(a.acquire("handoff", "h", 1, minute).await.unwrap(), Some(1));
+    assert_eq!(b.acquire("handoff", "h", 1, minute).await.unwrap(), Some(1));
+    assert_eq!(
+        b.acquire("handoff", "other", 1, minute).await.unwrap(),
+        None
+    );
+    b.relinquish("handoff", "h").await.unwrap();
+    assert_eq!(
+        a.acquire("handoff", "other", 1, minute).await.unwrap(),
+        Some(1)
+    );
+    // Counter limits hold across handles too.
+    let adders = (0..40).map(|i| {
+        let store = both[i % 2].clone();
+        tokio::spawn(async move { store.add("shared-c", 1, Some(25), minute).await.unwrap() })
+    });
+    let mut ok = 0;
+    for adder in adders.collect::<Vec<_>>() {
+        ok += usize::from(matches!(adder.await.unwrap(), Added::Ok(_)));
+    }
+    assert_eq!(ok, 25);
+    assert_eq!(a.counter("shared-c").await.unwrap(), 25);
+}
+
 /// What a restart must keep: records, counters and queue items (written before `reopen`).
 async fn write_before_restart(store: &dyn StateStore) {
     store.put("keep", "rec", b"kept", None).await.unwrap();
@@ -424,6 +693,12 @@ async fn write_before_restart(store: &dyn StateStore) {
         .enqueue("keep-q", "item", b"queued", SystemTime::now())
         .await
         .unwrap();
+    let hour = Duration::from_secs(3600);
+    assert!(store.take("keep-rl", 1, hour).await.unwrap().allowed);
+    assert_eq!(
+        store.acquire("keep-sem", "h", 1, hour).await.unwrap(),
+        Some(1)
+    );
 }
 
 async fn check_after_restart(store: &dyn StateStore) {
@@ -438,6 +713,15 @@ async fn check_after_restart(store: &dyn StateStore) {
         .await
         .unwrap();
     assert_eq!(claimed[0].doc, b"queued");
+    let hour = Duration::from_secs(3600);
+    let refused = store.take("keep-rl", 1, hour).await.unwrap();
+    assert!(!refused.allowed, "a restart does not refill a bucket");
+    assert!(refused.retry_after + SLACK * 10 > hour, "{refused:?}");
+    assert_eq!(
+        store.acquire("keep-sem", "other", 1, hour).await.unwrap(),
+        None
+    );
+    assert_eq!(store.holders("keep-sem").await.unwrap(), 1);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -476,6 +760,15 @@ macro_rules! every_behaviour {
                 a_negative_delta_floors_at_zero,
                 counters_expire_from_their_creation,
                 leases_are_exclusive,
+                buckets_admit_exactly_their_burst,
+                buckets_refill_one_token_per_interval,
+                buckets_are_independent,
+                zero_burst_or_interval_is_an_error_naming_the_key,
+                semaphores_admit_exactly_max,
+                a_holder_renews_without_a_second_slot,
+                relinquish_frees_a_slot,
+                a_dead_holders_slot_expires,
+                semaphores_are_independent,
                 claims_move_due_items_under_a_lease,
                 reschedule_and_ack,
                 publish_reaches_subscribers,
@@ -499,6 +792,15 @@ async fn sqlite_two_handles_on_one_file() {
     let a = Sqlite::open(&path).await.unwrap();
     let b = Sqlite::open(&path).await.unwrap();
     two_handles_share_one_store(Arc::new(a), Arc::new(b)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_two_handles_share_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    let a = Sqlite::open(&path).await.unwrap();
+    let b = Sqlite::open(&path).await.unwrap();
+    two_handles_share_limits(Arc::new(a), Arc::new(b)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -558,6 +860,76 @@ async fn redis_two_handles_on_one_server() {
     let a = latchkey::state::open(&server.url()).await.unwrap();
     let b = latchkey::state::open(&server.url()).await.unwrap();
     two_handles_share_one_store(a, b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_two_replicas_share_limits() {
+    let server = RedisServer::start();
+    let a = latchkey::state::open(&server.url()).await.unwrap();
+    let b = latchkey::state::open(&server.url()).await.unwrap();
+    two_handles_share_limits(a, b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_idle_buckets_and_empty_semaphores_leave_no_key() {
+    let server = RedisServer::start();
+    let store = Redis::open_with_prefix(&server.url(), "lk:").await.unwrap();
+    let interval = Duration::from_millis(100);
+    assert!(store.take("idle", 3, interval).await.unwrap().allowed);
+    assert!(store.take("idle", 3, interval).await.unwrap().allowed);
+    assert_eq!(server.command(&["EXISTS", "lk:tb:idle"]), ":1");
+    let pttl: i64 = server.command(&["PTTL", "lk:tb:idle"])[1..]
+        .parse()
+        .unwrap();
+    assert!((1..=200).contains(&pttl), "expires once full: {pttl} ms");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(server.command(&["EXISTS", "lk:tb:idle"]), ":0");
+    let full = store.take("idle", 3, interval).await.unwrap();
+    assert_eq!(full.remaining, 2, "a vanished bucket is a full one");
+
+    let hour = Duration::from_secs(3600);
+    assert_eq!(store.acquire("sem", "a", 2, hour).await.unwrap(), Some(1));
+    assert_eq!(store.acquire("sem", "b", 2, TTL).await.unwrap(), Some(2));
+    assert_eq!(server.command(&["ZCARD", "lk:sem:sem"]), ":2");
+    let pttl: i64 = server.command(&["PTTL", "lk:sem:sem"])[1..]
+        .parse()
+        .unwrap();
+    assert!(
+        pttl > 3_500_000,
+        "the key lives as long as its last slot: {pttl} ms"
+    );
+    store.relinquish("sem", "a").await.unwrap();
+    let pttl: i64 = server.command(&["PTTL", "lk:sem:sem"])[1..]
+        .parse()
+        .unwrap();
+    assert!(
+        (1..=TTL.as_millis() as i64).contains(&pttl),
+        "then as long as the one left: {pttl} ms"
+    );
+    store.relinquish("sem", "b").await.unwrap();
+    assert_eq!(
+        server.command(&["EXISTS", "lk:sem:sem"]),
+        ":0",
+        "no slot held, no key"
+    );
+    // A semaphore whose holders all died vanishes with them.
+    assert_eq!(store.acquire("dead", "a", 2, TTL).await.unwrap(), Some(1));
+    past_ttl().await;
+    assert_eq!(server.command(&["EXISTS", "lk:sem:dead"]), ":0");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_buckets_and_semaphores_fail_closed_when_the_server_is_down() {
+    let server = RedisServer::start();
+    let store = latchkey::state::open(&server.url()).await.unwrap();
+    let minute = Duration::from_secs(60);
+    assert!(store.take("rl", 5, minute).await.unwrap().allowed);
+    drop(server);
+    let err = store.take("rl", 5, minute).await.unwrap_err().to_string();
+    assert!(err.contains("state store redis://127.0.0.1:"), "{err}");
+    assert!(store.acquire("sem", "h", 1, minute).await.is_err());
+    assert!(store.holders("sem").await.is_err());
+    assert!(store.relinquish("sem", "h").await.is_err());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

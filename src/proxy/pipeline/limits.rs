@@ -96,7 +96,7 @@ pub(super) async fn charge(
             .map(|l| l.reserve_tokens)
             .max()
             .unwrap_or(crate::policy::limits::DEFAULT_RESERVE_TOKENS);
-        let output = facts.max_output_tokens.unwrap_or(reserve);
+        let output = facts.output_reserve(reserve);
         let input = facts.input_estimate;
         let cost = facts
             .model
@@ -327,7 +327,11 @@ impl HttpBody for Metered {
             }
             Poll::Ready(None) => {
                 if let Some(meter) = this.meter.take() {
-                    *this.slot.lock().unwrap_or_else(PoisonError::into_inner) = meter.finish();
+                    // A stream that ended before its final usage report may be billed more
+                    // than it reported so far: it is charged its reservation instead.
+                    let complete = meter.complete();
+                    let usage = meter.finish().filter(|_| complete);
+                    *this.slot.lock().unwrap_or_else(PoisonError::into_inner) = usage;
                 }
             }
             _ => {}
