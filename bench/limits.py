@@ -62,6 +62,8 @@ def row(argv):
            "cpu_s": a.ticks / a.clk, "ticks": a.ticks, "clk": a.clk, "cpu_ns": a.ns,
            # The schedstat sum misses threads that ended during the run: flag those runs.
            "threads_stable": set(a.tids_before.split()) <= set(a.tids_after.split()),
+           # …or started and ended within it: the two clocks then disagree by more than a tick.
+           "clocks_agree": abs(a.ticks / a.clk - a.ns / 1e9) <= 2 / a.clk + 0.02 * a.ticks / a.clk,
            "cpu_us_per_req": None, "cpu_ns_us_per_req": None}
     try:
         with open(a.path) as fh:
@@ -92,7 +94,8 @@ def show():
     print("  %-14s %-3s p%s %8.0f req/s p50 %s ms p99 %s ms cpu %s µs/req (schedstat %s) 2xx %s non-2xx %s err %s%s" % (
         r["config"], r["shape"], r["pass"], r["rps"], fmt(r["p50_ms"], "{:.2f}"), fmt(r["p99_ms"], "{:.2f}"),
         fmt(r["cpu_us_per_req"], "{:.2f}"), fmt(r["cpu_ns_us_per_req"], "{:.2f}"), r["ok"], r["non2xx"],
-        r["errors"], " FAILED: " + r["failure"] if r.get("failure") else ""))
+        r["errors"], (" FAILED: " + r["failure"]) if r.get("failure") else
+        ("" if r.get("clocks_agree", True) else " (schedstat and utime+stime disagree)")))
 
 
 def audit_evidence(out, configs):
@@ -172,7 +175,7 @@ def report(argv):
       f"over the measured run ÷ 2xx answers; one tick is {1e6 / clk / n:.2f} µs/req at this count "
       f"(so ±{2e6 / clk / n:.2f} µs on a difference)." if n else "")
     P("  schedstat µs/req = the sum of every thread's `/proc/PID/task/TID/schedstat` run time (ns), "
-      "the fine-grained figure (it would miss a thread that ended mid-run; none did unless flagged).")
+      "the fine-grained figure (it would miss a thread that ended mid-run: a run where it disagrees with utime+stime by more than a tick is flagged).")
     P("- added = median over passes of (limited − none) from the same pass, store and request shape; "
       "the range over passes in brackets.\n")
 
@@ -194,7 +197,8 @@ def report(argv):
                     added_ns = f"**{fmt(dn, '{:+.2f}')}** [{fmt(lo, '{:+.2f}')} … {fmt(hi, '{:+.2f}')}]" if dn is not None else "—"
                     if store == "sqlite" and dn is not None:
                         verdicts.append((limit, dn, d))
-                flag = "" if all(r.get("threads_stable") for r in rs) else " (a thread ended mid-run)"
+                flag = "" if all(r.get("threads_stable") and r.get("clocks_agree") for r in rs) \
+                    else " (schedstat missed a thread: use utime+stime)"
                 P(f"| {SHAPE_DESC[shape]} | {LIMIT_DESC[limit]} | {STORE_DESC[store]} | "
                   f"{fmt(med(r['rps'] for r in rs), '{:,.0f}')} | {fmt(med(r['p50_ms'] for r in rs), '{:.2f}')} | "
                   f"{fmt(med(r['p99_ms'] for r in rs), '{:.2f}')} | {fmt(med(r['cpu_us_per_req'] for r in rs), '{:.2f}')} | "

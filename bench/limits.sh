@@ -188,7 +188,7 @@ done
 LLM_BODY='{"model":"gpt-4o-mini","max_tokens":16,"messages":[{"role":"system","content":"You are a terse assistant."},{"role":"user","content":"Say hello."}]}'
 CLK_TCK=$(getconf CLK_TCK)
 cpu_ticks() { sed 's/^.*) //' "/proc/$1/stat" | awk '{print $12 + $13}'; }   # utime+stime
-cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s += $1} END {printf "%d", s}'; }
+cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s += $1} END {printf "%.0f", s}'; }
 tids() { ls "/proc/$1/task" | sort -n | tr '\n' ' '; }
 
 oha_args() { # shape -> the oha arguments after the common ones
