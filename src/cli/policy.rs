@@ -80,6 +80,8 @@ pub fn check(dir: &Path, format: CheckFormat, secrets: SecretLoading) -> ExitCod
                 "ask_rules": policy.rules().iter().filter(|r| r.ask.is_some()).map(|r| r.name.as_str()).collect::<Vec<_>>(),
                 "ask_unknown": policy.ask().unknown,
                 "notifiers": policy.notifiers().iter().map(|n| n.name.as_str()).collect::<Vec<_>>(),
+                "limits": policy.limits().iter().map(|l| l.name.as_str()).collect::<Vec<_>>(),
+                "prices_overridden": policy.prices().overridden(),
             });
             println!("{v}");
         }
@@ -95,6 +97,9 @@ pub fn check(dir: &Path, format: CheckFormat, secrets: SecretLoading) -> ExitCod
             );
             if let Some(asks) = asks_summary(&policy) {
                 line.push_str(&format!("; {asks}"));
+            }
+            if !policy.limits().is_empty() {
+                line.push_str(&format!("; {} limit(s)", policy.limits().len()));
             }
             if !warnings.is_empty() {
                 line.push_str(&format!(", {} warning(s)", warnings.len()));
@@ -338,6 +343,33 @@ fn render(e: &Explanation) -> String {
         let kind = e.credential_kind.as_deref().unwrap_or("credential");
         line(format!("auth:     credential {c} ({kind}), applied last"));
     }
+    for (i, l) in e.limits.iter().enumerate() {
+        let head = if i == 0 { "limits:  " } else { "         " };
+        line(format!("{head} {}", l.summary));
+    }
     line(format!("policy:   {}", e.policy));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::compile_sources_with;
+
+    #[test]
+    fn the_text_explanation_lists_each_limit_charged_on_its_own_line() {
+        let text = "[limits.rate]\nrequests = \"10/min\"\n[limits.spend]\nper = \"global\"\nspend = \"5 USD/day\"\n[[rules]]\nname = \"llm\"\nhosts = [\"llm.test\"]\nlimits = [\"rate\", \"spend\"]\n";
+        let p = compile_sources_with(&[(Path::new("p.toml"), text)], SecretLoading::Skip)
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        let e = explain_request(&p, None, "POST", "https://llm.test/v1").unwrap();
+        let out = render(&e);
+        assert!(
+            out.contains(
+                "\nlimits:   rate (per identity): requests 10/min\n          spend (per global): spend 5 USD/day\n"
+            ),
+            "{out}"
+        );
+        let denied = explain_request(&p, None, "GET", "https://other.test/").unwrap();
+        assert!(!render(&denied).contains("limits:"));
+    }
 }

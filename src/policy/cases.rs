@@ -14,6 +14,7 @@
 //! reason = "method_not_allowed"          # optional: the reason code
 //! secrets = ["openai"]                   # optional (allow only): bound by the deciding rule
 //! credential = "gh"                      # optional (allow only): the credential it uses
+//! limits = ["openai-budget"]             # optional: exactly the limits charged, in order
 //! ```
 //!
 //! A case file is validated as strictly as a policy file (unknown keys, unknown rules, reasons
@@ -53,6 +54,7 @@ struct RawCase {
     secrets: Option<Spanned<Vec<Spanned<String>>>>,
     credential: Option<Spanned<String>>,
     ask_rule: Option<Spanned<String>>,
+    limits: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 /// One validated case.
@@ -76,6 +78,9 @@ pub struct Case {
     pub credential: Option<String>,
     /// `expect = "ask"` only: the rule that asks, or `unknown`.
     pub ask_rule: Option<String>,
+    /// Exactly the limits the request is charged to, in the order they are checked (`[]`:
+    /// none; a denied request is charged to none).
+    pub limits: Option<Vec<String>>,
 }
 
 impl Case {
@@ -174,6 +179,7 @@ const CASE_KEYS: &[&str] = &[
     "secrets",
     "credential",
     "ask_rule",
+    "limits",
 ];
 
 /// Reads a case file key by key (the policy files' reader): an unknown key or a wrong type is
@@ -211,6 +217,7 @@ fn read_case_file(table: &toml_edit::Table, cx: &mut Cx<'_>) -> RawCaseFile {
             secrets: f.strings(cx, "secrets"),
             credential: f.string(cx, "credential"),
             ask_rule: f.string(cx, "ask_rule"),
+            limits: f.strings(cx, "limits"),
         };
         cases.push((index, Spanned::new(f.span.clone(), case)));
     }
@@ -361,6 +368,23 @@ fn validate(
             );
         }
     }
+    for (i, l) in raw
+        .limits
+        .iter()
+        .flat_map(|l| l.get_ref().iter())
+        .enumerate()
+    {
+        if policy.limit(l.get_ref()).is_none() {
+            cx.error(
+                l.span(),
+                format!(
+                    "{}: unknown limit {:?}",
+                    at(&format!("limits[{i}]")),
+                    l.get_ref()
+                ),
+            );
+        }
+    }
     let mut headers = BTreeMap::new();
     for (k, v) in &raw.headers {
         if http::HeaderName::from_bytes(k.get_ref().as_bytes()).is_err() {
@@ -418,6 +442,9 @@ fn validate(
             .map(|s| s.into_inner().into_iter().map(|n| n.into_inner()).collect()),
         credential: raw.credential.map(|c| c.into_inner()),
         ask_rule: raw.ask_rule.map(|r| r.into_inner()),
+        limits: raw
+            .limits
+            .map(|l| l.into_inner().into_iter().map(|n| n.into_inner()).collect()),
     })
 }
 
@@ -500,6 +527,25 @@ pub fn run_case(policy: &Policy, case: &Case) -> CaseResult {
                 "expected credential '{want}', {} uses {}",
                 got_rule(&e),
                 e.credential.as_deref().unwrap_or("none")
+            ));
+        }
+    }
+    if let Some(want) = &case.limits {
+        let got: Vec<&str> = e.limits.iter().map(|l| l.name.as_str()).collect();
+        if got != *want {
+            let say = |v: &[&str]| {
+                if v.is_empty() {
+                    "none".to_string()
+                } else {
+                    v.join(", ")
+                }
+            };
+            let want: Vec<&str> = want.iter().map(String::as_str).collect();
+            failures.push(format!(
+                "expected limits {}, {} charges {}",
+                say(&want),
+                got_rule(&e),
+                say(&got)
             ));
         }
     }
@@ -613,6 +659,43 @@ authorization = "Bearer {{secret.k}}"
             e[0].to_string()
                 .starts_with("t.toml:5:14: cases[0].credential: unknown credential"),
             "{e:?}"
+        );
+    }
+
+    #[test]
+    fn a_limits_expectation_is_the_exact_list_charged_in_order() {
+        let text = format!(
+            "{POLICY}\n[limits.a]\nrequests = \"1/s\"\n[limits.b]\nconcurrency = 1\n[[rules]]\nname = \"metered\"\nhosts = [\"m.test\"]\nlimits = [\"b\", \"a\"]\n"
+        );
+        let p = compile_sources_with(&[(Path::new("p.toml"), &text)], SecretLoading::Skip)
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        let cases = parse_cases(
+            Path::new("t.toml"),
+            "[[cases]]\nmethod = \"GET\"\nurl = \"https://m.test/\"\nexpect = \"allow\"\nlimits = [\"b\", \"a\"]\n[[cases]]\nmethod = \"GET\"\nurl = \"https://m.test/\"\nexpect = \"allow\"\nlimits = [\"a\", \"b\"]\n[[cases]]\nmethod = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"allow\"\nlimits = []\n[[cases]]\nmethod = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"allow\"\nlimits = [\"a\"]\n",
+            &p,
+        )
+        .unwrap_or_else(|e| panic!("{e:?}"));
+        let r: Vec<CaseResult> = cases.iter().map(|c| run_case(&p, c)).collect();
+        assert!(r[0].passed(), "{:?}", r[0].failures);
+        assert_eq!(
+            r[1].failures,
+            vec!["expected limits a, b, rule 'metered' charges b, a"]
+        );
+        assert!(r[2].passed(), "{:?}", r[2].failures);
+        assert_eq!(
+            r[3].failures,
+            vec!["expected limits a, rule 'read' charges none"]
+        );
+        let e = parse_cases(
+            Path::new("t.toml"),
+            "[[cases]]\nmethod = \"GET\"\nurl = \"https://m.test/\"\nexpect = \"allow\"\nlimits = [\"a\", \"zz\"]\n",
+            &p,
+        )
+        .err()
+        .unwrap_or_default();
+        assert_eq!(
+            e.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
+            ["t.toml:5:16: cases[0].limits[1]: unknown limit \"zz\""]
         );
     }
 

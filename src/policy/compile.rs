@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::identity::{token_key, Identity, RuleSet, DEFAULT_IDENTITY};
 use super::schema::{self, RawPolicyFile, RawSecret, Report};
-use super::{AskPolicy, HostPattern, Notifier, Origin, Policy, Rule};
+use super::{AskPolicy, HostPattern, Limit, Notifier, Origin, Policy, PriceTable, Rule};
 use crate::secrets::{SecretStore, Source};
 use crate::signing::{Credential, TokenCache};
 
@@ -223,6 +223,12 @@ pub fn compile_sources_with(
     }
     let secret_names: HashSet<String> = declared.keys().cloned().collect();
 
+    // Phase 2b: `[limits.NAME]` and `[prices."MODEL"]`, which rules, identities and credentials
+    // name.
+    let (limits, limit_names) = super::limits_compile::compile_limits(&mut parsed, &mut errors);
+    let prices = super::limits_compile::compile_prices(&mut parsed, &mut errors);
+    let mut credential_limits: HashMap<String, Vec<String>> = HashMap::new();
+
     // Phase 2c: credentials; their key material joins the secret store under reserved names.
     let mut credentials: HashMap<String, Arc<Credential>> = HashMap::new();
     let mut credential_names: HashSet<String> = HashSet::new();
@@ -232,10 +238,16 @@ pub fn compile_sources_with(
             text,
             errors: &mut errors,
         };
-        for (name, entry) in std::mem::take(&mut raw.credentials) {
+        for (name, mut entry) in std::mem::take(&mut raw.credentials) {
             let name_span = name.span();
             let name = name.into_inner();
             let before = cx.errors.len();
+            let attached = cx.limit_list(
+                &format!("credentials.{name}.limits"),
+                entry.raw.limits.take(),
+                &limit_names,
+                false,
+            );
             let unique = crate::secrets::template::valid_name(&name)
                 && credential_names.insert(name.clone());
             if !unique {
@@ -259,6 +271,9 @@ pub fn compile_sources_with(
                 }
             }
             if let (Some(c), true) = (compiled, entry.complete && cx.errors.len() == before) {
+                if !attached.is_empty() {
+                    credential_limits.insert(name.clone(), attached);
+                }
                 credentials.insert(name, Arc::new(c));
             }
         }
@@ -308,6 +323,7 @@ pub fn compile_sources_with(
                 secrets: &secret_names,
                 credentials: &credential_names,
                 asks: &ask_defaults,
+                limits: &limit_names,
             };
             if let Some(rule) = cx.rule(index, entry, origin, &known) {
                 if unique {
@@ -344,8 +360,14 @@ pub fn compile_sources_with(
             } else {
                 unique = true;
             }
-            let raw_id = entry.raw;
-            let labels = cx.labels(&format!("{field}.labels"), raw_id.labels);
+            let mut raw_id = entry.raw;
+            let labels = cx.labels(&format!("{field}.labels"), raw_id.labels.take());
+            let id_limits = cx.limit_list(
+                &format!("{field}.limits"),
+                raw_id.limits.take(),
+                &limit_names,
+                false,
+            );
             let mut sources = Vec::new();
             if let Some(list) = &raw_id.sources {
                 for (i, c) in list.get_ref().iter().enumerate() {
@@ -415,7 +437,7 @@ pub fn compile_sources_with(
                     sources,
                     rules: rule_set,
                     labels,
-                    limits: Vec::new(),
+                    limits: id_limits,
                 });
             }
         }
@@ -468,11 +490,14 @@ pub fn compile_sources_with(
     Ok(index(
         rules,
         (ask, notifiers),
+        (limits, credential_limits, prices),
         identities,
         credentials,
         std::sync::Arc::new(store),
-        format!("sha256:{hex}"),
-        sources.iter().map(|(p, _)| p.to_path_buf()).collect(),
+        (
+            format!("sha256:{hex}"),
+            sources.iter().map(|(p, _)| p.to_path_buf()).collect(),
+        ),
     ))
 }
 
@@ -480,11 +505,11 @@ pub fn compile_sources_with(
 fn index(
     rules: Vec<Rule>,
     (ask, notifiers): (AskPolicy, Vec<Notifier>),
+    (limits, credential_limits, prices): (Vec<Limit>, HashMap<String, Vec<String>>, PriceTable),
     identities: Vec<Identity>,
     credentials: HashMap<String, Arc<Credential>>,
     secrets: std::sync::Arc<SecretStore>,
-    digest: String,
-    files: Vec<PathBuf>,
+    (digest, files): (String, Vec<PathBuf>),
 ) -> Policy {
     let mut exact: HashMap<String, Vec<usize>> = HashMap::new();
     let mut wildcard: HashMap<String, Vec<usize>> = HashMap::new();
@@ -517,9 +542,9 @@ fn index(
         secrets,
         ask,
         notifiers,
-        limits: Vec::new(),
-        credential_limits: HashMap::new(),
-        prices: Arc::new(crate::policy::limits::shipped_prices()),
+        limits,
+        credential_limits,
+        prices: Arc::new(prices),
         digest,
         files,
     }

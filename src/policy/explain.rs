@@ -78,6 +78,20 @@ impl AskExplained {
     }
 }
 
+/// One limit an allowed request is charged to (the `limits` of an [`Explanation`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LimitExplained {
+    pub name: String,
+    /// Whose requests share its counters: identity, rule, credential or global.
+    pub per: &'static str,
+    /// Each measure it sets and its terms: `"requests": "100/min"`, `"spend": "20 USD/day"`.
+    pub measures: std::collections::BTreeMap<&'static str, String>,
+    /// What a request gets when the state store cannot answer: deny or allow.
+    pub on_store_error: &'static str,
+    /// [`crate::policy::Limit::summary`], for the text output.
+    pub summary: String,
+}
+
 /// The first check a candidate rule failed, or `Matched`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -157,6 +171,9 @@ pub struct Explanation {
     pub injected: Vec<String>,
     /// The same list as `injected`, under the name the first release printed.
     pub injected_headers: Vec<String>,
+    /// The limits the allowed request is charged to, in the order they are checked: the
+    /// rule's, the identity's, then its credential's, each once.
+    pub limits: Vec<LimitExplained>,
     /// The denial would be let through and audited `would_deny = true`, because the rule it
     /// names is in `mode = "report"` (`serve --mode report` does this for every denial).
     pub report_only: bool,
@@ -362,6 +379,25 @@ pub fn explain(
         })
         .unwrap_or_default();
     let credential = deciding.and_then(|r| r.credential.clone());
+    let limits = deciding
+        .map(|r| {
+            policy
+                .limits_for(r, ident)
+                .into_iter()
+                .map(|l| LimitExplained {
+                    name: l.name.clone(),
+                    per: l.per.as_str(),
+                    measures: l
+                        .terms()
+                        .into_iter()
+                        .map(|(m, t)| (m.as_str(), t))
+                        .collect(),
+                    on_store_error: l.on_store_error.as_str(),
+                    summary: l.summary(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
     let credential_kind = credential
         .as_deref()
         .and_then(|c| policy.credential(c))
@@ -390,6 +426,7 @@ pub fn explain(
         credential_kind,
         injected_headers: injected.clone(),
         injected,
+        limits,
         report_only: !allowed && reason.is_policy_denial() && rule.is_some_and(|r| r.report),
         policy: policy.digest().to_string(),
     })
@@ -567,6 +604,26 @@ ports = [8443]
         assert_eq!(e.credential.as_deref(), Some("gh"));
         assert_eq!(e.credential_kind.as_deref(), Some("github_app"));
         assert!(e.secrets.is_empty(), "{:?}", e.secrets);
+    }
+
+    #[test]
+    fn an_allowed_request_lists_the_limits_it_is_charged_to_in_order_and_a_denied_one_none() {
+        let text = format!(
+            "{POLICY}\n[limits.rate]\nrequests = \"10/min\"\n[limits.budget]\nper = \"global\"\nspend = \"2.5 USD/day\"\nllm_tokens = \"1M/day\"\n[[rules]]\nname = \"llm\"\nhosts = [\"llm.test\"]\nlimits = [\"rate\", \"budget\"]\n"
+        );
+        let p = policy(&text);
+        let e = explain(&p, None, "POST", "https://llm.test/v1/chat").expect("explains");
+        let names: Vec<&str> = e.limits.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(names, ["rate", "budget"]);
+        assert_eq!(e.limits[1].per, "global");
+        assert_eq!(e.limits[1].measures["spend"], "2.5 USD/day");
+        assert_eq!(e.limits[1].measures["llm_tokens"], "1000000/day");
+        let v = serde_json::to_value(&e).expect("serialises");
+        assert_eq!(v["limits"][0]["measures"]["requests"], "10/min");
+        assert_eq!(v["limits"][0]["on_store_error"], "deny");
+        let e = explain(&p, None, "GET", "https://llm.test:8443/").expect("explains");
+        assert!(!e.allowed());
+        assert!(e.limits.is_empty());
     }
 
     #[test]

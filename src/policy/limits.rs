@@ -9,6 +9,9 @@
 //! sliding window); `bytes_up`, `llm_tokens` and `spend` are counted in **aligned** UTC
 //! windows (a minute, hour or day starts on its boundary; a month on the 1st at 00:00 UTC),
 //! and reset when the next window starts.
+//!
+//! The value parsers (`parse_rate`, `parse_bytes`, `parse_tokens`, `parse_spend`, …) are pure
+//! and return the message without the field; `limits_compile` adds `file:line:col: field`.
 
 use std::time::{Duration, SystemTime};
 
@@ -27,6 +30,11 @@ pub fn shipped_prices() -> PriceTable {
 }
 
 /// One `[limits.NAME]` table, compiled.
+///
+/// On a `tunnel = true` rule only `requests` and `concurrency` apply (they count CONNECTs, and
+/// a tunnel holds its slot while open): latchkey cannot read a tunnel's bytes, so compile
+/// refuses a limit with `bytes_up`, `llm_tokens` or `spend` there. An identity's limits still
+/// reach its tunnels, where those measures count nothing (lint `unmetered_tunnel`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Limit {
     pub name: String,
@@ -87,6 +95,15 @@ impl Per {
 pub enum OnStoreError {
     Deny,
     Allow,
+}
+
+impl OnStoreError {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnStoreError::Deny => "deny",
+            OnStoreError::Allow => "allow",
+        }
+    }
 }
 
 /// A period: a token bucket's refill time, or a budget's aligned window.
@@ -211,6 +228,11 @@ impl Measure {
         }
     }
 
+    /// Whether it needs to see a request or response body, which a `tunnel = true` rule hides.
+    pub fn meters_body(self) -> bool {
+        matches!(self, Measure::BytesUp | Measure::LlmTokens | Measure::Spend)
+    }
+
     /// The unit of its counter, for messages and `/limits`.
     pub fn unit(self) -> &'static str {
         match self {
@@ -250,36 +272,50 @@ impl Limit {
         self.llm_tokens.is_some() || self.spend.is_some()
     }
 
-    /// One line for `explain` and `check`: `openai-budget (per identity): llm_tokens 2000000/day, spend 20 USD/day`.
-    pub fn summary(&self) -> String {
-        let mut parts = Vec::new();
+    /// Each measure this limit sets with its terms as a reviewer reads them: `(requests,
+    /// "100/min")`, `(spend, "20 USD/day")`.
+    pub fn terms(&self) -> Vec<(Measure, String)> {
+        let mut out = Vec::new();
         if let Some(r) = &self.requests {
-            parts.push(format!("requests {}/{}", r.count, r.period.as_str()));
+            out.push((
+                Measure::Requests,
+                format!("{}/{}", r.count, r.period.as_str()),
+            ));
         }
         if let Some(c) = &self.concurrency {
-            parts.push(format!(
-                "concurrency {} (queue {})",
-                c.max,
-                humantime::format_duration(c.queue)
+            out.push((
+                Measure::Concurrency,
+                format!("{} (queue {})", c.max, humantime::format_duration(c.queue)),
             ));
         }
         if let Some(q) = &self.bytes_up {
-            parts.push(format!(
-                "bytes_up {} bytes/{} per host",
-                q.amount,
-                q.period.as_str()
+            out.push((
+                Measure::BytesUp,
+                format!("{} bytes/{} per host", q.amount, q.period.as_str()),
             ));
         }
         if let Some(q) = &self.llm_tokens {
-            parts.push(format!("llm_tokens {}/{}", q.amount, q.period.as_str()));
-        }
-        if let Some(q) = &self.spend {
-            parts.push(format!(
-                "spend {} USD/{}",
-                format_usd(q.amount),
-                q.period.as_str()
+            out.push((
+                Measure::LlmTokens,
+                format!("{}/{}", q.amount, q.period.as_str()),
             ));
         }
+        if let Some(q) = &self.spend {
+            out.push((
+                Measure::Spend,
+                format!("{} USD/{}", format_usd(q.amount), q.period.as_str()),
+            ));
+        }
+        out
+    }
+
+    /// One line for `explain` and `check`: `openai-budget (per identity): llm_tokens 2000000/day, spend 20 USD/day`.
+    pub fn summary(&self) -> String {
+        let parts: Vec<String> = self
+            .terms()
+            .into_iter()
+            .map(|(m, t)| format!("{} {t}", m.as_str()))
+            .collect();
         format!(
             "{} (per {}): {}",
             self.name,
@@ -299,6 +335,271 @@ pub fn format_usd(micros: u64) -> String {
     }
     let digits = format!("{frac:06}");
     format!("{whole}.{}", digits.trim_end_matches('0'))
+}
+
+/// Parses `requests = "COUNT/PERIOD"`: COUNT 1..=1_000_000 per s|sec|second, min|minute,
+/// h|hour or d|day (a token bucket refills continuously, so it takes no month).
+pub fn parse_rate(text: &str) -> Result<Rate, String> {
+    let form = "a rate like \"100/min\" (COUNT/s, /min, /hour or /day)";
+    let (n, unit) = text
+        .split_once('/')
+        .ok_or_else(|| format!("{text:?} is not {form}"))?;
+    let n = n.trim();
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!(
+            "{text:?} is not {form}: the count is a whole number"
+        ));
+    }
+    let period = match unit.trim() {
+        "s" | "sec" | "second" => Period::Second,
+        "min" | "minute" => Period::Minute,
+        "h" | "hour" => Period::Hour,
+        "d" | "day" => Period::Day,
+        "month" => {
+            return Err(format!(
+                "{text:?}: a request rate refills continuously and takes no month; write a rate per day, or meter a budget (bytes_up, llm_tokens, spend) per month"
+            ))
+        }
+        other => return Err(format!("{text:?}: unknown period {other:?}: use s, min, hour or day")),
+    };
+    let count: u64 = n
+        .parse()
+        .map_err(|_| format!("{text:?}: the count is more than {MAX_RATE_COUNT}"))?;
+    if count == 0 {
+        return Err(format!("{text:?}: {ZERO_BUDGET}"));
+    }
+    if count > u64::from(MAX_RATE_COUNT) {
+        return Err(format!("{text:?}: the count is more than {MAX_RATE_COUNT}"));
+    }
+    Ok(Rate {
+        count: count as u32,
+        period,
+    })
+}
+
+/// The largest `requests` count.
+pub const MAX_RATE_COUNT: u32 = 1_000_000;
+/// The most in flight for `concurrency`.
+pub const MAX_CONCURRENCY: u32 = 10_000;
+/// The longest `queue`: a queued request keeps its client's connection open.
+pub const MAX_QUEUE: Duration = Duration::from_secs(60);
+/// The largest `reserve_tokens`.
+pub const MAX_RESERVE_TOKENS: u64 = 10_000_000;
+/// What a zero amount is told.
+const ZERO_BUDGET: &str =
+    "a budget of 0 refuses everything: remove the rule instead, or set a positive amount";
+
+/// Parses `bytes_up = "50MB/day"`: a whole number of bytes per aligned window. Units as written:
+/// B; KB, MB, GB, TB (powers of 1000); KiB, MiB, GiB, TiB (powers of 1024). A decimal is allowed
+/// when it comes to whole bytes (`1.5GB`), never a fraction of a byte.
+pub fn parse_bytes(text: &str) -> Result<Quota, String> {
+    let form = "an amount like \"50MB/day\" (B, KB, MB, GB, TB, KiB, MiB, GiB or TiB per min, hour, day or month)";
+    let (amount, period) = split_budget(text, form)?;
+    let (number, unit) = split_unit(amount);
+    if number.is_empty() {
+        return Err(format!("{text:?} is not {form}"));
+    }
+    let scale: u64 = match unit {
+        "B" => 1,
+        "KB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "TB" => 1_000_000_000_000,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "TiB" => 1 << 40,
+        "" => {
+            return Err(format!(
+                "{text:?} has no unit: write {number}B (or KB, MB, GB, KiB, …)"
+            ))
+        }
+        other => {
+            let hint = match other.to_ascii_lowercase().as_str() {
+                "b" => "B".to_string(),
+                "kb" | "k" => "KB or KiB".to_string(),
+                "mb" | "m" => "MB or MiB".to_string(),
+                "gb" | "g" => "GB or GiB".to_string(),
+                "tb" | "t" => "TB or TiB".to_string(),
+                "kib" => "KiB".to_string(),
+                "mib" => "MiB".to_string(),
+                "gib" => "GiB".to_string(),
+                "tib" => "TiB".to_string(),
+                _ => "B, KB, MB, GB, TB, KiB, MiB, GiB or TiB".to_string(),
+            };
+            return Err(format!(
+                "{text:?}: unknown unit {other:?}; did you mean {hint}?"
+            ));
+        }
+    };
+    let amount = scaled(number, scale).map_err(|why| why.say(text, "bytes"))?;
+    Ok(Quota { amount, period })
+}
+
+/// Parses `llm_tokens = "2M/day"`: a whole number of tokens, plain or with K, M or G (powers of
+/// 1000; `1.5M` allowed), per aligned window.
+pub fn parse_tokens(text: &str) -> Result<Quota, String> {
+    let form = "an amount like \"2M/day\" (a count, or K, M or G, per min, hour, day or month)";
+    let (amount, period) = split_budget(text, form)?;
+    let (number, unit) = split_unit(amount);
+    if number.is_empty() {
+        return Err(format!("{text:?} is not {form}"));
+    }
+    let scale: u64 = match unit {
+        "" => 1,
+        "K" | "k" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        other => {
+            return Err(format!(
+                "{text:?}: unknown unit {other:?}: tokens take no unit, or K, M or G (thousand, million, billion)"
+            ))
+        }
+    };
+    let amount = scaled(number, scale).map_err(|why| why.say(text, "tokens"))?;
+    Ok(Quota { amount, period })
+}
+
+/// Parses `spend = "20 USD/day"`: decimal US dollars with at most 6 decimals, per aligned
+/// window, to micro-USD. Only USD: the price table is in USD.
+pub fn parse_spend(text: &str) -> Result<Quota, String> {
+    let form = "an amount like \"20 USD/day\" (USD per min, hour, day or month)";
+    let (amount, period) = split_budget(text, form)?;
+    let (number, unit) = split_unit(amount);
+    if number.is_empty() {
+        return Err(format!("{text:?} is not {form}"));
+    }
+    match unit {
+        "USD" => {}
+        "" => {
+            return Err(format!(
+                "{text:?} has no currency: write \"{number} USD/{}\"",
+                period.as_str()
+            ))
+        }
+        other => {
+            return Err(format!(
+                "{text:?}: currency {other:?}: spend is in USD only (the price table's currency)"
+            ))
+        }
+    }
+    let amount = scaled(number, 1_000_000).map_err(|why| match why {
+        Scaled::Fraction => format!("{text:?}: at most 6 decimals (a micro-dollar)"),
+        other => other.say(text, "USD"),
+    })?;
+    Ok(Quota { amount, period })
+}
+
+/// `per = "identity" | "rule" | "credential" | "global"`.
+pub fn parse_per(text: &str) -> Result<Per, String> {
+    match text {
+        "identity" => Ok(Per::Identity),
+        "rule" => Ok(Per::Rule),
+        "credential" => Ok(Per::Credential),
+        "global" => Ok(Per::Global),
+        other => Err(format!(
+            "unknown per {other:?}: use \"identity\", \"rule\", \"credential\" or \"global\""
+        )),
+    }
+}
+
+/// `on_store_error = "deny" | "allow"`.
+pub fn parse_on_store_error(text: &str) -> Result<OnStoreError, String> {
+    match text {
+        "deny" => Ok(OnStoreError::Deny),
+        "allow" => Ok(OnStoreError::Allow),
+        other => Err(format!(
+            "unknown value {other:?}: use \"deny\" (refuse with 503 limits_unavailable) or \"allow\""
+        )),
+    }
+}
+
+/// Splits `AMOUNT/PERIOD` of a budget; the period is min|minute, h|hour, d|day or month.
+fn split_budget<'t>(text: &'t str, form: &str) -> Result<(&'t str, Period), String> {
+    let (amount, unit) = text
+        .split_once('/')
+        .ok_or_else(|| format!("{text:?} is not {form}"))?;
+    let period = match unit.trim() {
+        "min" | "minute" => Period::Minute,
+        "h" | "hour" => Period::Hour,
+        "d" | "day" => Period::Day,
+        "month" => Period::Month,
+        "s" | "sec" | "second" => {
+            return Err(format!(
+                "{text:?}: a budget's shortest window is a minute; use /min"
+            ))
+        }
+        other => {
+            return Err(format!(
+                "{text:?}: unknown period {other:?}: use min, hour, day or month"
+            ))
+        }
+    };
+    Ok((amount.trim(), period))
+}
+
+/// Splits `1.5GB` into the number and the unit (either may be empty).
+fn split_unit(amount: &str) -> (&str, &str) {
+    let end = amount
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(amount.len());
+    (amount[..end].trim(), amount[end..].trim())
+}
+
+/// Why a decimal did not scale to a whole positive amount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scaled {
+    NotANumber,
+    Zero,
+    Fraction,
+    TooLarge,
+}
+
+impl Scaled {
+    /// The message for `text`, whose amounts are in `unit`.
+    fn say(self, text: &str, unit: &str) -> String {
+        match self {
+            Scaled::NotANumber => format!("{text:?}: the amount is not a decimal number of {unit}"),
+            Scaled::Zero => format!("{text:?}: {ZERO_BUDGET}"),
+            Scaled::Fraction => format!("{text:?}: the amount is not a whole number of {unit}"),
+            Scaled::TooLarge => format!(
+                "{text:?}: the amount is too large (at most {} {unit})",
+                u64::MAX
+            ),
+        }
+    }
+}
+
+/// `number` (digits, at most one `.`) times `scale`, exactly, as a positive whole number.
+fn scaled(number: &str, scale: u64) -> Result<u64, Scaled> {
+    let (whole, frac) = number.split_once('.').unwrap_or((number, ""));
+    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    if whole.is_empty()
+        || !digits(whole)
+        || !digits(frac)
+        || (number.contains('.') && frac.is_empty())
+    {
+        return Err(Scaled::NotANumber);
+    }
+    // Leading and trailing zeros carry nothing; what is left must fit in u128 to be exact.
+    let whole = whole.trim_start_matches('0');
+    let frac = frac.trim_end_matches('0');
+    if whole.len() + frac.len() > 30 {
+        return Err(Scaled::TooLarge);
+    }
+    let mantissa: u128 = format!("{whole}{frac}0")
+        .parse::<u128>()
+        .map_err(|_| Scaled::TooLarge)?
+        / 10;
+    let divisor = 10u128.pow(frac.len() as u32);
+    let product = mantissa * u128::from(scale);
+    if product == 0 {
+        return Err(Scaled::Zero);
+    }
+    if !product.is_multiple_of(divisor) {
+        return Err(Scaled::Fraction);
+    }
+    u64::try_from(product / divisor).map_err(|_| Scaled::TooLarge)
 }
 
 #[cfg(test)]
@@ -335,5 +636,251 @@ mod tests {
         assert_eq!(format_usd(1_500), "0.0015");
         assert_eq!(format_usd(2_500_000), "2.5");
         assert_eq!(format_usd(0), "0");
+    }
+
+    #[test]
+    fn every_accepted_form_parses() {
+        let r = parse_rate("100/min").unwrap();
+        assert_eq!((r.count, r.period), (100, Period::Minute));
+        for (text, period) in [
+            ("5/s", Period::Second),
+            ("5/sec", Period::Second),
+            ("5/second", Period::Second),
+            ("5 / minute", Period::Minute),
+            ("5/h", Period::Hour),
+            ("5/hour", Period::Hour),
+            ("5/d", Period::Day),
+            ("5/day", Period::Day),
+        ] {
+            assert_eq!(
+                parse_rate(text).unwrap(),
+                Rate { count: 5, period },
+                "{text}"
+            );
+        }
+        assert_eq!(parse_rate("1000000/day").unwrap().count, 1_000_000);
+        let q = |amount, period| Quota { amount, period };
+        assert_eq!(parse_bytes("50MB/day"), Ok(q(50_000_000, Period::Day)));
+        assert_eq!(parse_bytes("50 MB / day"), Ok(q(50_000_000, Period::Day)));
+        assert_eq!(
+            parse_bytes("1.5GB/month"),
+            Ok(q(1_500_000_000, Period::Month))
+        );
+        assert_eq!(parse_bytes("2KiB/min"), Ok(q(2048, Period::Minute)));
+        assert_eq!(parse_bytes("1TiB/month"), Ok(q(1 << 40, Period::Month)));
+        assert_eq!(parse_bytes("10B/hour"), Ok(q(10, Period::Hour)));
+        assert_eq!(parse_bytes("3TB/d"), Ok(q(3_000_000_000_000, Period::Day)));
+        assert_eq!(parse_tokens("2M/day"), Ok(q(2_000_000, Period::Day)));
+        assert_eq!(parse_tokens("500K/hour"), Ok(q(500_000, Period::Hour)));
+        assert_eq!(parse_tokens("500k/h"), Ok(q(500_000, Period::Hour)));
+        assert_eq!(parse_tokens("1000000/day"), Ok(q(1_000_000, Period::Day)));
+        assert_eq!(parse_tokens("1.5M/month"), Ok(q(1_500_000, Period::Month)));
+        assert_eq!(
+            parse_tokens("1G/month"),
+            Ok(q(1_000_000_000, Period::Month))
+        );
+        assert_eq!(parse_spend("20 USD/day"), Ok(q(20_000_000, Period::Day)));
+        assert_eq!(parse_spend("0.50 USD/hour"), Ok(q(500_000, Period::Hour)));
+        assert_eq!(parse_spend("0.000001USD/min"), Ok(q(1, Period::Minute)));
+        assert_eq!(
+            parse_spend("1000 USD/month"),
+            Ok(q(1_000_000_000, Period::Month))
+        );
+        assert_eq!(parse_per("global"), Ok(Per::Global));
+        assert_eq!(parse_on_store_error("allow"), Ok(OnStoreError::Allow));
+    }
+
+    #[test]
+    fn every_rejected_form_says_why() {
+        type Parser = fn(&str) -> Result<(), String>;
+        let cases: &[(Parser, &str, &str)] = &[
+            (
+                |t| parse_rate(t).map(drop),
+                "100",
+                "\"100\" is not a rate like \"100/min\"",
+            ),
+            (
+                |t| parse_rate(t).map(drop),
+                "0/min",
+                "a budget of 0 refuses everything",
+            ),
+            (
+                |t| parse_rate(t).map(drop),
+                "1000001/min",
+                "more than 1000000",
+            ),
+            (
+                |t| parse_rate(t).map(drop),
+                "99999999999999999999999/min",
+                "more than 1000000",
+            ),
+            (
+                |t| parse_rate(t).map(drop),
+                "-1/min",
+                "the count is a whole number",
+            ),
+            (
+                |t| parse_rate(t).map(drop),
+                "1.5/min",
+                "the count is a whole number",
+            ),
+            (|t| parse_rate(t).map(drop), "10/month", "takes no month"),
+            (
+                |t| parse_rate(t).map(drop),
+                "10/week",
+                "unknown period \"week\"",
+            ),
+            (
+                |t| parse_bytes(t).map(drop),
+                "50/day",
+                "has no unit: write 50B",
+            ),
+            (
+                |t| parse_bytes(t).map(drop),
+                "50mb/day",
+                "did you mean MB or MiB?",
+            ),
+            (
+                |t| parse_bytes(t).map(drop),
+                "50MB",
+                "is not an amount like \"50MB/day\"",
+            ),
+            (
+                |t| parse_bytes(t).map(drop),
+                "50MB/s",
+                "shortest window is a minute",
+            ),
+            (
+                |t| parse_bytes(t).map(drop),
+                "50MB/week",
+                "unknown period \"week\"",
+            ),
+            (
+                |t| parse_bytes(t).map(drop),
+                "0MB/day",
+                "a budget of 0 refuses everything",
+            ),
+            (
+                |t| parse_bytes(t).map(drop),
+                "0.5B/day",
+                "not a whole number of bytes",
+            ),
+            (
+                |t| parse_bytes(t).map(drop),
+                "1.2.3MB/day",
+                "not a decimal number of bytes",
+            ),
+            (
+                |t| parse_bytes(t).map(drop),
+                "1.MB/day",
+                "not a decimal number of bytes",
+            ),
+            (|t| parse_bytes(t).map(drop), "MB/day", "is not an amount"),
+            (|t| parse_bytes(t).map(drop), "-5MB/day", "is not an amount"),
+            (|t| parse_bytes(t).map(drop), "99999999TB/day", "too large"),
+            (
+                |t| parse_tokens(t).map(drop),
+                "2T/day",
+                "unknown unit \"T\"",
+            ),
+            (|t| parse_tokens(t).map(drop), "0/day", "a budget of 0"),
+            (
+                |t| parse_tokens(t).map(drop),
+                "1.0005K/day",
+                "not a whole number of tokens",
+            ),
+            (
+                |t| parse_spend(t).map(drop),
+                "20/day",
+                "has no currency: write \"20 USD/day\"",
+            ),
+            (|t| parse_spend(t).map(drop), "20 EUR/day", "USD only"),
+            (
+                |t| parse_spend(t).map(drop),
+                "0.0000001 USD/day",
+                "at most 6 decimals",
+            ),
+            (|t| parse_spend(t).map(drop), "0 USD/day", "a budget of 0"),
+            (
+                |t| parse_spend(t).map(drop),
+                "0.000 USD/day",
+                "a budget of 0",
+            ),
+            (
+                |t| parse_per(t).map(drop),
+                "user",
+                "use \"identity\", \"rule\"",
+            ),
+            (
+                |t| parse_on_store_error(t).map(drop),
+                "open",
+                "use \"deny\"",
+            ),
+        ];
+        for (parse, text, want) in cases {
+            match parse(text) {
+                Ok(()) => panic!("{text:?} parsed"),
+                Err(e) => assert!(e.contains(want), "{text:?}: {e:?} does not say {want:?}"),
+            }
+        }
+    }
+
+    fn period() -> impl Strategy<Value = Period> {
+        prop_oneof![
+            Just(Period::Minute),
+            Just(Period::Hour),
+            Just(Period::Day),
+            Just(Period::Month)
+        ]
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn no_text_makes_a_parser_panic(text in "\\PC{0,40}") {
+            let _ = parse_rate(&text);
+            let _ = parse_bytes(&text);
+            let _ = parse_tokens(&text);
+            let _ = parse_spend(&text);
+        }
+
+        #[test]
+        fn near_miss_text_never_panics(text in "[0-9.]{0,25}[ KMGTiBUSD]{0,4}/?(min|hour|day|month|s|x)?") {
+            let parsed = [parse_bytes(&text), parse_tokens(&text), parse_spend(&text)];
+            for q in parsed.into_iter().flatten() {
+                prop_assert!(q.amount > 0);
+            }
+        }
+
+        #[test]
+        fn a_rate_round_trips(count in 1u32..=MAX_RATE_COUNT, p in prop_oneof![Just(Period::Second), Just(Period::Minute), Just(Period::Hour), Just(Period::Day)]) {
+            let text = format!("{count}/{}", p.as_str());
+            prop_assert_eq!(parse_rate(&text), Ok(Rate { count, period: p }));
+        }
+
+        #[test]
+        fn bytes_round_trip_in_every_unit(n in 1u64..1_000_000, unit in 0usize..9, p in period()) {
+            let (name, scale) = [
+                ("B", 1u64), ("KB", 1_000), ("MB", 1_000_000), ("GB", 1_000_000_000),
+                ("TB", 1_000_000_000_000), ("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30),
+                ("TiB", 1 << 40),
+            ][unit];
+            let text = format!("{n}{name}/{}", p.as_str());
+            prop_assert_eq!(parse_bytes(&text), Ok(Quota { amount: n * scale, period: p }));
+        }
+
+        #[test]
+        fn tokens_round_trip(n in 1u64..u64::MAX / 1_000_000_000, unit in 0usize..4, p in period()) {
+            let (name, scale) = [("", 1u64), ("K", 1_000), ("M", 1_000_000), ("G", 1_000_000_000)][unit];
+            let text = format!("{n}{name}/{}", p.as_str());
+            prop_assert_eq!(parse_tokens(&text), Ok(Quota { amount: n * scale, period: p }));
+        }
+
+        #[test]
+        fn spend_round_trips_through_format_usd(micros in 1u64..u64::MAX, p in period()) {
+            let text = format!("{} USD/{}", format_usd(micros), p.as_str());
+            prop_assert_eq!(parse_spend(&text), Ok(Quota { amount: micros, period: p }));
+        }
     }
 }

@@ -15,7 +15,13 @@
 //!   wider than an IPv4 /16 (IPv6 /48);
 //! - `unheard_ask`: rules with `ask` or `[ask] unknown = true`, and no `[notify.*]`: nobody hears
 //!   of an approval unless they poll `latchkey approvals list`;
-//! - `unused_notifier`: a `[notify.NAME]` no ask ever tells.
+//! - `unused_notifier`: a `[notify.NAME]` no ask ever tells;
+//! - `unused_limit`: a `[limits.NAME]` no rule, identity or credential names;
+//! - `unmetered_tunnel`: an identity charged to a limit that meters bodies (`bytes_up`,
+//!   `llm_tokens`, `spend`) may use a `tunnel = true` rule, whose bytes latchkey cannot see, so
+//!   that limit does not count them;
+//! - `free_model`: a `[prices."MODEL"]` that prices input and output at 0, so `spend` budgets
+//!   count its calls as free.
 //!
 //! Lint runs on a compiled [`Policy`] plus the source text it came from (for line:col spans), and
 //! reads no secret value.
@@ -84,6 +90,10 @@ struct Spans {
     notifiers: BTreeMap<String, Loc>,
     /// Where `[ask]` is.
     ask: Option<Loc>,
+    /// Limit name → the location of its `[limits.NAME]` key.
+    limits: BTreeMap<String, Loc>,
+    /// Lowercased model → the location of its `[prices."MODEL"]` key.
+    prices: BTreeMap<String, Loc>,
 }
 
 #[derive(Clone)]
@@ -141,6 +151,16 @@ fn spans(sources: &[(&Path, &str)]) -> Spans {
         for (name, _) in &raw.notify {
             out.notifiers
                 .insert(name.get_ref().clone(), Loc::at(file, text, name.span()));
+        }
+        for (name, _) in &raw.limits {
+            out.limits
+                .entry(name.get_ref().clone())
+                .or_insert_with(|| Loc::at(file, text, name.span()));
+        }
+        for (name, _) in &raw.prices {
+            out.prices
+                .entry(name.get_ref().trim().to_ascii_lowercase())
+                .or_insert_with(|| Loc::at(file, text, name.span()));
         }
         if let (None, Some(ask)) = (&out.ask, &raw.ask) {
             out.ask = Some(Loc::at(file, text, ask.span.clone()));
@@ -314,6 +334,7 @@ pub fn lint(policy: &Policy, sources: &[(&Path, &str)]) -> Vec<Warning> {
     }
 
     asks(policy, &spans, &rule_loc, &mut warn);
+    limits(policy, &spans, &mut warn);
 
     out.sort_by(|a, b| (&a.file, a.line, a.col).cmp(&(&b.file, b.line, b.col)));
     out
@@ -389,6 +410,93 @@ fn asks(
                 n.name
             ),
         );
+    }
+}
+
+/// `unused_limit`, `unmetered_tunnel` and `free_model`.
+fn limits(policy: &Policy, spans: &Spans, warn: &mut dyn FnMut(Loc, &'static str, String)) {
+    let nowhere = || Loc {
+        file: PathBuf::new(),
+        line: 0,
+        col: 0,
+    };
+    for limit in policy.limits() {
+        let name = &limit.name;
+        let used = policy.rules().iter().any(|r| r.limits.contains(name))
+            || policy.identities().iter().any(|i| i.limits.contains(name))
+            || policy
+                .credentials()
+                .any(|c| policy.credential_limits(&c.name).contains(name));
+        if !used {
+            let loc = spans.limits.get(name).cloned().unwrap_or_else(|| Loc {
+                file: limit.origin.file.clone(),
+                line: limit.origin.line,
+                col: 1,
+            });
+            warn(
+                loc,
+                "unused_limit",
+                format!(
+                    "limit {name:?} is declared but nothing is charged to it; remove it, or add limits = [{name:?}] to a rule, identity or credential"
+                ),
+            );
+        }
+    }
+    let tunnels: Vec<&Rule> = policy.rules().iter().filter(|r| r.tunnel).collect();
+    for id in policy.identities() {
+        let reachable: Vec<String> = tunnels
+            .iter()
+            .filter(|r| id.rules.allows(&r.name))
+            .map(|r| format!("{:?}", r.name))
+            .collect();
+        if reachable.is_empty() {
+            continue;
+        }
+        for name in &id.limits {
+            let Some(limit) = policy.limit(name) else {
+                continue;
+            };
+            let body: Vec<&str> = limit
+                .measures()
+                .into_iter()
+                .filter(|m| m.meters_body())
+                .map(|m| m.as_str())
+                .collect();
+            if body.is_empty() {
+                continue;
+            }
+            let loc = spans
+                .identities
+                .get(&id.name)
+                .cloned()
+                .unwrap_or_else(nowhere);
+            warn(
+                loc,
+                "unmetered_tunnel",
+                format!(
+                    "identity {:?} is charged to limit {name:?} ({}) but may use tunnel rule(s) {}: latchkey cannot see a tunnel's requests, so that limit does not count them; take the tunnel rules from this identity if the limit must hold",
+                    id.name,
+                    body.join(", "),
+                    reachable.join(", ")
+                ),
+            );
+        }
+    }
+    let prices = policy.prices();
+    for model in prices.overridden() {
+        let Some((_, price)) = prices.lookup(model) else {
+            continue;
+        };
+        if price.input == 0.0 && price.output == 0.0 && price.cached_input.unwrap_or(0.0) == 0.0 {
+            let loc = spans.prices.get(model).cloned().unwrap_or_else(nowhere);
+            warn(
+                loc,
+                "free_model",
+                format!(
+                    "model {model:?} is priced at 0: spend budgets count its calls as free; give its real prices if a spend limit covers it"
+                ),
+            );
+        }
     }
 }
 

@@ -24,6 +24,7 @@ mod credential;
 pub mod explain;
 pub mod identity;
 pub mod limits;
+mod limits_compile;
 pub mod lint;
 mod names;
 mod prices;
@@ -669,3 +670,6 @@ mod validate_tests;
 
 #[cfg(test)]
 mod ask_tests;
+
+#[cfg(test)]
+mod limits_tests;

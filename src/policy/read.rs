@@ -7,7 +7,8 @@ use toml::Spanned;
 use toml_edit::{Item, TableLike, Value};
 
 use super::schema::{
-    Claims, Report, StringMap, CREDENTIAL_KEYS, IDENTITY_KEYS, NOTIFY_KEYS, RULE_KEYS, SECRET_KEYS,
+    Claims, Report, StringMap, CREDENTIAL_KEYS, IDENTITY_KEYS, LIMIT_KEYS, NOTIFY_KEYS, PRICE_KEYS,
+    RULE_KEYS, SECRET_KEYS,
 };
 
 /// A named table (`[secrets.NAME]`): the name, and the table or (if it is not one) its span.
@@ -125,6 +126,13 @@ impl<'a> Fields<'a> {
 
     pub(super) fn int(&self, r: &mut dyn Report, key: &str) -> Option<Spanned<i64>> {
         self.scalar(r, key, INTEGER, Value::as_integer)
+    }
+
+    /// A number: a float, or an integer taken as one.
+    pub(super) fn number(&self, r: &mut dyn Report, key: &str) -> Option<Spanned<f64>> {
+        self.scalar(r, key, NUMBER, |v| {
+            v.as_float().or_else(|| v.as_integer().map(|i| i as f64))
+        })
     }
 
     pub(super) fn boolean(&self, r: &mut dyn Report, key: &str) -> Option<Spanned<bool>> {
@@ -251,6 +259,8 @@ impl<'a> Fields<'a> {
             "secrets" => SECRET_KEYS,
             "identities" => IDENTITY_KEYS,
             "notify" => NOTIFY_KEYS,
+            "limits" => LIMIT_KEYS,
+            "prices" => PRICE_KEYS,
             _ => &[],
         };
         let mut out = Vec::new();
@@ -261,7 +271,8 @@ impl<'a> Fields<'a> {
             let fields = match value.as_table_like() {
                 Some(t) if key == "credentials" => {
                     let mut all = CREDENTIAL_KEYS.to_vec();
-                    all.push("kind");
+                    // `limits` applies to every kind, so it is not among the kind-checked keys.
+                    all.extend(["kind", "limits"]);
                     Ok(Fields::new(t, value_span, path, &all, r))
                 }
                 Some(t) => Ok(Fields::new(t, value_span, path, known, r)),
@@ -351,6 +362,10 @@ const STRING: Ty = Ty {
 const INTEGER: Ty = Ty {
     one: "an integer",
     many: "integers",
+};
+const NUMBER: Ty = Ty {
+    one: "a number",
+    many: "numbers",
 };
 const BOOLEAN: Ty = Ty {
     one: "true or false",

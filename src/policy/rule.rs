@@ -8,6 +8,7 @@ use http::{HeaderName, Method};
 
 use super::ask_compile::AskDefaults;
 use super::compile::FileCx;
+use super::limits_compile::LimitNames;
 use super::schema::{Entry, RawRule};
 use super::{HostPattern, Origin, PathMatcher, Rule};
 use crate::secrets::placeholder::Place;
@@ -20,6 +21,8 @@ pub(super) struct Known<'a> {
     pub credentials: &'a HashSet<String>,
     /// `[ask]`'s terms and the notifiers, for the rule's `ask`.
     pub asks: &'a AskDefaults,
+    /// Every `[limits.NAME]`, for the rule's `limits`.
+    pub limits: &'a LimitNames,
 }
 
 impl FileCx<'_> {
@@ -488,6 +491,13 @@ impl FileCx<'_> {
             self.ask_terms(&field, a.get_ref(), &d.terms, &d.notifiers, d.expire)
         });
 
+        let limits = self.limit_list(
+            &at("limits"),
+            raw.limits,
+            known.limits,
+            matches!(tunnel, Some((true, _))),
+        );
+
         if self.errors.len() > before || !entry.complete {
             return None;
         }
@@ -510,7 +520,7 @@ impl FileCx<'_> {
             report,
             credential,
             ask,
-            limits: Vec::new(),
+            limits,
             origin,
         })
     }

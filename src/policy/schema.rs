@@ -41,7 +41,39 @@ pub struct RawPolicyFile {
     pub ask: Option<Entry<RawAsk>>,
     /// `[notify.NAME]` webhooks.
     pub notify: Vec<(Spanned<String>, Entry<RawNotify>)>,
+    /// `[limits.NAME]` tables.
+    pub limits: Vec<(Spanned<String>, Entry<RawLimit>)>,
+    /// `[prices."MODEL"]` tables.
+    pub prices: Vec<(Spanned<String>, Entry<RawPrice>)>,
 }
+
+/// `[limits.NAME]`: rates, concurrency and budgets; `limits_compile` checks the values.
+#[derive(Debug, Default)]
+pub struct RawLimit {
+    /// Every known key written, whatever its value.
+    pub keys: Vec<&'static str>,
+    pub per: Option<Spanned<String>>,
+    pub requests: Option<Spanned<String>>,
+    pub concurrency: Option<Spanned<i64>>,
+    pub queue: Option<Spanned<String>>,
+    pub bytes_up: Option<Spanned<String>>,
+    pub llm_tokens: Option<Spanned<String>>,
+    pub spend: Option<Spanned<String>>,
+    pub reserve_tokens: Option<Spanned<i64>>,
+    pub include_usage: Option<Spanned<bool>>,
+    pub on_store_error: Option<Spanned<String>>,
+}
+
+/// `[prices."MODEL"]`: USD per million tokens.
+#[derive(Debug, Default)]
+pub struct RawPrice {
+    pub input: Option<Spanned<f64>>,
+    pub output: Option<Spanned<f64>>,
+    pub cached_input: Option<Spanned<f64>>,
+}
+
+/// A `limits = ["NAME", …]` list, on a rule, an identity or a credential.
+pub type LimitList = Option<Spanned<Vec<Spanned<String>>>>;
 
 /// `[ask]`, or a rule's `ask = { … }` (which takes only `hold`, `scope`, `message`, `notify`;
 /// the reader checks the keys).
@@ -117,6 +149,8 @@ pub struct RawCredential {
     pub header: Option<Spanned<String>>,
     /// Claim name, its span, and its value as JSON.
     pub claims: Option<Spanned<Claims>>,
+    /// `limits = ["NAME"]`: charged to every request this credential authenticates (any kind).
+    pub limits: LimitList,
 }
 
 /// JWT claims: name, where its value is, and the value as JSON.
@@ -136,6 +170,8 @@ pub struct RawIdentity {
     pub rules: Option<Spanned<Vec<Spanned<String>>>>,
     /// `labels = { k = "v" }`: facts about the sandbox, copied into approvals.
     pub labels: Option<Spanned<StringMap>>,
+    /// `limits = ["NAME"]`: charged to every request of this identity.
+    pub limits: LimitList,
 }
 
 /// `[secrets.NAME]`: where a secret's value comes from.
@@ -180,6 +216,8 @@ pub struct RawRule {
     pub dangerously_inject_into_wildcard: Option<Spanned<bool>>,
     /// `ask = { hold, scope, message, notify }`: an allowed request waits for a person.
     pub ask: Option<Spanned<RawAsk>>,
+    /// `limits = ["NAME"]`: charged to every request this rule allows.
+    pub limits: LimitList,
 }
 
 /// `[rules.inject]`: what latchkey adds to an allowed request.
@@ -204,10 +242,25 @@ const TOP_KEYS: &[&str] = &[
     "credentials",
     "ask",
     "notify",
+    "limits",
+    "prices",
 ];
 pub(super) const SECRET_KEYS: &[&str] = &["source", "ttl", "timeout"];
-pub(super) const IDENTITY_KEYS: &[&str] = &["token", "sources", "rules", "labels"];
+pub(super) const IDENTITY_KEYS: &[&str] = &["token", "sources", "rules", "labels", "limits"];
 pub(super) const NOTIFY_KEYS: &[&str] = &["url", "secret", "format"];
+pub(super) const LIMIT_KEYS: &[&str] = &[
+    "per",
+    "requests",
+    "concurrency",
+    "queue",
+    "bytes_up",
+    "llm_tokens",
+    "spend",
+    "reserve_tokens",
+    "include_usage",
+    "on_store_error",
+];
+pub(super) const PRICE_KEYS: &[&str] = &["input", "output", "cached_input"];
 /// The policy-wide `[ask]` table's keys.
 const ASK_KEYS: &[&str] = &[
     "unknown", "hold", "scope", "message", "notify", "rate", "expire",
@@ -231,6 +284,7 @@ pub(super) const RULE_KEYS: &[&str] = &[
     "allow_private",
     "dangerously_inject_into_wildcard",
     "ask",
+    "limits",
 ];
 const INJECT_KEYS: &[&str] = &["headers", "query", "basic_auth"];
 const BASIC_KEYS: &[&str] = &["user", "password"];
@@ -320,6 +374,44 @@ pub(super) fn read_file(doc: &toml_edit::Table, r: &mut dyn Report) -> RawPolicy
             .into_iter()
             .map(|(name, t)| (name, entry(t, r, read_notify)))
             .collect(),
+        limits: root
+            .named_tables("limits", r)
+            .into_iter()
+            .map(|(name, t)| (name, entry(t, r, read_limit)))
+            .collect(),
+        prices: root
+            .named_tables("prices", r)
+            .into_iter()
+            .map(|(name, t)| (name, entry(t, r, read_price)))
+            .collect(),
+    }
+}
+
+fn read_limit(t: &Fields<'_>, r: &mut dyn Report) -> RawLimit {
+    RawLimit {
+        keys: LIMIT_KEYS
+            .iter()
+            .filter(|k| t.get(k).is_some())
+            .copied()
+            .collect(),
+        per: t.string(r, "per"),
+        requests: t.string(r, "requests"),
+        concurrency: t.int(r, "concurrency"),
+        queue: t.string(r, "queue"),
+        bytes_up: t.string(r, "bytes_up"),
+        llm_tokens: t.string(r, "llm_tokens"),
+        spend: t.string(r, "spend"),
+        reserve_tokens: t.int(r, "reserve_tokens"),
+        include_usage: t.boolean(r, "include_usage"),
+        on_store_error: t.string(r, "on_store_error"),
+    }
+}
+
+fn read_price(t: &Fields<'_>, r: &mut dyn Report) -> RawPrice {
+    RawPrice {
+        input: t.required(r, "input", Fields::number),
+        output: t.required(r, "output", Fields::number),
+        cached_input: t.number(r, "cached_input"),
     }
 }
 
@@ -408,6 +500,7 @@ fn read_identity(t: &Fields<'_>, r: &mut dyn Report) -> RawIdentity {
         sources: t.strings(r, "sources"),
         rules: t.required(r, "rules", Fields::strings),
         labels: t.string_map(r, "labels"),
+        limits: t.strings(r, "limits"),
     }
 }
 
@@ -449,6 +542,7 @@ fn read_rule(t: &Fields<'_>, r: &mut dyn Report) -> RawRule {
         ask: t
             .table(r, "ask", RULE_ASK_KEYS)
             .map(|a| Spanned::new(a.span.clone(), read_rule_ask(&a, r))),
+        limits: t.strings(r, "limits"),
     }
 }
 
@@ -513,5 +607,6 @@ fn read_credential(t: &Fields<'_>, r: &mut dyn Report) -> RawCredential {
         ttl: t.string(r, "ttl"),
         header: t.string(r, "header"),
         claims: t.claims(r, "claims"),
+        limits: t.strings(r, "limits"),
     }
 }
