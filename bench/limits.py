@@ -18,7 +18,7 @@ TARGET_EMBEDDED_US = 2.0  # issue 16: embedded store, ≤ 2 µs added per reques
 
 LIMIT_DESC = {
     "none": "(a) no limit",
-    "rate": '(b) one rate limit, `requests = "1000000000/min"`',
+    "rate": '(b) one rate limit, `requests = "1000000/s"`',
     "tokens": '(c) one token budget, `llm_tokens = "1000G/day"`',
 }
 SHAPE_DESC = {
@@ -169,8 +169,10 @@ def report(argv):
       f"database of a memory-only `redis-server`), audit log to a file; all pinned to CPU 1, idle "
       f"but the one measured. oha, nginx (the upstream) and redis-server on CPU 0.")
     P(f"- per pass and configuration: a discarded warm-up of {env.get('warmup')} requests, then "
-      f"`oha -n {n} -c {env.get('conns')}` keep-alive through the plain-HTTP forward path; "
-      f"{env.get('reps')} passes, the order rotated every pass. Figures are medians over passes.")
+      f"`oha -n {n} -c {env.get('conns')}` keep-alive through the plain-HTTP forward path, "
+      + (f"at a fixed {int(env['rate']):,} req/s (`-q`, latency from when each request was due) for every "
+         f"configuration; " if int(env.get("rate", "0") or 0) else "as fast as oha can; ")
+      + f"{env.get('reps')} passes, the order rotated every pass. Figures are medians over passes.")
     P(f"- CPU µs/req = latchkey's utime+stime (`/proc/PID/stat`, all threads, {1000 // clk} ms ticks) "
       f"over the measured run ÷ 2xx answers; one tick is {1e6 / clk / n:.2f} µs/req at this count "
       f"(so ±{2e6 / clk / n:.2f} µs on a difference)." if n else "")

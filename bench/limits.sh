@@ -3,10 +3,12 @@
 # token budget, on the embedded (SQLite) and the Redis state store, side by side with the same
 # requests under no limit. Loopback only. Writes bench/results-limits.md.
 #
-#   bench/limits.sh            full run: 5 passes of 50,000 requests per configuration
-#   bench/limits.sh --smoke    < 30 s: 1 pass of 2,000 requests, debug build (proves the script
+#   bench/limits.sh            full run: 15 passes of 20,000 requests per configuration (~4 min)
+#   bench/limits.sh --smoke    < 30 s: 1 pass of 1,000 requests, debug build (proves the script
 #                              works; its numbers mean nothing); writes bench/out/limits/results-smoke.md
 #   options: --requests N --warmup N --reps N --conns N
+#            --rate N        (a fixed offered load in req/s for every configuration, latency from
+#                             when each request was due; default 0: as fast as oha can)
 #            --limits LIST   (none,rate,tokens: which policies run; default all)
 #            --stores LIST   (sqlite,redis; default both)
 #            --no-build --no-install --report PATH
@@ -20,6 +22,9 @@
 #   get: GET /small (100 B)                          — (a) none vs (b) rate
 #   llm: POST /v1/chat/completions, max_tokens 16,   — (a) none vs (c) tokens
 #        a fixed non-streaming answer with usage (reserve, then settle)
+# The load saturates latchkey's one worker by default (its CPU per request is then lowest and
+# steadiest: at a low fixed --rate each request pays a whole wakeup, ~200 µs on this VM, which
+# buries a µs-sized difference).
 # Each pass runs every configuration once (after a discarded warm-up of the same shape), in an
 # order rotated every pass; a limit's added CPU is the median over passes of (limited − none) of
 # the same pass, shape and store. CPU = utime+stime of the latchkey PID from /proc/PID/stat (all
@@ -33,24 +38,25 @@ ROOT="$(cd "$HERE/.." && pwd)"
 OUT="$HERE/out/limits"
 CONF="$HERE/conf"
 
-REQUESTS=50000 WARMUP=5000 REPS=5 CONNS=64 MODE=full
+REQUESTS=20000 WARMUP=3000 REPS=15 CONNS=64 RATE=0 MODE=full
 LIMITS="none,rate,tokens" STORES="sqlite,redis"
 INSTALL=1 BUILD=1 PROFILE=0
 REPORT="$HERE/results-limits.md"
 while [ $# -gt 0 ]; do
   case "$1" in
-    --smoke) REQUESTS=2000 WARMUP=500 REPS=1 MODE=smoke REPORT="$OUT/results-smoke.md" ;;
+    --smoke) REQUESTS=1000 WARMUP=300 REPS=1 MODE=smoke REPORT="$OUT/results-smoke.md" ;;
     --requests) REQUESTS="$2"; shift ;;
     --warmup) WARMUP="$2"; shift ;;
     --reps) REPS="$2"; shift ;;
     --conns) CONNS="$2"; shift ;;
+    --rate) RATE="$2"; shift ;;
     --limits) LIMITS="$2"; shift ;;
     --stores) STORES="$2"; shift ;;
     --no-build) BUILD=0 ;;
     --no-install) INSTALL=0 ;;
     --report) REPORT="$2"; shift ;;
     --profile) PROFILE=1 ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -58,6 +64,7 @@ done
 for n in "$REQUESTS" "$WARMUP" "$REPS" "$CONNS"; do
   [[ "$n" =~ ^[0-9]+$ ]] && [ "$n" -gt 0 ] || { echo "counts must be positive integers (got '$n')" >&2; exit 2; }
 done
+[[ "$RATE" =~ ^[0-9]+$ ]] || { echo "--rate takes a whole number of requests a second (0: unpaced)" >&2; exit 2; }
 
 # Ports (loopback only; apart from bench/run.sh's so both can run on one machine).
 P_UP=19080 P_REDIS=16379
@@ -197,9 +204,10 @@ oha_args() { # shape -> the oha arguments after the common ones
     llm) echo "-m POST -T application/json http://127.0.0.1:$P_UP/v1/chat/completions" ;;
   esac
 }
-run_oha() { # port shape count out
+run_oha() { # port shape count out [paced]
   local port=$1 shape=$2 n=$3 out=$4 extra=()
-  [ "$shape" = llm ] && extra=(-d "$LLM_BODY")
+  [ "$shape" = llm ] && extra+=(-d "$LLM_BODY")
+  [ "${5:-}" = paced ] && [ "$RATE" -gt 0 ] && extra+=(-q "$RATE" --latency-correction)
   # shellcheck disable=SC2046
   taskset -c "$CPU_LOAD" oha --no-tui "${OHA_JSON[@]}" -n "$n" -c "$CONNS" -x "http://127.0.0.1:$port" \
     "${extra[@]}" $(oha_args "$shape") > "$out" 2>"$out.err" || true
@@ -215,7 +223,7 @@ run_one() { # pass name:shape
     perf_pid=$!; PIDS+=($perf_pid); sleep 0.3
   fi
   s0=$(tids "$pid"); t0=$(cpu_ticks "$pid"); n0=$(cpu_ns "$pid")
-  run_oha "$port" "$shape" "$REQUESTS" "$f"
+  run_oha "$port" "$shape" "$REQUESTS" "$f" paced
   t1=$(cpu_ticks "$pid"); n1=$(cpu_ns "$pid"); s1=$(tids "$pid")
   if [ -n "$perf_pid" ]; then
     kill -INT "$perf_pid" 2>/dev/null || true; wait "$perf_pid" 2>/dev/null || true
@@ -255,6 +263,7 @@ done
   echo "warmup=$WARMUP"
   echo "reps=$REPS"
   echo "conns=$CONNS"
+  echo "rate=$RATE"
   echo "clk_tck=$CLK_TCK"
   if in_list redis "$STORES" && command -v redis-cli >/dev/null; then
     for name in "${!LK_PID[@]}"; do
