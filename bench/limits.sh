@@ -12,8 +12,10 @@
 #            --limits LIST   (none,rate,tokens: which policies run; default all)
 #            --stores LIST   (sqlite,redis; default both)
 #            --no-build --no-install --report PATH
-#            --profile       (perf record the latchkey of each limited configuration; reports in
-#                             bench/out/limits/profile-CONFIG.txt)
+#            --profile       (after the passes, one more run of each limited configuration under
+#                             perf record: the share of its samples inside the limit code, a
+#                             noise-free lower bound on what the limit adds; in the report, with
+#                             the functions in bench/out/limits/profile-CONFIG.txt)
 #   env:     LATCHKEY=PATH (binary to measure), BENCH_AUDIT=PATH (latchkey's --audit, e.g. /dev/null)
 #
 # Configurations: a latchkey per policy (bench/conf/limits-{none,rate,tokens}/) and per store,
@@ -214,23 +216,13 @@ run_oha() { # port shape count out [paced]
 }
 
 run_one() { # pass name:shape
-  local pass=$1 name=${2%%:*} shape=${2##*:} port pid f t0 t1 n0 n1 s0 s1 perf_pid=""
+  local pass=$1 name=${2%%:*} shape=${2##*:} port pid f t0 t1 n0 n1 s0 s1
   port=${P_LK[$name]} pid=${LK_PID[$name]}
   f="$OUT/raw/p$pass-$name-$shape.json"
   run_oha "$port" "$shape" "$WARMUP" "$f.warmup"
-  if [ "$PROFILE" = 1 ] && [[ "$name" != none-* ]] && [ "$pass" = 1 ]; then
-    perf record -e cpu-clock -F 999 -g -p "$pid" -o "$OUT/perf-$name.data" >/dev/null 2>&1 &
-    perf_pid=$!; PIDS+=($perf_pid); sleep 0.3
-  fi
   s0=$(tids "$pid"); t0=$(cpu_ticks "$pid"); n0=$(cpu_ns "$pid")
   run_oha "$port" "$shape" "$REQUESTS" "$f" paced
   t1=$(cpu_ticks "$pid"); n1=$(cpu_ns "$pid"); s1=$(tids "$pid")
-  if [ -n "$perf_pid" ]; then
-    kill -INT "$perf_pid" 2>/dev/null || true; wait "$perf_pid" 2>/dev/null || true
-    perf report -i "$OUT/perf-$name.data" --no-children --sort symbol --stdio 2>/dev/null \
-      | grep -v '^$' | grep -v '^#' | head -n 80 > "$OUT/profile-$name.txt" || true
-    log "profile: $OUT/profile-$name.txt"
-  fi
   python3 "$HERE/limits.py" row "$f" --pass "$pass" --config "$name" --shape "$shape" \
     --ticks $(( t1 - t0 )) --clk "$CLK_TCK" --ns $(( n1 - n0 )) --tids-before "$s0" --tids-after "$s1" \
     >> "$OUT/runs.jsonl"
@@ -244,6 +236,26 @@ for pass in $(seq 1 "$REPS"); do
     run_one "$pass" "${RUNS[$(( (k + pass - 1) % n ))]}"
   done
 done
+
+# ---------------------------------------------------------------- profiles (not measured runs)
+rm -f "$OUT"/profile-*.json "$OUT"/profile-*.txt
+if [ "$PROFILE" = 1 ]; then
+  for run in "${RUNS[@]}"; do
+    name=${run%%:*} shape=${run##*:}
+    [[ "$name" == none-* ]] && continue
+    # Software clock sampling works where hardware counters are not exposed (VMs); DWARF call
+    # graphs because the release build keeps no frame pointers.
+    perf record -e cpu-clock -F 999 --call-graph dwarf,16384 -p "${LK_PID[$name]}" -o "$OUT/perf-$name.data" \
+      >/dev/null 2>"$OUT/perf-$name.stderr" &
+    perf_pid=$!; PIDS+=($perf_pid); sleep 0.5
+    run_oha "${P_LK[$name]}" "$shape" "$REQUESTS" "$OUT/raw/profile-$name.json" paced
+    kill -INT "$perf_pid" 2>/dev/null || true; wait "$perf_pid" 2>/dev/null || true
+    perf script -i "$OUT/perf-$name.data" -F comm,tid,time,ip,sym 2>/dev/null \
+      | python3 "$HERE/limits.py" profile --config "$name" --out "$OUT" || log "profile of $name failed"
+    rm -f "$OUT/perf-$name.data"
+    log "profile: $OUT/profile-$name.txt"
+  done
+fi
 
 # ---------------------------------------------------------------- evidence + report
 # The limited configurations must have charged their limit: the audit records of a token budget
