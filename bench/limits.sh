@@ -99,6 +99,14 @@ wait_port() { # port [seconds]
   return 1
 }
 
+# A port already taken (another run of this script, say) would make wait_port answer for a
+# process that is not ours: refuse to start instead.
+for port in $P_UP $P_REDIS "${P_LK[@]}"; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    echo "127.0.0.1:$port is already in use (is another bench/limits.sh running?)" >&2; exit 1
+  fi
+done
+
 # nginx workers run as an unprivileged user and must reach the files they serve: when the
 # checkout is not traversable by others, the working directory moves to /tmp.
 if [ "$(id -u)" = 0 ] && command -v runuser >/dev/null \
@@ -229,6 +237,7 @@ run_one() { # pass name:shape
   tail -n 1 "$OUT/runs.jsonl" | python3 "$HERE/limits.py" show >&2
 }
 
+LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 for pass in $(seq 1 "$REPS"); do
   log "pass $pass of $REPS: ${#RUNS[@]} configurations × $REQUESTS requests"
   n=${#RUNS[@]}
@@ -248,7 +257,8 @@ if [ "$PROFILE" = 1 ]; then
     perf record -e cpu-clock -F 999 --call-graph dwarf,16384 -p "${LK_PID[$name]}" -o "$OUT/perf-$name.data" \
       >/dev/null 2>"$OUT/perf-$name.stderr" &
     perf_pid=$!; PIDS+=($perf_pid); sleep 0.5
-    run_oha "${P_LK[$name]}" "$shape" "$REQUESTS" "$OUT/raw/profile-$name.json" paced
+    # 10,000 requests are plenty of samples; perf script's DWARF unwinding takes ~1 min for them.
+    run_oha "${P_LK[$name]}" "$shape" $(( REQUESTS < 10000 ? REQUESTS : 10000 )) "$OUT/raw/profile-$name.json" paced
     kill -INT "$perf_pid" 2>/dev/null || true; wait "$perf_pid" 2>/dev/null || true
     perf script -i "$OUT/perf-$name.data" -F comm,tid,time,ip,sym 2>/dev/null \
       | python3 "$HERE/limits.py" profile --config "$name" --out "$OUT" || log "profile of $name failed"
@@ -266,6 +276,7 @@ fi
   echo "cpu=$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -n 1)"
   echo "mem=$(free -g | awk '/^Mem:/{print $2}') GiB"
   echo "kernel=$(uname -r)"
+  echo "load=$LOAD_START at the first pass, $(cut -d' ' -f1-3 /proc/loadavg) after the last"
   echo "latchkey=$("$LATCHKEY" --version 2>/dev/null || echo '?') (git $(cd "$ROOT" && git rev-parse --short HEAD)$(cd "$ROOT" && git diff --quiet -- src || echo '+dirty src'); $PROFILE_DIR build)"
   echo "oha=$(oha --version 2>/dev/null)"
   echo "nginx=$(nginx -v 2>&1 | sed 's/.*: //')"
