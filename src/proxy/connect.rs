@@ -226,22 +226,11 @@ async fn tunnel_limits(
     };
     match limiter.admit(&limits, who, &estimate).await {
         Ok(admission) => {
-            let charges = admission.charges().to_vec();
-            entry.update(|r| r.limits = charges);
+            pipeline::record_admitted(entry, &admission);
             entry.hold(Box::new(admission));
             Ok(())
         }
-        Err(refused) => {
-            let refused = *refused;
-            entry.update(|r| r.limits = refused.charges);
-            if let Some(secs) = refused.retry_after {
-                entry.set_retry_after(secs);
-            }
-            if let Some(rate) = refused.rate {
-                entry.set_rate_headers(rate.limit, rate.remaining, rate.reset);
-            }
-            Err(refused.refusal)
-        }
+        Err(refused) => Err(pipeline::record_refused(entry, refused)),
     }
 }
 

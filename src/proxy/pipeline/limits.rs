@@ -120,41 +120,48 @@ pub(super) async fn charge(
             .and_then(|v| v.trim().parse::<u64>().ok()),
     };
     let host = rule.host_for(&target.host);
+    let request_id = entry.id().to_string();
     let who = Subject {
         identity: &ctx.identity,
         rule: &rule.name,
         credential: rule.credential.as_deref(),
         host: &host,
-        request_id: entry.id(),
-    };
-    let request_id = entry.id().to_string();
-    let who = Subject {
         request_id: &request_id,
-        ..who
     };
     let estimate = Estimate { bytes_up, llm };
     match limiter.admit(&limits, who, &estimate).await {
         Ok(admission) => {
-            let charges = admission.charges().to_vec();
-            entry.update(|r| r.limits = charges);
-            if let Some(rate) = admission.rate() {
-                entry.set_rate_headers(rate.limit, rate.remaining, rate.reset);
-            }
+            record_admitted(entry, &admission);
             Ok((incoming, Some(admission)))
         }
-        Err(refused) => {
-            let refused = *refused;
-            entry.update(|r| r.limits = refused.charges);
-            if let Some(secs) = refused.retry_after {
-                entry.set_retry_after(secs);
-            }
-            if let Some(rate) = refused.rate {
-                entry.set_rate_headers(rate.limit, rate.remaining, rate.reset);
-            }
-            // The body is drained by the one refusal path; a held one is simply dropped.
-            Err(under(refused.refusal))
-        }
+        // The body is drained by the one refusal path; a held one is simply dropped.
+        Err(refused) => Err(record_refused(entry, refused).under(&rule.name)),
     }
+}
+
+/// Puts an admission's charges and rate headers on the record (requests and tunnels alike).
+pub(crate) fn record_admitted(entry: &mut Entry, admission: &Admission) {
+    let charges = admission.charges().to_vec();
+    entry.update(|r| r.limits = charges);
+    if let Some(rate) = admission.rate() {
+        entry.set_rate_headers(rate.limit, rate.remaining, rate.reset);
+    }
+}
+
+/// Puts a refused admission's charges and retry headers on the record; the refusal to answer.
+pub(crate) fn record_refused(
+    entry: &mut Entry,
+    refused: Box<crate::governance::limits::Refused>,
+) -> Refusal {
+    let refused = *refused;
+    entry.update(|r| r.limits = refused.charges);
+    if let Some(secs) = refused.retry_after {
+        entry.set_retry_after(secs);
+    }
+    if let Some(rate) = refused.rate {
+        entry.set_rate_headers(rate.limit, rate.remaining, rate.reset);
+    }
+    refused.refusal
 }
 
 /// Reads a model-provider call's body whole (it is small: a prompt), so it can be priced.

@@ -44,6 +44,7 @@ use crate::upstream::{Body, UpstreamAddr};
 
 pub(crate) use admit::{audit_healthy, header_block_fits, host_clean, parsed_framing, raw_framing};
 pub(crate) use decide::identity;
+pub(crate) use limits::{record_admitted, record_refused};
 
 /// Who is asking and through what: what a listener hands the pipeline with each request.
 ///
