@@ -230,7 +230,7 @@ async fn tunnel_limits(
             entry.hold(Box::new(admission));
             Ok(())
         }
-        Err(refused) => Err(pipeline::record_refused(entry, refused)),
+        Err(refused) => Err(pipeline::record_refused(entry, *refused)),
     }
 }
 

@@ -135,7 +135,7 @@ pub(super) async fn charge(
             Ok((incoming, Some(admission)))
         }
         // The body is drained by the one refusal path; a held one is simply dropped.
-        Err(refused) => Err(record_refused(entry, refused).under(&rule.name)),
+        Err(refused) => Err(record_refused(entry, *refused).under(&rule.name)),
     }
 }
 
@@ -151,9 +151,8 @@ pub(crate) fn record_admitted(entry: &mut Entry, admission: &Admission) {
 /// Puts a refused admission's charges and retry headers on the record; the refusal to answer.
 pub(crate) fn record_refused(
     entry: &mut Entry,
-    refused: Box<crate::governance::limits::Refused>,
+    refused: crate::governance::limits::Refused,
 ) -> Refusal {
-    let refused = *refused;
     entry.update(|r| r.limits = refused.charges);
     if let Some(secs) = refused.retry_after {
         entry.set_retry_after(secs);
