@@ -83,5 +83,6 @@ fn run(args: Cli) -> anyhow::Result<ExitCode> {
         ),
         Command::GatewaySetup(setup) => cli::gateway_setup::run(&setup),
         Command::Approvals(args) => cli::approvals::run(args),
+        Command::Audit { action } => cli::audit::run(action),
     }
 }

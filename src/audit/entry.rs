@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
-use super::{new_id, ApprovalInfo, AuditLog, Record};
+use super::{new_id, ApprovalInfo, AuditLog, Phase, Record};
 use crate::reason::Reason;
 
 /// Replaces secret values in text with `[REDACTED:name]`. The record and the log see only what
@@ -73,6 +73,7 @@ impl Entry {
         Self {
             log,
             record: Some(Record {
+                phase: Phase::Outcome,
                 ts: SystemTime::now(),
                 id: new_id(),
                 identity: identity.to_string(),
@@ -98,6 +99,14 @@ impl Entry {
                 approval: None,
                 limits: Vec::new(),
                 usage: None,
+                labels: Default::default(),
+                reach: None,
+                session: None,
+                step: None,
+                attempt: None,
+                trace_id: None,
+                span_id: None,
+                parent_span_id: None,
             }),
             started: Instant::now(),
             counters: Arc::new(Counters::default()),
@@ -204,22 +213,41 @@ impl Entry {
         self.write();
     }
 
+    /// Commits the decision record (what is known now: the decision, rule, identity, target,
+    /// secrets named) and waits until it is written, synced where `--audit-sync` asks. Returns
+    /// `false` when it could not be written: the request must then not reach the upstream.
+    /// The request's outcome record, with the same id, follows when it ends.
+    pub async fn commit_decision(&mut self) -> bool {
+        let Some(r) = self.record.as_ref() else {
+            return true;
+        };
+        let mut r = r.clone();
+        self.seal(&mut r);
+        self.log.commit(r).await.unwrap_or(false)
+    }
+
+    /// Scrubs the free-text fields and fills in the counters, as the record goes out.
+    fn seal(&self, r: &mut Record) {
+        if let Some(scrub) = self.scrub.as_deref() {
+            // Absent fields stand in as empty strings: no allocation, nothing to find.
+            let mut blank = [String::new(), String::new(), String::new()];
+            let [b0, b1, b2] = &mut blank;
+            scrub.scrub_in_place(&mut [
+                r.path.as_mut().unwrap_or(b0),
+                r.host.as_mut().unwrap_or(b1),
+                r.method.as_mut().unwrap_or(b2),
+            ]);
+        }
+        r.duration_ms = self.started.elapsed().as_millis() as u64;
+        r.bytes_up = self.counters.up.load(Ordering::Relaxed);
+        r.bytes_down = self.counters.down.load(Ordering::Relaxed);
+        r.redactions = self.counters.redactions.load(Ordering::Relaxed);
+    }
+
     fn write(&mut self) {
         if let Some(mut r) = self.record.take() {
-            if let Some(scrub) = self.scrub.as_deref() {
-                // Absent fields stand in as empty strings: no allocation, nothing to find.
-                let mut blank = [String::new(), String::new(), String::new()];
-                let [b0, b1, b2] = &mut blank;
-                scrub.scrub_in_place(&mut [
-                    r.path.as_mut().unwrap_or(b0),
-                    r.host.as_mut().unwrap_or(b1),
-                    r.method.as_mut().unwrap_or(b2),
-                ]);
-            }
-            r.duration_ms = self.started.elapsed().as_millis() as u64;
-            r.bytes_up = self.counters.up.load(Ordering::Relaxed);
-            r.bytes_down = self.counters.down.load(Ordering::Relaxed);
-            r.redactions = self.counters.redactions.load(Ordering::Relaxed);
+            self.seal(&mut r);
+            r.phase = Phase::Outcome;
             tracing::info!(
                 audit.id = %r.id,
                 client.addr = %r.client,

@@ -26,14 +26,21 @@
 //! Depends on `metrics` and `reason` only; never on `secrets` (values reach it only as the
 //! scrubbed text a [`Scrub`] returns).
 
+pub mod chain;
 mod entry;
+pub mod key;
+mod ocsf;
 mod record;
+pub mod segments;
 mod sink;
+pub mod verify;
 mod writer;
 
 pub use entry::{Counters, Entry, Scrub};
-pub use record::{new_id, ApprovalInfo, DnsInfo, LimitCharge, Record, UsageInfo};
-pub use writer::{AuditError, AuditLog};
+pub use record::{new_id, ApprovalInfo, DnsInfo, LimitCharge, Phase, Record, UsageInfo};
+pub use writer::{
+    AuditError, AuditLog, Format, Options, Tap, CHECKPOINT_EVERY, CHECKPOINT_INTERVAL,
+};
 
 /// Replaces every query value with `REDACTED`, keeping parameter names for reviewers.
 ///

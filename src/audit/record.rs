@@ -12,6 +12,11 @@ use serde::{Serialize, Serializer};
 /// them and may hold a secret value it pasted there: `Debug` shows their lengths only.
 #[derive(Clone, Serialize, PartialEq)]
 pub struct Record {
+    /// `decision`: written before latchkey dials the upstream, holding what was decided; the
+    /// request's `outcome` record (same `id`) follows when it ends. A request refused before
+    /// any dial has only its `outcome` record. (The writer puts `seq` and `prev`, the hash
+    /// chain, in front of every line: [`super::chain`].)
+    pub phase: Phase,
     /// When the request arrived; RFC 3339 UTC with milliseconds.
     #[serde(serialize_with = "rfc3339_millis")]
     pub ts: SystemTime,
@@ -53,6 +58,41 @@ pub struct Record {
     /// On a model-provider call: the model and tokens its response reported, and their cost.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<UsageInfo>,
+    /// The identity's `labels` from policy (`[identities.X] labels`): what the environment is.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// `sha256:` digest of everything this identity could reach under the policy in force
+    /// (its rules and the secrets they bind; `latchkey explain --reach IDENTITY` lists it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reach: Option<String>,
+    /// Correlation the sandbox sent (README "Audit"): its session, the step a request belongs
+    /// to, and which attempt at that step this is (a retry is attempt 2 of the same step).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    /// W3C trace context: the trace the sandbox's `traceparent` named, and latchkey's own span
+    /// for this request (the parent of what it sends upstream, and of its OTLP span).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub span_id: Option<String>,
+    /// The sandbox's span this request was made under (`traceparent`'s parent id).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parent_span_id: Option<String>,
+}
+
+/// Which of a request's records a line is.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    /// Committed before the upstream is dialed; an `outcome` with the same id follows.
+    Decision,
+    /// The request's full record, written when it ended (the only one of a refusal).
+    #[default]
+    Outcome,
 }
 
 /// One measure of one limit, as charged for a request.
@@ -168,6 +208,7 @@ impl std::fmt::Debug for Record {
             .field("secrets", &self.secrets)
             .field("status", &self.status)
             .field("redactions", &self.redactions)
+            .field("phase", &self.phase)
             .finish_non_exhaustive()
     }
 }

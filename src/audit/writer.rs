@@ -1,17 +1,27 @@
 //! The audit log: a bounded queue the request path pushes records into, and one writer thread
 //! that batches them to the sink (see the module docs of [`super`] for the back-pressure and
-//! fail-closed rules). Counts every record in `metrics` as it is queued. Depends on `metrics`
-//! and the record schema only.
+//! fail-closed rules). Counts every request's outcome in `metrics` as it is queued.
+//!
+//! Group commit: a decision record ([`AuditLog::commit`]) is answered only once the batch that
+//! holds it is written (and, with `sync`, `fdatasync`ed); the writer does not linger while one
+//! waits, so requests that arrive together share one write and one sync. Each line is framed
+//! by the hash chain ([`super::chain`]), checkpoints are signed every N lines or T seconds,
+//! and the active file is rotated and old segments removed ([`super::segments`]). Depends on
+//! `metrics` and the rest of `audit`.
 
+use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime};
 
-use super::Record;
+use super::chain::Chain;
+use super::key::SigningKey;
+use super::segments::{self, Rotation};
+use super::{Phase, Record};
 use crate::metrics::Metrics;
 
 /// Records the queue holds before a new request has to wait for the writer.
@@ -21,6 +31,11 @@ const QUEUE: usize = 16 * 1024;
 const LINGER: Duration = Duration::from_millis(2);
 /// The writer appends at most this many records in one `write`.
 const BATCH_RECORDS: usize = 1024;
+
+/// Checkpoint every this many lines by default (`--audit-checkpoint-every`).
+pub const CHECKPOINT_EVERY: u64 = 1000;
+/// ... or this often, while lines wait for one (`--audit-checkpoint-interval`).
+pub const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Failure to open the audit sink.
 #[derive(Debug, thiserror::Error)]
@@ -34,10 +49,65 @@ pub enum AuditError {
     Thread(std::io::Error),
 }
 
+/// What lines look like (`--audit-format`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Format {
+    /// latchkey's own record (README "Audit record").
+    #[default]
+    Jsonl,
+    /// OCSF 1.x events: HTTP Activity (4002), Network Activity (4001) for refused connections.
+    Ocsf,
+}
+
+/// Sees every batch as it is written: an exporter (OTLP spans) or the shipper (closed
+/// segments). Runs on the writer thread, so it must hand work off, not do it.
+pub trait Tap: Send {
+    /// `records` were just written (decision and outcome records alike; look at `phase`).
+    fn written(&mut self, _records: &[Record]) {}
+    /// Rotation closed the active file as `segment`.
+    fn segment_closed(&mut self, _segment: &Path) {}
+}
+
+/// How the log is written: durability, the chain's checkpoints, rotation, retention, format.
+pub struct Options {
+    /// `fdatasync` after every group (`--audit-sync`).
+    pub sync: bool,
+    pub rotation: Rotation,
+    /// Remove closed segments older than this (`--audit-keep`).
+    pub keep: Option<Duration>,
+    /// Shipping is on: retention keeps a segment until it is shipped.
+    pub keep_unshipped: bool,
+    pub format: Format,
+    /// Signs checkpoints; without it the chain is still written but nothing is signed.
+    pub key: Option<Arc<SigningKey>>,
+    pub checkpoint_every: u64,
+    pub checkpoint_interval: Duration,
+    pub taps: Vec<Box<dyn Tap>>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            sync: false,
+            rotation: Rotation::default(),
+            keep: None,
+            keep_unshipped: false,
+            format: Format::Jsonl,
+            key: None,
+            checkpoint_every: CHECKPOINT_EVERY,
+            checkpoint_interval: CHECKPOINT_INTERVAL,
+            taps: Vec::new(),
+        }
+    }
+}
+
 /// Records handed over by requests and not yet taken by the writer.
 #[derive(Default)]
 struct Queue {
     records: Vec<Record>,
+    /// Decision records waiting to be on disk: answered (`true` when written) once the batch
+    /// that holds them is written, and synced where asked.
+    commits: Vec<tokio::sync::oneshot::Sender<bool>>,
     /// Flush requests, answered once everything queued before them is written.
     flushes: Vec<mpsc::Sender<()>>,
     /// Set when the log is dropped: the writer writes what is left and stops.
@@ -78,9 +148,21 @@ pub struct AuditLog {
 }
 
 impl AuditLog {
-    /// Opens `path` for appending (created with mode 0600), or stdout for `-`.
+    /// Opens `path` for appending (created with mode 0600), or stdout for `-`, with the
+    /// default options (no signing key: the chain is written, checkpoints are not).
     pub fn open(path: &Path) -> Result<Self, AuditError> {
-        Self::with_sink(super::sink::open(path)?)
+        Self::open_with(path, Options::default())
+    }
+
+    /// Opens `path` (or stdout for `-`) with `options`, continuing the chain where the file
+    /// (or its newest closed segment) left it.
+    pub fn open_with(path: &Path, options: Options) -> Result<Self, AuditError> {
+        let out = if path == Path::new("-") {
+            Out::Stream(Box::new(super::sink::Stdout))
+        } else {
+            Out::File(ActiveFile::open(path)?)
+        };
+        Self::start(out, options, QUEUE)
     }
 
     /// A log over any writer (each batch goes to it in one `write_all`).
@@ -92,6 +174,24 @@ impl AuditLog {
         sink: Box<dyn Write + Send>,
         capacity: usize,
     ) -> Result<Self, AuditError> {
+        Self::start(Out::Stream(sink), Options::default(), capacity)
+    }
+
+    /// A log over any writer with `options` (tests of the chain and checkpoints).
+    pub fn with_sink_options(
+        sink: Box<dyn Write + Send>,
+        options: Options,
+    ) -> Result<Self, AuditError> {
+        Self::start(Out::Stream(sink), options, QUEUE)
+    }
+
+    fn start(mut out: Out, options: Options, capacity: usize) -> Result<Self, AuditError> {
+        let chain = out.resume();
+        if let (Out::File(active), Some(keep)) = (&out, options.keep) {
+            for gone in segments::retain(&active.path, keep, !options.keep_unshipped) {
+                tracing::info!(segment = %gone.display(), "old audit segment removed (--audit-keep)");
+            }
+        }
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
             work: Condvar::new(),
@@ -107,7 +207,7 @@ impl AuditLog {
             let shared = shared.clone();
             std::thread::Builder::new()
                 .name("latchkey-audit".into())
-                .spawn(move || run_writer(&shared, sink))
+                .spawn(move || Writer::new(out, chain, options).run(&shared))
                 .map_err(AuditError::Thread)?
         };
         Ok(Self {
@@ -119,6 +219,25 @@ impl AuditLog {
     /// The metrics every record is counted in.
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.shared.metrics
+    }
+
+    /// Commits a decision record: the receiver answers `true` once it is written (and synced
+    /// with `sync`), `false` when it could not be. Nothing may reach the upstream before then.
+    pub fn commit(&self, mut record: Record) -> tokio::sync::oneshot::Receiver<bool> {
+        record.phase = Phase::Decision;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let mut q = self.shared.lock();
+        if q.writer_gone {
+            drop(q);
+            let _ = tx.send(false);
+            return rx;
+        }
+        // A committing request already waited for room; the headroom covers it.
+        q.records.push(record);
+        q.commits.push(tx);
+        // Always wake the writer: it may be lingering over a batch, and this one is waited on.
+        self.shared.work.notify_one();
+        rx
     }
 
     /// Queues one record; it is written as one line.
@@ -270,94 +389,431 @@ impl Drop for WriterGone<'_> {
         for ack in q.flushes.drain(..) {
             let _ = ack.send(());
         }
+        for commit in q.commits.drain(..) {
+            let _ = commit.send(false);
+        }
         drop(q);
         self.0.room.notify_all();
         self.0.room_async.notify_waiters();
     }
 }
 
-/// The writer thread: waits for a first record, lets a batch gather for [`LINGER`], then
-/// serialises it and appends it in one write; repeats until the log is closed and drained.
-fn run_writer(shared: &Shared, mut sink: Box<dyn Write + Send>) {
-    let _gone = WriterGone(shared);
-    let mut batch: Vec<Record> = Vec::new();
-    let mut acks: Vec<mpsc::Sender<()>> = Vec::new();
-    let mut buf: Vec<u8> = Vec::with_capacity(64 * 1024);
-    loop {
-        {
-            let mut q = shared.lock();
-            while q.records.is_empty() && q.flushes.is_empty() && !q.closing {
-                q = shared.work.wait(q).unwrap_or_else(PoisonError::into_inner);
+/// Where the writer's lines go.
+enum Out {
+    /// The active file of a log on disk: synced, rotated, its old segments removed.
+    File(ActiveFile),
+    /// Standard output or a test's writer: appended to, nothing else.
+    Stream(Box<dyn Write + Send>),
+}
+
+impl Out {
+    /// The chain as the log left it (the active file's last line, else the newest closed
+    /// segment's), ending a torn last line first so the next line starts whole.
+    fn resume(&mut self) -> Chain {
+        let Out::File(active) = self else {
+            return Chain::default();
+        };
+        let from = |path: &Path| match Chain::resume(path) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(file = %path.display(), error = %e, "cannot read the end of the audit log; its chain starts again");
+                None
             }
-            if q.flushes.is_empty() && !q.closing && q.records.len() < shared.capacity / 2 {
-                // Let the batch gather. A flush, closing or a filling queue cuts this short.
-                q = shared
-                    .work
-                    .wait_timeout(q, LINGER)
-                    .map(|(q, _)| q)
-                    .unwrap_or_else(|p| p.into_inner().0);
-            }
-            std::mem::swap(&mut batch, &mut q.records);
-            acks.append(&mut q.flushes);
-            if batch.is_empty() && q.closing {
-                return;
+        };
+        let mut found = from(&active.path);
+        if let Some(r) = found.as_ref().filter(|r| r.torn) {
+            tracing::warn!(file = %active.path.display(), "the audit log ends in a partial line (a write cut short); it is ended and the chain continues from the last whole line");
+            let _ = active.file.write_all(b"\n");
+            active.size += 1;
+            let _ = r;
+        }
+        if found.as_ref().is_none_or(|r| r.chain.is_none()) && active.size == 0 {
+            if let Some(seg) = segments::segments(&active.path)
+                .ok()
+                .and_then(|s| s.last().cloned())
+            {
+                found = from(&seg);
             }
         }
-        shared.room.notify_all();
-        shared.room_async.notify_waiters();
-        write_batch(shared, sink.as_mut(), &mut batch, &mut buf);
-        for ack in acks.drain(..) {
-            let _ = ack.send(());
+        found.and_then(|r| r.chain).unwrap_or_default()
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
+        match self {
+            Out::File(a) => {
+                a.file.write_all(buf)?;
+                a.size += buf.len() as u64;
+                Ok(())
+            }
+            Out::Stream(w) => w.write_all(buf).and_then(|()| w.flush()),
+        }
+    }
+
+    fn sync(&mut self) -> std::io::Result<()> {
+        match self {
+            Out::File(a) => a.file.sync_data(),
+            Out::Stream(_) => Ok(()),
         }
     }
 }
 
-/// Serialises `batch` (emptying it) and appends it to the sink in one write.
-fn write_batch(shared: &Shared, sink: &mut dyn Write, batch: &mut Vec<Record>, buf: &mut Vec<u8>) {
-    for chunk in batch.chunks(BATCH_RECORDS) {
-        buf.clear();
-        let mut lines = 0u64;
-        for record in chunk {
-            let mark = buf.len();
-            match serde_json::to_writer(&mut *buf, record) {
-                Ok(()) => {
-                    buf.push(b'\n');
-                    lines += 1;
-                }
-                Err(e) => {
-                    buf.truncate(mark);
-                    shared.failed.fetch_add(1, Ordering::Relaxed);
-                    tracing::error!(error = %e, audit.id = %record.id, "cannot serialise audit record");
-                }
-            }
+/// The active file: where batches are appended until rotation closes it.
+struct ActiveFile {
+    path: PathBuf,
+    file: File,
+    size: u64,
+    opened: SystemTime,
+    /// `seq` of its first line, once it has one (names the segment it becomes).
+    first_seq: Option<u64>,
+}
+
+impl ActiveFile {
+    fn open(path: &Path) -> Result<Self, AuditError> {
+        let file = segments::open_append(path).map_err(|source| AuditError::Open {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let meta = file.metadata().map_err(|source| AuditError::Open {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let size = meta.len();
+        let opened = if size == 0 {
+            SystemTime::now()
+        } else {
+            meta.created()
+                .or_else(|_| meta.modified())
+                .unwrap_or_else(|_| SystemTime::now())
+        };
+        Ok(Self {
+            path: path.to_path_buf(),
+            file,
+            size,
+            opened,
+            first_seq: segments::first_seq(path),
+        })
+    }
+}
+
+/// The writer thread's state: the sink, the chain, and when the next checkpoint is due.
+struct Writer {
+    out: Out,
+    chain: Chain,
+    options: Options,
+    /// Lines written since the last checkpoint.
+    unsigned: u64,
+    /// When the first of them was written.
+    unsigned_since: Option<Instant>,
+    /// A write failed part-way: the chain is read back from the file before the next one.
+    resync: bool,
+    buf: Vec<u8>,
+    scratch: Vec<u8>,
+}
+
+impl Writer {
+    fn new(out: Out, chain: Chain, options: Options) -> Self {
+        Self {
+            out,
+            chain,
+            options,
+            unsigned: 0,
+            unsigned_since: None,
+            resync: false,
+            buf: Vec::with_capacity(64 * 1024),
+            scratch: Vec::with_capacity(1024),
         }
-        if lines == 0 {
-            continue;
-        }
-        match sink.write_all(buf).and_then(|()| sink.flush()) {
-            Ok(()) => {
-                shared.written.fetch_add(lines, Ordering::Relaxed);
-                if !shared.healthy.swap(true, Ordering::AcqRel) {
-                    tracing::warn!("the audit log is writable again; traffic resumes");
+    }
+
+    /// Waits for a first record, lets a batch gather for [`LINGER`] unless a decision record
+    /// is waiting, then writes it in one write (and one sync); repeats until the log is
+    /// closed and drained, then writes the last checkpoint.
+    fn run(mut self, shared: &Shared) {
+        let _gone = WriterGone(shared);
+        let mut batch: Vec<Record> = Vec::new();
+        let mut acks: Vec<mpsc::Sender<()>> = Vec::new();
+        let mut commits: Vec<tokio::sync::oneshot::Sender<bool>> = Vec::new();
+        loop {
+            let closing;
+            {
+                let mut q = shared.lock();
+                while q.records.is_empty() && q.flushes.is_empty() && !q.closing {
+                    match self.next_deadline() {
+                        Some(due) => {
+                            let wait = due.saturating_duration_since(Instant::now());
+                            if wait.is_zero() {
+                                break;
+                            }
+                            q = shared
+                                .work
+                                .wait_timeout(q, wait)
+                                .map(|(q, _)| q)
+                                .unwrap_or_else(|p| p.into_inner().0);
+                        }
+                        None => q = shared.work.wait(q).unwrap_or_else(PoisonError::into_inner),
+                    }
                 }
+                if q.flushes.is_empty()
+                    && q.commits.is_empty()
+                    && !q.closing
+                    && !q.records.is_empty()
+                    && q.records.len() < shared.capacity / 2
+                {
+                    // Let the batch gather. A commit, a flush, closing or a filling queue cuts
+                    // this short.
+                    q = shared
+                        .work
+                        .wait_timeout(q, LINGER)
+                        .map(|(q, _)| q)
+                        .unwrap_or_else(|p| p.into_inner().0);
+                }
+                std::mem::swap(&mut batch, &mut q.records);
+                acks.append(&mut q.flushes);
+                commits.append(&mut q.commits);
+                closing = q.closing;
             }
-            Err(e) => {
-                shared.failed.fetch_add(lines, Ordering::Relaxed);
-                shared
-                    .metrics
-                    .audit_write_errors
-                    .fetch_add(lines, Ordering::Relaxed);
-                if shared.healthy.swap(false, Ordering::AcqRel) {
-                    tracing::error!(error = %e, records = lines, "cannot write the audit log; refusing traffic until it can be written");
-                } else {
-                    tracing::error!(error = %e, records = lines, "cannot write the audit log");
-                }
+            shared.room.notify_all();
+            shared.room_async.notify_waiters();
+            let ok = self.write_batch(shared, &mut batch);
+            for commit in commits.drain(..) {
+                let _ = commit.send(ok);
+            }
+            self.housekeeping(shared, false);
+            for ack in acks.drain(..) {
+                let _ = ack.send(());
+            }
+            if closing && shared.lock().records.is_empty() {
+                self.housekeeping(shared, true);
+                return;
             }
         }
     }
-    batch.clear();
-    if buf.capacity() > 1 << 20 {
-        buf.shrink_to(64 * 1024);
+
+    /// When the writer must wake with nothing queued: a checkpoint or an age rotation due.
+    fn next_deadline(&self) -> Option<Instant> {
+        let checkpoint = self
+            .unsigned_since
+            .filter(|_| self.options.key.is_some())
+            .map(|t| t + self.options.checkpoint_interval);
+        let rotate = match (&self.out, self.options.rotation.age) {
+            (Out::File(a), Some(age)) if a.size > 0 => {
+                let elapsed = a.opened.elapsed().unwrap_or_default();
+                Some(Instant::now() + age.saturating_sub(elapsed))
+            }
+            _ => None,
+        };
+        match (checkpoint, rotate) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Serialises `batch` (emptying it) and appends it, chained, in one write per
+    /// [`BATCH_RECORDS`]; syncs once at the end when asked. Returns whether all of it is on
+    /// disk (as far as `sync` promises).
+    fn write_batch(&mut self, shared: &Shared, batch: &mut Vec<Record>) -> bool {
+        if self.resync {
+            self.resync = false;
+            self.chain = self.out.resume();
+        }
+        let mut all_ok = true;
+        let mut wrote = false;
+        for chunk in batch.chunks(BATCH_RECORDS) {
+            self.buf.clear();
+            let before = self.chain.clone();
+            let mut lines = 0u64;
+            for record in chunk {
+                self.scratch.clear();
+                let serialised = match self.options.format {
+                    Format::Jsonl => serde_json::to_writer(&mut self.scratch, record),
+                    Format::Ocsf => super::ocsf::write_event(record, &mut self.scratch),
+                };
+                match serialised {
+                    Ok(()) => {
+                        self.chain.append(&self.scratch, &mut self.buf);
+                        lines += 1;
+                    }
+                    Err(e) => {
+                        all_ok = false;
+                        shared.failed.fetch_add(1, Ordering::Relaxed);
+                        tracing::error!(error = %e, audit.id = %record.id, "cannot serialise audit record");
+                    }
+                }
+            }
+            if lines == 0 {
+                continue;
+            }
+            let first = before.seq + 1;
+            let due = self.unsigned + lines >= self.options.checkpoint_every;
+            if due {
+                if let Some(key) = &self.options.key {
+                    let covered = self.unsigned + lines;
+                    self.chain
+                        .checkpoint(key, covered, false, SystemTime::now(), &mut self.buf);
+                }
+            }
+            match self.out.write_all(&self.buf) {
+                Ok(()) => {
+                    wrote = true;
+                    shared.written.fetch_add(lines, Ordering::Relaxed);
+                    if let Out::File(a) = &mut self.out {
+                        a.first_seq.get_or_insert(first);
+                    }
+                    if due && self.options.key.is_some() {
+                        self.unsigned = 0;
+                        self.unsigned_since = None;
+                    } else {
+                        self.unsigned += lines;
+                        self.unsigned_since.get_or_insert_with(Instant::now);
+                    }
+                    if !shared.healthy.swap(true, Ordering::AcqRel) {
+                        tracing::warn!("the audit log is writable again; traffic resumes");
+                    }
+                    for tap in &mut self.options.taps {
+                        tap.written(chunk);
+                    }
+                }
+                Err(e) => {
+                    all_ok = false;
+                    self.chain = before;
+                    // Part of the write may have landed: read the chain back before the next.
+                    self.resync = matches!(self.out, Out::File(_));
+                    self.fail(shared, lines, &e);
+                }
+            }
+        }
+        batch.clear();
+        if self.buf.capacity() > 1 << 20 {
+            self.buf.shrink_to(64 * 1024);
+        }
+        if wrote && self.options.sync {
+            if let Err(e) = self.out.sync() {
+                self.fail(shared, 0, &e);
+                return false;
+            }
+        }
+        all_ok
+    }
+
+    fn fail(&self, shared: &Shared, lines: u64, e: &std::io::Error) {
+        shared.failed.fetch_add(lines, Ordering::Relaxed);
+        shared
+            .metrics
+            .audit_write_errors
+            .fetch_add(lines.max(1), Ordering::Relaxed);
+        if shared.healthy.swap(false, Ordering::AcqRel) {
+            tracing::error!(error = %e, records = lines, "cannot write the audit log; refusing traffic until it can be written");
+        } else {
+            tracing::error!(error = %e, records = lines, "cannot write the audit log");
+        }
+    }
+
+    /// A checkpoint that is due by time (or the last one, at `closing`), and rotation.
+    fn housekeeping(&mut self, shared: &Shared, closing: bool) {
+        let interval_due = self
+            .unsigned_since
+            .is_some_and(|t| t.elapsed() >= self.options.checkpoint_interval);
+        if self.unsigned > 0 && (interval_due || closing) {
+            self.write_checkpoint(shared, closing);
+        } else if closing && self.options.key.is_some() && self.chain.seq > 0 {
+            // A clean stop says so even when the last lines were already signed.
+            self.write_checkpoint(shared, true);
+        }
+        if !closing {
+            self.rotate_if_due(shared);
+        }
+    }
+
+    fn write_checkpoint(&mut self, shared: &Shared, last: bool) {
+        let Some(key) = self.options.key.clone() else {
+            return;
+        };
+        if self.resync {
+            self.resync = false;
+            self.chain = self.out.resume();
+        }
+        let before = self.chain.clone();
+        self.buf.clear();
+        self.chain
+            .checkpoint(&key, self.unsigned, last, SystemTime::now(), &mut self.buf);
+        let written = self.out.write_all(&self.buf).and_then(|()| {
+            if self.options.sync {
+                self.out.sync()
+            } else {
+                Ok(())
+            }
+        });
+        match written {
+            Ok(()) => {
+                self.unsigned = 0;
+                self.unsigned_since = None;
+            }
+            Err(e) => {
+                self.chain = before;
+                self.resync = matches!(self.out, Out::File(_));
+                self.fail(shared, 0, &e);
+            }
+        }
+    }
+
+    /// Closes the active file as a segment when it is big or old enough: a checkpoint ends
+    /// it, it is synced and renamed, a new active file is opened, the taps hear of it, and
+    /// old segments are removed.
+    fn rotate_if_due(&mut self, shared: &Shared) {
+        let Out::File(active) = &self.out else {
+            return;
+        };
+        let rotation = self.options.rotation;
+        let big = rotation.size.is_some_and(|max| active.size >= max);
+        let old = rotation
+            .age
+            .is_some_and(|age| active.opened.elapsed().unwrap_or_default() >= age);
+        if active.size == 0 || !(big || old) {
+            return;
+        }
+        if self.unsigned > 0 {
+            self.write_checkpoint(shared, false);
+        }
+        let Out::File(active) = &mut self.out else {
+            return;
+        };
+        let first = active.first_seq.unwrap_or(self.chain.seq);
+        let segment = segments::segment_path(&active.path, first, SystemTime::now());
+        let renamed = active
+            .file
+            .sync_all()
+            .and_then(|()| std::fs::rename(&active.path, &segment));
+        if let Err(e) = renamed {
+            tracing::error!(file = %active.path.display(), segment = %segment.display(), error = %e, "cannot rotate the audit log; it goes on growing");
+            return;
+        }
+        match segments::open_append(&active.path) {
+            Ok(file) => {
+                active.file = file;
+                active.size = 0;
+                active.opened = SystemTime::now();
+                active.first_seq = None;
+            }
+            Err(e) => {
+                // Lines go on into the renamed file (the handle still points at it) until a
+                // later rotation can open a new one.
+                tracing::error!(file = %active.path.display(), error = %e, "cannot open a new audit file after rotation");
+                return;
+            }
+        }
+        tracing::info!(segment = %segment.display(), "audit log rotated");
+        if let Some(dir) = active.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if let Ok(d) = File::open(dir) {
+                let _ = d.sync_all();
+            }
+        }
+        for tap in &mut self.options.taps {
+            tap.segment_closed(&segment);
+        }
+        if let Some(keep) = self.options.keep {
+            for gone in segments::retain(&active.path, keep, !self.options.keep_unshipped) {
+                tracing::info!(segment = %gone.display(), "old audit segment removed (--audit-keep)");
+            }
+        }
     }
 }
 

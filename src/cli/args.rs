@@ -119,6 +119,64 @@ pub enum Command {
     /// Answer requests waiting for a person, through a running latchkey's admin API: list,
     /// show, approve, deny, and export standing grants as policy rules.
     Approvals(super::approvals::ApprovalsArgs),
+    /// Read and check the audit log: print the signing key, verify the chain and checkpoints,
+    /// query records, summarise them per identity.
+    Audit {
+        #[command(subcommand)]
+        action: AuditAction,
+    },
+}
+
+/// `--audit-format`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuditFormat {
+    Jsonl,
+    Ocsf,
+}
+
+impl From<AuditFormat> for crate::audit::Format {
+    fn from(f: AuditFormat) -> Self {
+        match f {
+            AuditFormat::Jsonl => Self::Jsonl,
+            AuditFormat::Ocsf => Self::Ocsf,
+        }
+    }
+}
+
+#[derive(Subcommand, Debug)]
+pub enum AuditAction {
+    /// Print the public key that signs the audit log's checkpoints (creating the key, 0600,
+    /// if absent), as `ed25519:BASE64` for `audit verify --key`.
+    Key {
+        #[arg(long, env = "LATCHKEY_CA_DIR", default_value = "certs")]
+        ca_dir: PathBuf,
+        /// The key file (default: CA_DIR/latchkey-audit.key).
+        #[arg(long, env = "LATCHKEY_AUDIT_KEY", value_name = "PATH")]
+        audit_key: Option<PathBuf>,
+    },
+    /// Check the hash chain and the signed checkpoints across FILEs (an audit file, its
+    /// rotated segments, or a directory holding them); report the first edited, deleted,
+    /// reordered or truncated record. Exit 0 when intact, 1 when not.
+    Verify {
+        /// Audit files or directories, in any order (they are put in chain order).
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+        /// The public key to trust, `ed25519:BASE64` (default: the local key's public half).
+        #[arg(long, env = "LATCHKEY_AUDIT_VERIFY_KEY", value_name = "KEY")]
+        key: Option<String>,
+        #[arg(long, env = "LATCHKEY_CA_DIR", default_value = "certs")]
+        ca_dir: PathBuf,
+        /// The local key file whose public half is trusted without --key.
+        #[arg(long, env = "LATCHKEY_AUDIT_KEY", value_name = "PATH")]
+        audit_key: Option<PathBuf>,
+        /// Print the report as JSON.
+        #[arg(long, env = "LATCHKEY_AUDIT_VERIFY_JSON")]
+        json: bool,
+    },
+    /// Print the records that match every filter given, as JSON lines or a table.
+    Query(super::audit_query::QueryArgs),
+    /// Per identity: hosts reached, denials by reason, secrets used, bytes up and down.
+    Summary(super::audit_query::SummaryArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -194,9 +252,65 @@ pub struct ServeArgs {
     /// Directory holding latchkey's CA; created with a new CA if absent.
     #[arg(long, env = "LATCHKEY_CA_DIR", default_value = "certs")]
     pub ca_dir: PathBuf,
-    /// Audit log (JSON lines, appended); `-` for stdout.
+    /// Audit log (JSON lines, appended, hash-chained); `-` for stdout.
     #[arg(long, env = "LATCHKEY_AUDIT", default_value = "audit.jsonl")]
     pub audit: PathBuf,
+    /// `fdatasync` the audit log once per group of records, so a decision record survives a
+    /// power loss, not only a crash, before its upstream is dialed.
+    #[arg(long, env = "LATCHKEY_AUDIT_SYNC")]
+    pub audit_sync: bool,
+    /// Close the audit file and start a new one at a size, an age or both: `100MiB`, `1h`,
+    /// `100MiB,1h`. Closed segments are named audit-<first seq>-<UTC time>.jsonl.
+    #[arg(long, env = "LATCHKEY_AUDIT_ROTATE", value_name = "SIZE|AGE", value_parser = crate::audit::segments::Rotation::parse)]
+    pub audit_rotate: Option<crate::audit::segments::Rotation>,
+    /// Remove closed audit segments older than this (`30d`); while shipping is on, only those
+    /// already shipped.
+    #[arg(long, env = "LATCHKEY_AUDIT_KEEP", value_name = "AGE", value_parser = humantime::parse_duration)]
+    pub audit_keep: Option<Duration>,
+    /// `jsonl` (latchkey's record) or `ocsf` (OCSF 1.x HTTP Activity 4002, Network Activity
+    /// 4001 for refused connections).
+    #[arg(
+        long,
+        env = "LATCHKEY_AUDIT_FORMAT",
+        value_enum,
+        default_value = "jsonl"
+    )]
+    pub audit_format: AuditFormat,
+    /// The Ed25519 key that signs the audit log's checkpoints (created 0600 if absent;
+    /// default: CA_DIR/latchkey-audit.key). `latchkey audit key` prints its public half.
+    #[arg(long, env = "LATCHKEY_AUDIT_KEY", value_name = "PATH")]
+    pub audit_key: Option<PathBuf>,
+    /// Write a signed checkpoint after this many audit lines...
+    #[arg(long, env = "LATCHKEY_AUDIT_CHECKPOINT_EVERY", value_name = "N", default_value_t = crate::audit::CHECKPOINT_EVERY, value_parser = clap::value_parser!(u64).range(1..))]
+    pub audit_checkpoint_every: u64,
+    /// ...or this long after the first line no checkpoint covers yet.
+    #[arg(long, env = "LATCHKEY_AUDIT_CHECKPOINT_INTERVAL", value_name = "AGE", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub audit_checkpoint_interval: Duration,
+    /// Ship closed audit segments to S3-compatible storage, `s3://BUCKET/PREFIX`, signed with
+    /// SigV4 (credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
+    /// AWS_SESSION_TOKEN), through the guarded dialer; unshipped segments wait on disk.
+    #[arg(long, env = "LATCHKEY_AUDIT_SHIP", value_name = "URL")]
+    pub audit_ship: Option<String>,
+    /// The S3 endpoint for --audit-ship (default: https://s3.REGION.amazonaws.com), e.g. a
+    /// MinIO or other S3-compatible store.
+    #[arg(long, env = "LATCHKEY_AUDIT_SHIP_ENDPOINT", value_name = "URL")]
+    pub audit_ship_endpoint: Option<String>,
+    /// The region --audit-ship signs for.
+    #[arg(long, env = "LATCHKEY_AUDIT_SHIP_REGION", default_value = "us-east-1")]
+    pub audit_ship_region: String,
+    /// Export one OpenTelemetry span per request over OTLP/HTTP to this collector URL
+    /// (e.g. http://127.0.0.1:4318), and propagate W3C trace context upstream.
+    #[arg(long, env = "LATCHKEY_OTLP", value_name = "URL")]
+    pub otlp: Option<String>,
+    /// The request header that names the sandbox's session (recorded as `session`, stripped
+    /// before forwarding unless a rule keeps it).
+    #[arg(
+        long,
+        env = "LATCHKEY_SESSION_HEADER",
+        value_name = "NAME",
+        default_value = "x-latchkey-session"
+    )]
+    pub session_header: String,
     /// Extra PEM bundle trusted for upstream TLS, besides the webpki roots.
     #[arg(long, env = "LATCHKEY_UPSTREAM_CA")]
     pub upstream_ca: Option<PathBuf>,

@@ -9,6 +9,8 @@
 
 pub mod approvals;
 pub mod args;
+pub mod audit;
+pub mod audit_query;
 pub mod ca;
 pub mod demo;
 pub mod env;
@@ -17,4 +19,4 @@ pub mod policy;
 pub mod serve;
 pub mod trust;
 
-pub use args::{CaAction, Cli, Command, GatewaySetupArgs, Mode, ServeArgs};
+pub use args::{AuditAction, CaAction, Cli, Command, GatewaySetupArgs, Mode, ServeArgs};

@@ -184,7 +184,7 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
     if outcome == InitOutcome::Created {
         tracing::info!(path = %ca.cert_path().display(), "created a new CA; sandboxes must trust it (latchkey env)");
     }
-    let audit = crate::audit::AuditLog::open(&args.audit)?;
+    let audit = crate::audit::AuditLog::open_with(&args.audit, audit_options(args)?)?;
     let rules = policy.rules().len();
     let digest = policy.digest().to_string();
     let proxy = Proxy::new(ProxyConfig {
@@ -224,6 +224,31 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
         state: args.state.clone(),
         state_dir: state_dir(&args.audit),
         approval_url: args.approval_url.clone(),
+    })
+}
+
+/// The audit log's options from the flags: the signing key (created beside the CA when
+/// absent), group-commit durability, checkpoints, rotation, retention and format.
+fn audit_options(args: &ServeArgs) -> anyhow::Result<crate::audit::Options> {
+    use crate::audit::key::{KeyOutcome, SigningKey, KEY_FILE};
+    let key_path = args
+        .audit_key
+        .clone()
+        .unwrap_or_else(|| args.ca_dir.join(KEY_FILE));
+    let (key, outcome) = SigningKey::load_or_create(&key_path)?;
+    if outcome == KeyOutcome::Created {
+        tracing::info!(path = %key_path.display(), public = %key.public(), "created the audit signing key; `latchkey audit key` prints its public half for `audit verify --key`");
+    }
+    Ok(crate::audit::Options {
+        sync: args.audit_sync,
+        rotation: args.audit_rotate.unwrap_or_default(),
+        keep: args.audit_keep,
+        keep_unshipped: args.audit_ship.is_some(),
+        format: args.audit_format.into(),
+        key: Some(std::sync::Arc::new(key)),
+        checkpoint_every: args.audit_checkpoint_every,
+        checkpoint_interval: args.audit_checkpoint_interval,
+        taps: Vec::new(),
     })
 }
 

@@ -172,6 +172,11 @@ pub(crate) async fn decide_authority(
             tunnel_limits(proxy, ctx, policy, identity, rule, &host, entry)
                 .await
                 .map_err(|r| r.under(&rule.name))?;
+            // The decision is on disk before the dial; the tunnel's outcome record follows.
+            entry.outcome(Reason::Tunnel, Some(&rule.name), None);
+            pipeline::commit_decision(entry)
+                .await
+                .map_err(|r| r.under(&rule.name))?;
             // Dial first, so an unreachable upstream is a 502 the client can see.
             let dialed = proxy
                 .dialer

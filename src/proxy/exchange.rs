@@ -66,6 +66,14 @@ impl Exchanger<'_> {
             r.path = Some(uri.path().to_string());
             r.rule = Some(rule.clone());
         });
+        // The exchange's decision is on disk before its token endpoint is dialed.
+        entry.outcome(Reason::Allowed, Some(&rule), None);
+        if !entry.commit_decision().await {
+            entry.outcome(Reason::AuditUnavailable, Some(&rule), None);
+            return Err(TransportError(
+                "the audit log cannot be written; the token exchange was not sent".into(),
+            ));
+        }
         let transport = TokenClient::new(proxy.client.clone(), proxy.response_timeout);
         let sent = match transport.send(uri, ex).await {
             Ok(sent) => sent,

@@ -47,6 +47,20 @@ pub(crate) fn audit_healthy(proxy: &Proxy) -> Result<(), Refusal> {
     }
 }
 
+/// Commits the request's decision record to the audit log and waits until it is on disk: the
+/// last step before any upstream is dialed (README "Audit": no upstream contact without a
+/// record).
+///
+/// Guarantees: on `Ok`, a reader of the log finds this request's decision even if latchkey is
+/// killed the next instant; on `Err` (`audit_unavailable`) nothing was sent.
+pub(crate) async fn commit_decision(entry: &mut Entry) -> Result<(), Refusal> {
+    if entry.commit_decision().await {
+        Ok(())
+    } else {
+        Err(Refusal::new(Reason::AuditUnavailable, AUDIT_DOWN))
+    }
+}
+
 /// Refuses framing two parsers could read differently (`ambiguous_framing`): on the headers
 /// hyper parsed ([`parsed_framing`]), then on HTTP/1 on the raw head as sent ([`raw_framing`]).
 ///

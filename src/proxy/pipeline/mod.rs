@@ -5,16 +5,17 @@
 //! the gateway listeners (transparent, DNS-routed, SOCKS5).
 //!
 //! ```text
-//! admit ─▶ identify ─▶ decide ─▶ (ask) ─▶ limits ─▶ broker ─▶ send ─▶ respond ─▶ record
-//!   │          │          │        │         │         │        │        │
-//!   └──────────┴──────────┴────────┴─────────┴─────────┴────────┴────────┴──▶ refuse (drain, answer, record)
+//! admit ─▶ identify ─▶ decide ─▶ (ask) ─▶ limits ─▶ broker ─▶ commit ─▶ send ─▶ respond ─▶ record
+//!   │          │          │        │         │         │         │        │        │
+//!   └──────────┴──────────┴────────┴─────────┴─────────┴─────────┴────────┴────────┴──▶ refuse (drain, answer, record)
 //! ```
 //!
 //! Each phase is a function whose doc comment says what it may assume and what it guarantees;
 //! each returns `Result<_, Refusal>`, and `?` carries a refusal to [`refuse`], the one place
 //! that drains the request body, answers and records. The phases live in [`admit`], [`decide`],
 //! [`ask`] (only for a request that needs a person), [`limits`] (reserve against `[limits]`
-//! before anything is sent; settled when the response ends) and [`outgoing`] (broker, send); respond
+//! before anything is sent; settled when the response ends) and [`outgoing`] (broker, send);
+//! commit (the decision record on disk before any dial) is [`admit::commit_decision`]; respond
 //! (over [`super::response`]) and record are here. This module composes them and decides
 //! nothing itself.
 
@@ -42,7 +43,9 @@ use crate::policy::{Policy, Scheme, Target};
 use crate::reason::{Reason, Refusal};
 use crate::upstream::{Body, UpstreamAddr};
 
-pub(crate) use admit::{audit_healthy, header_block_fits, host_clean, parsed_framing, raw_framing};
+pub(crate) use admit::{
+    audit_healthy, commit_decision, header_block_fits, host_clean, parsed_framing, raw_framing,
+};
 pub(crate) use decide::identity;
 pub(crate) use limits::{record_admitted, record_refused};
 
@@ -223,6 +226,10 @@ async fn phases(
             .request
             .map(|b| limits::limit_upload(b, upload, refused));
     }
+
+    // commit: the decision is on disk before the upstream is dialed; its outcome follows.
+    verdict.record_outcome(entry, Reason::Allowed, None);
+    admit::commit_decision(entry).await?;
 
     // send: provisionally an upstream error, so a request cut short (shutdown, the client
     // leaving) is recorded as allowed by policy and not completed.

@@ -143,6 +143,76 @@ fn nullable_target_fields(reason: &str) -> &'static [&'static str] {
     }
 }
 
+/// The whole lines of an audit file, parsed, with the hash chain checked: every line has
+/// `seq` (one more than the line before) and `prev` (the SHA-256 hex of the line before; 64
+/// zeros for seq 1); a checkpoint line has `checkpoint` {ts, records, last, key, sig}; every
+/// other line is a record with `phase` (`decision` or `outcome`) that passes [`check_record`].
+/// A partial last line (being written) is left out.
+pub fn chained_lines(text: &str) -> Result<Vec<Value>, String> {
+    let whole = match text.rfind('\n') {
+        Some(end) => &text[..end],
+        None => "",
+    };
+    let mut out = Vec::new();
+    let mut prev: Option<(u64, String)> = None;
+    for (i, line) in whole.lines().enumerate() {
+        let n = i + 1;
+        let v: Value = serde_json::from_str(line)
+            .map_err(|e| format!("line {n} is not JSON ({e}): {line}"))?;
+        let seq = v["seq"]
+            .as_u64()
+            .ok_or_else(|| format!("line {n} has no seq: {line}"))?;
+        let link = v["prev"]
+            .as_str()
+            .ok_or_else(|| format!("line {n} has no prev: {line}"))?;
+        match &prev {
+            None if seq == 1 && link != "0".repeat(64) => {
+                return Err(format!(
+                    "line {n}: seq 1 does not start at the genesis hash"
+                ))
+            }
+            None => {}
+            Some((pseq, phash)) => {
+                if seq != pseq + 1 {
+                    return Err(format!("line {n}: seq {seq} follows seq {pseq}"));
+                }
+                if link != phash {
+                    return Err(format!("line {n}: prev is not the hash of line {}", n - 1));
+                }
+            }
+        }
+        prev = Some((seq, sha256_hex(line.as_bytes())));
+        if let Some(cp) = v.get("checkpoint") {
+            for field in ["ts", "key", "sig"] {
+                if !cp[field].is_string() {
+                    return Err(format!("line {n}: checkpoint.{field} is not a string"));
+                }
+            }
+            if !cp["records"].is_u64() || !cp["last"].is_boolean() {
+                return Err(format!(
+                    "line {n}: checkpoint records/last malformed: {line}"
+                ));
+            }
+        } else {
+            match v["phase"].as_str() {
+                Some("decision" | "outcome") => {}
+                other => return Err(format!("line {n}: phase is {other:?}: {line}")),
+            }
+            check_record(&v).map_err(|p| format!("line {n}: {p}\nrecord: {line}"))?;
+        }
+        out.push(v);
+    }
+    Ok(out)
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, bytes)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// Checks one audit record against the schema; `Err` names the first problem.
 pub fn check_record(record: &Value) -> Result<(), String> {
     let obj = record

@@ -399,28 +399,34 @@ impl Latchkey {
         }
     }
 
-    /// The whole audit lines written so far, each parsed and checked against the record schema.
-    pub fn audit_records(&self) -> Vec<Value> {
+    /// Every whole audit line written so far (records of both phases and checkpoints), each
+    /// parsed, its hash-chain link checked, and records checked against the schema.
+    pub fn audit_lines(&self) -> Vec<Value> {
         let path = self.dir.path().join("audit.jsonl");
         let text = std::fs::read_to_string(&path).unwrap_or_default();
-        let whole = match text.rfind('\n') {
-            Some(end) => &text[..end],
-            None => "",
-        };
-        whole
-            .lines()
-            .map(|line| {
-                let record: Value = serde_json::from_str(line).unwrap_or_else(|e| {
-                    panic!(
-                        "audit line is not JSON ({e}): {line}\nstderr:\n{}",
-                        self.stderr_text()
-                    )
-                });
-                if let Err(problem) = check_record(&record) {
-                    panic!("audit record breaks the schema: {problem}\nrecord: {record}");
-                }
-                record
-            })
+        super::audit::chained_lines(&text).unwrap_or_else(|problem| {
+            panic!(
+                "the audit log breaks its schema or chain: {problem}\nstderr:\n{}",
+                self.stderr_text()
+            )
+        })
+    }
+
+    /// The request records written so far: one per request (its `outcome`), in order.
+    /// Decision records (written before the upstream is dialed) and checkpoints are left out;
+    /// [`Self::decision_records`] and [`Self::audit_lines`] have them.
+    pub fn audit_records(&self) -> Vec<Value> {
+        self.audit_lines()
+            .into_iter()
+            .filter(|l| l["phase"] == "outcome")
+            .collect()
+    }
+
+    /// The decision records written so far.
+    pub fn decision_records(&self) -> Vec<Value> {
+        self.audit_lines()
+            .into_iter()
+            .filter(|l| l["phase"] == "decision")
             .collect()
     }
 
