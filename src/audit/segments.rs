@@ -27,9 +27,7 @@ impl Rotation {
             if part.is_empty() {
                 return Err(format!("`{text}`: an empty part"));
             }
-            if part.starts_with(|c: char| c.is_ascii_digit())
-                && part.ends_with(|c: char| c == 'B' || c == 'b')
-            {
+            if part.starts_with(|c: char| c.is_ascii_digit()) && part.ends_with(['B', 'b']) {
                 let bytes = parse_size(part)?;
                 if bytes == 0 {
                     return Err(format!("`{part}`: a rotation size must be more than 0"));
