@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use tempfile::TempDir;
 
-use super::audit::check_record;
 use super::ca::TestCa;
 use super::toolchain;
 
