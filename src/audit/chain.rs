@@ -109,8 +109,10 @@ impl Chain {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(e),
         };
-        let len = file.metadata()?.len();
-        if len == 0 {
+        let meta = file.metadata()?;
+        let len = meta.len();
+        // Only a regular file has an end to read back from (not /dev/full, a FIFO).
+        if len == 0 || !meta.is_file() {
             return Ok(None);
         }
         // Read back from the end until the last whole line is in view (records are small;

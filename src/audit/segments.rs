@@ -143,10 +143,17 @@ pub fn first_seq(path: &Path) -> Option<u64> {
     struct Seq {
         seq: u64,
     }
+    use std::io::Read;
+    // Regular files only (not /dev/full, a FIFO), and only a line's worth of it.
     let file = File::open(path).ok()?;
-    let mut line = String::new();
-    BufReader::new(file).read_line(&mut line).ok()?;
-    serde_json::from_str::<Seq>(line.trim_end())
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut line = Vec::new();
+    BufReader::new(file.take(1 << 20))
+        .read_until(b'\n', &mut line)
+        .ok()?;
+    serde_json::from_slice::<Seq>(line.trim_ascii_end())
         .ok()
         .map(|s| s.seq)
 }

@@ -1,6 +1,7 @@
 //! The audit sink: records are written off the request path by one writer thread, none is lost
 //! on a graceful stop, and when the log cannot be written latchkey fails closed — it refuses
-//! traffic (`503 audit_unavailable`) and says so at `/readyz`, `/status` and `/metrics`.
+//! traffic (`503 audit_unavailable`, the first request included: its decision record cannot be
+//! committed, so it is never dialed) and says so at `/readyz`, `/status` and `/metrics`.
 
 use std::path::Path;
 use std::time::Duration;
@@ -41,9 +42,11 @@ fn a_full_disk_under_the_audit_log_makes_latchkey_refuse_traffic_and_say_so() {
     let lk = serve(&upstream, Some(Path::new("/dev/full")));
     assert_eq!(admin_get(&lk, "/readyz").status, 200);
 
-    // The first request is let through (the log was healthy); its record cannot be written.
+    // The first request is refused too: its decision record must be on disk before the
+    // upstream is dialed, and it cannot be written.
     let first = get(&lk, port, "/first");
-    assert_eq!(first.status, 200, "{first:#?}");
+    assert_eq!(first.status, 503, "{first:#?}");
+    assert_eq!(first.header("x-latchkey-reason"), Some("audit_unavailable"));
     assert!(
         lk.wait_stderr_contains("cannot write the audit log", Duration::from_secs(5)),
         "no error about the audit log:\n{}",
@@ -66,10 +69,9 @@ fn a_full_disk_under_the_audit_log_makes_latchkey_refuse_traffic_and_say_so() {
         Some("audit_unavailable")
     );
     let seen: Vec<String> = upstream.received().iter().map(|r| r.path.clone()).collect();
-    assert_eq!(
-        seen,
-        ["/first"],
-        "a request reached the upstream unrecorded"
+    assert!(
+        seen.is_empty(),
+        "a request reached the upstream unrecorded: {seen:?}"
     );
 
     // The operator's view: not ready, unhealthy audit, counted errors.
@@ -86,7 +88,7 @@ fn a_full_disk_under_the_audit_log_makes_latchkey_refuse_traffic_and_say_so() {
         m.value(
             "latchkey_requests_total",
             &[("decision", "deny"), ("reason", "audit_unavailable")]
-        ) >= 2.0
+        ) >= 3.0
     );
 }
 

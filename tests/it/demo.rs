@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use crate::support::assert_record;
+use crate::support::audit::chained_lines;
 use crate::support::latchkey::{wait_with_timeout, BIN, SCRUBBED_ENV};
-use crate::support::{assert_record, check_record};
 
 const MARKER: &str = "[REDACTED:demo_token]";
 
@@ -49,20 +50,13 @@ fn demo_secret(dir: &Path) -> String {
     secret
 }
 
-/// Every whole audit line written so far, each schema-checked.
+/// The request records (outcomes) written so far; every line's chain link and schema checked.
 fn audit_records(dir: &Path) -> Vec<Value> {
     let text = std::fs::read_to_string(dir.join("audit.jsonl")).unwrap_or_default();
-    let whole = text.rfind('\n').map_or("", |end| &text[..end]);
-    whole
-        .lines()
-        .map(|line| {
-            let record: Value = serde_json::from_str(line)
-                .unwrap_or_else(|e| panic!("audit line is not JSON ({e}): {line}"));
-            if let Err(problem) = check_record(&record) {
-                panic!("audit record breaks the schema: {problem}\nrecord: {record}");
-            }
-            record
-        })
+    chained_lines(&text)
+        .unwrap_or_else(|problem| panic!("the demo's audit log: {problem}"))
+        .into_iter()
+        .filter(|l| l["phase"] == "outcome")
         .collect()
 }
 

@@ -115,7 +115,7 @@ pub(super) async fn self_check(
     match audit_lines(ws, files.audit_offset, &ids).await {
         Ok(lines) => {
             say(&format!(
-                "Audit records ({}), one per request; secrets appear by name only:\n",
+                "Audit records ({}), each request's outcome (its decision record came before the upstream\n  was dialed); secrets appear by name only:\n",
                 ws.path(AUDIT_FILE).display()
             ));
             for line in &lines {
@@ -316,8 +316,10 @@ pub(super) async fn audit_lines(
             .filter_map(|id| {
                 text.lines()
                     .find(|l| {
-                        serde_json::from_str::<Value>(l)
-                            .is_ok_and(|v| v["id"].as_str() == Some(id.as_str()))
+                        // The outcome record: a request's decision record comes first.
+                        serde_json::from_str::<Value>(l).is_ok_and(|v| {
+                            v["id"].as_str() == Some(id.as_str()) && v["phase"] == "outcome"
+                        })
                     })
                     .map(str::to_string)
             })
