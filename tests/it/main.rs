@@ -16,6 +16,7 @@ mod approvals_restart;
 mod audit_crash;
 mod audit_schema;
 mod audit_sink;
+mod audit_verify;
 mod bad_input;
 mod ca_and_env;
 mod connect_gate;

@@ -1,0 +1,308 @@
+//! Tamper evidence end to end: a real latchkey writes a rotated, checkpointed log;
+//! `latchkey audit verify` passes it untouched and names the first edited, deleted, reordered
+//! or truncated record; `latchkey audit key` prints the key the checkpoints are signed with;
+//! rotation by age and retention by `--audit-keep` (README "Audit").
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::support::clients::{dial, read_response};
+use crate::support::{latchkey, run_cli, CliOutput, Latchkey, Upstream};
+
+struct Run {
+    lk: Latchkey,
+    up: Upstream,
+    dir: tempfile::TempDir,
+}
+
+impl Run {
+    fn start(args: &[&str]) -> Self {
+        let up = Upstream::http();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut b = latchkey()
+            .pin("api.test")
+            .audit_to(&dir.path().join("audit.jsonl"))
+            .policy(
+                "main.toml",
+                &format!(
+                    "[[rules]]\nname = \"api\"\nhosts = [\"api.test\"]\nports = [{}]\n",
+                    up.port()
+                ),
+            );
+        for a in args {
+            b = b.arg(a);
+        }
+        Self {
+            lk: b.run(),
+            up,
+            dir,
+        }
+    }
+
+    fn get(&self, path: &str) -> u16 {
+        let port = self.up.port();
+        let mut tcp = dial(self.lk.addr());
+        let req = format!(
+            "GET http://api.test:{port}{path} HTTP/1.1\r\nHost: api.test:{port}\r\nConnection: close\r\n\r\n"
+        );
+        tcp.write_all(req.as_bytes()).expect("send");
+        read_response(&mut tcp, false).expect("response").status
+    }
+
+    fn stop(&mut self) {
+        self.lk.signal("TERM");
+        let exit = self.lk.wait_exit(Duration::from_secs(15)).expect("exits");
+        assert!(exit.success(), "{}", self.lk.stderr_text());
+    }
+
+    fn audit_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The closed segments, oldest first.
+    fn segments(&self) -> Vec<PathBuf> {
+        let mut s: Vec<PathBuf> = std::fs::read_dir(self.dir.path())
+            .expect("dir")
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("audit-") && n.ends_with(".jsonl"))
+            })
+            .collect();
+        s.sort();
+        s
+    }
+
+    fn verify(&self, extra: &[&str]) -> CliOutput {
+        let ca = self.lk.ca_dir();
+        let mut args: Vec<String> = vec![
+            "audit".into(),
+            "verify".into(),
+            "--ca-dir".into(),
+            ca.display().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        if !extra.iter().any(|a| a.starts_with('/')) {
+            args.push(self.audit_dir().display().to_string());
+        }
+        run_cli(args)
+    }
+}
+
+fn lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .expect("read")
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+fn put(path: &Path, lines: &[String]) {
+    std::fs::write(path, format!("{}\n", lines.join("\n"))).expect("write");
+}
+
+/// A rotated log of 60 requests, stopped cleanly.
+fn rotated() -> Run {
+    let mut run = Run::start(&["--audit-rotate", "4KiB", "--audit-checkpoint-every", "5"]);
+    for i in 0..60 {
+        assert_eq!(run.get(&format!("/r/{i}")), 200);
+    }
+    run.stop();
+    run
+}
+
+#[test]
+fn an_untouched_rotated_log_verifies_and_its_checkpoints_carry_the_printed_key() {
+    let run = rotated();
+    let segs = run.segments();
+    assert!(segs.len() >= 3, "{segs:?}");
+    let out = run.verify(&[]);
+    assert_eq!(out.code(), Some(0), "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.starts_with("intact: "), "{}", out.stdout);
+    assert!(
+        out.stdout
+            .contains("ends with the checkpoint of a clean stop"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains(&format!("in {} files", segs.len() + 1)),
+        "{}",
+        out.stdout
+    );
+
+    let key = run_cli([
+        "audit".to_string(),
+        "key".to_string(),
+        "--ca-dir".to_string(),
+        run.lk.ca_dir().display().to_string(),
+    ]);
+    assert_eq!(key.code(), Some(0), "{}", key.stderr);
+    let printed = key.stdout.trim().to_string();
+    assert!(printed.starts_with("ed25519:"), "{printed}");
+    let mut checkpoints = 0;
+    for seg in segs.iter().chain([&run.audit_dir().join("audit.jsonl")]) {
+        for l in lines(seg) {
+            let v: Value = serde_json::from_str(&l).expect("json");
+            if let Some(cp) = v.get("checkpoint") {
+                assert_eq!(cp["key"], printed.as_str());
+                checkpoints += 1;
+            }
+        }
+        // Every closed segment ends with a checkpoint: rotation signs what it closes.
+        if seg != &run.audit_dir().join("audit.jsonl") {
+            let last = lines(seg).pop().expect("a line");
+            assert!(last.contains("\"checkpoint\""), "{seg:?}: {last}");
+        }
+    }
+    assert!(checkpoints >= 12, "{checkpoints}");
+    // The public key given explicitly, as a reviewer on another machine would.
+    let out = run.verify(&["--key", &printed]);
+    assert_eq!(out.code(), Some(0), "{}", out.stdout);
+}
+
+#[test]
+fn verify_names_an_edited_record_in_a_rotated_segment() {
+    let run = rotated();
+    let seg = run.segments()[1].clone();
+    let mut l = lines(&seg);
+    let i = l
+        .iter()
+        .position(|x| x.contains("\"phase\":\"outcome\""))
+        .expect("a record");
+    l[i] = l[i].replace("\"status\":200", "\"status\":201");
+    put(&seg, &l);
+    let out = run.verify(&[]);
+    assert_eq!(out.code(), Some(1), "{}", out.stdout);
+    assert!(out.stdout.starts_with("TAMPERED"), "{}", out.stdout);
+    let name = seg.file_name().and_then(|n| n.to_str()).expect("name");
+    assert!(
+        out.stdout
+            .contains(&format!("{name}:{}) was edited", i + 1)),
+        "{}",
+        out.stdout
+    );
+}
+
+#[test]
+fn verify_names_a_deleted_segment_reordered_lines_and_a_truncated_end() {
+    let run = rotated();
+    let segs = run.segments();
+
+    // Reordered: two lines of a segment swapped.
+    let mut l = lines(&segs[0]);
+    l.swap(2, 3);
+    put(&segs[0], &l);
+    let out = run.verify(&[]);
+    assert_eq!(out.code(), Some(1), "{}", out.stdout);
+    assert!(out.stdout.contains("reordered"), "{}", out.stdout);
+    l.swap(2, 3);
+    put(&segs[0], &l);
+    assert_eq!(run.verify(&[]).code(), Some(0));
+
+    // Deleted: a whole segment gone from the middle.
+    let gone = segs[1].clone();
+    let saved = std::fs::read(&gone).expect("read");
+    std::fs::remove_file(&gone).expect("rm");
+    let out = run.verify(&[]);
+    assert_eq!(out.code(), Some(1), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("missing") && out.stdout.contains("deleted"),
+        "{}",
+        out.stdout
+    );
+    std::fs::write(&gone, saved).expect("restore");
+
+    // Truncated mid-line, then at a line after the last checkpoint.
+    let active = run.audit_dir().join("audit.jsonl");
+    let text = std::fs::read_to_string(&active).expect("read");
+    std::fs::write(&active, &text[..text.len() - 10]).expect("cut");
+    let out = run.verify(&[]);
+    assert_eq!(out.code(), Some(1), "{}", out.stdout);
+    assert!(out.stdout.contains("partial line"), "{}", out.stdout);
+    let mut l: Vec<String> = text.lines().map(str::to_string).collect();
+    while l.last().is_some_and(|x| x.contains("\"checkpoint\"")) {
+        l.pop();
+    }
+    put(&active, &l);
+    let out = run.verify(&[]);
+    assert_eq!(out.code(), Some(0), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("held by the chain only"),
+        "{}",
+        out.stdout
+    );
+    assert!(!out.stdout.contains("clean stop"), "{}", out.stdout);
+}
+
+#[test]
+fn verify_trusts_only_the_key_it_is_given_and_says_which_key_is_missing() {
+    let run = rotated();
+    let other = tempfile::tempdir().expect("tempdir");
+    let made = run_cli([
+        "audit".to_string(),
+        "key".to_string(),
+        "--ca-dir".to_string(),
+        other.path().display().to_string(),
+    ]);
+    let wrong = made.stdout.trim().to_string();
+    let out = run.verify(&["--key", &wrong]);
+    assert_eq!(out.code(), Some(1), "{}", out.stdout);
+    assert!(out.stdout.contains("not the trusted"), "{}", out.stdout);
+
+    let out = run_cli([
+        "audit".to_string(),
+        "verify".to_string(),
+        "--ca-dir".to_string(),
+        "/nonexistent-latchkey-ca".to_string(),
+        run.audit_dir().display().to_string(),
+    ]);
+    assert_eq!(out.code(), Some(1), "{}", out.stdout);
+    assert!(
+        out.stderr.contains("--key ed25519:") && out.stderr.contains("latchkey-audit.key"),
+        "{}",
+        out.stderr
+    );
+    let out = run.verify(&["--key", "ed25519:short"]);
+    assert_eq!(out.code(), Some(1));
+    assert!(
+        out.stderr.contains("is not an audit public key"),
+        "{}",
+        out.stderr
+    );
+}
+
+#[test]
+fn the_log_rotates_by_age_and_old_segments_are_removed_after_their_keep() {
+    let mut run = Run::start(&["--audit-rotate", "1s", "--audit-keep", "2s"]);
+    for i in 0..8 {
+        assert_eq!(run.get(&format!("/a/{i}")), 200);
+        std::thread::sleep(Duration::from_millis(700));
+    }
+    let segs = run.segments();
+    assert!(segs.len() >= 2, "{segs:?}");
+    // Segments older than 2 s have gone; the chain still verifies from where it starts.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(run.get("/after"), 200);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(run.get("/after2"), 200);
+    run.stop();
+    let left = run.segments();
+    assert!(
+        !left.contains(&segs[0]),
+        "{:?} outlived --audit-keep: {left:?}",
+        segs[0]
+    );
+    let out = run.verify(&[]);
+    assert_eq!(out.code(), Some(0), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("note: the chain starts at seq"),
+        "{}",
+        out.stdout
+    );
+}
