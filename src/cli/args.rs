@@ -162,7 +162,7 @@ pub enum AuditAction {
         #[arg(required = true)]
         files: Vec<PathBuf>,
         /// The public key to trust, `ed25519:BASE64` (default: the local key's public half).
-        #[arg(long, env = "LATCHKEY_AUDIT_VERIFY_KEY", value_name = "KEY")]
+        #[arg(long, env = "LATCHKEY_VERIFY_KEY", value_name = "KEY")]
         key: Option<String>,
         #[arg(long, env = "LATCHKEY_CA_DIR", default_value = "certs")]
         ca_dir: PathBuf,
@@ -170,7 +170,7 @@ pub enum AuditAction {
         #[arg(long, env = "LATCHKEY_AUDIT_KEY", value_name = "PATH")]
         audit_key: Option<PathBuf>,
         /// Print the report as JSON.
-        #[arg(long, env = "LATCHKEY_AUDIT_VERIFY_JSON")]
+        #[arg(long, env = "LATCHKEY_VERIFY_JSON")]
         json: bool,
     },
     /// Print the records that match every filter given, as JSON lines or a table.

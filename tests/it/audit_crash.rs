@@ -98,9 +98,9 @@ fn killed_under_load(extra: &[&str]) {
     let text = lk.audit_text();
     assert!(text.ends_with('\n'), "a torn last line after kill -9");
     let lines = chained_lines(&text).unwrap_or_else(|p| panic!("after kill -9: {p}"));
-    let decided: BTreeSet<String> = lines
+    let decided: BTreeSet<String> = lk
+        .decision_records()
         .iter()
-        .filter(|l| l["phase"] == "decision")
         .filter_map(|l| l["path"].as_str().map(str::to_string))
         .collect();
     let missing: Vec<&String> = upstream_saw.difference(&decided).collect();
