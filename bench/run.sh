@@ -15,7 +15,8 @@
 #            --profile (perf record latchkey-1w's measured runs; reports in bench/out/profile-sN.txt)
 #            --baseline PATH (a second latchkey binary, e.g. the commit before a change, run as peer
 #                             `latchkey-base` with `--workers 1` in the same passes: before/after side by side)
-#   env:     LATCHKEY=PATH (binary to measure), BENCH_AUDIT=PATH (latchkey's --audit, e.g. /dev/null)
+#   env:     LATCHKEY=PATH (binary to measure), BENCH_AUDIT=PATH (latchkey's --audit, e.g. /dev/null),
+#            LK_ARGS="..." (extra serve flags for the build under test only, e.g. --audit-sync)
 #   peers:     latchkey-1w,latchkey,latchkey-base,envoy,squid,mitmproxy   (direct always runs as the control)
 #   scenarios: 1..5 (see below)
 #
@@ -208,8 +209,10 @@ start_latchkey() { # name port workers-args...
     fail_note "$name: did not start: $(tail -n 3 "$OUT/$name.stderr" | tr '\n' ' ')"
   fi
 }
-has_peer latchkey-1w && start_latchkey latchkey-1w $P_LK1 --workers 1
-has_peer latchkey && start_latchkey latchkey $P_LK
+# shellcheck disable=SC2086 # LK_ARGS is a list of flags
+has_peer latchkey-1w && start_latchkey latchkey-1w $P_LK1 --workers 1 ${LK_ARGS:-}
+# shellcheck disable=SC2086
+has_peer latchkey && start_latchkey latchkey $P_LK ${LK_ARGS:-}
 if has_peer latchkey-base; then
   [ -x "${BASELINE:-}" ] || { echo "--baseline: no latchkey binary at '${BASELINE:-}'" >&2; exit 1; }
   start_latchkey latchkey-base $P_LKBASE --workers 1

@@ -784,6 +784,8 @@ impl Writer {
             .and_then(|()| std::fs::rename(&active.path, &segment));
         if let Err(e) = renamed {
             tracing::error!(file = %active.path.display(), segment = %segment.display(), error = %e, "cannot rotate the audit log; it goes on growing");
+            // Try again after another period, not in a loop.
+            active.opened = SystemTime::now();
             return;
         }
         match segments::open_append(&active.path) {
