@@ -254,3 +254,78 @@ fn a_writer_past_the_headroom_waits_for_the_sink_and_loses_nothing() {
     assert!(log.flush(Duration::from_secs(5)));
     assert_eq!(sink.statuses(), (0..=(3 * CAP) as u64).collect::<Vec<_>>());
 }
+
+#[tokio::test]
+async fn a_commit_is_answered_only_once_its_line_is_written_and_false_when_it_cannot_be() {
+    let sink = Stalled::default();
+    let log = Arc::new(AuditLog::with_sink(Box::new(sink.clone())).expect("log"));
+    let client: SocketAddr = "127.0.0.1:9".parse().expect("addr");
+    let mut e = Entry::start(log.clone(), client, "default", "sha256:x");
+    e.outcome(Reason::Allowed, Some("r"), None);
+    let mut commit = Box::pin(e.commit_decision());
+    // The sink is stalled: the commit must not be answered yet.
+    let early = tokio::time::timeout(Duration::from_millis(200), commit.as_mut()).await;
+    assert!(
+        early.is_err(),
+        "a commit answered before its line was written"
+    );
+    sink.wait_entered();
+    sink.open();
+    assert!(commit.await, "the commit is answered true once written");
+    drop(e);
+    assert!(log.flush(Duration::from_secs(5)));
+    let text = String::from_utf8(sink.got.lock().expect("lock").clone()).expect("utf8");
+    let phases: Vec<String> = text
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).expect("json")["phase"]
+                .as_str()
+                .expect("phase")
+                .to_string()
+        })
+        .collect();
+    assert_eq!(phases, ["decision", "outcome"]);
+
+    let broken = Flaky::default();
+    broken.broken.store(true, Ordering::SeqCst);
+    let log = Arc::new(AuditLog::with_sink(Box::new(broken.clone())).expect("log"));
+    let mut e = Entry::start(log.clone(), client, "default", "sha256:x");
+    assert!(
+        !e.commit_decision().await,
+        "a commit that failed is answered false"
+    );
+    e.dismiss();
+}
+
+#[test]
+fn commits_that_arrive_together_share_one_write() {
+    let sink = Flaky::default();
+    let log = Arc::new(AuditLog::with_sink(Box::new(sink.clone())).expect("log"));
+    let client: SocketAddr = "127.0.0.1:9".parse().expect("addr");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let tasks: Vec<_> = (0..200)
+            .map(|_| {
+                let log = log.clone();
+                tokio::spawn(async move {
+                    let mut e = Entry::start(log, client, "default", "sha256:x");
+                    let ok = e.commit_decision().await;
+                    e.dismiss();
+                    ok
+                })
+            })
+            .collect();
+        for t in tasks {
+            assert!(t.await.expect("task"));
+        }
+    });
+    assert_eq!(log.written(), 200);
+    assert!(
+        sink.writes.load(Ordering::SeqCst) < 200,
+        "{} writes for 200 commits: no grouping",
+        sink.writes.load(Ordering::SeqCst)
+    );
+}
