@@ -195,21 +195,22 @@ impl Proxy {
     /// Opens the record of one request (or CONNECT) from `client` as `identity`, under
     /// `policy`: secret values in force are scrubbed from it and from the messages it quotes.
     /// The caller waits for queue room first (`audit.room()`) where it can.
+    /// The record carries the identity's ceiling: its labels and reach under `policy`.
     pub(crate) fn open_record(&self, client: SocketAddr, identity: &str, policy: &Policy) -> Entry {
         let mut entry = Entry::start(self.audit.clone(), client, identity, policy.digest());
         entry.scrub_with(policy.secrets().clone());
+        ceiling(&mut entry, identity, policy);
         entry
     }
 
     /// Opens the record of a connection refused before any request reached the pipeline
-    /// (over the caps, a header block that stalled or did not parse): no identity yet.
+    /// (over the caps, a header block that stalled or did not parse): no identity yet, so
+    /// `default` (whose ceiling it carries when the policy defines no identities).
     fn connection_record(&self, client: SocketAddr) -> Entry {
-        Entry::start(
-            self.audit.clone(),
-            client,
-            IDENTITY_DEFAULT,
-            self.policy.load().digest(),
-        )
+        let policy = self.policy.load();
+        let mut entry = Entry::start(self.audit.clone(), client, IDENTITY_DEFAULT, policy.digest());
+        ceiling(&mut entry, IDENTITY_DEFAULT, &policy);
+        entry
     }
 
     /// The guarded dialer: for latchkey's resolver, which looks names up through the same
@@ -313,6 +314,16 @@ impl Proxy {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+}
+
+/// Copies `identity`'s labels and reach digest (computed once per policy) into the record.
+fn ceiling(entry: &mut Entry, identity: &str, policy: &Policy) {
+    if let Some(c) = policy.ceiling(identity) {
+        entry.update(|r| {
+            r.labels.clone_from(&c.labels);
+            r.reach = Some(c.reach.clone());
+        });
     }
 }
 
