@@ -22,6 +22,7 @@ mod broker;
 pub mod budget;
 pub mod ca;
 mod connect;
+pub mod correlate;
 mod decode;
 mod exchange;
 mod intercepted;
@@ -106,6 +107,8 @@ pub struct Proxy {
     /// The empty rule a request no rule allows runs under once a person approved it
     /// (`[ask] unknown`): it injects nothing and binds no secret.
     unknown_rule: crate::policy::Rule,
+    /// Session, step, attempt and trace context of each request (`--session-header`, `--otlp`).
+    correlator: correlate::Correlator,
 }
 
 /// How to build a [`Proxy`].
@@ -129,6 +132,8 @@ pub struct ProxyConfig {
     pub max_buffered_bytes_per_client: usize,
     /// `--body-timeout`.
     pub body_timeout: Duration,
+    /// `--session-header`, and whether trace context is propagated upstream (`--otlp`).
+    pub correlation: correlate::Options,
 }
 
 impl Proxy {
@@ -164,6 +169,7 @@ impl Proxy {
             governance: std::sync::OnceLock::new(),
             limiter: std::sync::OnceLock::new(),
             unknown_rule: crate::policy::Rule::unknown(),
+            correlator: correlate::Correlator::new(config.correlation),
         }))
     }
 
@@ -208,7 +214,12 @@ impl Proxy {
     /// `default` (whose ceiling it carries when the policy defines no identities).
     fn connection_record(&self, client: SocketAddr) -> Entry {
         let policy = self.policy.load();
-        let mut entry = Entry::start(self.audit.clone(), client, IDENTITY_DEFAULT, policy.digest());
+        let mut entry = Entry::start(
+            self.audit.clone(),
+            client,
+            IDENTITY_DEFAULT,
+            policy.digest(),
+        );
         ceiling(&mut entry, IDENTITY_DEFAULT, &policy);
         entry
     }
