@@ -201,7 +201,7 @@ impl Correlator {
     /// The correlation a request's head carries, with `scrub` (the record's) applied to every
     /// value before it is kept; no attempt counted yet ([`Self::count`]).
     pub fn read(&self, headers: &HeaderMap, scrub: impl Fn(&str) -> String) -> Correlation {
-        let value = |name: &HeaderName| single_value(headers, name).map(|v| scrub(v));
+        let value = |name: &HeaderName| single_value(headers, name).map(&scrub);
         let session = value(&self.options.session_header);
         // A traceparent holding a secret value is no trace context: ignored, never forwarded.
         let parent = single_value(headers, &TRACEPARENT)
