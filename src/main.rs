@@ -53,11 +53,24 @@ fn run(args: Cli) -> anyhow::Result<ExitCode> {
         Command::Test { policies, tests } => Ok(cli::policy::test(&policies, tests.as_deref())),
         Command::Explain {
             policies,
+            json,
+            reach: Some(identity),
+            ..
+        } => Ok(cli::policy::explain_reach(&policies, &identity, json)),
+        Command::Explain {
+            policies,
             identity,
             json,
+            reach: None,
             method,
             url,
-        } => cli::policy::explain(&policies, Some(&identity), json, &method, &url),
+        } => match (method, url) {
+            (Some(method), Some(url)) => {
+                cli::policy::explain(&policies, Some(&identity), json, &method, &url)
+            }
+            // clap requires both without --reach.
+            _ => anyhow::bail!("explain needs METHOD and URL (or --reach IDENTITY)"),
+        },
         Command::Ca { action } => cli::ca::run(action),
         Command::Demo { dir, listen, once } => {
             let passed = cli::demo::run(cli::demo::Options { dir, listen, once })?;

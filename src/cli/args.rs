@@ -65,10 +65,21 @@ pub enum Command {
         /// Print JSON instead of text. (Its variable names the command, as check's does.)
         #[arg(long, env = "LATCHKEY_EXPLAIN_JSON")]
         json: bool,
+        /// Instead of deciding a request: list everything IDENTITY could reach under the
+        /// policy, one item per line, and the `reach` digest its audit records carry.
+        #[arg(
+            long,
+            env = "LATCHKEY_EXPLAIN_REACH",
+            value_name = "IDENTITY",
+            conflicts_with_all = ["method", "url"]
+        )]
+        reach: Option<String>,
         /// HTTP method, e.g. GET.
-        method: String,
+        #[arg(required_unless_present = "reach")]
+        method: Option<String>,
         /// Absolute URL, e.g. https://api.github.com/repos.
-        url: String,
+        #[arg(required_unless_present = "reach")]
+        url: Option<String>,
     },
     /// Manage latchkey's certificate authority.
     Ca {

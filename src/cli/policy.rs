@@ -1,4 +1,5 @@
-//! The policy commands a security team runs: `check`, `test` and `explain`.
+//! The policy commands a security team runs: `check`, `test` and `explain` (`--reach`: what an
+//! identity could reach).
 //!
 //! Each takes a policies directory, prints a report (text, or JSON for CI) and returns the exit
 //! code: 0 ok (or allow, for `explain`), 1 for errors, failing cases, a deny or an ask. Problems are
@@ -266,6 +267,48 @@ pub fn explain(
     } else {
         ExitCode::from(1)
     })
+}
+
+/// `latchkey explain --reach IDENTITY`: everything the identity could reach under the policy,
+/// one item per line, then its `reach` digest (JSON: `{identity, reach, items}`). Exit 0; 1 when
+/// the policy does not load; 2 for an identity the policy does not define (the message names
+/// the ones it does).
+pub fn explain_reach(dir: &Path, identity: &str, json: bool) -> ExitCode {
+    let policy = match load_for_evaluation(dir) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let r = match crate::policy::reach::reach(&policy, identity) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("latchkey: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if json {
+        // Field order as declared: identity, reach, items.
+        match serde_json::to_string(&r) {
+            Ok(text) => println!("{text}"),
+            Err(e) => {
+                eprintln!("latchkey: error: cannot write JSON: {e}");
+                return ExitCode::from(1);
+            }
+        }
+    } else {
+        print!("{}", render_reach(&r));
+    }
+    ExitCode::SUCCESS
+}
+
+/// The text form of a reach: one item per line, the digest last.
+fn render_reach(r: &crate::policy::Reach) -> String {
+    let mut out = String::new();
+    for item in &r.items {
+        out.push_str(item);
+        out.push('\n');
+    }
+    out.push_str(&format!("reach: {}\n", r.reach));
+    out
 }
 
 /// The text form of an explanation.

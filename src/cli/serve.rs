@@ -208,6 +208,11 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
             args.max_buffered_bytes / crate::proxy::budget::DEFAULT_CLIENT_SHARE_DIVISOR,
         ),
         body_timeout: args.body_timeout,
+        correlation: crate::proxy::correlate::Options::new(
+            &args.session_header,
+            args.otlp.is_some(),
+        )
+        .context("--session-header")?,
     })?;
     Ok(Server {
         proxy,

@@ -41,6 +41,7 @@ fn proxy(dir: &std::path::Path) -> Arc<Proxy> {
         max_buffered_bytes: 1 << 20,
         max_buffered_bytes_per_client: 1 << 18,
         body_timeout: Duration::from_secs(5),
+        correlation: Default::default(),
     })
     .expect("proxy")
 }

@@ -1,6 +1,6 @@
 //! Loading and validation: raw files in, a compiled [`Policy`] or every problem out.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -335,18 +335,32 @@ pub fn compile_sources_with(
     // Phase 3b: identities, which name rules.
     let mut identities: Vec<Identity> = Vec::new();
     let mut identity_names: HashSet<String> = HashSet::new();
+    // `[identities.default]` with labels only: where it was, and its labels.
+    let mut default_labels: Option<(usize, Range<usize>, BTreeMap<String, String>)> = None;
     for (fi, (file, text, raw)) in parsed.iter_mut().enumerate() {
         let mut cx = FileCx {
             file,
             text,
             errors: &mut errors,
         };
-        for (name, entry) in std::mem::take(&mut raw.identities) {
+        for (name, mut entry) in std::mem::take(&mut raw.identities) {
             let name_span = name.span();
             let name = name.into_inner();
             let field = format!("identities.{name}");
             let before = cx.errors.len();
             let mut unique = false;
+            let labels_only = entry.raw.token.is_none()
+                && entry.raw.sources.is_none()
+                && entry.raw.rules.is_none()
+                && entry.raw.limits.is_none();
+            if name == DEFAULT_IDENTITY && labels_only && default_labels.is_none() {
+                // The labels of every client of a policy without identities.
+                let labels = cx.labels(&format!("{field}.labels"), entry.raw.labels.take());
+                if entry.complete && cx.errors.len() == before {
+                    default_labels = Some((fi, name_span, labels));
+                }
+                continue;
+            }
             if !crate::secrets::template::valid_name(&name) {
                 cx.error(
                     name_span.clone(),
@@ -443,6 +457,24 @@ pub fn compile_sources_with(
         }
     }
 
+    if let (Some((fi, span, _)), false) = (&default_labels, identities.is_empty()) {
+        let (file, text, _) = &parsed[*fi];
+        let mut cx = FileCx {
+            file,
+            text,
+            errors: &mut errors,
+        };
+        let known: Vec<&str> = identities.iter().map(|i| i.name.as_str()).collect();
+        cx.error(
+            span.clone(),
+            format!(
+                "identities.{DEFAULT_IDENTITY}: its labels would never apply: a policy with identities ({}) identifies every client as one of them; put the labels on each identity",
+                known.join(", ")
+            ),
+        );
+    }
+    let default_labels = default_labels.map(|(_, _, l)| l).unwrap_or_default();
+
     // Phase 4: read env and file secrets now; a missing one is an error at its declaration. Read
     // even when there are other errors, so one run reports them all (the values are dropped).
     let loaded = match loading {
@@ -491,7 +523,7 @@ pub fn compile_sources_with(
         rules,
         (ask, notifiers),
         (limits, credential_limits, prices),
-        identities,
+        (identities, default_labels),
         credentials,
         std::sync::Arc::new(store),
         (
@@ -506,11 +538,12 @@ fn index(
     rules: Vec<Rule>,
     (ask, notifiers): (AskPolicy, Vec<Notifier>),
     (limits, credential_limits, prices): (Vec<Limit>, HashMap<String, Vec<String>>, PriceTable),
-    identities: Vec<Identity>,
+    (identities, default_labels): (Vec<Identity>, BTreeMap<String, String>),
     credentials: HashMap<String, Arc<Credential>>,
     secrets: std::sync::Arc<SecretStore>,
     (digest, files): (String, Vec<PathBuf>),
 ) -> Policy {
+    let ceilings = super::reach::ceilings(&rules, &identities, default_labels, &ask, &credentials);
     let mut exact: HashMap<String, Vec<usize>> = HashMap::new();
     let mut wildcard: HashMap<String, Vec<usize>> = HashMap::new();
     for (i, rule) in rules.iter().enumerate() {
@@ -545,6 +578,7 @@ fn index(
         limits,
         credential_limits,
         prices: Arc::new(prices),
+        ceilings,
         digest,
         files,
     }

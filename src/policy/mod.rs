@@ -28,6 +28,7 @@ mod limits_compile;
 pub mod lint;
 mod names;
 mod prices;
+pub mod reach;
 mod read;
 mod rule;
 mod schema;
@@ -50,6 +51,7 @@ pub use crate::wire::host::{display_authority, normalize_host, HostError};
 pub use ask::{Ask, AskPolicy, Asking, Notifier, NotifyFormat, Scope};
 pub use identity::{Identity, DEFAULT_IDENTITY};
 pub use limits::{Limit, Measure, Per, Period, Price, PriceTable};
+pub use reach::{Ceiling, Reach};
 
 use crate::reason::Reason;
 use crate::secrets::placeholder::Place;
@@ -298,6 +300,9 @@ pub struct Policy {
     credential_limits: HashMap<String, Vec<String>>,
     /// The shipped price table with `[prices."MODEL"]` over it.
     prices: Arc<PriceTable>,
+    /// Each identity's labels and reach digest (`default` alone without identities), for
+    /// every audit record of it.
+    ceilings: HashMap<String, Ceiling>,
     digest: String,
     files: Vec<PathBuf>,
 }
@@ -396,6 +401,12 @@ impl Policy {
     /// An identity by name (`None` for `default` or an unknown name).
     pub fn identity(&self, name: &str) -> Option<&Identity> {
         self.identities.iter().find(|i| i.name == name)
+    }
+
+    /// What the audit records of `identity` carry about it: its labels and reach. `None` for
+    /// a name the policy does not define (and for `default` in a policy with identities).
+    pub fn ceiling(&self, identity: &str) -> Option<&Ceiling> {
+        self.ceilings.get(identity)
     }
 
     /// The secrets this policy declares.

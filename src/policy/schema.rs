@@ -359,7 +359,15 @@ pub(super) fn read_file(doc: &toml_edit::Table, r: &mut dyn Report) -> RawPolicy
         identities: root
             .named_tables("identities", r)
             .into_iter()
-            .map(|(name, t)| (name, entry(t, r, read_identity)))
+            .map(|(name, t)| {
+                // `[identities.default]` may carry labels alone: it needs no `rules`.
+                let read = if name.get_ref() == super::DEFAULT_IDENTITY {
+                    read_default_identity
+                } else {
+                    read_identity
+                };
+                (name, entry(t, r, read))
+            })
             .collect(),
         credentials: root
             .named_tables("credentials", r)
@@ -499,6 +507,18 @@ fn read_identity(t: &Fields<'_>, r: &mut dyn Report) -> RawIdentity {
         token: t.string(r, "token"),
         sources: t.strings(r, "sources"),
         rules: t.required(r, "rules", Fields::strings),
+        labels: t.string_map(r, "labels"),
+        limits: t.strings(r, "limits"),
+    }
+}
+
+/// `[identities.default]`: the same keys, none required (only `labels` is allowed there; the
+/// compiler says so for the others).
+fn read_default_identity(t: &Fields<'_>, r: &mut dyn Report) -> RawIdentity {
+    RawIdentity {
+        token: t.string(r, "token"),
+        sources: t.strings(r, "sources"),
+        rules: t.strings(r, "rules"),
         labels: t.string_map(r, "labels"),
         limits: t.strings(r, "limits"),
     }

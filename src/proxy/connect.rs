@@ -46,8 +46,18 @@ pub async fn handle(proxy: Arc<Proxy>, ctx: Arc<Ctx>, req: Request<Incoming>) ->
         r.method = Some("CONNECT".to_string());
         r.scheme = Some("https".to_string());
     });
+    // The CONNECT's own correlation headers (`curl --proxy-header`); only a tunnel, whose
+    // record is the connection's, counts as an attempt at its step.
+    let mut correlation = proxy
+        .correlator
+        .read(req.headers(), |t| entry.scrub_text(t));
+    entry.update(|r| correlation.record(r));
     match gate(&proxy, &ctx, &policy, &mut entry, &req).await {
         Ok(opened) => {
+            if matches!(opened, Opened::Tunnel(_)) {
+                proxy.correlator.count(&ctx.identity, &mut correlation);
+                entry.update(|r| correlation.record(r));
+            }
             tokio::spawn(async move {
                 match hyper::upgrade::on(req).await {
                     Ok(upgraded) => {

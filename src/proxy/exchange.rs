@@ -10,7 +10,6 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::Proxy;
-use crate::audit::Entry;
 use crate::reason::Reason;
 use crate::signing::exchange::{Answer, BoxFuture, Exchange, TokenTransport, TransportError};
 use crate::signing::token_name;
@@ -46,13 +45,7 @@ impl Exchanger<'_> {
         let proxy = self.proxy;
         let policy = proxy.policy();
         proxy.audit.room().await;
-        let mut entry = Entry::start(
-            proxy.audit.clone(),
-            self.client,
-            &self.identity,
-            policy.digest(),
-        );
-        entry.scrub_with(policy.secrets().clone());
+        let mut entry = proxy.open_record(self.client, &self.identity, &policy);
         let uri: http::Uri = ex
             .url
             .parse()

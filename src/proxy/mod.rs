@@ -22,6 +22,7 @@ mod broker;
 pub mod budget;
 pub mod ca;
 mod connect;
+pub mod correlate;
 mod decode;
 mod exchange;
 mod intercepted;
@@ -106,6 +107,8 @@ pub struct Proxy {
     /// The empty rule a request no rule allows runs under once a person approved it
     /// (`[ask] unknown`): it injects nothing and binds no secret.
     unknown_rule: crate::policy::Rule,
+    /// Session, step, attempt and trace context of each request (`--session-header`, `--otlp`).
+    correlator: correlate::Correlator,
 }
 
 /// How to build a [`Proxy`].
@@ -129,6 +132,8 @@ pub struct ProxyConfig {
     pub max_buffered_bytes_per_client: usize,
     /// `--body-timeout`.
     pub body_timeout: Duration,
+    /// `--session-header`, and whether trace context is propagated upstream (`--otlp`).
+    pub correlation: correlate::Options,
 }
 
 impl Proxy {
@@ -164,6 +169,7 @@ impl Proxy {
             governance: std::sync::OnceLock::new(),
             limiter: std::sync::OnceLock::new(),
             unknown_rule: crate::policy::Rule::unknown(),
+            correlator: correlate::Correlator::new(config.correlation),
         }))
     }
 
@@ -195,21 +201,27 @@ impl Proxy {
     /// Opens the record of one request (or CONNECT) from `client` as `identity`, under
     /// `policy`: secret values in force are scrubbed from it and from the messages it quotes.
     /// The caller waits for queue room first (`audit.room()`) where it can.
+    /// The record carries the identity's ceiling: its labels and reach under `policy`.
     pub(crate) fn open_record(&self, client: SocketAddr, identity: &str, policy: &Policy) -> Entry {
         let mut entry = Entry::start(self.audit.clone(), client, identity, policy.digest());
         entry.scrub_with(policy.secrets().clone());
+        ceiling(&mut entry, identity, policy);
         entry
     }
 
     /// Opens the record of a connection refused before any request reached the pipeline
-    /// (over the caps, a header block that stalled or did not parse): no identity yet.
+    /// (over the caps, a header block that stalled or did not parse): no identity yet, so
+    /// `default` (whose ceiling it carries when the policy defines no identities).
     fn connection_record(&self, client: SocketAddr) -> Entry {
-        Entry::start(
+        let policy = self.policy.load();
+        let mut entry = Entry::start(
             self.audit.clone(),
             client,
             IDENTITY_DEFAULT,
-            self.policy.load().digest(),
-        )
+            policy.digest(),
+        );
+        ceiling(&mut entry, IDENTITY_DEFAULT, &policy);
+        entry
     }
 
     /// The guarded dialer: for latchkey's resolver, which looks names up through the same
@@ -313,6 +325,16 @@ impl Proxy {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+}
+
+/// Copies `identity`'s labels and reach digest (computed once per policy) into the record.
+fn ceiling(entry: &mut Entry, identity: &str, policy: &Policy) {
+    if let Some(c) = policy.ceiling(identity) {
+        entry.update(|r| {
+            r.labels.clone_from(&c.labels);
+            r.reach = Some(c.reach.clone());
+        });
     }
 }
 

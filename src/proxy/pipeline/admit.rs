@@ -9,6 +9,7 @@ use http::header::HOST;
 use http::request::Parts;
 use http::{Uri, Version};
 
+use super::super::correlate::Correlation;
 use super::super::{limits, Proxy, AUDIT_DOWN, MAX_HEADER_BYTES};
 use super::Ctx;
 use crate::audit::{redact_query, Entry, Record};
@@ -320,6 +321,19 @@ pub(super) fn prefill(r: &mut Record, ctx: &Ctx, head: &Parts) {
         .path_and_query()
         .map(|pq| redact_query(pq.as_str()))
         .or_else(|| Some(uri.path().to_string()));
+}
+
+/// Reads the correlation the sandbox sent (session, step, trace context) with the record's
+/// scrub, counts the attempt at its step, and records them (README "Audit").
+///
+/// Never refuses: a value that is malformed, too long or repeated is ignored. Guarantees: no
+/// secret value in force reaches the record through these fields.
+pub(super) fn correlate(proxy: &Proxy, ctx: &Ctx, head: &Parts, entry: &mut Entry) -> Correlation {
+    let c = proxy
+        .correlator
+        .request(&ctx.identity, &head.headers, |t| entry.scrub_text(t));
+    entry.update(|r| c.record(r));
+    c
 }
 
 /// Records the admitted target, in normal form, over what [`prefill`] guessed.

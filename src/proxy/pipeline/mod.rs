@@ -34,6 +34,7 @@ use http::request::Parts;
 use http::{Request, Response};
 use hyper::body::Incoming;
 
+use super::correlate::Correlation;
 use super::limits::HeadSniff;
 use super::request_body::Inbound;
 use super::respond::{self, ID_HEADER};
@@ -132,9 +133,17 @@ pub async fn handle(
     let mut entry = proxy.open_record(ctx.client, &ctx.identity, &policy);
     let (head, body) = req.into_parts();
     entry.update(|r| admit::prefill(r, &ctx, &head));
+    let correlation = admit::correlate(&proxy, &ctx, &head, &mut entry);
     // The request body, until the broker phase takes it: a refusal before then drains it.
     let mut body = Some(body);
-    let run = phases(&proxy, &ctx, &policy, &mut entry, head, &mut body);
+    let run = phases(
+        &proxy,
+        &ctx,
+        &policy,
+        &mut entry,
+        (head, &correlation),
+        &mut body,
+    );
     match run.await {
         Ok(answer) => Ok(record(answer, entry)),
         Err(refusal) => Ok(refuse(entry, body, refusal).await),
@@ -155,7 +164,7 @@ async fn phases(
     ctx: &Ctx,
     policy: &Policy,
     entry: &mut Entry,
-    head: Parts,
+    (head, correlation): (Parts, &Correlation),
     body: &mut Option<Incoming>,
 ) -> Result<Answer, Refusal> {
     // admit: nothing goes through unrecorded; one framing, within the limits; no secret in the
@@ -217,9 +226,18 @@ async fn phases(
     )
     .await?;
 
-    // broker: strip, check, placeholders, inject, sign.
-    let mut out =
-        outgoing::broker(proxy, ctx, policy, rule, &target, head, incoming, entry).await?;
+    // broker: strip (correlation headers too), check, placeholders, inject, sign.
+    let mut out = outgoing::broker(
+        proxy,
+        ctx,
+        policy,
+        (rule, correlation),
+        &target,
+        head,
+        incoming,
+        entry,
+    )
+    .await?;
     if let Some(upload) = admission.as_ref().and_then(|a| a.upload()) {
         let refused = out.plan.body_refused.clone();
         out.request = out

@@ -14,6 +14,7 @@ use http::{HeaderMap, Request, Response, Uri, Version};
 use hyper::body::Incoming;
 
 use super::super::broker;
+use super::super::correlate::Correlation;
 use super::super::request_body::{BodyRefused, Inbound};
 use super::super::{body, Proxy};
 use super::admit::Admitted;
@@ -47,7 +48,7 @@ pub(super) struct Plan {
 ///
 /// Assumes: `target` was admitted and `rule` allowed it (or is the empty report rule).
 /// Guarantees: on `Ok`, the request holds no hop-by-hop header, no `Host` (hyper writes the
-/// authority), no secret the rule does not bind and no placeholder left unreplaced; its body is
+/// authority), no correlation header the rule does not keep (`correlate::Correlator::forward`), no secret the rule does not bind and no placeholder left unreplaced; its body is
 /// watched as it streams; `accept-encoding` is narrowed to what latchkey decodes when the
 /// response will be scanned. The record names the secrets used.
 #[allow(clippy::too_many_arguments)]
@@ -55,7 +56,7 @@ pub(super) async fn broker(
     proxy: &Arc<Proxy>,
     ctx: &Ctx,
     policy: &Policy,
-    rule: &Rule,
+    (rule, correlation): (&Rule, &Correlation),
     target: &Admitted,
     mut head: Parts,
     incoming: Inbound,
@@ -82,6 +83,11 @@ pub(super) async fn broker(
     }
     sent_hosts.push(&target.host);
     hop::strip(&mut head.headers);
+    // latchkey's own correlation headers go only where the rule keeps them; trace context is
+    // latchkey's span under `--otlp`. Before the checks: what is forwarded is checked.
+    proxy
+        .correlator
+        .forward(&mut head.headers, &rule.keep_headers, correlation);
 
     let mut path_and_query = target.path_and_query.clone();
     let exchanger = proxy.exchanger(ctx.client, ctx.identity.clone());

@@ -1,0 +1,214 @@
+//! Reach: everything one identity could reach under a policy, as a canonical listing and its
+//! digest (`reach` in every audit record; `latchkey explain --reach IDENTITY` prints both).
+//!
+//! The listing has one line per fact, sorted: for each rule the identity may use, its hosts,
+//! the scheme and port pairs it allows, its methods and path globs (or `any`), `tunnel`,
+//! `report-only`, each `allow_private` range, each secret it binds with each host it is bound
+//! to, where placeholders are replaced, the auth headers it keeps, its credential, and whether
+//! it asks a person (with the scopes an approver may grant); plus one line when `[ask] unknown`
+//! lets the identity ask for anything no rule allows. The identity's name is not in it: two
+//! identities with the same rules have the same reach, and another identity's rules never
+//! change it. The digest is `sha256:` and the hex SHA-256 of the lines, each ended by `\n`.
+//!
+//! Computed once per policy compile, per identity ([`Ceiling`]); a request only copies it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use super::ask::{Ask, AskPolicy};
+use super::explain::ExplainError;
+use super::identity::{Identity, RuleSet, DEFAULT_IDENTITY};
+use super::{Policy, Rule, Scheme};
+use crate::signing::Credential;
+
+/// What every audit record of one identity carries about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ceiling {
+    /// `[identities.X] labels` (for `default`: `[identities.default] labels`).
+    pub labels: BTreeMap<String, String>,
+    /// `sha256:…` of [`listing`].
+    pub reach: String,
+}
+
+/// What `latchkey explain --reach` prints.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Reach {
+    pub identity: String,
+    /// `sha256:…` of `items`: the `reach` of this identity's audit records.
+    pub reach: String,
+    /// The listing, sorted, one fact per item.
+    pub items: Vec<String>,
+}
+
+/// The reach of `identity` under `policy`: `default` when the policy defines no identities,
+/// else one of its identities. An unknown name is an error naming the ones there are.
+pub fn reach(policy: &Policy, identity: &str) -> Result<Reach, ExplainError> {
+    let rules = if policy.identities().is_empty() {
+        if identity != DEFAULT_IDENTITY {
+            return Err(ExplainError::NoIdentities {
+                name: identity.to_string(),
+            });
+        }
+        &RuleSet::All
+    } else {
+        let found = policy
+            .identity(identity)
+            .ok_or_else(|| ExplainError::UnknownIdentity {
+                name: identity.to_string(),
+                known: policy.identities().iter().map(|i| i.name.clone()).collect(),
+            })?;
+        &found.rules
+    };
+    let items = listing(policy.rules(), rules, policy.ask(), &policy.credentials);
+    Ok(Reach {
+        identity: identity.to_string(),
+        reach: digest(&items),
+        items,
+    })
+}
+
+/// Every identity's [`Ceiling`] by name (`default` alone when there are no identities).
+pub(super) fn ceilings(
+    rules: &[Rule],
+    identities: &[Identity],
+    default_labels: BTreeMap<String, String>,
+    ask: &AskPolicy,
+    credentials: &HashMap<String, Arc<Credential>>,
+) -> HashMap<String, Ceiling> {
+    let ceiling = |set: &RuleSet, labels: BTreeMap<String, String>| Ceiling {
+        labels,
+        reach: digest(&listing(rules, set, ask, credentials)),
+    };
+    if identities.is_empty() {
+        return HashMap::from([(
+            DEFAULT_IDENTITY.to_string(),
+            ceiling(&RuleSet::All, default_labels),
+        )]);
+    }
+    identities
+        .iter()
+        .map(|i| (i.name.clone(), ceiling(&i.rules, i.labels.clone())))
+        .collect()
+}
+
+/// The sorted listing of what rules in `set` reach (see the module docs).
+pub(super) fn listing(
+    rules: &[Rule],
+    set: &RuleSet,
+    ask: &AskPolicy,
+    credentials: &HashMap<String, Arc<Credential>>,
+) -> Vec<String> {
+    let mut items = Vec::new();
+    for rule in rules.iter().filter(|r| set.allows(&r.name)) {
+        rule_items(rule, credentials, &mut items);
+    }
+    if ask.unknown {
+        items.push(format!(
+            "[ask] unknown: any request no rule allows, once a person approves ({})",
+            terms(&ask.terms)
+        ));
+    }
+    items.sort();
+    items.dedup();
+    items
+}
+
+/// `sha256:` and the hex SHA-256 of `items`, each ended by a newline.
+pub(super) fn digest(items: &[String]) -> String {
+    let mut hasher = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
+    for item in items {
+        hasher.update(item.as_bytes());
+        hasher.update(b"\n");
+    }
+    let hex: String = hasher
+        .finish()
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("sha256:{hex}")
+}
+
+fn rule_items(rule: &Rule, credentials: &HashMap<String, Arc<Credential>>, out: &mut Vec<String>) {
+    let name = &rule.name;
+    let mut item = |what: String| out.push(format!("rule {name}: {what}"));
+    for host in &rule.hosts {
+        item(format!("host {host}"));
+    }
+    // A tunnel relays CONNECT bytes only (https ports); methods and paths never apply to it.
+    let schemes: &[Scheme] = if rule.tunnel {
+        &[Scheme::Https]
+    } else {
+        &[Scheme::Http, Scheme::Https]
+    };
+    for &scheme in schemes {
+        for port in rule.ports_for(scheme) {
+            item(format!("port {}:{port}", scheme.as_str()));
+        }
+    }
+    if rule.tunnel {
+        item("tunnel: raw CONNECT relay, not inspected".to_string());
+    } else {
+        match &rule.methods {
+            None => item("method any".to_string()),
+            Some(methods) => {
+                for m in methods {
+                    item(format!("method {m}"));
+                }
+            }
+        }
+        match &rule.paths {
+            None => item("path any".to_string()),
+            Some(paths) => {
+                for glob in &paths.globs {
+                    item(format!("path {glob}"));
+                }
+            }
+        }
+    }
+    if rule.report {
+        item("report-only: what it would deny goes through".to_string());
+    }
+    for cidr in &rule.allow_private {
+        item(format!("allow_private {cidr}"));
+    }
+    // A credential's key material and minted tokens are bound too (`credential:NAME…`);
+    // their line is the credential's.
+    let secrets: Vec<&String> = rule
+        .bound
+        .iter()
+        .filter(|s| !s.starts_with("credential:"))
+        .collect();
+    for secret in &secrets {
+        for host in &rule.hosts {
+            item(format!("secret {secret} bound to {host}"));
+        }
+    }
+    if !secrets.is_empty() {
+        for place in &rule.placeholders {
+            item(format!("placeholders in {}", place.as_str()));
+        }
+    }
+    for header in &rule.keep_headers {
+        item(format!("keeps header {header}"));
+    }
+    if let Some(c) = &rule.credential {
+        let kind = credentials.get(c).map_or("unknown", |c| c.kind.label());
+        item(format!("credential {c} ({kind})"));
+    }
+    if let Some(ask) = &rule.ask {
+        item(format!("asks a person ({})", terms(ask)));
+    }
+}
+
+/// What an approver may grant: `scopes once, 1h`.
+fn terms(ask: &Ask) -> String {
+    let scopes: Vec<String> = ask.scopes.iter().map(ToString::to_string).collect();
+    format!("scopes {}", scopes.join(", "))
+}
+
+#[cfg(test)]
+#[path = "reach_tests.rs"]
+mod tests;
