@@ -675,7 +675,7 @@ pub struct IdentitySummary {
     pub bytes_up: u64,
     pub bytes_down: u64,
     pub usage: Option<UsageTotals>,
-    /// The labels on the identity's latest record that had any.
+    /// The labels on the identity's latest record (by `ts`) that had any.
     pub labels: BTreeMap<String, String>,
     pub first_seen: String,
     pub last_seen: String,
@@ -683,6 +683,8 @@ pub struct IdentitySummary {
     first_at: Option<SystemTime>,
     #[serde(skip)]
     last_at: Option<SystemTime>,
+    #[serde(skip)]
+    labels_at: Option<SystemTime>,
 }
 
 impl IdentitySummary {
@@ -706,6 +708,7 @@ impl IdentitySummary {
             last_seen: String::new(),
             first_at: None,
             last_at: None,
+            labels_at: None,
         }
     }
 
@@ -749,8 +752,9 @@ impl IdentitySummary {
                 t.cost = Some((sum * 1e9).round() / 1e9);
             }
         }
-        if !f.labels.is_empty() {
+        if !f.labels.is_empty() && self.labels_at.is_none_or(|t| row.at >= t) {
             self.labels.clone_from(&f.labels);
+            self.labels_at = Some(row.at);
         }
         if self.first_at.is_none_or(|t| row.at < t) {
             self.first_at = Some(row.at);
