@@ -23,8 +23,11 @@ const MAX_WARNINGS: u64 = 20;
 /// streams instead of holding every row; later longer values are cut to fit.
 const TABLE_SAMPLE: usize = 1_000;
 
-/// `latchkey audit query` flags. None reads an environment variable: they are one question
-/// each, asked on the command line.
+/// `latchkey audit query` flags. The filters read no environment variable: each query is its
+/// own question, asked on the command line. `--identity` and `--format` read
+/// `LATCHKEY_QUERY_IDENTITY` and `LATCHKEY_QUERY_FORMAT` (as `check --format` reads
+/// `LATCHKEY_CHECK_FORMAT`): `LATCHKEY_IDENTITY` and `LATCHKEY_FORMAT` are `explain`'s and `env`'s,
+/// and the README lists flags without a variable by name, across commands.
 #[derive(clap::Args, Debug)]
 pub struct QueryArgs {
     /// Audit files or directories (an audit file, its rotated segments, or a directory holding
@@ -32,7 +35,7 @@ pub struct QueryArgs {
     #[arg(required = true)]
     pub files: Vec<PathBuf>,
     /// Only records of this identity.
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, env = "LATCHKEY_QUERY_IDENTITY", value_name = "NAME")]
     pub identity: Option<String>,
     /// Only records for this host; `*` matches any run of characters (`*.example.com`: every
     /// subdomain of example.com).
@@ -59,14 +62,20 @@ pub struct QueryArgs {
     #[arg(long, value_enum, default_value = "request")]
     pub phase: PhaseArg,
     /// `table` (aligned columns) or `jsonl` (the matching lines exactly as stored).
-    #[arg(long, value_enum, default_value = "table")]
+    #[arg(
+        long,
+        env = "LATCHKEY_QUERY_FORMAT",
+        value_enum,
+        default_value = "table"
+    )]
     pub format: QueryFormat,
     /// Print at most N rows.
     #[arg(long, value_name = "N")]
     pub limit: Option<u64>,
 }
 
-/// `latchkey audit summary` flags. None reads an environment variable.
+/// `latchkey audit summary` flags: as `query`'s, `--identity` and `--format` read
+/// `LATCHKEY_SUMMARY_IDENTITY` and `LATCHKEY_SUMMARY_FORMAT`, the time filters nothing.
 #[derive(clap::Args, Debug)]
 pub struct SummaryArgs {
     /// Audit files or directories, in any order: they are read in chain order.
@@ -79,10 +88,15 @@ pub struct SummaryArgs {
     #[arg(long, value_name = "T", value_parser = instant)]
     pub until: Option<SystemTime>,
     /// Only this identity.
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, env = "LATCHKEY_SUMMARY_IDENTITY", value_name = "NAME")]
     pub identity: Option<String>,
     /// `text` or `json`.
-    #[arg(long, value_enum, default_value = "text")]
+    #[arg(
+        long,
+        env = "LATCHKEY_SUMMARY_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
     pub format: SummaryFormat,
 }
 
