@@ -30,8 +30,10 @@ use super::verify::VerifyError;
 
 /// A line longer than this is damage (latchkey's records are a few KiB at most).
 pub const MAX_LINE: usize = 1 << 20;
-/// Decisions waiting for their outcome; past this, the oldest is taken as left alone.
+/// Decisions waiting for their outcome, and the bytes of their lines; past either, the oldest
+/// is taken as left alone.
 pub const MAX_PENDING: usize = 10_000;
+pub const MAX_PENDING_BYTES: usize = 64 << 20;
 /// Distinct identities a summary tracks; rows of further identities are counted only.
 pub const MAX_IDENTITIES: usize = 10_000;
 /// Distinct hosts per identity a summary tracks; requests to further hosts are counted only.
@@ -527,14 +529,17 @@ pub enum Rows {
 
 /// Turns records into rows. Per request, an outcome comes out when it is read; a decision that
 /// passed the filter waits for its outcome, and comes out itself only at the end of the log
-/// (or, past [`MAX_PENDING`] waiting, when it is the oldest): only the end shows that no
-/// outcome followed.
+/// (or, past [`MAX_PENDING`] or [`MAX_PENDING_BYTES`] waiting, when it is the oldest: a
+/// request still open after ten thousand others is taken as left alone; should its outcome
+/// come after all, it is a row of its own): only the end shows that no outcome followed.
 pub struct Requests {
     rows: Rows,
     filter: Filter,
     pending: HashMap<String, u64>,
     order: BTreeMap<u64, Line>,
     next: u64,
+    /// The bytes of the lines in `order`.
+    held: usize,
 }
 
 impl Requests {
@@ -545,6 +550,7 @@ impl Requests {
             pending: HashMap::new(),
             order: BTreeMap::new(),
             next: 0,
+            held: 0,
         }
     }
 
@@ -563,19 +569,22 @@ impl Requests {
                 self.next += 1;
                 if let Some(old) = self.pending.insert(line.id().to_string(), n) {
                     // The same id decided twice: keep the later one.
-                    self.order.remove(&old);
+                    self.take(old);
                 }
+                self.held += line.raw.len();
                 self.order.insert(n, line);
-                if self.order.len() > MAX_PENDING {
-                    if let Some((_, oldest)) = self.order.pop_first() {
-                        self.pending.remove(oldest.id());
-                        out.push(oldest);
-                    }
+                while self.order.len() > MAX_PENDING || self.held > MAX_PENDING_BYTES {
+                    let Some((_, oldest)) = self.order.pop_first() else {
+                        break;
+                    };
+                    self.held -= oldest.raw.len();
+                    self.pending.remove(oldest.id());
+                    out.push(oldest);
                 }
             }
             Rows::PerRequest => {
                 if let Some(n) = self.pending.remove(line.id()) {
-                    self.order.remove(&n);
+                    self.take(n);
                 }
                 self.emit_if(line, out);
             }
@@ -585,7 +594,15 @@ impl Requests {
     /// The decisions no outcome followed, in log order.
     pub fn finish(&mut self, out: &mut Vec<Line>) {
         self.pending.clear();
+        self.held = 0;
         out.extend(std::mem::take(&mut self.order).into_values());
+    }
+
+    /// Drops the waiting decision `n` (its outcome came, or a later decision replaced it).
+    fn take(&mut self, n: u64) {
+        if let Some(line) = self.order.remove(&n) {
+            self.held -= line.raw.len();
+        }
     }
 
     fn emit_if(&self, line: Line, out: &mut Vec<Line>) {

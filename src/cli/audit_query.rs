@@ -272,47 +272,50 @@ impl Warnings {
 // ---------------------------------------------------------------------------------------------
 // Query output
 
-/// Columns of the table: header, its cap (values longer are cut with `…`; 0 = no cap).
+/// Columns of the table: header, and the most characters a value shows (longer ones are cut
+/// with `…`). Every column has a cap, so the rows held for the widths stay small whatever a
+/// line holds.
 const COLUMNS: [(&str, usize); 10] = [
-    ("TS", 0),
-    ("PHASE", 0),
+    ("TS", 30),
+    ("PHASE", 8),
     ("IDENTITY", 24),
-    ("DECISION", 0),
-    ("REASON", 0),
+    ("DECISION", 8),
+    ("REASON", 32),
     ("METHOD", 10),
     ("HOST", 40),
     ("PATH", 48),
-    ("STATUS", 0),
+    ("STATUS", 6),
     ("RULE", 32),
 ];
 
 fn cells(row: &Line) -> [String; 10] {
     let f = &row.fields;
-    let opt = |v: &Option<String>| v.clone().unwrap_or_else(|| "-".to_string());
-    let text = |v: &str| {
-        if v.is_empty() {
-            "-".to_string()
-        } else {
-            v.to_string()
-        }
+    let or_dash = |v: Option<&str>| match v {
+        Some(v) if !v.is_empty() => v.to_string(),
+        _ => "-".to_string(),
     };
-    [
+    let phase = if row.decision_phase {
+        "decision"
+    } else {
+        "outcome"
+    };
+    let raw = [
         row.ts().to_string(),
-        if row.decision_phase {
-            "decision"
-        } else {
-            "outcome"
-        }
-        .to_string(),
-        text(&f.identity),
-        text(&f.decision),
-        text(&f.reason),
-        opt(&f.method),
-        opt(&f.host),
-        opt(&f.path),
+        phase.to_string(),
+        or_dash(Some(&f.identity)),
+        or_dash(Some(&f.decision)),
+        or_dash(Some(&f.reason)),
+        or_dash(f.method.as_deref()),
+        or_dash(f.host.as_deref()),
+        or_dash(f.path.as_deref()),
         f.status.map_or_else(|| "-".to_string(), |s| s.to_string()),
-        opt(&f.rule),
-    ]
+        or_dash(f.rule.as_deref()),
+    ];
+    let mut cut = raw;
+    for (cell, (_, cap)) in cut.iter_mut().zip(COLUMNS) {
+        *cell = fit(cell, cap);
+    }
+    cut
 }
 
 /// Prints rows as jsonl or as a table, stopping at `--limit`, quietly at a closed pipe.
@@ -380,11 +383,7 @@ impl<W: Write> Printer<W> {
                         .max()
                         .unwrap_or(0)
                         .max(name.len());
-                    w[i] = if *cap == 0 {
-                        longest
-                    } else {
-                        longest.min(*cap)
-                    };
+                    w[i] = longest.min(*cap);
                 }
                 self.widths = Some(w);
                 let header = COLUMNS.map(|(name, _)| name.to_string());
