@@ -30,6 +30,7 @@ pub mod chain;
 mod entry;
 pub mod key;
 mod ocsf;
+pub mod read;
 mod record;
 pub mod segments;
 mod sink;
