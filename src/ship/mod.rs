@@ -41,9 +41,7 @@ const IDLE_RESCAN: Duration = Duration::from_secs(30);
 /// The wait before retry number `failures` (1 for the first failure): 1 s, 2 s, 4 s, … 60 s.
 pub fn backoff(failures: u32) -> Duration {
     let exp = failures.saturating_sub(1).min(16);
-    BACKOFF_START
-        .saturating_mul(1u32 << exp)
-        .min(BACKOFF_MAX)
+    BACKOFF_START.saturating_mul(1u32 << exp).min(BACKOFF_MAX)
 }
 
 /// A segment waiting to be shipped.
@@ -270,7 +268,11 @@ impl Shipper {
 
     /// Waits `wait` before the next attempt; a rotation meanwhile only refreshes the pending
     /// counts (it does not cut the backoff short). `false` when shutdown began.
-    async fn pause(&self, wait: Duration, shutdown: &mut tokio::sync::watch::Receiver<bool>) -> bool {
+    async fn pause(
+        &self,
+        wait: Duration,
+        shutdown: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> bool {
         let until = tokio::time::Instant::now() + wait;
         loop {
             tokio::select! {

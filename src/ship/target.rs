@@ -184,11 +184,20 @@ impl Endpoint {
             return Err(bad("the scheme must be https:// (or http://)"));
         }
         if !u.username().is_empty() || u.password().is_some() {
-            return Err(bad(
-                "must not carry credentials: keys come from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY",
-            ));
+            // Quoted without what it carries.
+            let mut shown = u.clone();
+            let _ = shown.set_username("");
+            let _ = shown.set_password(None);
+            return Err(ConfigError::Endpoint {
+                url: format!("{}://…@{}", scheme, &shown[url::Position::BeforeHost..]),
+                why: "must not carry credentials: keys come from AWS_ACCESS_KEY_ID / \
+                      AWS_SECRET_ACCESS_KEY"
+                    .to_string(),
+            });
         }
-        if !(u.path().is_empty() || u.path() == "/") || u.query().is_some() || u.fragment().is_some()
+        if !(u.path().is_empty() || u.path() == "/")
+            || u.query().is_some()
+            || u.fragment().is_some()
         {
             return Err(bad(
                 "give the store's origin only (https://HOST[:PORT]); the bucket and prefix go in --audit-ship",

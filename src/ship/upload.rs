@@ -253,12 +253,13 @@ pub async fn ship(
         let answer = read_answer(res.into_body()).await;
         Ok::<_, UploadError>((status, etag, answer))
     };
-    let (status, etag, answer) = tokio::time::timeout(timeout, exchange)
-        .await
-        .map_err(|_| UploadError::Timeout {
-            origin: origin.clone(),
-            timeout,
-        })??;
+    let (status, etag, answer) =
+        tokio::time::timeout(timeout, exchange)
+            .await
+            .map_err(|_| UploadError::Timeout {
+                origin: origin.clone(),
+                timeout,
+            })??;
     if !status.is_success() {
         let (code, message) = s3_error(&answer);
         return Err(UploadError::Refused {
