@@ -14,6 +14,7 @@ mod approvals_notify;
 mod approvals_replicas;
 mod approvals_restart;
 mod audit_schema;
+mod audit_ship;
 mod audit_sink;
 mod bad_input;
 mod ca_and_env;
