@@ -595,9 +595,9 @@ fn a_restart_ships_what_an_earlier_run_left_and_retention_removes_only_shipped_s
     // Run 1, the store unreachable throughout: every segment stays, retention or not.
     relay.down();
     let lk = run();
-    drive(&lk, &upstream, 6, "one");
+    drive(&lk, &upstream, 8, "one");
     thread::sleep(Duration::from_millis(1500));
-    drive(&lk, &upstream, 6, "one-more");
+    drive(&lk, &upstream, 8, "one-more");
     let left = wait_ship(&lk, Duration::from_secs(30), "run 1", |s| {
         s["pending_segments"].as_u64() >= Some(4) && s["last_error"].is_string()
     });
