@@ -16,6 +16,7 @@ pub mod policy;
 pub mod proxy;
 pub mod reason;
 pub mod secrets;
+pub mod ship;
 pub mod signing;
 pub mod state;
 pub mod upstream;

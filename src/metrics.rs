@@ -7,8 +7,9 @@
 //! one short critical section (see [`RequestCounts`]). Depends on nothing else in the crate.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, NoLabelSet};
@@ -127,6 +128,79 @@ pub struct Metrics {
     /// Requests that waited because the audit queue was full.
     pub audit_queue_waits: AtomicU64,
     pub secret_fetches: AtomicU64,
+    /// `--audit-ship`: how far shipping lags (rendered only while shipping is on).
+    pub audit_ship: ShipGauges,
+}
+
+/// The audit shipper's lag: pending segments and bytes, the oldest one's closing time, and
+/// uploads by result. Set by the shipper each time it reads its spool.
+#[derive(Debug, Default)]
+pub struct ShipGauges {
+    enabled: AtomicBool,
+    pending_segments: AtomicU64,
+    pending_bytes: AtomicU64,
+    /// Milliseconds since the epoch at which the oldest pending segment closed; 0: none.
+    oldest_closed_ms: AtomicU64,
+    uploads_ok: AtomicU64,
+    uploads_failed: AtomicU64,
+}
+
+impl ShipGauges {
+    /// Shipping is on: the `latchkey_audit_ship_*` families appear in `/metrics`.
+    pub fn enable(&self) {
+        self.enabled.store(true, Ordering::Relaxed);
+    }
+
+    pub fn set_pending(&self, segments: u64, bytes: u64, oldest: Option<SystemTime>) {
+        self.pending_segments.store(segments, Ordering::Relaxed);
+        self.pending_bytes.store(bytes, Ordering::Relaxed);
+        let ms = oldest
+            .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+            .map_or(0, |d| (d.as_millis() as u64).max(1));
+        self.oldest_closed_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Counts one upload attempt.
+    pub fn uploaded(&self, ok: bool) {
+        let c = if ok {
+            &self.uploads_ok
+        } else {
+            &self.uploads_failed
+        };
+        c.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn snapshot(&self) -> Option<ShipSample> {
+        if !self.enabled.load(Ordering::Relaxed) {
+            return None;
+        }
+        let n = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let oldest = n(&self.oldest_closed_ms);
+        let age = if oldest == 0 {
+            0.0
+        } else {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            now.saturating_sub(oldest) as f64 / 1000.0
+        };
+        Some(ShipSample {
+            pending_segments: n(&self.pending_segments),
+            pending_bytes: n(&self.pending_bytes),
+            oldest_age_seconds: age,
+            ok: n(&self.uploads_ok),
+            failed: n(&self.uploads_failed),
+        })
+    }
+}
+
+#[derive(Debug)]
+struct ShipSample {
+    pending_segments: u64,
+    pending_bytes: u64,
+    oldest_age_seconds: f64,
+    ok: u64,
+    failed: u64,
 }
 
 /// Point-in-time values owned elsewhere, passed in when rendering.
@@ -204,6 +278,7 @@ struct Snapshot {
     counters: [(&'static str, &'static str, u64); 5],
     audit_healthy: u64,
     secret_fetches: u64,
+    ship: Option<ShipSample>,
     gauges: Gauges,
 }
 
@@ -247,6 +322,7 @@ impl Snapshot {
             ],
             audit_healthy: u64::from(g.audit_healthy),
             secret_fetches: n(&m.secret_fetches),
+            ship: m.audit_ship.snapshot(),
             gauges: g.clone(),
         }
     }
@@ -332,6 +408,32 @@ impl Collector for Snapshot {
             "1 while the audit log can be written; 0 while traffic is refused because it cannot.",
             self.audit_healthy,
         )?;
+        if let Some(s) = &self.ship {
+            gauge(
+                &mut e,
+                "latchkey_audit_ship_pending_segments",
+                "Closed audit segments not yet shipped (--audit-ship).",
+                s.pending_segments,
+            )?;
+            gauge(
+                &mut e,
+                "latchkey_audit_ship_pending_bytes",
+                "Bytes of closed audit segments not yet shipped.",
+                s.pending_bytes,
+            )?;
+            gauge(
+                &mut e,
+                "latchkey_audit_ship_oldest_pending_age_seconds",
+                "Seconds since the oldest unshipped segment closed (0 when none waits).",
+                s.oldest_age_seconds,
+            )?;
+            by_result(
+                &mut e,
+                "latchkey_audit_ship_uploads",
+                "Audit segment uploads, by result.",
+                [("ok", s.ok), ("failed", s.failed)],
+            )?;
+        }
         counter(
             &mut e,
             "latchkey_secret_fetches",

@@ -4,7 +4,8 @@
 //!
 //! - `GET /healthz`: the process is up. `GET /readyz`: serving (503 while shutting down or
 //!   while the audit log cannot be written).
-//! - `GET /status`: policy digest, files, rules, identities, last reload, uptime, connections.
+//! - `GET /status`: policy digest, files, rules, identities, last reload, uptime, connections,
+//!   and with `--audit-ship` how far shipping lags (`audit_ship`).
 //! - `GET /metrics`: Prometheus text format.
 //! - `POST /reload`: reload the policy now (422 with the errors if invalid; the old one stays).
 //! - `GET /explain?method=GET&url=...&identity=...`: the decision for one request, as JSON.
@@ -30,6 +31,7 @@ use tokio::net::TcpListener;
 
 use crate::proxy::Proxy;
 use crate::secrets::SecretValue;
+use crate::ship::Shipper;
 
 type Body = Full<Bytes>;
 
@@ -52,8 +54,14 @@ fn json(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
     respond(status, "application/json", text)
 }
 
-/// Serves the admin API for the life of the process.
-pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener, token: Option<SecretValue>) {
+/// Serves the admin API for the life of the process; `ship` is the audit shipper when
+/// `--audit-ship` is on.
+pub async fn serve(
+    proxy: Arc<Proxy>,
+    listener: TcpListener,
+    token: Option<SecretValue>,
+    ship: Option<Arc<Shipper>>,
+) {
     let token = Arc::new(token);
     // Keeps serving while the proxy drains, so /readyz can say 503; the process exit ends it.
     loop {
@@ -67,12 +75,16 @@ pub async fn serve(proxy: Arc<Proxy>, listener: TcpListener, token: Option<Secre
         };
         let proxy = proxy.clone();
         let token = token.clone();
+        let ship = ship.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| {
                 let proxy = proxy.clone();
                 let token = token.clone();
+                let ship = ship.clone();
                 async move {
-                    Ok::<_, Infallible>(route(&proxy, token.as_ref().as_ref(), peer, req).await)
+                    Ok::<_, Infallible>(
+                        route(&proxy, ship.as_deref(), token.as_ref().as_ref(), peer, req).await,
+                    )
                 }
             });
             let conn = hyper::server::conn::http1::Builder::new()
@@ -99,6 +111,7 @@ fn authorized(token: Option<&SecretValue>, req: &Request<Incoming>) -> bool {
 
 async fn route(
     proxy: &Arc<Proxy>,
+    ship: Option<&Shipper>,
     token: Option<&SecretValue>,
     peer: std::net::SocketAddr,
     req: Request<Incoming>,
@@ -137,12 +150,18 @@ async fn route(
             );
             res
         }
-        (&Method::GET, "/metrics") => respond(
-            StatusCode::OK,
-            "text/plain; version=0.0.4; charset=utf-8",
-            proxy.metrics().render(&proxy.gauges()),
-        ),
-        (&Method::GET, "/status") => json(StatusCode::OK, &status(proxy).await),
+        (&Method::GET, "/metrics") => {
+            if let Some(ship) = ship {
+                // The spool read now, so the lag gauges are as of this scrape.
+                let _ = ship.pending();
+            }
+            respond(
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                proxy.metrics().render(&proxy.gauges()),
+            )
+        }
+        (&Method::GET, "/status") => json(StatusCode::OK, &status(proxy, ship).await),
         (&Method::POST, "/reload") => {
             // Drain any body; the reload takes no input.
             let _ = req.into_body().collect().await;
@@ -223,7 +242,7 @@ async fn limits(proxy: &Proxy) -> serde_json::Value {
     })
 }
 
-async fn status(proxy: &Proxy) -> serde_json::Value {
+async fn status(proxy: &Proxy, ship: Option<&Shipper>) -> serde_json::Value {
     let state = match proxy.governance() {
         Some(g) => {
             let outbox = g
@@ -238,12 +257,12 @@ async fn status(proxy: &Proxy) -> serde_json::Value {
         }
         None => serde_json::Value::Null,
     };
-    let mut v = status_of(proxy);
+    let mut v = status_of(proxy, ship);
     v["state"] = state;
     v
 }
 
-fn status_of(proxy: &Proxy) -> serde_json::Value {
+fn status_of(proxy: &Proxy, ship: Option<&Shipper>) -> serde_json::Value {
     let policy = proxy.policy();
     let gauges = proxy.gauges();
     let reload = proxy.reload_state();
@@ -264,6 +283,8 @@ fn status_of(proxy: &Proxy) -> serde_json::Value {
             "written": proxy.audit().written(),
             "failed": proxy.audit().failed(),
         },
+        // Off the box: pending segments and bytes, the oldest one's age, the last error.
+        "audit_ship": ship.map(|s| s.status()),
     })
 }
 

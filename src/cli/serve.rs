@@ -52,6 +52,8 @@ pub struct Server {
     state_dir: PathBuf,
     /// Where approvers reach the admin API (`--approval-url`, else the admin address).
     approval_url: Option<String>,
+    /// `--audit-ship`: the shipper, started once the proxy (and its guarded client) serves.
+    ship: Option<Arc<crate::ship::Shipper>>,
 }
 
 impl std::fmt::Debug for Server {
@@ -105,6 +107,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
 /// `policies`, the directory it reloads from): upstream settings, both listeners, the admin
 /// token, the CA and the audit log, in that order, the first failure returned.
 pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Result<Server> {
+    // Shipping's flags and keys before anything is bound: a bad URL or missing key never serves.
+    let ship = ship_config(args)?.map(crate::ship::Shipper::new);
     let mut upstream = UpstreamConfig {
         extra_ca: args.upstream_ca.clone(),
         connect_timeout: args.connect_timeout,
@@ -184,7 +188,11 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
     if outcome == InitOutcome::Created {
         tracing::info!(path = %ca.cert_path().display(), "created a new CA; sandboxes must trust it (latchkey env)");
     }
-    let audit = crate::audit::AuditLog::open_with(&args.audit, audit_options(args)?)?;
+    let mut options = audit_options(args)?;
+    if let Some(ship) = &ship {
+        options.taps.push(ship.tap());
+    }
+    let audit = crate::audit::AuditLog::open_with(&args.audit, options)?;
     let rules = policy.rules().len();
     let digest = policy.digest().to_string();
     let proxy = Proxy::new(ProxyConfig {
@@ -229,7 +237,34 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
         state: args.state.clone(),
         state_dir: state_dir(&args.audit),
         approval_url: args.approval_url.clone(),
+        ship,
     })
+}
+
+/// `--audit-ship` and its endpoint, region and keys (read once, from latchkey's environment),
+/// checked; `None` when shipping is off. Its other flags alone are an error, not ignored.
+fn ship_config(args: &ServeArgs) -> anyhow::Result<Option<crate::ship::Config>> {
+    let Some(url) = args.audit_ship.as_deref() else {
+        anyhow::ensure!(
+            args.audit_ship_endpoint.is_none(),
+            "--audit-ship-endpoint is set but --audit-ship is not: give the bucket with \
+             --audit-ship s3://BUCKET/PREFIX"
+        );
+        return Ok(None);
+    };
+    let env = |name: &str| std::env::var(name).ok();
+    let config = crate::ship::Config::from_flags(&crate::ship::Flags {
+        url,
+        endpoint: args.audit_ship_endpoint.as_deref(),
+        region: &args.audit_ship_region,
+        audit: &args.audit,
+        rotates: args.audit_rotate.is_some_and(|r| !r.is_off()),
+        env: &env,
+    })?;
+    if config.endpoint.scheme == "http" {
+        tracing::warn!(endpoint = %config.endpoint.origin(), "--audit-ship-endpoint is plain http: segments travel unencrypted (uploads are still signed)");
+    }
+    Ok(Some(config))
 }
 
 /// The audit log's options from the flags: the signing key (created beside the CA when
@@ -326,6 +361,7 @@ impl Server {
             state,
             state_dir,
             approval_url,
+            ship,
         } = self;
         // The state store first: a request that needs a person must find it from the first one.
         let url =
@@ -371,7 +407,7 @@ impl Server {
             let admin = l.local_addr()?;
             tracing::info!(admin.addr = %admin, "admin API ready");
             eprintln!("latchkey: admin listening on {admin}");
-            tokio::spawn(crate::admin::serve(proxy.clone(), l, token));
+            tokio::spawn(crate::admin::serve(proxy.clone(), l, token, ship.clone()));
         }
         let socks = match socks {
             Some(l) => {
@@ -409,6 +445,14 @@ impl Server {
                     tracing::error!(error = %e, "dns resolver stopped");
                 }
             });
+        }
+        // Closed segments go off the box through the same guarded client as every dial.
+        if let Some(ship) = &ship {
+            tokio::spawn(ship.clone().run(
+                proxy.upstream_client(),
+                proxy.metrics().clone(),
+                proxy.shutdown_signal(),
+            ));
         }
         tokio::spawn(proxy.clone().watch_policies());
         let serving = tokio::spawn(proxy.clone().serve(listener));

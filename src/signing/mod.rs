@@ -35,6 +35,8 @@ use crate::secrets::{SecretError, SecretStore, SecretValue};
 pub use exchange::{Answer, Exchange, TokenTransport, TransportError};
 pub use jwt::{JwtAlg, JwtClaim};
 pub use sigv4::{derive_region_service, Payload, UNSIGNED_HEADERS};
+/// SigV4 over a request latchkey sends itself (the audit shipper's uploads).
+pub use sigv4::{sign as sigv4_sign, Keys as SigV4Keys, SignPayload};
 pub use sts::StsError;
 pub use token_cache::TokenCache;
 

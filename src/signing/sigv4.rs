@@ -120,8 +120,9 @@ pub enum SignPayload<'a> {
     Bytes(&'a [u8]),
     /// `UNSIGNED-PAYLOAD`.
     Unsigned,
-    /// A streaming form's literal (`STREAMING-...`).
-    Literal(&'static str),
+    /// A streaming form's literal (`STREAMING-...`), or the hex SHA-256 of a body hashed
+    /// ahead of sending (the audit shipper streams a file it has hashed).
+    Literal(&'a str),
 }
 
 /// Headers botocore never signs (`SIGNED_HEADERS_BLACKLIST` in botocore/auth.py: hop-by-hop

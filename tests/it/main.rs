@@ -17,6 +17,7 @@ mod audit_ceiling;
 mod audit_crash;
 mod audit_query;
 mod audit_schema;
+mod audit_ship;
 mod audit_sink;
 mod audit_verify;
 mod bad_input;
