@@ -114,6 +114,9 @@ struct Queue {
     closing: bool,
     /// Set by the writer thread as it ends (also by a panic): nothing can be written any more.
     writer_gone: bool,
+    /// The writer is waiting on `work` (idle or lingering): only then does a new record need
+    /// to wake it; a busy writer looks at the queue again before it waits (no lost wake-up).
+    writer_waiting: bool,
 }
 
 /// State shared by the request side and the writer thread.
@@ -235,8 +238,11 @@ impl AuditLog {
         // A committing request already waited for room; the headroom covers it.
         q.records.push(record);
         q.commits.push(tx);
-        // Always wake the writer: it may be lingering over a batch, and this one is waited on.
-        self.shared.work.notify_one();
+        // Wake a waiting writer, lingering included: this record is waited on.
+        if q.writer_waiting {
+            q.writer_waiting = false;
+            self.shared.work.notify_one();
+        }
         rx
     }
 
@@ -292,9 +298,10 @@ impl AuditLog {
             return;
         }
         q.records.push(record);
-        // Only the first record of a batch wakes the writer; the rest ride along, so a busy
-        // proxy does not pay a futex wake-up and a context switch per request.
-        if q.records.len() == 1 {
+        // Only the first record of a batch wakes a waiting writer; the rest ride along, so a
+        // busy proxy does not pay a futex wake-up and a context switch per request.
+        if q.records.len() == 1 && q.writer_waiting {
+            q.writer_waiting = false;
             shared.work.notify_one();
         }
     }
@@ -543,14 +550,27 @@ impl Writer {
                             if wait.is_zero() {
                                 break;
                             }
+                            q.writer_waiting = true;
                             q = shared
                                 .work
                                 .wait_timeout(q, wait)
                                 .map(|(q, _)| q)
                                 .unwrap_or_else(|p| p.into_inner().0);
                         }
-                        None => q = shared.work.wait(q).unwrap_or_else(PoisonError::into_inner),
+                        None => {
+                            q.writer_waiting = true;
+                            q = shared.work.wait(q).unwrap_or_else(PoisonError::into_inner);
+                        }
                     }
+                    q.writer_waiting = false;
+                }
+                if !q.commits.is_empty() && !q.closing {
+                    // Group commit: let the requests running beside this thread add their
+                    // decisions to the group (one yield, no timed wait), so a busy proxy pays one
+                    // write for many of them.
+                    drop(q);
+                    std::thread::yield_now();
+                    q = shared.lock();
                 }
                 if q.flushes.is_empty()
                     && q.commits.is_empty()
@@ -560,11 +580,13 @@ impl Writer {
                 {
                     // Let the batch gather. A commit, a flush, closing or a filling queue cuts
                     // this short.
+                    q.writer_waiting = true;
                     q = shared
                         .work
                         .wait_timeout(q, LINGER)
                         .map(|(q, _)| q)
                         .unwrap_or_else(|p| p.into_inner().0);
+                    q.writer_waiting = false;
                 }
                 std::mem::swap(&mut batch, &mut q.records);
                 acks.append(&mut q.flushes);
