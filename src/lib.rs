@@ -18,5 +18,6 @@ pub mod reason;
 pub mod secrets;
 pub mod signing;
 pub mod state;
+pub mod telemetry;
 pub mod upstream;
 pub mod wire;
