@@ -149,7 +149,7 @@ impl OtlpStats {
 /// credentials, no query or fragment.
 pub fn traces_url(raw: &str) -> Result<http::Uri, OtlpError> {
     let bad = |why: &str| OtlpError::BadUrl {
-        url: raw.to_string(),
+        url: shown(raw),
         why: why.to_string(),
     };
     let mut url = url::Url::parse(raw).map_err(|e| bad(&e.to_string()))?;
@@ -172,6 +172,22 @@ pub fn traces_url(raw: &str) -> Result<http::Uri, OtlpError> {
         url.set_path(&format!("{path}/v1/traces"));
     }
     http::Uri::try_from(url.as_str()).map_err(|e| bad(&e.to_string()))
+}
+
+/// `raw` as an error message may quote it: without its credentials, if it has any.
+fn shown(raw: &str) -> String {
+    match url::Url::parse(raw) {
+        Ok(mut u) if !u.username().is_empty() || u.password().is_some() => {
+            let _ = u.set_username("");
+            let _ = u.set_password(None);
+            u.to_string()
+        }
+        Ok(_) => raw.to_string(),
+        // Unparsed, it cannot be told apart safely: quote it only when nothing in it can be
+        // userinfo.
+        Err(_) if raw.contains('@') => "(the URL given)".to_string(),
+        Err(_) => raw.to_string(),
+    }
 }
 
 /// Hands outcome records to the exporter thread without ever waiting: the audit writer's tap.
