@@ -13,6 +13,7 @@ mod approvals_admin;
 mod approvals_notify;
 mod approvals_replicas;
 mod approvals_restart;
+mod audit_export;
 mod audit_schema;
 mod audit_sink;
 mod bad_input;
