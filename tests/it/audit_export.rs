@@ -174,7 +174,10 @@ fn outcome<'a>(events: &'a [Value], pick: impl Fn(&Value) -> bool) -> &'a Value 
 fn ocsf_events_of_real_traffic_validate_against_the_published_schema_and_keep_the_chain() {
     let (mut lk, upstream, _ca) = world(&["--audit-format", "ocsf"]);
     let port = upstream.port();
-    drive(&lk, port, &[]);
+    // With the sandbox's trace context, so that events carrying a trace (the `trace` profile)
+    // are validated too once latchkey records it.
+    let traceparent = format!("traceparent: 00-{TRACE_ID}-{PARENT_ID}-01");
+    drive(&lk, port, &["-H", &traceparent]);
     let events = wait_events(&lk, 4);
 
     // The allowed GET: its decision, committed before the dial, then its outcome.
@@ -264,6 +267,66 @@ fn ocsf_events_of_real_traffic_validate_against_the_published_schema_and_keep_th
         ca_dir.as_os_str(),
     ]);
     assert_eq!(verified.code(), Some(0), "audit verify: {verified:#?}");
+}
+
+/// `dig @ADDR -p PORT +tries=1 +time=3 ARGS...`: the status it printed.
+fn dig(addr: std::net::SocketAddr, args: &[&str]) -> String {
+    let mut cmd = Command::new(toolchain::tool("dig"));
+    cmd.arg(format!("@{}", addr.ip()))
+        .arg("-p")
+        .arg(addr.port().to_string())
+        .args(["+tries=1", "+time=3", "+noall", "+comments"])
+        .args(args);
+    let out = wait_with_timeout(&mut cmd, Duration::from_secs(60));
+    out.stdout
+        .lines()
+        .find_map(|l| l.split("status: ").nth(1))
+        .and_then(|rest| rest.split(',').next())
+        .unwrap_or_else(|| panic!("dig {args:?} printed no status: {out:#?}"))
+        .to_string()
+}
+
+#[test]
+fn ocsf_dns_queries_to_latchkeys_resolver_are_valid_dns_activity() {
+    let lk = latchkey()
+        .policy("main.toml", "[[rules]]\nname = \"up\"\nhosts = [\"up.test\"]\n")
+        .arg("--dns")
+        .arg("127.0.0.1:0")
+        .arg("--dns-self")
+        .arg("192.0.2.53")
+        .arg("--audit-format")
+        .arg("ocsf")
+        .run();
+    const LINE: &str = "latchkey: dns listening on ";
+    assert!(lk.wait_stderr_contains(LINE, Duration::from_secs(5)), "{}", lk.stderr_text());
+    let addr = lk
+        .stderr_text()
+        .lines()
+        .find_map(|l| l.trim_end().strip_prefix(LINE).and_then(|a| a.parse().ok()))
+        .expect("dns address");
+    assert_eq!(dig(addr, &["A", "up.test"]), "NOERROR");
+    assert_eq!(dig(addr, &["A", "nowhere.test"]), "NXDOMAIN");
+    assert_eq!(dig(addr, &["TXT", "up.test"]), "REFUSED");
+    let events = wait_events(&lk, 3);
+    let query = |name: &str, qtype: &str| {
+        events
+            .iter()
+            .find(|e| e["query"]["hostname"] == name && e["query"]["type"] == qtype)
+            .unwrap_or_else(|| panic!("no event for {qtype} {name}: {events:#?}"))
+    };
+    let up = query("up.test", "A");
+    assert_eq!((&up["class_uid"], &up["activity_id"]), (&json!(4003), &json!(6)));
+    assert_eq!(up["answers"], json!([{"rdata": "192.0.2.53", "type": "A"}]));
+    assert_eq!((&up["rcode_id"], &up["rcode"]), (&json!(0), &json!("NoError")));
+    assert_eq!(up["action"], "Allowed");
+    let nx = query("nowhere.test", "A");
+    assert_eq!((&nx["rcode_id"], &nx["rcode"]), (&json!(3), &json!("NXDomain")));
+    let txt = query("up.test", "TXT");
+    assert_eq!((&txt["rcode"], &txt["disposition"]), (&json!("Refused"), &json!("Blocked")));
+    assert_eq!(txt["unmapped"]["reason"], "dns_type_refused");
+    let (code, report) = validate(&lk.scratch().join("audit.jsonl"));
+    assert_eq!(code, Some(0), "OCSF validation failed: {report:#}");
+    assert!(report["classes"]["4003"].as_u64().is_some_and(|n| n >= 3), "{report:#}");
 }
 
 /// The validator is only worth something if it fails: one event broken at a time, each is
@@ -536,7 +599,11 @@ fn a_model_provider_call_has_genai_attributes_and_no_secret_in_its_span() {
     let collector = collector();
     let otlp = format!("http://127.0.0.1:{}", collector.port());
     let w = limits_world(
-        &format!("{SECRET_TOML}{}", provider_rule("openai", OPENAI_HOST, "")),
+        // A token meter on the rule is what makes latchkey read the response's usage.
+        &format!(
+            "{SECRET_TOML}[limits.meter]\nllm_tokens = \"10M/day\"\n{}",
+            provider_rule("openai", OPENAI_HOST, "\"meter\"")
+        ),
         |b| b.arg("--otlp").arg(&otlp),
     );
     let resp = w.run(
