@@ -13,7 +13,8 @@
 //! | a DNS query to latchkey's resolver (`method = "DNS"`)  | DNS Activity (4003)        | Traffic (6), unanswered: Query (1) |
 //!
 //! An approval's answer (`method = "APPROVAL"`) is HTTP Activity "Other" about the request it
-//! answered. Profiles used: `host` (`actor`), `security_control` (`action`, `disposition`,
+//! answered; a method OCSF does not enumerate is activity Other, named by the method, which is
+//! also `unmapped.method`. Profiles used: `host` (`actor`), `security_control` (`action`, `disposition`,
 //! `firewall_rule`, `policy`) and, on HTTP Activity carrying a trace id, `trace`; each event
 //! lists them in `metadata.profiles`.
 //!
@@ -234,7 +235,10 @@ struct Endpoint<'a> {
 
 #[derive(Serialize)]
 struct HttpRequest<'a> {
-    http_method: &'a str,
+    /// One of the methods OCSF enumerates; any other is the activity's name (Other) and
+    /// `unmapped.method`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    http_method: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     url: Option<Url<'a>>,
 }
@@ -318,6 +322,9 @@ struct Unmapped<'a> {
     reason: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     rule: Option<&'a str>,
+    /// A method OCSF has no value for (`PROPFIND`, `APPROVAL`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    method: Option<&'a str>,
     secrets: &'a [String],
     policy: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -371,7 +378,10 @@ fn endpoint_of(addr: &str) -> Option<Endpoint<'_>> {
 
 /// Where the request went: its host and port, and the address dialed when there was one.
 fn destination(r: &Record) -> Option<Endpoint<'_>> {
-    let dialed = r.upstream.as_deref().and_then(|u| u.parse::<SocketAddr>().ok());
+    let dialed = r
+        .upstream
+        .as_deref()
+        .and_then(|u| u.parse::<SocketAddr>().ok());
     let host = r.host.as_deref().filter(|h| !h.is_empty());
     if host.is_none() && dialed.is_none() {
         return None;
@@ -506,9 +516,8 @@ fn event(r: &Record) -> Event<'_> {
     } else {
         (2, "Low")
     };
-    let succeeded = allowed
-        && matches!(r.reason, "allowed" | "tunnel")
-        && r.status.is_none_or(|s| s < 500);
+    let succeeded =
+        allowed && matches!(r.reason, "allowed" | "tunnel") && r.status.is_none_or(|s| s < 500);
     let (status_id, status) = match (outcome, succeeded) {
         (false, _) => (0, "Unknown"),
         (true, true) => (1, "Success"),
@@ -542,8 +551,9 @@ fn event(r: &Record) -> Event<'_> {
     }
     let url = (class == Class::Http).then(|| url_of(r)).flatten();
     let message = message(r, url.as_ref());
+    let standard = http_activity(method).0 != 99;
     let http_request = (class == Class::Http).then(|| HttpRequest {
-        http_method: method,
+        http_method: standard.then_some(method),
         url,
     });
     let dns = r.dns.as_ref().filter(|_| class == Class::Dns);
@@ -644,6 +654,7 @@ fn event(r: &Record) -> Event<'_> {
             decision: r.decision,
             reason: r.reason,
             rule: r.rule.as_deref(),
+            method: (class == Class::Http && !standard).then_some(method),
             secrets: &r.secrets,
             policy: &r.policy,
             reach: r.reach.as_deref(),

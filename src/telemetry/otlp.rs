@@ -50,7 +50,9 @@ use opentelemetry_proto::tonic::common::v1::{
     any_value, AnyValue, ArrayValue, InstrumentationScope, KeyValue,
 };
 use opentelemetry_proto::tonic::resource::v1::Resource;
-use opentelemetry_proto::tonic::trace::v1::{span, status, ResourceSpans, ScopeSpans, Span, Status};
+use opentelemetry_proto::tonic::trace::v1::{
+    span, status, ResourceSpans, ScopeSpans, Span, Status,
+};
 use opentelemetry_semantic_conventions::attribute as semconv;
 use prost::Message;
 use tokio::sync::mpsc;
@@ -242,11 +244,13 @@ pub fn start(
     let (tx, rx) = mpsc::channel(options.queue.max(1));
     let exporter = Exporter {
         host: endpoint.host().unwrap_or_default().to_string(),
-        port: endpoint.port_u16().unwrap_or(if endpoint.scheme_str() == Some("https") {
-            443
-        } else {
-            80
-        }),
+        port: endpoint
+            .port_u16()
+            .unwrap_or(if endpoint.scheme_str() == Some("https") {
+                443
+            } else {
+                80
+            }),
         endpoint,
         pins: upstream.resolve.clone(),
         dialer: Arc::new(Dialer::new(upstream)),
@@ -289,9 +293,16 @@ struct Exporter {
 
 /// How one attempt ended.
 enum Sent {
-    Accepted { rejected: u64 },
-    Retry { why: String, after: Option<Duration> },
-    Refused { why: String },
+    Accepted {
+        rejected: u64,
+    },
+    Retry {
+        why: String,
+        after: Option<Duration>,
+    },
+    Refused {
+        why: String,
+    },
 }
 
 impl Exporter {
@@ -429,12 +440,14 @@ impl Exporter {
             Err(e) => return Sent::Refused { why: e.to_string() },
         };
         let exchange = async {
-            let res = client.request(req).await.map_err(|e| {
-                match upstream::find_upstream_error(&e) {
-                    Some(u) => u.to_string(),
-                    None => e.to_string(),
-                }
-            })?;
+            let res =
+                client
+                    .request(req)
+                    .await
+                    .map_err(|e| match upstream::find_upstream_error(&e) {
+                        Some(u) => u.to_string(),
+                        None => e.to_string(),
+                    })?;
             let status = res.status();
             let after = res
                 .headers()
@@ -625,8 +638,15 @@ pub fn span_of(r: &Record) -> Span {
         Err(_) if !r.client.is_empty() => a.push(kv(semconv::CLIENT_ADDRESS, string(&r.client))),
         Err(_) => {}
     }
-    if let Some(u) = r.upstream.as_deref().and_then(|u| u.parse::<SocketAddr>().ok()) {
-        a.push(kv(semconv::NETWORK_PEER_ADDRESS, string(&u.ip().to_string())));
+    if let Some(u) = r
+        .upstream
+        .as_deref()
+        .and_then(|u| u.parse::<SocketAddr>().ok())
+    {
+        a.push(kv(
+            semconv::NETWORK_PEER_ADDRESS,
+            string(&u.ip().to_string()),
+        ));
         a.push(kv(semconv::NETWORK_PEER_PORT, int(u64::from(u.port()))));
     }
     if denied {
@@ -688,7 +708,10 @@ pub fn span_of(r: &Record) -> Span {
                 a.push(kv(semconv::GEN_AI_REQUEST_MODEL, string(m)));
             }
             a.push(kv(semconv::GEN_AI_USAGE_INPUT_TOKENS, int(u.input_tokens)));
-            a.push(kv(semconv::GEN_AI_USAGE_OUTPUT_TOKENS, int(u.output_tokens)));
+            a.push(kv(
+                semconv::GEN_AI_USAGE_OUTPUT_TOKENS,
+                int(u.output_tokens),
+            ));
             if u.cached_input_tokens > 0 {
                 a.push(kv(
                     semconv::GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
@@ -697,7 +720,10 @@ pub fn span_of(r: &Record) -> Span {
             }
         }
         if let Some(cost) = u.cost {
-            a.push(kv("latchkey.usage.cost", any_value::Value::DoubleValue(cost)));
+            a.push(kv(
+                "latchkey.usage.cost",
+                any_value::Value::DoubleValue(cost),
+            ));
         }
         a.push(kv("latchkey.usage.source", string(u.source)));
     }

@@ -145,7 +145,10 @@ fn a_model_call_carries_the_genai_attributes() {
     assert_eq!(str_attr(&s, "gen_ai.request.model"), Some("gpt-4o-mini"));
     assert_eq!(int_attr(&s, "gen_ai.usage.input_tokens"), Some(20));
     assert_eq!(int_attr(&s, "gen_ai.usage.output_tokens"), Some(100));
-    assert_eq!(int_attr(&s, "gen_ai.usage.cache_read.input_tokens"), Some(4));
+    assert_eq!(
+        int_attr(&s, "gen_ai.usage.cache_read.input_tokens"),
+        Some(4)
+    );
     assert_eq!(
         attr(&s, "latchkey.usage.cost"),
         Some(&any_value::Value::DoubleValue(0.25))
@@ -167,13 +170,19 @@ fn denials_and_server_errors_are_errors_and_other_statuses_are_not() {
     let mut r = record();
     r.status = Some(503);
     let s = span_of(&r);
-    assert_eq!(s.status.as_ref().map(|s| s.code), Some(status::StatusCode::Error as i32));
+    assert_eq!(
+        s.status.as_ref().map(|s| s.code),
+        Some(status::StatusCode::Error as i32)
+    );
     assert_eq!(str_attr(&s, "error.type"), Some("503"));
 
     let mut r = record();
     r.status = Some(404);
     let s = span_of(&r);
-    assert_eq!(s.status.as_ref().map(|s| s.code), Some(status::StatusCode::Unset as i32));
+    assert_eq!(
+        s.status.as_ref().map(|s| s.code),
+        Some(status::StatusCode::Unset as i32)
+    );
 }
 
 #[test]
@@ -189,7 +198,11 @@ fn without_a_trace_from_the_sandbox_ids_are_random_and_there_is_no_parent() {
     assert_ne!(a.span_id, b.span_id);
     assert!(a.parent_span_id.is_empty(), "a parent outside any trace");
     // Ids that are not hex of the right length (or all zero) are not used either.
-    for bad in ["xyz", "4bf92f3577b34da6a3ce929d0e0e473", "00000000000000000000000000000000"] {
+    for bad in [
+        "xyz",
+        "4bf92f3577b34da6a3ce929d0e0e473",
+        "00000000000000000000000000000000",
+    ] {
         r.trace_id = Some(bad.into());
         let s = span_of(&r);
         assert_ne!(hex(&s.trace_id), bad);
@@ -205,7 +218,10 @@ fn names_and_methods_follow_the_conventions_for_odd_requests() {
     let s = span_of(&r);
     assert_eq!(s.name, "PROPFIND api.openai.com");
     assert_eq!(str_attr(&s, "http.request.method"), Some("_OTHER"));
-    assert_eq!(str_attr(&s, "http.request.method_original"), Some("PROPFIND"));
+    assert_eq!(
+        str_attr(&s, "http.request.method_original"),
+        Some("PROPFIND")
+    );
 
     let mut r = record();
     r.method = Some("CONNECT".into());
@@ -230,10 +246,22 @@ fn names_and_methods_follow_the_conventions_for_odd_requests() {
 #[test]
 fn the_traces_url_is_the_base_plus_v1_traces() {
     let ok = |raw: &str| traces_url(raw).expect(raw).to_string();
-    assert_eq!(ok("http://127.0.0.1:4318"), "http://127.0.0.1:4318/v1/traces");
-    assert_eq!(ok("http://127.0.0.1:4318/"), "http://127.0.0.1:4318/v1/traces");
-    assert_eq!(ok("https://otel.example.com/otlp/"), "https://otel.example.com/otlp/v1/traces");
-    assert_eq!(ok("http://[::1]:4318/v1/traces"), "http://[::1]:4318/v1/traces");
+    assert_eq!(
+        ok("http://127.0.0.1:4318"),
+        "http://127.0.0.1:4318/v1/traces"
+    );
+    assert_eq!(
+        ok("http://127.0.0.1:4318/"),
+        "http://127.0.0.1:4318/v1/traces"
+    );
+    assert_eq!(
+        ok("https://otel.example.com/otlp/"),
+        "https://otel.example.com/otlp/v1/traces"
+    );
+    assert_eq!(
+        ok("http://[::1]:4318/v1/traces"),
+        "http://[::1]:4318/v1/traces"
+    );
     for (bad, why) in [
         ("ftp://x/", "scheme"),
         ("http://user:pw@x/", "credentials"),
@@ -379,8 +407,12 @@ async fn spans_reach_a_collector_on_loopback_as_protobuf_after_retries() {
     *state.answers.lock().expect("lock") = vec![503, 429];
     let addr = collector(state.clone()).await;
     // Loopback without --allow-private: the collector's own address is opened for it alone.
-    let (mut tap, stats) =
-        start(&format!("http://{addr}"), &UpstreamConfig::default(), quick()).expect("start");
+    let (mut tap, stats) = start(
+        &format!("http://{addr}"),
+        &UpstreamConfig::default(),
+        quick(),
+    )
+    .expect("start");
     let mut second = record();
     second.id = "fedcba9876543210".into();
     tap.written(&[record(), second]);
@@ -390,7 +422,10 @@ async fn spans_reach_a_collector_on_loopback_as_protobuf_after_retries() {
     let requests = state.requests.lock().expect("lock");
     assert_eq!(requests.len(), 3, "two refused tries and the accepted one");
     let (method, path, ctype, req) = &requests[2];
-    assert_eq!((method, path.as_str(), ctype.as_str()), (&http::Method::POST, "/v1/traces", "application/x-protobuf"));
+    assert_eq!(
+        (method, path.as_str(), ctype.as_str()),
+        (&http::Method::POST, "/v1/traces", "application/x-protobuf")
+    );
     let rs = &req.resource_spans[0];
     let service = rs
         .resource
@@ -404,7 +439,11 @@ async fn spans_reach_a_collector_on_loopback_as_protobuf_after_retries() {
         .iter()
         .filter_map(|s| str_attr(s, "latchkey.audit.id"))
         .collect();
-    assert_eq!(ids, ["0123456789abcdef", "fedcba9876543210"], "one batch, in order");
+    assert_eq!(
+        ids,
+        ["0123456789abcdef", "fedcba9876543210"],
+        "one batch, in order"
+    );
 }
 
 #[tokio::test]
@@ -412,11 +451,19 @@ async fn a_refusing_or_absent_collector_gives_batches_up_counted() {
     let state = Arc::new(Collector::default());
     *state.answers.lock().expect("lock") = vec![400];
     let addr = collector(state.clone()).await;
-    let (mut tap, stats) =
-        start(&format!("http://{addr}/"), &UpstreamConfig::default(), quick()).expect("start");
+    let (mut tap, stats) = start(
+        &format!("http://{addr}/"),
+        &UpstreamConfig::default(),
+        quick(),
+    )
+    .expect("start");
     tap.written(&[record()]);
     wait_for("the refusal", || stats.failed() == 1).await;
-    assert_eq!((stats.retries(), stats.exported()), (0, 0), "400 is not retried");
+    assert_eq!(
+        (stats.retries(), stats.exported()),
+        (0, 0),
+        "400 is not retried"
+    );
 
     // Nothing listens: every attempt fails, then the batch is given up.
     let unused = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -438,8 +485,12 @@ async fn a_partial_success_counts_the_rejected_spans() {
     let state = Arc::new(Collector::default());
     state.reject.store(1, Ordering::SeqCst);
     let addr = collector(state.clone()).await;
-    let (mut tap, stats) =
-        start(&format!("http://{addr}"), &UpstreamConfig::default(), quick()).expect("start");
+    let (mut tap, stats) = start(
+        &format!("http://{addr}"),
+        &UpstreamConfig::default(),
+        quick(),
+    )
+    .expect("start");
     tap.written(&[record(), record(), record()]);
     wait_for("the export", || stats.exported() + stats.rejected() == 3).await;
     assert_eq!((stats.exported(), stats.rejected()), (2, 1));
@@ -467,8 +518,12 @@ async fn closing_the_tap_sends_what_is_queued() {
         linger: Duration::from_secs(30),
         ..quick()
     };
-    let (mut tap, stats) =
-        start(&format!("http://{addr}"), &UpstreamConfig::default(), options).expect("start");
+    let (mut tap, stats) = start(
+        &format!("http://{addr}"),
+        &UpstreamConfig::default(),
+        options,
+    )
+    .expect("start");
     tap.written(&[record()]);
     // The batch would linger 30 s; the log closing (the tap dropped) cuts that short.
     drop(tap);

@@ -75,7 +75,9 @@ fn world(args: &[&str]) -> (Latchkey, Upstream, TestCa) {
 fn drive(lk: &Latchkey, port: u16, extra: &[&str]) {
     let ok = curl(lk)
         .args(extra.iter().copied())
-        .args([format!("https://api.test:{port}/v1/items?token=q-value-5150")])
+        .args([format!(
+            "https://api.test:{port}/v1/items?token=q-value-5150"
+        )])
         .run();
     assert_eq!(ok.ok().status, 200, "{ok:#?}");
     let denied = curl(lk)
@@ -112,7 +114,12 @@ fn ocsf_lines(text: &str) -> Vec<Value> {
             ),
             Some((pseq, phash)) => {
                 assert_eq!(seq, pseq + 1, "line {}: seq", i + 1);
-                assert_eq!(link, phash, "line {}: prev is not the hash of the line before", i + 1);
+                assert_eq!(
+                    link,
+                    phash,
+                    "line {}: prev is not the hash of the line before",
+                    i + 1
+                );
             }
         }
         let hash = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, line.as_bytes());
@@ -149,7 +156,10 @@ fn wait_events(lk: &Latchkey, n: usize) -> Vec<Value> {
 
 /// `tests/clients/ocsf_validate.py FILE`: its exit code and report.
 fn validate(file: &Path) -> (Option<i32>, Value) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/ocsf_validate.py");
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/clients/ocsf_validate.py"
+    );
     let mut cmd = Command::new(toolchain::python());
     cmd.arg(script).arg(file);
     for var in SCRUBBED_ENV {
@@ -182,7 +192,10 @@ fn ocsf_events_of_real_traffic_validate_against_the_published_schema_and_keep_th
 
     // The allowed GET: its decision, committed before the dial, then its outcome.
     let got = outcome(&events, |e| e["http_request"]["url"]["path"] == "/v1/items");
-    assert_eq!((&got["class_uid"], &got["activity_id"]), (&json!(4002), &json!(3)));
+    assert_eq!(
+        (&got["class_uid"], &got["activity_id"]),
+        (&json!(4002), &json!(3))
+    );
     assert_eq!(got["type_uid"], 400203);
     assert_eq!(
         got["http_request"]["url"],
@@ -197,17 +210,30 @@ fn ocsf_events_of_real_traffic_validate_against_the_published_schema_and_keep_th
     assert_eq!(got["dst_endpoint"]["port"], port);
     assert_eq!(got["src_endpoint"]["ip"], "127.0.0.1");
     assert_eq!(got["actor"]["user"]["name"], "default");
-    assert_eq!((&got["action"], &got["disposition"]), (&json!("Allowed"), &json!("Allowed")));
+    assert_eq!(
+        (&got["action"], &got["disposition"]),
+        (&json!("Allowed"), &json!("Allowed"))
+    );
     assert_eq!(got["status"], "Success");
     assert_eq!(got["firewall_rule"]["name"], "api");
     assert_eq!(got["unmapped"]["rule"], "api");
     assert_eq!(got["unmapped"]["secrets"], json!(["api_key"]));
-    assert!(got["unmapped"]["policy"].as_str().is_some_and(|p| p.starts_with("sha256:")));
-    assert!(got["traffic"]["bytes_in"].as_u64().is_some_and(|n| n > 0), "{got:#}");
-    assert!(got["time"].as_u64().is_some_and(|t| t > 1_600_000_000_000), "epoch ms: {got:#}");
+    assert!(got["unmapped"]["policy"]
+        .as_str()
+        .is_some_and(|p| p.starts_with("sha256:")));
+    assert!(
+        got["traffic"]["bytes_in"].as_u64().is_some_and(|n| n > 0),
+        "{got:#}"
+    );
+    assert!(
+        got["time"].as_u64().is_some_and(|t| t > 1_600_000_000_000),
+        "epoch ms: {got:#}"
+    );
     assert_eq!(got["metadata"]["version"], "1.8.0");
     assert_eq!(got["metadata"]["product"]["name"], "latchkey");
-    let id = got["metadata"]["correlation_uid"].as_str().expect("correlation uid");
+    let id = got["metadata"]["correlation_uid"]
+        .as_str()
+        .expect("correlation uid");
     assert_eq!(got["metadata"]["uid"], id);
     let decisions: Vec<&Value> = events
         .iter()
@@ -217,7 +243,10 @@ fn ocsf_events_of_real_traffic_validate_against_the_published_schema_and_keep_th
     let d = decisions[0];
     assert_eq!(d["metadata"]["correlation_uid"], id);
     assert_eq!(d["metadata"]["uid"], format!("{id}.decision"));
-    assert_eq!((&d["class_uid"], &d["status"]), (&json!(4002), &json!("Unknown")));
+    assert_eq!(
+        (&d["class_uid"], &d["status"]),
+        (&json!(4002), &json!("Unknown"))
+    );
     assert!(d.get("http_response").is_none(), "{d:#}");
     let position = |e: &Value| events.iter().position(|x| x == e).expect("in the log");
     assert!(position(d) < position(got), "the decision comes first");
@@ -226,16 +255,36 @@ fn ocsf_events_of_real_traffic_validate_against_the_published_schema_and_keep_th
     let denied = outcome(&events, |e| e["http_request"]["url"]["path"] == "/admin");
     assert_eq!(denied["class_uid"], 4002);
     assert_eq!(
-        (&denied["action"], &denied["disposition"], &denied["status"], &denied["status_code"]),
-        (&json!("Denied"), &json!("Blocked"), &json!("Failure"), &json!("path_not_allowed"))
+        (
+            &denied["action"],
+            &denied["disposition"],
+            &denied["status"],
+            &denied["status_code"]
+        ),
+        (
+            &json!("Denied"),
+            &json!("Blocked"),
+            &json!("Failure"),
+            &json!("path_not_allowed")
+        )
     );
     assert_eq!(denied["http_response"]["code"], 403);
-    assert!(denied.get("dst_endpoint").and_then(|d| d.get("ip")).is_none(), "never dialed");
+    assert!(
+        denied
+            .get("dst_endpoint")
+            .and_then(|d| d.get("ip"))
+            .is_none(),
+        "never dialed"
+    );
 
     // The refused CONNECT: Network Activity, Refuse.
     let refused = outcome(&events, |e| e["dst_endpoint"]["hostname"] == "evil.test");
     assert_eq!(
-        (&refused["class_uid"], &refused["activity_id"], &refused["type_uid"]),
+        (
+            &refused["class_uid"],
+            &refused["activity_id"],
+            &refused["type_uid"]
+        ),
         (&json!(4001), &json!(5), &json!(400105))
     );
     assert_eq!(refused["activity_name"], "Refuse");
@@ -244,19 +293,41 @@ fn ocsf_events_of_real_traffic_validate_against_the_published_schema_and_keep_th
 
     // A clean stop writes the last checkpoint; then the whole file is checked.
     lk.signal("TERM");
-    assert!(lk.wait_exit(Duration::from_secs(15)).is_some(), "latchkey did not stop");
+    assert!(
+        lk.wait_exit(Duration::from_secs(15)).is_some(),
+        "latchkey did not stop"
+    );
     let audit = lk.scratch().join("audit.jsonl");
     let text = std::fs::read_to_string(&audit).expect("audit file");
     assert_no_leak("the OCSF audit log", text.as_bytes(), &secrets());
-    assert!(!text.contains("q-value-5150"), "a query value in the OCSF log");
+    assert!(
+        !text.contains("q-value-5150"),
+        "a query value in the OCSF log"
+    );
     let lines = ocsf_lines(&text);
-    assert!(lines.iter().any(|l| l.get("checkpoint").is_some()), "no checkpoint");
+    assert!(
+        lines.iter().any(|l| l.get("checkpoint").is_some()),
+        "no checkpoint"
+    );
     let (code, report) = validate(&audit);
     assert_eq!(code, Some(0), "OCSF validation failed: {report:#}");
     assert_eq!(report["version"], "1.8.0");
-    assert_eq!(report["events"], lines.len() - lines.iter().filter(|l| l.get("checkpoint").is_some()).count());
-    assert!(report["classes"]["4002"].as_u64().is_some_and(|n| n >= 3), "{report:#}");
-    assert!(report["classes"]["4001"].as_u64().is_some_and(|n| n >= 1), "{report:#}");
+    assert_eq!(
+        report["events"],
+        lines.len()
+            - lines
+                .iter()
+                .filter(|l| l.get("checkpoint").is_some())
+                .count()
+    );
+    assert!(
+        report["classes"]["4002"].as_u64().is_some_and(|n| n >= 3),
+        "{report:#}"
+    );
+    assert!(
+        report["classes"]["4001"].as_u64().is_some_and(|n| n >= 1),
+        "{report:#}"
+    );
     // `audit verify` reads an OCSF log like a JSON-lines one: the chain and the signatures.
     let ca_dir = lk.ca_dir();
     let verified = run_cli([
@@ -289,7 +360,10 @@ fn dig(addr: std::net::SocketAddr, args: &[&str]) -> String {
 #[test]
 fn ocsf_dns_queries_to_latchkeys_resolver_are_valid_dns_activity() {
     let lk = latchkey()
-        .policy("main.toml", "[[rules]]\nname = \"up\"\nhosts = [\"up.test\"]\n")
+        .policy(
+            "main.toml",
+            "[[rules]]\nname = \"up\"\nhosts = [\"up.test\"]\n",
+        )
         .arg("--dns")
         .arg("127.0.0.1:0")
         .arg("--dns-self")
@@ -298,7 +372,11 @@ fn ocsf_dns_queries_to_latchkeys_resolver_are_valid_dns_activity() {
         .arg("ocsf")
         .run();
     const LINE: &str = "latchkey: dns listening on ";
-    assert!(lk.wait_stderr_contains(LINE, Duration::from_secs(5)), "{}", lk.stderr_text());
+    assert!(
+        lk.wait_stderr_contains(LINE, Duration::from_secs(5)),
+        "{}",
+        lk.stderr_text()
+    );
     let addr = lk
         .stderr_text()
         .lines()
@@ -315,18 +393,227 @@ fn ocsf_dns_queries_to_latchkeys_resolver_are_valid_dns_activity() {
             .unwrap_or_else(|| panic!("no event for {qtype} {name}: {events:#?}"))
     };
     let up = query("up.test", "A");
-    assert_eq!((&up["class_uid"], &up["activity_id"]), (&json!(4003), &json!(6)));
+    assert_eq!(
+        (&up["class_uid"], &up["activity_id"]),
+        (&json!(4003), &json!(6))
+    );
     assert_eq!(up["answers"], json!([{"rdata": "192.0.2.53", "type": "A"}]));
-    assert_eq!((&up["rcode_id"], &up["rcode"]), (&json!(0), &json!("NoError")));
+    assert_eq!(
+        (&up["rcode_id"], &up["rcode"]),
+        (&json!(0), &json!("NoError"))
+    );
     assert_eq!(up["action"], "Allowed");
     let nx = query("nowhere.test", "A");
-    assert_eq!((&nx["rcode_id"], &nx["rcode"]), (&json!(3), &json!("NXDomain")));
+    assert_eq!(
+        (&nx["rcode_id"], &nx["rcode"]),
+        (&json!(3), &json!("NXDomain"))
+    );
     let txt = query("up.test", "TXT");
-    assert_eq!((&txt["rcode"], &txt["disposition"]), (&json!("Refused"), &json!("Blocked")));
+    assert_eq!(
+        (&txt["rcode"], &txt["disposition"]),
+        (&json!("Refused"), &json!("Blocked"))
+    );
     assert_eq!(txt["unmapped"]["reason"], "dns_type_refused");
     let (code, report) = validate(&lk.scratch().join("audit.jsonl"));
     assert_eq!(code, Some(0), "OCSF validation failed: {report:#}");
-    assert!(report["classes"]["4003"].as_u64().is_some_and(|n| n >= 3), "{report:#}");
+    assert!(
+        report["classes"]["4003"].as_u64().is_some_and(|n| n >= 3),
+        "{report:#}"
+    );
+}
+
+/// A request record of every shape latchkey writes — decision and outcome, every field filled
+/// (trace, labels, usage, limits, approval, session), report-only, an unknown method, an
+/// approval's answer, an allowed tunnel to an IPv6 upstream, a refused CONNECT, a connection that
+/// never became a request, a request too broken to have a target, DNS answered and unanswered —
+/// written by the audit log itself in OCSF, and every event valid.
+#[test]
+fn every_kind_of_record_the_log_writes_is_a_valid_ocsf_event() {
+    use ::latchkey::audit::{
+        ApprovalInfo, AuditLog, DnsInfo, Format, LimitCharge, Options, Phase, Record, UsageInfo,
+    };
+    let full = Record {
+        phase: Phase::Outcome,
+        ts: std::time::SystemTime::now(),
+        id: "0123456789abcdef".into(),
+        identity: "ci-agent".into(),
+        client: "10.1.2.3:40000".into(),
+        method: Some("POST".into()),
+        scheme: Some("https".into()),
+        host: Some("api.openai.com".into()),
+        port: Some(443),
+        path: Some("/v1/chat/completions?key=REDACTED".into()),
+        decision: "allow",
+        rule: Some("openai".into()),
+        reason: "allowed",
+        secrets: vec!["openai".into()],
+        status: Some(200),
+        upstream: Some("192.0.2.10:443".into()),
+        bytes_up: 100,
+        bytes_down: 2000,
+        duration_ms: 250,
+        policy: format!("sha256:{}", "ab".repeat(32)),
+        redactions: 2,
+        would_deny: false,
+        dns: None,
+        approval: Some(ApprovalInfo {
+            id: "ap-1".into(),
+            state: "approved",
+            scope: Some("1h".into()),
+            waited_ms: Some(1200),
+            ..ApprovalInfo::default()
+        }),
+        limits: vec![LimitCharge {
+            limit: "tokens".into(),
+            measure: "llm_tokens",
+            key: "identity:ci-agent".into(),
+            charged: 120,
+            used: 900,
+            limit_value: 10_000,
+            refused: false,
+            unchecked: false,
+        }],
+        usage: Some(UsageInfo {
+            provider: "openai",
+            model: Some("gpt-4o".into()),
+            input_tokens: 100,
+            output_tokens: 20,
+            cached_input_tokens: 10,
+            cost: Some(0.002),
+            source: "response",
+        }),
+        labels: [("env", "ci"), ("sandbox", "run-42")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        reach: Some(format!("sha256:{}", "cd".repeat(32))),
+        session: Some("sess-1".into()),
+        step: Some("step-3".into()),
+        attempt: Some(2),
+        trace_id: Some(TRACE_ID.into()),
+        span_id: Some("b7ad6b7169203331".into()),
+        parent_span_id: Some(PARENT_ID.into()),
+    };
+    let with = |f: &dyn Fn(&mut Record)| {
+        let mut r = full.clone();
+        f(&mut r);
+        r
+    };
+    let records = vec![
+        with(&|r| {
+            r.phase = Phase::Decision;
+            r.status = None;
+            r.duration_ms = 0;
+        }),
+        full.clone(),
+        with(&|r| {
+            r.would_deny = true;
+            r.reason = "path_not_allowed";
+        }),
+        with(&|r| r.method = Some("PROPFIND".into())),
+        with(&|r| {
+            r.method = Some("APPROVAL".into());
+            r.decision = "deny";
+            r.reason = "approval_denied";
+            r.status = None;
+            r.upstream = None;
+        }),
+        with(&|r| {
+            r.method = Some("CONNECT".into());
+            r.path = None;
+            r.reason = "tunnel";
+            r.status = None;
+            r.upstream = Some("[2001:db8::1]:443".into());
+            r.host = Some("2001:db8::1".into());
+        }),
+        with(&|r| {
+            r.method = Some("CONNECT".into());
+            r.path = None;
+            r.decision = "deny";
+            r.reason = "no_rule";
+            r.rule = None;
+            r.status = Some(403);
+            r.upstream = None;
+        }),
+        with(&|r| {
+            r.method = None;
+            r.path = None;
+            r.decision = "deny";
+            r.reason = "not_tls";
+            r.status = None;
+            r.upstream = None;
+        }),
+        with(&|r| {
+            r.method = None;
+            r.scheme = None;
+            r.host = None;
+            r.port = None;
+            r.path = None;
+            r.decision = "deny";
+            r.reason = "bad_request";
+            r.rule = None;
+            r.status = Some(400);
+            r.upstream = None;
+            r.client = "unix:/run/sandbox.sock".into();
+        }),
+        with(&|r| {
+            r.method = Some("GET".into());
+            r.decision = "deny";
+            r.reason = "secret_value_unbound";
+            r.status = Some(403);
+            r.upstream = None;
+        }),
+        with(&|r| {
+            r.method = Some("DNS".into());
+            r.scheme = None;
+            r.port = None;
+            r.path = None;
+            r.status = None;
+            r.upstream = None;
+            r.dns = Some(DnsInfo {
+                qtype: Some("AAAA".into()),
+                rcode: Some("NOERROR"),
+                answer: vec!["2001:db8::53".into()],
+                transport: "tcp",
+                queries: 1,
+            });
+        }),
+        with(&|r| {
+            r.method = Some("DNS".into());
+            r.decision = "deny";
+            r.reason = "bad_request";
+            r.path = None;
+            r.dns = Some(DnsInfo::new("udp"));
+        }),
+    ];
+    let n = records.len();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("audit.jsonl");
+    let log = AuditLog::open_with(
+        &file,
+        Options {
+            format: Format::Ocsf,
+            ..Options::default()
+        },
+    )
+    .expect("audit log");
+    for r in records {
+        log.write(r);
+    }
+    assert!(log.flush(Duration::from_secs(10)));
+    assert_eq!(log.written(), n as u64, "every record serialised");
+    drop(log);
+    let text = std::fs::read_to_string(&file).expect("audit file");
+    assert_eq!(ocsf_lines(&text).len(), n);
+    let (code, report) = validate(&file);
+    assert_eq!(code, Some(0), "OCSF validation failed: {report:#}");
+    assert_eq!(report["events"], n);
+    for class in ["4001", "4002", "4003"] {
+        assert!(
+            report["classes"][class].is_u64(),
+            "no {class} event: {report:#}"
+        );
+    }
 }
 
 /// The validator is only worth something if it fails: one event broken at a time, each is
@@ -352,7 +639,10 @@ fn the_ocsf_validation_fails_on_a_wrong_class_a_missing_attribute_or_a_wrong_val
     let mut wrong_class = good.clone();
     wrong_class["class_uid"] = json!(4001);
     let why = check("wrong-class", wrong_class);
-    assert!(why.contains("http_request"), "Network Activity has no http_request: {why}");
+    assert!(
+        why.contains("http_request"),
+        "Network Activity has no http_request: {why}"
+    );
 
     let mut no_time = good.clone();
     no_time.as_object_mut().expect("object").remove("time");
@@ -406,7 +696,11 @@ fn wait_spans(collector: &Upstream, lk: &Latchkey, n: usize) -> (Vec<Span>, Vec<
         let mut spans = Vec::new();
         let mut raw = Vec::new();
         for r in &received {
-            assert_eq!((r.method.as_str(), r.path.as_str()), ("POST", "/v1/traces"), "{r:#?}");
+            assert_eq!(
+                (r.method.as_str(), r.path.as_str()),
+                ("POST", "/v1/traces"),
+                "{r:#?}"
+            );
             assert_eq!(r.header("content-type"), Some("application/x-protobuf"));
             let req = ExportTraceServiceRequest::decode(r.body.as_slice())
                 .unwrap_or_else(|e| panic!("not an OTLP export request ({e}): {r:#?}"));
@@ -559,7 +853,10 @@ fn otlp_spans_of_real_requests_carry_http_attributes_ids_and_parentage() {
     match attr(ok, "latchkey.secrets") {
         Some(any_value::Value::ArrayValue(a)) => {
             let names: Vec<_> = a.values.iter().map(|v| v.value.clone()).collect();
-            assert_eq!(names, vec![Some(any_value::Value::StringValue("api_key".into()))]);
+            assert_eq!(
+                names,
+                vec![Some(any_value::Value::StringValue("api_key".into()))]
+            );
         }
         other => panic!("latchkey.secrets: {other:?}"),
     }
@@ -568,7 +865,10 @@ fn otlp_spans_of_real_requests_carry_http_attributes_ids_and_parentage() {
 
     let denied = by_path("/admin");
     let st = denied.status.clone().unwrap_or_default();
-    assert_eq!((st.code, st.message.as_str()), (status::StatusCode::Error as i32, "path_not_allowed"));
+    assert_eq!(
+        (st.code, st.message.as_str()),
+        (status::StatusCode::Error as i32, "path_not_allowed")
+    );
     assert_eq!(number(denied, "http.response.status_code"), Some(403));
     assert_eq!(text(denied, "error.type"), Some("path_not_allowed"));
 
@@ -584,8 +884,15 @@ fn otlp_spans_of_real_requests_carry_http_attributes_ids_and_parentage() {
 
     // No secret value, no query value, in any span, however encoded.
     assert_no_leak("the OTLP export", &raw, &secrets());
-    assert_no_leak("the spans' attributes", attribute_text(&spans).as_bytes(), &secrets());
-    assert!(!attribute_text(&spans).contains("q-value-5150"), "a query value in a span");
+    assert_no_leak(
+        "the spans' attributes",
+        attribute_text(&spans).as_bytes(),
+        &secrets(),
+    );
+    assert!(
+        !attribute_text(&spans).contains("q-value-5150"),
+        "a query value in a span"
+    );
     // The collector was reached although no --allow-private opens loopback.
     assert!(
         !lk.stderr_text().contains("cannot export spans"),
@@ -629,7 +936,11 @@ fn a_model_provider_call_has_genai_attributes_and_no_secret_in_its_span() {
     assert_eq!(text(s, "latchkey.audit.id"), record["id"].as_str());
     assert_eq!(record["usage"]["model"], "gpt-4o");
     assert_no_leak("the OTLP export", &raw, &tracked_secrets());
-    assert_no_leak("the span's attributes", attribute_text(&spans).as_bytes(), &tracked_secrets());
+    assert_no_leak(
+        "the span's attributes",
+        attribute_text(&spans).as_bytes(),
+        &tracked_secrets(),
+    );
     w.sweep();
 }
 
@@ -652,8 +963,7 @@ fn a_collector_that_is_down_costs_no_request_and_no_record() {
         "requests waited for the collector"
     );
     assert_eq!(lk.wait_audit(5).len(), 5);
-    let body = lk
-        .wait_stderr_contains("cannot export spans over OTLP", Duration::from_secs(20));
+    let body = lk.wait_stderr_contains("cannot export spans over OTLP", Duration::from_secs(20));
     assert!(body, "the failure is said: {}", lk.stderr_text());
 }
 
@@ -669,5 +979,9 @@ fn a_bad_otlp_url_refuses_to_start() {
     assert_ne!(out.code(), Some(0));
     assert!(out.stderr.contains("--otlp"), "{}", out.stderr);
     assert!(out.stderr.contains("http or https"), "{}", out.stderr);
-    assert!(!out.stderr.contains("pw"), "credentials echoed: {}", out.stderr);
+    assert!(
+        !out.stderr.contains("pw"),
+        "credentials echoed: {}",
+        out.stderr
+    );
 }
