@@ -206,7 +206,7 @@ impl OtlpTap {
         if self.tx.try_send(record.clone()).is_err() {
             let before = self.stats.dropped.fetch_add(1, Ordering::Relaxed);
             // Said on the first drop and every 1000th after, not once per span.
-            if before % 1000 == 0 {
+            if before.is_multiple_of(1000) {
                 tracing::warn!(
                     dropped = before + 1,
                     "the OTLP export queue is full; spans are dropped (the audit log keeps every record)"

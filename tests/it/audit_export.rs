@@ -171,7 +171,7 @@ fn validate(file: &Path) -> (Option<i32>, Value) {
     (out.code(), report)
 }
 
-fn outcome<'a>(events: &'a [Value], pick: impl Fn(&Value) -> bool) -> &'a Value {
+fn outcome(events: &[Value], pick: impl Fn(&Value) -> bool) -> &Value {
     let found: Vec<&Value> = events
         .iter()
         .filter(|e| e["unmapped"]["phase"] == "outcome" && pick(e))
@@ -791,6 +791,15 @@ fn otlp_spans_of_real_requests_carry_http_attributes_ids_and_parentage() {
     let (spans, raw) = wait_spans(&collector, &lk, 3);
     let records = lk.wait_audit(3);
     assert_eq!(spans.len(), 3, "one span per request: {spans:#?}");
+    // The allowed GET also has its decision record; spans come from outcomes only.
+    let decisions = lk.decision_records();
+    assert_eq!(decisions.len(), 1, "{decisions:#?}");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        wait_spans(&collector, &lk, 3).0.len(),
+        3,
+        "no span of a decision record"
+    );
 
     for s in &spans {
         let id = text(s, "latchkey.audit.id").expect("latchkey.audit.id");
