@@ -37,7 +37,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -243,7 +243,7 @@ pub fn start(
     let stats = Arc::new(OtlpStats::default());
     let (tx, rx) = mpsc::channel(options.queue.max(1));
     let exporter = Exporter {
-        host: endpoint.host().unwrap_or_default().to_string(),
+        host: collector_host(&endpoint),
         port: endpoint
             .port_u16()
             .unwrap_or(if endpoint.scheme_str() == Some("https") {
@@ -258,7 +258,7 @@ pub fn start(
         client: None,
         stats: stats.clone(),
         options,
-        warned: AtomicBool::new(false),
+        warned: false,
     };
     std::thread::Builder::new()
         .name("latchkey-otlp".into())
@@ -273,10 +273,20 @@ pub fn start(
     ))
 }
 
+/// The collector's host as a name or a bare address (`Uri` keeps an IPv6 address's brackets).
+fn collector_host(endpoint: &http::Uri) -> String {
+    let host = endpoint.host().unwrap_or_default();
+    host.strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host)
+        .to_ascii_lowercase()
+}
+
 /// The exporter thread's state.
 struct Exporter {
     endpoint: http::Uri,
-    /// The collector's host (brackets stripped by `Uri`) and port, for opening its addresses.
+    /// The collector's host (a name, or an address without brackets) and port, for opening its
+    /// addresses.
     host: String,
     port: u16,
     pins: HashMap<String, IpAddr>,
@@ -288,7 +298,7 @@ struct Exporter {
     stats: Arc<OtlpStats>,
     options: OtlpOptions,
     /// A failure was said on the log; the next success says it recovered.
-    warned: AtomicBool,
+    warned: bool,
 }
 
 /// How one attempt ended.
@@ -365,7 +375,7 @@ impl Exporter {
                             "the OTLP collector rejected part of a batch"
                         );
                     }
-                    if self.warned.swap(false, Ordering::Relaxed) {
+                    if std::mem::take(&mut self.warned) {
                         tracing::info!("the OTLP collector accepts spans again");
                     }
                     return;
@@ -389,9 +399,9 @@ impl Exporter {
         }
     }
 
-    fn give_up(&self, spans: u64, why: &str) {
+    fn give_up(&mut self, spans: u64, why: &str) {
         self.stats.failed.fetch_add(spans, Ordering::Relaxed);
-        self.warned.store(true, Ordering::Relaxed);
+        self.warned = true;
         tracing::warn!(
             spans,
             otlp.endpoint = %self.endpoint,
@@ -407,7 +417,7 @@ impl Exporter {
         }
         let addrs: Vec<IpAddr> = if let Ok(ip) = self.host.parse::<IpAddr>() {
             vec![ip]
-        } else if let Some(ip) = self.pins.get(&self.host.to_ascii_lowercase()) {
+        } else if let Some(ip) = self.pins.get(&self.host) {
             vec![*ip]
         } else {
             tokio::net::lookup_host((self.host.as_str(), self.port))

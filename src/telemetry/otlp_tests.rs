@@ -262,6 +262,10 @@ fn the_traces_url_is_the_base_plus_v1_traces() {
         ok("http://[::1]:4318/v1/traces"),
         "http://[::1]:4318/v1/traces"
     );
+    let host = |raw: &str| collector_host(&traces_url(raw).expect(raw));
+    assert_eq!(host("http://[::1]:4318"), "::1");
+    assert_eq!(host("http://Collector.Example:4318"), "collector.example");
+    assert_eq!(host("http://127.0.0.1"), "127.0.0.1");
     for (bad, why) in [
         ("ftp://x/", "scheme"),
         ("http://user:pw@x/", "credentials"),
