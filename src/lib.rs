@@ -19,5 +19,6 @@ pub mod secrets;
 pub mod ship;
 pub mod signing;
 pub mod state;
+pub mod telemetry;
 pub mod upstream;
 pub mod wire;

@@ -188,7 +188,7 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
     if outcome == InitOutcome::Created {
         tracing::info!(path = %ca.cert_path().display(), "created a new CA; sandboxes must trust it (latchkey env)");
     }
-    let mut options = audit_options(args)?;
+    let mut options = audit_options(args, &upstream)?;
     if let Some(ship) = &ship {
         options.taps.push(ship.tap());
     }
@@ -268,8 +268,12 @@ fn ship_config(args: &ServeArgs) -> anyhow::Result<Option<crate::ship::Config>> 
 }
 
 /// The audit log's options from the flags: the signing key (created beside the CA when
-/// absent), group-commit durability, checkpoints, rotation, retention and format.
-fn audit_options(args: &ServeArgs) -> anyhow::Result<crate::audit::Options> {
+/// absent), group-commit durability, checkpoints, rotation, retention and format, and the taps
+/// that follow what is written (`--otlp`: its exporter, dialing through `upstream`'s guard).
+fn audit_options(
+    args: &ServeArgs,
+    upstream: &UpstreamConfig,
+) -> anyhow::Result<crate::audit::Options> {
     use crate::audit::key::{KeyOutcome, SigningKey, KEY_FILE};
     let key_path = args
         .audit_key
@@ -278,6 +282,12 @@ fn audit_options(args: &ServeArgs) -> anyhow::Result<crate::audit::Options> {
     let (key, outcome) = SigningKey::load_or_create(&key_path)?;
     if outcome == KeyOutcome::Created {
         tracing::info!(path = %key_path.display(), public = %key.public(), "created the audit signing key; `latchkey audit key` prints its public half for `audit verify --key`");
+    }
+    let mut taps: Vec<Box<dyn crate::audit::Tap>> = Vec::new();
+    if let Some(url) = &args.otlp {
+        let (tap, _stats) = crate::telemetry::start(url, upstream, Default::default())?;
+        tracing::info!(otlp.endpoint = %crate::telemetry::traces_url(url)?, "exporting one span per request over OTLP/HTTP");
+        taps.push(Box::new(tap));
     }
     Ok(crate::audit::Options {
         sync: args.audit_sync,
@@ -288,7 +298,7 @@ fn audit_options(args: &ServeArgs) -> anyhow::Result<crate::audit::Options> {
         key: Some(std::sync::Arc::new(key)),
         checkpoint_every: args.audit_checkpoint_every,
         checkpoint_interval: args.audit_checkpoint_interval,
-        taps: Vec::new(),
+        taps,
     })
 }
 

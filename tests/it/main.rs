@@ -15,6 +15,7 @@ mod approvals_replicas;
 mod approvals_restart;
 mod audit_ceiling;
 mod audit_crash;
+mod audit_export;
 mod audit_query;
 mod audit_schema;
 mod audit_ship;
