@@ -192,13 +192,33 @@ fn a_restart_after_a_crash_continues_the_chain_and_verify_passes() {
                 Some(200)
             );
         }
+        // Only the decisions are guaranteed at a kill; let the outcomes land too, so the
+        // second run has a whole first run to continue from.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let text = std::fs::read_to_string(&audit).unwrap_or_default();
+            let outcomes = chained_lines(&text)
+                .unwrap_or_else(|p| panic!("{p}"))
+                .iter()
+                .filter(|l| l["phase"] == "outcome")
+                .count();
+            if outcomes == 5 * (round + 1) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "outcomes: {outcomes}");
+            thread::sleep(Duration::from_millis(20));
+        }
         lk.signal("KILL");
         assert!(lk.wait_exit(Duration::from_secs(5)).is_some());
     }
     let text = std::fs::read_to_string(&audit).expect("audit");
     let lines = chained_lines(&text).unwrap_or_else(|p| panic!("{p}"));
-    let outcomes = lines.iter().filter(|l| l["phase"] == "outcome").count();
-    assert_eq!(outcomes, 10, "both runs' requests, one chain");
+    let count = |phase: &str| lines.iter().filter(|l| l["phase"] == phase).count();
+    assert_eq!(
+        (count("decision"), count("outcome")),
+        (10, 10),
+        "both runs' requests, one chain"
+    );
     let out = run_cli([
         "audit".as_ref(),
         "verify".as_ref(),
