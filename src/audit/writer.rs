@@ -428,11 +428,10 @@ impl Out {
             }
         };
         let mut found = from(&active.path);
-        if let Some(r) = found.as_ref().filter(|r| r.torn) {
+        if found.as_ref().is_some_and(|r| r.torn) {
             tracing::warn!(file = %active.path.display(), "the audit log ends in a partial line (a write cut short); it is ended and the chain continues from the last whole line");
             let _ = active.file.write_all(b"\n");
             active.size += 1;
-            let _ = r;
         }
         if found.as_ref().is_none_or(|r| r.chain.is_none()) && active.size == 0 {
             if let Some(seg) = segments::segments(&active.path)
