@@ -136,6 +136,14 @@ pub enum Command {
         #[command(subcommand)]
         action: AuditAction,
     },
+    /// Show what a policy change means, per identity: hosts, ports, methods and paths newly
+    /// reachable or no longer reachable (each with an example request), secrets and
+    /// credentials newly bound to a host, tunnel, report-only and allow_private changes. Exit
+    /// 0 when nothing widened, 3 when the change widens reach.
+    Diff(super::diff::DiffArgs),
+    /// Propose least-privilege rules covering the traffic in audit logs (recorded under `serve
+    /// --mode report`), with a policy test file pinning each; never a secret binding.
+    Learn(super::learn::LearnArgs),
 }
 
 /// `--audit-format`.

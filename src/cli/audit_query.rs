@@ -134,7 +134,7 @@ fn reason_code(v: &str) -> Result<&'static str, read::ReadError> {
     read::parse_reason(v)
 }
 
-fn instant(v: &str) -> Result<SystemTime, read::ReadError> {
+pub(crate) fn instant(v: &str) -> Result<SystemTime, read::ReadError> {
     read::parse_instant(v, SystemTime::now())
 }
 

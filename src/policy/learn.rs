@@ -1,0 +1,1 @@
+//! Learning: least-privilege rules that cover exactly the requests seen.
