@@ -31,7 +31,12 @@ pub struct LearnArgs {
     #[arg(long, env = "LATCHKEY_LEARN_IDENTITY", value_name = "NAME")]
     pub identity: Vec<String>,
     /// Propose a rule only for traffic seen at least N times.
-    #[arg(long, env = "LATCHKEY_LEARN_MIN_COUNT", value_name = "N", default_value_t = 1)]
+    #[arg(
+        long,
+        env = "LATCHKEY_LEARN_MIN_COUNT",
+        value_name = "N",
+        default_value_t = 1
+    )]
     pub min_count: u64,
     /// Also learn requests the policy already allows.
     #[arg(long)]

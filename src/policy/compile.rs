@@ -106,6 +106,19 @@ impl PolicySources {
         Ok(Self { files, unreadable })
     }
 
+    /// Files read elsewhere (`diff --git` reads them from a revision): `(name, text)`, where
+    /// the name is what problems are reported against. `dir` names the set when it is empty.
+    pub fn from_files(dir: &Path, mut files: Vec<(PathBuf, String)>) -> Result<Self, LoadError> {
+        if files.is_empty() {
+            return Err(LoadError::Empty(dir.to_path_buf()));
+        }
+        files.sort();
+        Ok(Self {
+            files,
+            unreadable: Vec::new(),
+        })
+    }
+
     /// The files as `(path, text)` references, the shape [`compile_sources`] takes.
     pub fn as_refs(&self) -> Vec<(&Path, &str)> {
         self.files

@@ -188,11 +188,7 @@ impl FileCx<'_> {
                     );
                     continue;
                 }
-                match GlobBuilder::new(text)
-                    .literal_separator(true)
-                    .backslash_escape(true)
-                    .build()
-                {
+                match path_glob(text) {
                     Ok(glob) => {
                         builder.add(glob);
                         globs.push(text.clone());
@@ -580,4 +576,13 @@ fn parse_host_pattern(raw: &str) -> Result<HostPattern, String> {
     normalize_host(trimmed)
         .map(HostPattern::Exact)
         .map_err(|e| e.to_string())
+}
+
+/// A rule's path glob as the matcher builds it: `*` stays within a segment, `**` crosses `/`,
+/// `\` escapes. `diff` rebuilds globs with this, so both read a glob the same way.
+pub(super) fn path_glob(text: &str) -> Result<globset::Glob, globset::Error> {
+    GlobBuilder::new(text)
+        .literal_separator(true)
+        .backslash_escape(true)
+        .build()
 }
