@@ -160,7 +160,7 @@ fn in_repo(top: &Path, cwd: &Path, policies: &Path) -> Option<String> {
 fn read_rev(rev: &str, dir: &str) -> anyhow::Result<Result<Loaded, String>> {
     let source = format!("{rev}:{dir}");
     // `REV:dir` names the tree; a missing directory is a clear error from git.
-    let listing = git(&["ls-tree", "-z", &source])?;
+    let listing = git(&["ls-tree", "-z", "--full-tree", &source])?;
     let mut files = Vec::new();
     for entry in listing.split(|&b| b == 0).filter(|e| !e.is_empty()) {
         let entry = String::from_utf8_lossy(entry);

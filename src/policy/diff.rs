@@ -486,6 +486,16 @@ fn facts_changes(o: &View<'_>, n: &View<'_>) -> Vec<Change> {
             out.push(fact_change(fact, false));
         }
     }
+    // Where placeholders are replaced belongs to the secrets bound: a secret newly bound to a
+    // host brings its placeholders along, which is one change, not two.
+    let binding: BTreeSet<(Direction, Option<String>)> = out
+        .iter()
+        .filter(|c| matches!(c.kind, Kind::Secret | Kind::Credential))
+        .map(|c| (c.direction, c.host.clone()))
+        .collect();
+    out.retain(|c| {
+        c.kind != Kind::Placeholders || !binding.contains(&(c.direction, c.host.clone()))
+    });
     out
 }
 
