@@ -486,6 +486,29 @@ fn facts_changes(o: &View<'_>, n: &View<'_>) -> Vec<Change> {
             out.push(fact_change(fact, false));
         }
     }
+    // A fact on an exact host that a wildcard on the other side gives it too (the secret moved
+    // from `api.x.com` to `*.x.com`) did not change for that host: only the wildcard is news.
+    let covered = |c: &Change, other: &BTreeMap<(Kind, Option<String>, String), Fact>| {
+        let detail = fact_detail(c);
+        c.host.as_deref().is_some_and(|h| {
+            !h.starts_with("*.")
+                && other.iter().any(|((k, host, d), _)| {
+                    *k == c.kind
+                        && *d == detail
+                        && host
+                            .as_deref()
+                            .and_then(|p| p.strip_prefix("*."))
+                            .is_some_and(|suffix| {
+                                HostPattern::Wildcard(suffix.to_string()).matches(h)
+                            })
+                })
+        })
+    };
+    out.retain(|c| {
+        // `ask` narrows when added; every other fact widens when added.
+        let added = (c.direction == Direction::Widened) != (c.kind == Kind::Ask);
+        !covered(c, if added { &old } else { &new })
+    });
     // Where placeholders are replaced belongs to the secrets bound: a secret newly bound to a
     // host brings its placeholders along, which is one change, not two.
     let binding: BTreeSet<(Direction, Option<String>)> = out
@@ -497,6 +520,17 @@ fn facts_changes(o: &View<'_>, n: &View<'_>) -> Vec<Change> {
         c.kind != Kind::Placeholders || !binding.contains(&(c.direction, c.host.clone()))
     });
     out
+}
+
+/// The detail of a fact change (its secret, credential, CIDR, place or header).
+fn fact_detail(c: &Change) -> String {
+    c.secret
+        .clone()
+        .or_else(|| c.credential.clone())
+        .or_else(|| c.cidr.clone())
+        .or_else(|| c.place.clone())
+        .or_else(|| c.header.clone())
+        .unwrap_or_default()
 }
 
 fn fact_change(f: &Fact, added: bool) -> Change {
