@@ -282,7 +282,8 @@ fn md(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
-            '\\' | '`' | '*' | '_' | '[' | ']' | '(' | ')' | '|' | '~' | '#' | '!' | '{' | '}' => {
+            // Links need `[`; a cell never starts a line, so `#`, `>`-quotes and lists cannot.
+            '\\' | '`' | '*' | '_' | '[' | ']' | '|' | '~' => {
                 out.push('\\');
                 out.push(c);
             }

@@ -668,14 +668,10 @@ impl Paths {
 }
 
 /// Rules of `v` matching a host, port and method (tunnel rules never match a request).
-fn paths_for(v: &View<'_>, host: &str, scheme: Scheme, port: u16, method: &Method) -> Paths {
+fn paths_for(rules: &[&Rule], scheme: Scheme, port: u16, method: &Method) -> Paths {
     let mut p = Paths::None;
-    for r in &v.rules {
-        if !r.tunnel
-            && r.hosts.iter().any(|h| h.matches(host))
-            && r.port_matches(scheme, port)
-            && r.method_matches(method)
-        {
+    for r in rules {
+        if !r.tunnel && r.port_matches(scheme, port) && r.method_matches(method) {
             p.add(r);
         }
     }
@@ -704,20 +700,19 @@ struct HostReach {
     cells: Vec<(Scheme, u16, String, Method, Paths, Paths)>,
 }
 
-fn host_reach(o: &View<'_>, n: &View<'_>, host: &str) -> HostReach {
-    let rules: Vec<&Rule> = o
-        .rules
+/// Each side's rules for one host: the cells of [`host_reach`] only look at these.
+fn on_host<'p>(v: &View<'p>, host: &str) -> Vec<&'p Rule> {
+    v.rules
         .iter()
-        .chain(&n.rules)
         .copied()
         .filter(|r| r.hosts.iter().any(|h| h.matches(host)))
-        .collect();
-    let mut ports: BTreeSet<u16> = rules
-        .iter()
-        .flat_map(|r| r.ports.iter().flatten().copied())
-        .collect();
-    let named: BTreeSet<String> = rules
-        .iter()
+        .collect()
+}
+
+fn host_reach(o: &View<'_>, n: &View<'_>, host: &str) -> HostReach {
+    let (old_rules, new_rules) = (on_host(o, host), on_host(n, host));
+    let both = || old_rules.iter().chain(&new_rules);
+    let named: BTreeSet<String> = both()
         .flat_map(|r| r.methods.iter().flatten().map(|m| m.as_str().to_string()))
         .collect();
     let mut methods: Vec<String> = USUAL_METHODS.iter().map(|m| m.to_string()).collect();
@@ -729,23 +724,20 @@ fn host_reach(o: &View<'_>, n: &View<'_>, host: &str) -> HostReach {
     if let Some(other) = OTHER_METHODS.iter().find(|m| !named.contains(**m)) {
         methods.push((*other).to_string());
     }
+    let named_ports: BTreeSet<u16> = both()
+        .flat_map(|r| r.ports.iter().flatten().copied())
+        .collect();
     let mut cells = Vec::new();
     for scheme in [Scheme::Https, Scheme::Http] {
+        let mut ports = named_ports.clone();
         ports.insert(scheme.default_port());
-        let mut scheme_ports: Vec<u16> = rules
-            .iter()
-            .flat_map(|r| r.ports.iter().flatten().copied())
-            .collect();
-        scheme_ports.push(scheme.default_port());
-        scheme_ports.sort_unstable();
-        scheme_ports.dedup();
-        for &port in &scheme_ports {
+        for &port in &ports {
             for m in &methods {
                 let Ok(method) = Method::from_bytes(m.as_bytes()) else {
                     continue;
                 };
-                let po = paths_for(o, host, scheme, port, &method);
-                let pn = paths_for(n, host, scheme, port, &method);
+                let po = paths_for(&old_rules, scheme, port, &method);
+                let pn = paths_for(&new_rules, scheme, port, &method);
                 cells.push((scheme, port, m.clone(), method, po, pn));
             }
         }
