@@ -754,6 +754,22 @@ fn request_changes(o: &View<'_>, n: &View<'_>) -> Vec<Change> {
     for s in samples(o, n) {
         let mut here = Vec::new();
         host_changes(o, n, &s, &mut here);
+        // The rule a change is put down to is the one that decides its example, when it has
+        // one: the first rule matching the method may not be the one reaching the path.
+        for c in &mut here {
+            let (view, decided) = match (&c.example, c.direction) {
+                (Some(e), Direction::Widened) => (n, &e.new),
+                (Some(e), Direction::Narrowed) => (o, &e.old),
+                (None, _) => continue,
+            };
+            let rule = decided
+                .rule
+                .as_deref()
+                .and_then(|name| view.rules.iter().find(|r| r.name == name));
+            if rule.is_some() {
+                set_rule(c, rule.copied());
+            }
+        }
         out.extend(merge_ports(here, &s.shown));
         tunnel_changes(o, n, &s, &mut out);
     }
