@@ -175,7 +175,9 @@ fn read_rev(rev: &str, dir: &str) -> anyhow::Result<Result<Loaded, String>> {
         // A link's blob is its target's name, not a policy: the working tree would follow it,
         // so reading it here as text would compare something else. Say so instead.
         if mode == Some("120000") {
-            anyhow::bail!("{source}/{name} is a symbolic link: diff --git reads policy files, not links");
+            anyhow::bail!(
+                "{source}/{name} is a symbolic link: diff --git reads policy files, not links"
+            );
         }
         let Some(object) = object else { continue };
         let bytes = git(&["cat-file", "blob", object])?;
