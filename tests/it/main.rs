@@ -58,6 +58,7 @@ mod plain_http;
 mod policy_ask_cli;
 mod policy_cli;
 mod policy_ops;
+mod policy_roundtrip;
 mod presets;
 mod readme_snippets;
 mod reload_admin;
