@@ -630,10 +630,30 @@ fn edit_identity_rules(
         let all = rules.iter().any(|v| v.as_str() == Some("*"));
         if let Some(new) = grants.get(name.get()) {
             if !all {
+                // A list written one name per line gets the new names first, each on its own
+                // line, so a comment after the last name stays where it was.
+                let line_prefix = rules
+                    .iter()
+                    .next()
+                    .and_then(|v| v.decor().prefix())
+                    .and_then(|p| p.as_str())
+                    .filter(|p| p.contains('\n'))
+                    .map(str::to_string);
+                let mut at = 0;
                 for n in new {
-                    if !rules.iter().any(|v| v.as_str() == Some(n.as_str())) {
-                        rules.push(n.as_str());
-                        changed = true;
+                    if rules.iter().any(|v| v.as_str() == Some(n.as_str())) {
+                        continue;
+                    }
+                    changed = true;
+                    match &line_prefix {
+                        Some(prefix) => {
+                            let mut v = toml_edit::Value::from(n.as_str());
+                            v.decor_mut().set_prefix(prefix.as_str());
+                            v.decor_mut().set_suffix("");
+                            rules.insert_formatted(at, v);
+                            at += 1;
+                        }
+                        None => rules.push(n.as_str()),
                     }
                 }
             }

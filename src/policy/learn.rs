@@ -217,7 +217,7 @@ impl Learner {
                 }
                 let mut globs: BTreeMap<String, GlobSeen> = BTreeMap::new();
                 for (method, paths) in by_method {
-                    for (glob, stat, example) in generalise(&paths) {
+                    for (glob, stat, examples) in generalise(&paths) {
                         if stat.count < min_count {
                             proposal.rare.push(Rare {
                                 identity: identity.clone(),
@@ -237,12 +237,12 @@ impl Learner {
                         if g.methods.insert(method.to_string()) && !g.examples.is_empty() {
                             g.stat.add(&stat);
                         }
-                        g.examples.push(Example {
+                        g.examples.extend(examples.into_iter().map(|path| Example {
                             scheme,
                             port,
                             method: method.to_string(),
-                            path: example,
-                        });
+                            path,
+                        }));
                     }
                 }
                 // One candidate per method set.
@@ -255,13 +255,16 @@ impl Learner {
                             methods: g.methods.clone(),
                             paths: Vec::new(),
                             stat: g.stat.clone(),
+                            leads: Vec::new(),
                             examples: Vec::new(),
                         });
                     if !c.paths.is_empty() {
                         c.stat.add(&g.stat);
                     }
                     c.paths.push(glob);
-                    c.examples.extend(g.examples);
+                    let mut examples = g.examples.into_iter();
+                    c.leads.extend(examples.next());
+                    c.examples.extend(examples);
                 }
                 candidates.extend(by_methods.into_values());
             }
@@ -275,12 +278,16 @@ impl Learner {
                     Some(m) => {
                         m.ports.extend(c.ports);
                         m.stat.add(&c.stat);
+                        m.leads.extend(c.leads);
                         m.examples.extend(c.examples);
                     }
                     None => merged.push(c),
                 }
             }
-            for c in merged {
+            for mut c in merged {
+                // One example of each glob first, so the comment and the cases show them all.
+                let mut examples = std::mem::take(&mut c.leads);
+                examples.append(&mut c.examples);
                 let name = unique_name(&rule_name(host, identity), &mut names);
                 proposal.rules.push(LearnedRule {
                     name,
@@ -292,7 +299,7 @@ impl Learner {
                     requests: c.stat.count,
                     first: c.stat.first,
                     last: c.stat.last,
-                    examples: c.examples,
+                    examples,
                 });
             }
         }
@@ -313,6 +320,8 @@ struct Candidate {
     methods: BTreeSet<String>,
     paths: Vec<String>,
     stat: Stat,
+    /// The first example of each glob; then the others.
+    leads: Vec<Example>,
     examples: Vec<Example>,
 }
 
@@ -503,8 +512,8 @@ fn is_date(s: &str) -> bool {
 }
 
 /// The globs that cover `paths` (of one method, port, identity and host): each with the
-/// requests it stands for and one path seen under it.
-fn generalise(paths: &[(&str, &Stat)]) -> Vec<(String, Stat, String)> {
+/// requests it stands for and up to [`EXAMPLES`] paths seen under it.
+fn generalise(paths: &[(&str, &Stat)]) -> Vec<(String, Stat, Vec<String>)> {
     // Pattern → the observed paths under it.
     let mut patterns: BTreeMap<Pattern, Vec<usize>> = BTreeMap::new();
     for (i, (path, _)) in paths.iter().enumerate() {
@@ -512,7 +521,7 @@ fn generalise(paths: &[(&str, &Stat)]) -> Vec<(String, Stat, String)> {
     }
     vary(&mut patterns);
     deepen(&mut patterns);
-    let mut out: Vec<(String, Stat, String)> = Vec::new();
+    let mut out: Vec<(String, Stat, Vec<String>)> = Vec::new();
     for (pattern, members) in patterns {
         let glob = pattern.glob();
         let covered = super::rule::path_glob(&glob)
@@ -528,12 +537,17 @@ fn generalise(paths: &[(&str, &Stat)]) -> Vec<(String, Stat, String)> {
             for i in &inside[1..] {
                 stat.add(paths[*i].1);
             }
-            out.push((glob, stat, paths[*first].0.to_string()));
+            let examples = inside
+                .iter()
+                .take(EXAMPLES)
+                .map(|i| paths[*i].0.to_string())
+                .collect();
+            out.push((glob, stat, examples));
         }
         for i in outside {
             let mut exact = String::new();
             escape_into(paths[i].0, &mut exact);
-            out.push((exact, paths[i].1.clone(), paths[i].0.to_string()));
+            out.push((exact, paths[i].1.clone(), vec![paths[i].0.to_string()]));
         }
     }
     out

@@ -57,6 +57,7 @@ mod paths;
 mod plain_http;
 mod policy_ask_cli;
 mod policy_cli;
+mod policy_learn;
 mod policy_ops;
 mod policy_roundtrip;
 mod presets;
