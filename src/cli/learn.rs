@@ -61,6 +61,10 @@ pub struct LearnArgs {
     pub force: bool,
 }
 
+/// How the files learn writes begin: a file that does not is never replaced.
+const POLICY_MARK: &str = "# Rules proposed by `latchkey learn`";
+const CASES_MARK: &str = "# Cases pinning the rules `latchkey learn`";
+
 /// Runs `latchkey learn`.
 pub fn run(args: &LearnArgs) -> anyhow::Result<ExitCode> {
     let out_path = args
@@ -71,14 +75,24 @@ pub fn run(args: &LearnArgs) -> anyhow::Result<ExitCode> {
         .tests
         .clone()
         .unwrap_or_else(|| args.policies.join("tests").join("learned.toml"));
-    if !args.dry_run && !args.force {
-        for path in [&out_path, &tests_path] {
-            if path.exists() {
-                anyhow::bail!(
-                    "{} exists: pass --force to replace it, or --out/--tests to write elsewhere",
-                    path.display()
-                );
-            }
+    for (path, mark) in [(&out_path, POLICY_MARK), (&tests_path, CASES_MARK)] {
+        if !path.exists() {
+            continue;
+        }
+        // --force replaces what learn wrote, never a file a person wrote.
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        if !text.starts_with(mark) {
+            anyhow::bail!(
+                "{} exists and is not a file latchkey learn wrote: refusing to replace it (choose another --out/--tests)",
+                path.display()
+            );
+        }
+        if !args.dry_run && !args.force {
+            anyhow::bail!(
+                "{} exists: pass --force to replace it, or --out/--tests to write elsewhere",
+                path.display()
+            );
         }
     }
 
@@ -539,8 +553,10 @@ fn header(args: &LearnArgs, tally: &Tally) -> Vec<String> {
         filters.push("--all".to_string());
     }
     vec![
-        "Rules proposed by `latchkey learn`: each allows exactly the methods, path globs and ports"
-            .to_string(),
+        format!(
+            "{}: each allows exactly the methods, path globs and ports",
+            &POLICY_MARK[2..]
+        ),
         "seen in the audit log (ids, UUIDs, hashes and dates in paths generalised to `*`).".to_string(),
         format!(
             "From {} ({} requests learned), {}; filters: {}.",
@@ -561,7 +577,8 @@ fn header(args: &LearnArgs, tally: &Tally) -> Vec<String> {
 fn cases_header(out: &Path) -> Vec<String> {
     vec![
         format!(
-            "Cases pinning the rules `latchkey learn` wrote to {}: requests seen (allow) and",
+            "{} wrote to {}: requests seen (allow) and",
+            &CASES_MARK[2..],
             out.display()
         ),
         "requests just outside them: a method not seen, a sibling path, another port (deny)."

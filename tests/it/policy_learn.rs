@@ -416,6 +416,17 @@ fn filters_dry_run_and_errors() {
     assert_eq!(o.code(), Some(0), "{o:#?}");
     assert!(read(out).contains("learned-other-test-lab"));
     assert!(read(tests).contains("[[cases]]"));
+    // A file a person wrote is never replaced, --force or not.
+    let main = dir.path().join("main.toml").display().to_string();
+    let mine = learn(&rec.audit, dir.path(), &["--out", &main, "--force"]);
+    assert_eq!(mine.code(), Some(1), "{mine:#?}");
+    assert!(
+        mine.stderr
+            .contains("is not a file latchkey learn wrote: refusing to replace it"),
+        "{}",
+        mine.stderr
+    );
+    assert_eq!(read(dir.path().join("main.toml")), rules(rec.port));
     let unknown = learn(&rec.audit, dir.path(), &["--identity", "nobody"]);
     assert_eq!(unknown.code(), Some(1), "{unknown:#?}");
     assert!(
