@@ -108,9 +108,9 @@ fn git_sides(
         None => (revs, None),
     };
     for rev in [Some(old), new].into_iter().flatten() {
-        if rev.is_empty() || rev.starts_with('-') || rev.contains("..") {
+        if rev.is_empty() || rev.starts_with('-') || rev.contains("..") || rev.contains(':') {
             anyhow::bail!(
-                "--git {revs:?}: give REV1..REV2 or REV, revisions that do not start with '-'"
+                "--git {revs:?}: give REV1..REV2 or REV: revisions that do not start with '-' and hold no ':' (the directory is --policies)"
             );
         }
     }
@@ -168,9 +168,16 @@ fn read_rev(rev: &str, dir: &str) -> anyhow::Result<Result<Loaded, String>> {
             continue;
         };
         let mut meta = meta.split(' ');
-        let (_mode, kind, object) = (meta.next(), meta.next(), meta.next());
+        let (mode, kind, object) = (meta.next(), meta.next(), meta.next());
         if kind != Some("blob") || !name.ends_with(".toml") {
             continue;
+        }
+        // A link's blob is its target's name, not a policy: the working tree would follow it,
+        // so reading it here as text would compare something else. Say so instead.
+        if mode == Some("120000") {
+            anyhow::bail!(
+                "{source}/{name} is a symbolic link: diff --git reads policy files, not links"
+            );
         }
         let Some(object) = object else { continue };
         let bytes = git(&["cat-file", "blob", object])?;
@@ -282,7 +289,8 @@ fn md(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
-            '\\' | '`' | '*' | '_' | '[' | ']' | '(' | ')' | '|' | '~' | '#' | '!' | '{' | '}' => {
+            // Links need `[`; a cell never starts a line, so `#`, `>`-quotes and lists cannot.
+            '\\' | '`' | '*' | '_' | '[' | ']' | '|' | '~' => {
                 out.push('\\');
                 out.push(c);
             }

@@ -2,9 +2,20 @@
 //! [`crate::policy::learn`] generalises them, written as a policy file with a comment per rule
 //! and a `tests/` case file that pins each rule.
 
-use std::path::PathBuf;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::SystemTime;
+
+use anyhow::Context;
+
+use crate::audit::read::{Filter, Item, Line, Reader, Requests, Rows};
+use crate::policy::cases::{load_cases_dir, parse_cases, run_case};
+use crate::policy::explain::explain;
+use crate::policy::identity::DEFAULT_IDENTITY;
+use crate::policy::learn::{self, Caps, LearnedCase, Learner, Seen};
+use crate::policy::{LoadError, Policy, PolicySources, Scheme, SecretLoading};
+use crate::reason::Reason;
 
 /// `latchkey learn` flags.
 #[derive(clap::Args, Debug)]
@@ -24,8 +35,9 @@ pub struct LearnArgs {
     /// Where the case file pinning them goes [default: POLICIES/tests/learned.toml].
     #[arg(long, env = "LATCHKEY_LEARN_TESTS", value_name = "FILE")]
     pub tests: Option<PathBuf>,
-    /// Only requests that arrived at or after T: RFC 3339 or a duration ago (`7d`).
-    #[arg(long, env = "LATCHKEY_LEARN_SINCE", value_name = "T", value_parser = super::audit_query::instant)]
+    /// Only requests that arrived at or after T: RFC 3339 or a duration ago (`7d`). Read from
+    /// no variable, as `audit query --since` (the README lists such flags by name).
+    #[arg(long, value_name = "T", value_parser = super::audit_query::instant)]
     pub since: Option<SystemTime>,
     /// Only this identity's requests (repeatable).
     #[arg(long, env = "LATCHKEY_LEARN_IDENTITY", value_name = "NAME")]
@@ -49,7 +61,678 @@ pub struct LearnArgs {
     pub force: bool,
 }
 
+/// How the files learn writes begin: a file that does not is never replaced.
+const POLICY_MARK: &str = "# Rules proposed by `latchkey learn`";
+const CASES_MARK: &str = "# Cases pinning the rules `latchkey learn`";
+
 /// Runs `latchkey learn`.
-pub fn run(_args: &LearnArgs) -> anyhow::Result<ExitCode> {
-    anyhow::bail!("learn: under construction")
+pub fn run(args: &LearnArgs) -> anyhow::Result<ExitCode> {
+    let out_path = args
+        .out
+        .clone()
+        .unwrap_or_else(|| args.policies.join("learned.toml"));
+    let tests_path = args
+        .tests
+        .clone()
+        .unwrap_or_else(|| args.policies.join("tests").join("learned.toml"));
+    for (path, mark) in [(&out_path, POLICY_MARK), (&tests_path, CASES_MARK)] {
+        if !path.exists() {
+            continue;
+        }
+        // --force replaces what learn wrote, never a file a person wrote.
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        if !text.starts_with(mark) {
+            anyhow::bail!(
+                "{} exists and is not a file latchkey learn wrote: refusing to replace it (choose another --out/--tests)",
+                path.display()
+            );
+        }
+        if !args.dry_run && !args.force {
+            anyhow::bail!(
+                "{} exists: pass --force to replace it, or --out/--tests to write elsewhere",
+                path.display()
+            );
+        }
+    }
+
+    // The current policy, without the file a --force run replaces (and without its rule
+    // names in identities' `rules`, which the new file's names replace).
+    // A directory with no policy yet (or none at all): the learned file is the first one.
+    let mut sources = match PolicySources::read_dir(&args.policies) {
+        Ok(s) => s,
+        Err(LoadError::Empty(_)) => PolicySources::default(),
+        Err(LoadError::Dir { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            PolicySources::default()
+        }
+        Err(e) => return Ok(load_failed(&args.policies, e)),
+    };
+    let replaced = same_file_index(&sources, &out_path);
+    let mut old_names = BTreeSet::new();
+    if let Some(i) = replaced {
+        let (path, text) = sources.files.remove(i);
+        old_names = rule_names(&path, &text)?;
+        for (path, text) in &mut sources.files {
+            if let Some(edited) = edit_identity_rules(path, text, &BTreeMap::new(), &old_names)? {
+                *text = edited;
+            }
+        }
+    }
+    let policy = if sources.files.is_empty() {
+        None
+    } else {
+        match sources.compile(SecretLoading::Skip) {
+            Ok(p) => Some(p),
+            Err(e) => return Ok(load_failed(&args.policies, e)),
+        }
+    };
+    let identities: BTreeSet<String> = policy
+        .iter()
+        .flat_map(|p| p.identities().iter().map(|i| i.name.clone()))
+        .collect();
+    for name in &args.identity {
+        let known = if identities.is_empty() {
+            name == DEFAULT_IDENTITY
+        } else {
+            identities.contains(name)
+        };
+        if !known {
+            anyhow::bail!(
+                "--identity {name:?}: the policy in {} does not define it (it defines: {})",
+                args.policies.display(),
+                if identities.is_empty() {
+                    DEFAULT_IDENTITY.to_string()
+                } else {
+                    identities.iter().cloned().collect::<Vec<_>>().join(", ")
+                }
+            );
+        }
+    }
+
+    // Read the log: one row per request.
+    let mut reader = Reader::open(&args.files)?;
+    let mut requests = Requests::new(
+        Rows::PerRequest,
+        Filter {
+            since: args.since,
+            ..Filter::default()
+        },
+    );
+    let mut learner = Learner::new(Caps::default());
+    let mut tally = Tally::default();
+    let mut rows = Vec::new();
+    let mut reading = true;
+    while reading {
+        match reader.next_item()? {
+            Some(Item::Record(line)) => requests.push(*line, &mut rows),
+            Some(Item::Damaged(d)) => {
+                tally.damaged += 1;
+                if tally.damaged <= 20 {
+                    eprintln!("latchkey: warning: {d}: skipped");
+                }
+            }
+            None => {
+                requests.finish(&mut rows);
+                reading = false;
+            }
+        }
+        for row in rows.drain(..) {
+            tally.rows += 1;
+            match learnable(&row, args, &identities, policy.as_ref()) {
+                Ok(seen) => {
+                    tally.learned += 1;
+                    learner.add(seen);
+                }
+                Err(Skip::AlreadyAllowed) => tally.already_allowed += 1,
+                Err(Skip::Filtered) => tally.filtered += 1,
+                Err(Skip::NotLearnable) => tally.not_learnable += 1,
+                Err(Skip::UnknownIdentity(name)) => {
+                    *tally.unknown_identities.entry(name).or_default() += 1;
+                }
+            }
+        }
+    }
+    tally.report(&args.files);
+    if learner.dropped > 0 {
+        eprintln!(
+            "latchkey: warning: {} request(s) not learned: over the cap of distinct hosts or paths held",
+            learner.dropped
+        );
+    }
+
+    let mut taken: BTreeSet<String> = policy
+        .iter()
+        .flat_map(|p| p.rules().iter().map(|r| r.name.clone()))
+        .collect();
+    taken.extend(old_names.iter().cloned());
+    // A --force run reuses the names it replaces.
+    for name in &old_names {
+        taken.remove(name);
+    }
+    let proposal = learner.propose(args.min_count, &taken);
+    for r in &proposal.rare {
+        eprintln!(
+            "latchkey: not proposed (seen {} < --min-count {}): {} {}:{} {}{}",
+            r.count,
+            args.min_count,
+            r.method,
+            r.host,
+            r.port,
+            r.glob,
+            identity_suffix(&r.identity)
+        );
+    }
+    if proposal.rules.is_empty() {
+        println!("nothing to learn: every request read is already allowed, filtered out or not learnable; no file written");
+        return Ok(tally.exit());
+    }
+
+    // The new files, and the identities that must be granted the new rules.
+    let header = header(args, &tally);
+    let learned_text = learn::render_policy(&header, &proposal.rules);
+    let mut grants: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for r in &proposal.rules {
+        if r.identity != DEFAULT_IDENTITY {
+            grants
+                .entry(r.identity.clone())
+                .or_default()
+                .push(r.name.clone());
+        }
+    }
+    let mut edited: Vec<(PathBuf, String)> = Vec::new();
+    for (path, text) in &mut sources.files {
+        if let Some(new_text) = edit_identity_rules(path, text, &grants, &BTreeSet::new())? {
+            *text = new_text;
+            edited.push((path.clone(), text.clone()));
+        }
+    }
+    // Files the --force run edited to drop the replaced names, even when nothing is granted.
+    if replaced.is_some() {
+        for (path, text) in &sources.files {
+            let on_disk = std::fs::read_to_string(path).unwrap_or_default();
+            if &on_disk != text && !edited.iter().any(|(p, _)| p == path) {
+                edited.push((path.clone(), text.clone()));
+            }
+        }
+    }
+    let mut files = sources.files.clone();
+    files.push((out_path.clone(), learned_text.clone()));
+    let new_policy = match PolicySources::from_files(&args.policies, files)
+        .and_then(|s| s.compile(SecretLoading::Skip))
+    {
+        Ok(p) => p,
+        Err(e) => {
+            anyhow::bail!(
+                "the learned rules do not compile with the policy (a bug in learn; nothing written):\n{}",
+                load_error_text(&e)
+            )
+        }
+    };
+
+    // Cases: what was seen is allowed (under the rule that decides it), what is just outside
+    // is denied.
+    let learned_names: BTreeSet<&str> = proposal.rules.iter().map(|r| r.name.as_str()).collect();
+    let mut cases: Vec<LearnedCase> = Vec::new();
+    for rule in &proposal.rules {
+        for mut c in learn::cases_for(rule) {
+            let e = explain(&new_policy, c.identity.as_deref(), &c.method, &c.url)
+                .with_context(|| format!("case {:?}", c.name))?;
+            match (c.allow, e.allowed(), e.rule.as_deref()) {
+                (true, true, Some(r)) if learned_names.contains(r) || args.all => {
+                    c.rule = r.to_string();
+                    cases.push(c);
+                }
+                (true, _, _) => anyhow::bail!(
+                    "self-check: {} {} was seen but the learned policy decides {} ({}): a bug in learn; nothing written",
+                    c.method,
+                    c.url,
+                    e.decision.as_str(),
+                    e.message
+                ),
+                (false, false, _) => cases.push(c),
+                (false, true, _) => {}
+            }
+        }
+    }
+    let cases_text = learn::render_cases(&cases_header(&out_path), &cases);
+    let parsed = parse_cases(&tests_path, &cases_text, &new_policy).map_err(|problems| {
+        anyhow::anyhow!(
+            "self-check: the learned cases do not read (a bug in learn; nothing written):\n{}",
+            problems
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("\n")
+        )
+    })?;
+    for case in &parsed {
+        let run = run_case(&new_policy, case);
+        if !run.passed() {
+            anyhow::bail!(
+                "self-check: learned case {:?} fails: {} (a bug in learn; nothing written)",
+                case.name,
+                run.failures.join("; ")
+            );
+        }
+    }
+    warn_existing_cases(&args.policies, &tests_path, &new_policy);
+
+    let mut writes: Vec<(PathBuf, String)> = vec![
+        (out_path.clone(), learned_text),
+        (tests_path.clone(), cases_text),
+    ];
+    writes.extend(edited);
+    if args.dry_run {
+        for (path, text) in &writes {
+            println!("# ---- {}", path.display());
+            print!("{text}");
+        }
+    } else {
+        for (path, text) in &writes {
+            write_file(path, text)?;
+        }
+    }
+    for r in &proposal.rules {
+        let ports: Vec<String> = r.ports.iter().map(u16::to_string).collect();
+        println!(
+            "{} {} {}:{} {}{}",
+            r.name,
+            r.methods.join(","),
+            r.host,
+            ports.join(","),
+            r.paths.join(" "),
+            identity_suffix(&r.identity)
+        );
+    }
+    let verb = if args.dry_run { "would write" } else { "wrote" };
+    eprintln!(
+        "latchkey: {verb} {} ({} rule{}) and {} ({} case{})",
+        out_path.display(),
+        proposal.rules.len(),
+        plural(proposal.rules.len()),
+        tests_path.display(),
+        cases.len(),
+        plural(cases.len())
+    );
+    for (path, _) in writes.iter().skip(2) {
+        eprintln!(
+            "latchkey: {verb} {}: identities granted the learned rules",
+            path.display()
+        );
+    }
+    for r in &proposal.rules {
+        let w = r.writes();
+        if !w.is_empty() {
+            eprintln!(
+                "latchkey: REVIEW: rule {} allows writes ({}) on {}: confirm the agent must do this",
+                r.name,
+                w.join(", "),
+                r.host
+            );
+        }
+    }
+    Ok(tally.exit())
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 {
+        ""
+    } else {
+        "s"
+    }
+}
+
+fn identity_suffix(identity: &str) -> String {
+    if identity == DEFAULT_IDENTITY {
+        String::new()
+    } else {
+        format!(" (identity {identity})")
+    }
+}
+
+/// Why a request is not learned.
+enum Skip {
+    /// The policy allows it already (and --all was not given).
+    AlreadyAllowed,
+    /// --identity or the record kind leaves it out.
+    Filtered,
+    /// Refused for a reason a rule cannot change (secrets, address guard, framing…), or a
+    /// path no glob can pin.
+    NotLearnable,
+    /// An identity the policy does not define.
+    UnknownIdentity(String),
+}
+
+/// What was read and what became of it.
+#[derive(Default)]
+struct Tally {
+    rows: u64,
+    learned: u64,
+    already_allowed: u64,
+    filtered: u64,
+    not_learnable: u64,
+    damaged: u64,
+    unknown_identities: BTreeMap<String, u64>,
+}
+
+impl Tally {
+    fn report(&self, files: &[PathBuf]) {
+        let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
+        eprintln!(
+            "latchkey: read {} request{} from {}: {} to learn, {} already allowed (--all learns them too), {} filtered out, {} not learnable (refused for a reason no rule changes, or a path no glob pins)",
+            self.rows,
+            if self.rows == 1 { "" } else { "s" },
+            names.join(", "),
+            self.learned,
+            self.already_allowed,
+            self.filtered,
+            self.not_learnable
+        );
+        for (name, n) in &self.unknown_identities {
+            eprintln!(
+                "latchkey: warning: {n} request(s) of identity {name:?} skipped: the policy does not define it"
+            );
+        }
+    }
+
+    /// 0, or 2 when damaged lines were skipped (as `audit query` does).
+    fn exit(&self) -> ExitCode {
+        if self.damaged == 0 {
+            return ExitCode::SUCCESS;
+        }
+        eprintln!(
+            "latchkey: warning: {} damaged line(s) skipped: the log is not intact (`latchkey audit verify` tells what happened)",
+            self.damaged
+        );
+        ExitCode::from(2)
+    }
+}
+
+/// The request `row` stands for, if it is one to learn.
+fn learnable(
+    row: &Line,
+    args: &LearnArgs,
+    identities: &BTreeSet<String>,
+    policy: Option<&Policy>,
+) -> Result<Seen, Skip> {
+    let f = &row.fields;
+    if !args.identity.is_empty() && !args.identity.contains(&f.identity) {
+        return Err(Skip::Filtered);
+    }
+    let raw: serde_json::Value = serde_json::from_str(&row.raw).map_err(|_| Skip::NotLearnable)?;
+    let method = f.method.as_deref().ok_or(Skip::NotLearnable)?;
+    if matches!(method, "CONNECT" | "DNS" | "APPROVAL") {
+        return Err(Skip::Filtered);
+    }
+    let scheme = match raw["scheme"].as_str() {
+        Some("https") => Scheme::Https,
+        Some("http") => Scheme::Http,
+        _ => return Err(Skip::NotLearnable),
+    };
+    let port = raw["port"]
+        .as_u64()
+        .and_then(|p| u16::try_from(p).ok())
+        .ok_or(Skip::NotLearnable)?;
+    let host = f
+        .host
+        .as_deref()
+        .map(|h| h.trim_end_matches('.').to_ascii_lowercase())
+        .filter(|h| {
+            !h.is_empty()
+                && h.parse::<std::net::IpAddr>().is_err()
+                && h.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_')
+        })
+        .ok_or(Skip::NotLearnable)?;
+    let path = f.path.as_deref().ok_or(Skip::NotLearnable)?;
+    let path = path.split('?').next().unwrap_or(path);
+    if !path.starts_with('/')
+        || crate::wire::path::ambiguity(path).is_some()
+        || crate::wire::path::check_rule_path(path, true).is_err()
+    {
+        return Err(Skip::NotLearnable);
+    }
+    let reason = Reason::ALL
+        .into_iter()
+        .find(|r| r.code() == f.reason)
+        .ok_or(Skip::NotLearnable)?;
+    let ok = match f.decision.as_str() {
+        "allow" => reason.is_allow() || (f.would_deny && reason.is_policy_denial()),
+        "deny" => reason.is_policy_denial(),
+        _ => false,
+    };
+    if !ok {
+        return Err(Skip::NotLearnable);
+    }
+    let identity = f.identity.clone();
+    let defined = if identities.is_empty() {
+        identity == DEFAULT_IDENTITY
+    } else {
+        identities.contains(&identity)
+    };
+    if !defined {
+        return Err(Skip::UnknownIdentity(identity));
+    }
+    if !args.all {
+        if let Some(policy) = policy {
+            let url = if port == scheme.default_port() {
+                format!("{}://{host}{path}", scheme.as_str())
+            } else {
+                format!("{}://{host}:{port}{path}", scheme.as_str())
+            };
+            if explain(policy, Some(&identity), method, &url).is_ok_and(|e| e.allowed()) {
+                return Err(Skip::AlreadyAllowed);
+            }
+        }
+    }
+    Ok(Seen {
+        identity,
+        scheme,
+        host,
+        port,
+        method: method.to_string(),
+        path: path.to_string(),
+        at: row.at,
+    })
+}
+
+/// The learned file's header: what it is, from what, when, under which filters.
+fn header(args: &LearnArgs, tally: &Tally) -> Vec<String> {
+    let files: Vec<String> = args.files.iter().map(|f| f.display().to_string()).collect();
+    let mut filters = Vec::new();
+    if let Some(since) = args.since {
+        filters.push(format!("--since {}", learn::rfc3339(since)));
+    }
+    for name in &args.identity {
+        filters.push(format!("--identity {name}"));
+    }
+    if args.min_count > 1 {
+        filters.push(format!("--min-count {}", args.min_count));
+    }
+    if args.all {
+        filters.push("--all".to_string());
+    }
+    vec![
+        format!(
+            "{}: each allows exactly the methods, path globs and ports",
+            &POLICY_MARK[2..]
+        ),
+        "seen in the audit log (ids, UUIDs, hashes and dates in paths generalised to `*`).".to_string(),
+        format!(
+            "From {} ({} requests learned), {}; filters: {}.",
+            files.join(", "),
+            tally.learned,
+            learn::rfc3339(SystemTime::now()),
+            if filters.is_empty() {
+                "none".to_string()
+            } else {
+                filters.join(" ")
+            }
+        ),
+        "No rule here carries a credential: add those by hand where the agent needs one.".to_string(),
+        "A `# REVIEW:` line marks a rule that allows writes. `latchkey diff` shows the reach this adds.".to_string(),
+    ]
+}
+
+fn cases_header(out: &Path) -> Vec<String> {
+    vec![
+        format!(
+            "{} wrote to {}: requests seen (allow) and",
+            &CASES_MARK[2..],
+            out.display()
+        ),
+        "requests just outside them: a method not seen, a sibling path, another port (deny)."
+            .to_string(),
+    ]
+}
+
+/// The index in `sources` of `path`, if it is one of the policy's files.
+fn same_file_index(sources: &PolicySources, path: &Path) -> Option<usize> {
+    let want = std::fs::canonicalize(path).ok()?;
+    sources
+        .files
+        .iter()
+        .position(|(p, _)| std::fs::canonicalize(p).is_ok_and(|c| c == want))
+}
+
+/// The `name`s of the `[[rules]]` in a policy file.
+fn rule_names(path: &Path, text: &str) -> anyhow::Result<BTreeSet<String>> {
+    let doc: toml_edit::DocumentMut = text
+        .parse()
+        .with_context(|| format!("{}: not TOML", path.display()))?;
+    Ok(doc
+        .get("rules")
+        .and_then(|r| r.as_array_of_tables())
+        .map(|rules| {
+            rules
+                .iter()
+                .filter_map(|t| t.get("name").and_then(|n| n.as_str()).map(String::from))
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+/// `text` with each `[identities.NAME] rules` array granted `grants[NAME]` and stripped of
+/// `drop`, comments and layout kept; `None` when nothing changed. An identity with
+/// `rules = ["*"]` already has every rule.
+fn edit_identity_rules(
+    path: &Path,
+    text: &str,
+    grants: &BTreeMap<String, Vec<String>>,
+    drop: &BTreeSet<String>,
+) -> anyhow::Result<Option<String>> {
+    if !text.contains("identities") {
+        return Ok(None);
+    }
+    let mut doc: toml_edit::DocumentMut = text
+        .parse()
+        .with_context(|| format!("{}: not TOML", path.display()))?;
+    let mut changed = false;
+    let Some(idents) = doc
+        .get_mut("identities")
+        .and_then(|t| t.as_table_like_mut())
+    else {
+        return Ok(None);
+    };
+    for (name, item) in idents.iter_mut() {
+        let Some(rules) = item
+            .as_table_like_mut()
+            .and_then(|t| t.get_mut("rules"))
+            .and_then(|r| r.as_array_mut())
+        else {
+            continue;
+        };
+        let before = rules.len();
+        rules.retain(|v| v.as_str().is_none_or(|s| !drop.contains(s)));
+        changed |= rules.len() != before;
+        let all = rules.iter().any(|v| v.as_str() == Some("*"));
+        if let Some(new) = grants.get(name.get()) {
+            if !all {
+                // A list written one name per line gets the new names first, each on its own
+                // line, so a comment after the last name stays where it was.
+                let line_prefix = rules
+                    .iter()
+                    .next()
+                    .and_then(|v| v.decor().prefix())
+                    .and_then(|p| p.as_str())
+                    .filter(|p| p.contains('\n'))
+                    .map(str::to_string);
+                let mut at = 0;
+                for n in new {
+                    if rules.iter().any(|v| v.as_str() == Some(n.as_str())) {
+                        continue;
+                    }
+                    changed = true;
+                    match &line_prefix {
+                        Some(prefix) => {
+                            let mut v = toml_edit::Value::from(n.as_str());
+                            v.decor_mut().set_prefix(prefix.as_str());
+                            v.decor_mut().set_suffix("");
+                            rules.insert_formatted(at, v);
+                            at += 1;
+                        }
+                        None => rules.push(n.as_str()),
+                    }
+                }
+            }
+        }
+    }
+    Ok(changed.then(|| doc.to_string()))
+}
+
+/// Existing cases the learned rules change: said, so the reviewer sees it before `latchkey
+/// test` does.
+fn warn_existing_cases(policies: &Path, learned_cases: &Path, policy: &Policy) {
+    let dir = policies.join("tests");
+    let Ok((cases, _)) = load_cases_dir(&dir, policy) else {
+        return;
+    };
+    let replaced = std::fs::canonicalize(learned_cases).ok();
+    for case in cases {
+        if replaced.is_some() && std::fs::canonicalize(&case.file).ok() == replaced {
+            continue;
+        }
+        let run = run_case(policy, &case);
+        if !run.passed() {
+            eprintln!(
+                "latchkey: warning: {}: case {:?} fails with the learned rules: {}",
+                case.location(),
+                case.name,
+                run.failures.join("; ")
+            );
+        }
+    }
+}
+
+/// Writes `text` to `path` whole (a temporary file renamed over it), creating its directory.
+fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create directory {}", dir.display()))?;
+    }
+    let tmp = path.with_extension("toml.learn-tmp");
+    std::fs::write(&tmp, text).with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
+fn load_error_text(e: &LoadError) -> String {
+    match e {
+        LoadError::Invalid(problems) => problems
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n"),
+        other => other.to_string(),
+    }
+}
+
+/// The policy did not load: its problems on stderr, exit 1.
+fn load_failed(dir: &Path, e: LoadError) -> ExitCode {
+    eprintln!("{}", load_error_text(&e));
+    eprintln!(
+        "latchkey: error: the policy in {} does not load; learn adds to a policy that does",
+        dir.display()
+    );
+    ExitCode::from(1)
 }

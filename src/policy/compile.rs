@@ -71,7 +71,7 @@ pub enum SecretLoading {
 }
 
 /// The `*.toml` files of a policy directory, read but not yet compiled.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct PolicySources {
     /// `(path, text)`, sorted by path.
     pub files: Vec<(PathBuf, String)>,

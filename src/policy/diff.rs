@@ -486,6 +486,29 @@ fn facts_changes(o: &View<'_>, n: &View<'_>) -> Vec<Change> {
             out.push(fact_change(fact, false));
         }
     }
+    // A fact on an exact host that a wildcard on the other side gives it too (the secret moved
+    // from `api.x.com` to `*.x.com`) did not change for that host: only the wildcard is news.
+    let covered = |c: &Change, other: &BTreeMap<(Kind, Option<String>, String), Fact>| {
+        let detail = fact_detail(c);
+        c.host.as_deref().is_some_and(|h| {
+            !h.starts_with("*.")
+                && other.iter().any(|((k, host, d), _)| {
+                    *k == c.kind
+                        && *d == detail
+                        && host
+                            .as_deref()
+                            .and_then(|p| p.strip_prefix("*."))
+                            .is_some_and(|suffix| {
+                                HostPattern::Wildcard(suffix.to_string()).matches(h)
+                            })
+                })
+        })
+    };
+    out.retain(|c| {
+        // `ask` narrows when added; every other fact widens when added.
+        let added = (c.direction == Direction::Widened) != (c.kind == Kind::Ask);
+        !covered(c, if added { &old } else { &new })
+    });
     // Where placeholders are replaced belongs to the secrets bound: a secret newly bound to a
     // host brings its placeholders along, which is one change, not two.
     let binding: BTreeSet<(Direction, Option<String>)> = out
@@ -497,6 +520,17 @@ fn facts_changes(o: &View<'_>, n: &View<'_>) -> Vec<Change> {
         c.kind != Kind::Placeholders || !binding.contains(&(c.direction, c.host.clone()))
     });
     out
+}
+
+/// The detail of a fact change (its secret, credential, CIDR, place or header).
+fn fact_detail(c: &Change) -> String {
+    c.secret
+        .clone()
+        .or_else(|| c.credential.clone())
+        .or_else(|| c.cidr.clone())
+        .or_else(|| c.place.clone())
+        .or_else(|| c.header.clone())
+        .unwrap_or_default()
 }
 
 fn fact_change(f: &Fact, added: bool) -> Change {
@@ -634,14 +668,10 @@ impl Paths {
 }
 
 /// Rules of `v` matching a host, port and method (tunnel rules never match a request).
-fn paths_for(v: &View<'_>, host: &str, scheme: Scheme, port: u16, method: &Method) -> Paths {
+fn paths_for(rules: &[&Rule], scheme: Scheme, port: u16, method: &Method) -> Paths {
     let mut p = Paths::None;
-    for r in &v.rules {
-        if !r.tunnel
-            && r.hosts.iter().any(|h| h.matches(host))
-            && r.port_matches(scheme, port)
-            && r.method_matches(method)
-        {
+    for r in rules {
+        if !r.tunnel && r.port_matches(scheme, port) && r.method_matches(method) {
             p.add(r);
         }
     }
@@ -670,20 +700,19 @@ struct HostReach {
     cells: Vec<(Scheme, u16, String, Method, Paths, Paths)>,
 }
 
-fn host_reach(o: &View<'_>, n: &View<'_>, host: &str) -> HostReach {
-    let rules: Vec<&Rule> = o
-        .rules
+/// Each side's rules for one host: the cells of [`host_reach`] only look at these.
+fn on_host<'p>(v: &View<'p>, host: &str) -> Vec<&'p Rule> {
+    v.rules
         .iter()
-        .chain(&n.rules)
         .copied()
         .filter(|r| r.hosts.iter().any(|h| h.matches(host)))
-        .collect();
-    let mut ports: BTreeSet<u16> = rules
-        .iter()
-        .flat_map(|r| r.ports.iter().flatten().copied())
-        .collect();
-    let named: BTreeSet<String> = rules
-        .iter()
+        .collect()
+}
+
+fn host_reach(o: &View<'_>, n: &View<'_>, host: &str) -> HostReach {
+    let (old_rules, new_rules) = (on_host(o, host), on_host(n, host));
+    let both = || old_rules.iter().chain(&new_rules);
+    let named: BTreeSet<String> = both()
         .flat_map(|r| r.methods.iter().flatten().map(|m| m.as_str().to_string()))
         .collect();
     let mut methods: Vec<String> = USUAL_METHODS.iter().map(|m| m.to_string()).collect();
@@ -695,23 +724,20 @@ fn host_reach(o: &View<'_>, n: &View<'_>, host: &str) -> HostReach {
     if let Some(other) = OTHER_METHODS.iter().find(|m| !named.contains(**m)) {
         methods.push((*other).to_string());
     }
+    let named_ports: BTreeSet<u16> = both()
+        .flat_map(|r| r.ports.iter().flatten().copied())
+        .collect();
     let mut cells = Vec::new();
     for scheme in [Scheme::Https, Scheme::Http] {
+        let mut ports = named_ports.clone();
         ports.insert(scheme.default_port());
-        let mut scheme_ports: Vec<u16> = rules
-            .iter()
-            .flat_map(|r| r.ports.iter().flatten().copied())
-            .collect();
-        scheme_ports.push(scheme.default_port());
-        scheme_ports.sort_unstable();
-        scheme_ports.dedup();
-        for &port in &scheme_ports {
+        for &port in &ports {
             for m in &methods {
                 let Ok(method) = Method::from_bytes(m.as_bytes()) else {
                     continue;
                 };
-                let po = paths_for(o, host, scheme, port, &method);
-                let pn = paths_for(n, host, scheme, port, &method);
+                let po = paths_for(&old_rules, scheme, port, &method);
+                let pn = paths_for(&new_rules, scheme, port, &method);
                 cells.push((scheme, port, m.clone(), method, po, pn));
             }
         }
@@ -728,6 +754,22 @@ fn request_changes(o: &View<'_>, n: &View<'_>) -> Vec<Change> {
     for s in samples(o, n) {
         let mut here = Vec::new();
         host_changes(o, n, &s, &mut here);
+        // The rule a change is put down to is the one that decides its example, when it has
+        // one: the first rule matching the method may not be the one reaching the path.
+        for c in &mut here {
+            let (view, decided) = match (&c.example, c.direction) {
+                (Some(e), Direction::Widened) => (n, &e.new),
+                (Some(e), Direction::Narrowed) => (o, &e.old),
+                (None, _) => continue,
+            };
+            let rule = decided
+                .rule
+                .as_deref()
+                .and_then(|name| view.rules.iter().find(|r| r.name == name));
+            if rule.is_some() {
+                set_rule(c, rule.copied());
+            }
+        }
         out.extend(merge_ports(here, &s.shown));
         tunnel_changes(o, n, &s, &mut out);
     }

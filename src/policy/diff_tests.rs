@@ -299,9 +299,12 @@ fn a_secret_bound_to_a_wider_host_is_the_first_line() {
     assert!(changes
         .iter()
         .any(|c| c.kind == Kind::Host && c.host.as_deref() == Some("*.openai.com")));
-    assert!(changes.iter().any(|c| c.kind == Kind::Secret
-        && c.direction == Direction::Narrowed
-        && c.host.as_deref() == Some("api.openai.com")));
+    // api.openai.com still gets the secret, through the wildcard: no narrowing is claimed.
+    assert!(
+        !changes.iter().any(|c| c.direction == Direction::Narrowed),
+        "{changes:#?}"
+    );
+    assert!(d.widened && !d.narrowed);
 }
 
 #[test]
