@@ -818,8 +818,15 @@ fn merge_ports(changes: Vec<Change>, host: &str) -> Vec<Change> {
 fn host_changes(o: &View<'_>, n: &View<'_>, s: &Sample, out: &mut Vec<Change>) {
     let reach = host_reach(o, n, &s.host);
     let cells = &reach.cells;
-    let old_any = cells.iter().any(|c| c.4.reaches());
-    let new_any = cells.iter().any(|c| c.5.reaches());
+    // A host a tunnel rule relays is reachable too (its CONNECT is `tunnel_changes`'): losing
+    // interception is not losing the host.
+    let tunnels = |v: &View<'_>| {
+        v.rules
+            .iter()
+            .any(|r| r.tunnel && r.hosts.iter().any(|h| h.matches(&s.host)))
+    };
+    let old_any = cells.iter().any(|c| c.4.reaches()) || tunnels(o);
+    let new_any = cells.iter().any(|c| c.5.reaches()) || tunnels(n);
     for (dir, (from, to)) in [(Direction::Widened, (o, n)), (Direction::Narrowed, (n, o))] {
         let (had, has) = match dir {
             Direction::Widened => (old_any, new_any),
@@ -835,34 +842,37 @@ fn host_changes(o: &View<'_>, n: &View<'_>, s: &Sample, out: &mut Vec<Change>) {
             // Reachable at all now: one change for the host, its example the first cell.
             if let Some(mut c) = cells.iter().find_map(|cell| {
                 let (_, now) = side(cell);
-                now.reaches().then(|| {
-                    let example = find_example(
-                        from,
-                        to,
-                        dir,
-                        s,
-                        cell.0,
-                        cell.1,
-                        &cell.2,
-                        &Paths::None,
-                        &now,
-                    );
-                    let rule = rule_for(to, &s.host, cell.0, cell.1, &cell.3);
-                    let when = if dir == Direction::Widened {
-                        "newly"
-                    } else {
-                        "no longer"
-                    };
-                    let mut c = Change::new(
-                        dir,
-                        Kind::Host,
-                        Some(s.shown.clone()),
-                        format!("host {} {when} reachable", s.shown),
-                    );
-                    c.example = example;
-                    set_rule(&mut c, rule);
-                    c
-                })
+                now.reaches()
+                    .then(|| {
+                        let example = find_example(
+                            from,
+                            to,
+                            dir,
+                            s,
+                            cell.0,
+                            cell.1,
+                            &cell.2,
+                            &Paths::None,
+                            &now,
+                        );
+                        let rule = rule_for(to, &s.host, cell.0, cell.1, &cell.3);
+                        let when = if dir == Direction::Widened {
+                            "newly"
+                        } else {
+                            "no longer"
+                        };
+                        let mut c = Change::new(
+                            dir,
+                            Kind::Host,
+                            Some(s.shown.clone()),
+                            format!("host {} {when} reachable", s.shown),
+                        );
+                        // Only a difference a request shows is reported.
+                        c.example = Some(example?);
+                        set_rule(&mut c, rule);
+                        Some(c)
+                    })
+                    .flatten()
             }) {
                 c.scheme = None;
                 out.push(c);
@@ -888,8 +898,17 @@ fn host_changes(o: &View<'_>, n: &View<'_>, s: &Sample, out: &mut Vec<Change>) {
                 "no longer"
             };
             if has_port && !had_port {
-                if let Some(cell) = here.iter().find(|c| side(c).1.reaches()) {
-                    let (before, now) = side(cell);
+                // The first method whose example a request shows (none: nothing to report,
+                // as for a port a tunnel now relays instead).
+                let found = here
+                    .iter()
+                    .filter(|c| side(c).1.reaches())
+                    .find_map(|cell| {
+                        let (before, now) = side(cell);
+                        find_example(from, to, dir, s, scheme, port, &cell.2, &before, &now)
+                            .map(|e| (cell, e))
+                    });
+                if let Some((cell, example)) = found {
                     let mut c = Change::new(
                         dir,
                         Kind::Port,
@@ -898,8 +917,7 @@ fn host_changes(o: &View<'_>, n: &View<'_>, s: &Sample, out: &mut Vec<Change>) {
                     );
                     c.scheme = Some(scheme.as_str());
                     c.port = Some(port);
-                    c.example =
-                        find_example(from, to, dir, s, scheme, port, &cell.2, &before, &now);
+                    c.example = Some(example);
                     set_rule(&mut c, rule_for(to, &s.host, scheme, port, &cell.3));
                     out.push(c);
                 }
@@ -916,8 +934,12 @@ fn host_changes(o: &View<'_>, n: &View<'_>, s: &Sample, out: &mut Vec<Change>) {
                     a.reaches() && !b.reaches()
                 })
                 .collect();
-            if let Some(first) = new_methods.first() {
-                let (before, now) = side(first);
+            let shown = new_methods.iter().find_map(|cell| {
+                let (before, now) = side(cell);
+                find_example(from, to, dir, s, scheme, port, &cell.2, &before, &now)
+                    .map(|e| (cell, e))
+            });
+            if let Some((first, example)) = shown {
                 let mut names: Vec<String> = new_methods
                     .iter()
                     .map(|c| {
@@ -939,7 +961,7 @@ fn host_changes(o: &View<'_>, n: &View<'_>, s: &Sample, out: &mut Vec<Change>) {
                 c.scheme = Some(scheme.as_str());
                 c.port = Some(port);
                 c.methods = Some(names);
-                c.example = find_example(from, to, dir, s, scheme, port, &first.2, &before, &now);
+                c.example = Some(example);
                 set_rule(&mut c, rule_for(to, &s.host, scheme, port, &first.3));
                 out.push(c);
             }
