@@ -33,7 +33,7 @@ fn a_request_parked_on_one_replica_is_released_by_an_approval_through_the_other(
             (out, started.elapsed())
         });
         // B sees A's question.
-        let pending = admin_b.wait_pending(1, Duration::from_secs(5));
+        let pending = admin_b.wait_pending(1, Duration::from_secs(10));
         let id = pending[0]["id"].as_str().expect("id").to_string();
         assert_eq!(pending[0]["identity"], "agent");
         assert_eq!(pending[0]["path"], "/v1/replicated");

@@ -17,7 +17,7 @@ use crate::support::{assert_denial, assert_record, TestCa, Upstream};
 const SCOPES: &str = r#""once", "1h""#;
 
 fn serve(ca: &TestCa, upstream: &Upstream, state: &str) -> (Latchkey, Admin) {
-    let lk = start(ca, upstream, &ask_policy("8s", SCOPES), |b| {
+    let lk = start(ca, upstream, &ask_policy("30s", SCOPES), |b| {
         b.arg("--state").arg(state)
     });
     let admin = Admin::new(lk.admin_addr(), Some(ADMIN_TOKEN));
@@ -48,7 +48,7 @@ pub fn pending_approvals_grants_and_parked_requests_survive_kill_9(state: &str) 
                 Some("{}"),
             )
         });
-        let pending = admin.wait_pending(1, Duration::from_secs(5));
+        let pending = admin.wait_pending(1, Duration::from_secs(15));
         let id = pending[0]["id"].as_str().expect("id").to_string();
         admin.approve(&id, Some("1h"));
         (held.join().expect("curl thread"), id)
@@ -65,11 +65,11 @@ pub fn pending_approvals_grants_and_parked_requests_survive_kill_9(state: &str) 
                 Some(BODY_A),
             )
         });
-        let id = admin.wait_pending(1, Duration::from_secs(5))[0]["id"]
+        let id = admin.wait_pending(1, Duration::from_secs(15))[0]["id"]
             .as_str()
             .expect("id")
             .to_string();
-        // A is held 8 s; latchkey dies with B parked beside it.
+        // A is held 30 s; latchkey dies with B parked beside it.
         let parked = s.spawn(|| {
             send(
                 &lk,
@@ -79,7 +79,7 @@ pub fn pending_approvals_grants_and_parked_requests_survive_kill_9(state: &str) 
                 Some(BODY_B),
             )
         });
-        admin.wait_pending(2, Duration::from_secs(5));
+        admin.wait_pending(2, Duration::from_secs(15));
         lk.signal("KILL");
         for held in [held, parked] {
             let out = held.join().expect("curl thread");
