@@ -17,7 +17,7 @@ use bytes::Bytes;
 use http::HeaderMap;
 use http_body::Frame;
 use http_body_util::BodyExt;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::support::secrets::{compress, tls_through};
 use crate::support::upstream::{handler, Received, UpBody};
@@ -777,28 +777,7 @@ fn a_grpc_call_round_trips_through_the_mitm_and_a_reflected_credential_is_redact
     let (cert, key) = ca.issue_pem_files(crate::support::ca::UPSTREAM_NAMES, "grpc");
     let server = crate::support::credentials::PyServer::start("grpc_echo.py", &cert, &key, &[]);
     let lk = start(&ca, server.port());
-    let call = |payload: &str| -> Value {
-        let mut cmd = std::process::Command::new(crate::support::toolchain::python());
-        cmd.arg(format!(
-            "{}/tests/clients/grpc_echo.py",
-            env!("CARGO_MANIFEST_DIR")
-        ))
-        .args(["call", &format!("api.test:{}", server.port())])
-        .arg(lk.ca_pem_path())
-        .arg(lk.proxy_url())
-        .arg(payload);
-        for var in crate::support::latchkey::SCRUBBED_ENV {
-            cmd.env_remove(var);
-        }
-        cmd.env_remove("no_grpc_proxy").env_remove("NO_GRPC_PROXY");
-        let out = crate::support::latchkey::wait_with_timeout(&mut cmd, Duration::from_secs(40));
-        assert!(
-            !holds_key(out.stdout.as_bytes()) && !holds_key(out.stderr.as_bytes()),
-            "{out:?}"
-        );
-        serde_json::from_str(out.stdout.trim())
-            .unwrap_or_else(|e| panic!("grpc client output ({e}): {out:?}"))
-    };
+    let call = |payload: &str| grpc_client(&lk, server.port(), "call", payload);
     let ok = call("hello");
     assert_eq!(ok["ok"], true, "{ok}");
     assert_eq!(
@@ -830,4 +809,78 @@ fn a_grpc_call_round_trips_through_the_mitm_and_a_reflected_credential_is_redact
     assert!(recs
         .iter()
         .any(|r| r["redactions"].as_u64().unwrap_or(0) >= 1));
+}
+
+/// Runs `tests/clients/grpc_echo.py MODE` against the gRPC server on `port` through latchkey,
+/// trusting only latchkey's CA; its JSON line. Nothing it prints may hold the key.
+fn grpc_client(lk: &Latchkey, port: u16, mode: &str, arg: &str) -> Value {
+    let mut cmd = std::process::Command::new(crate::support::toolchain::python());
+    cmd.arg(format!(
+        "{}/tests/clients/grpc_echo.py",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .args([mode, &format!("api.test:{port}")])
+    .arg(lk.ca_pem_path())
+    .arg(lk.proxy_url())
+    .arg(arg);
+    for var in crate::support::latchkey::SCRUBBED_ENV {
+        cmd.env_remove(var);
+    }
+    cmd.env_remove("no_grpc_proxy").env_remove("NO_GRPC_PROXY");
+    let out = crate::support::latchkey::wait_with_timeout(&mut cmd, Duration::from_secs(40));
+    assert!(
+        !holds_key(out.stdout.as_bytes()) && !holds_key(out.stderr.as_bytes()),
+        "{out:?}"
+    );
+    serde_json::from_str(out.stdout.trim())
+        .unwrap_or_else(|e| panic!("grpc client output ({e}): {out:?}"))
+}
+
+/// Streaming gRPC through the MITM (grpcio both ends): a server stream's messages all arrive and
+/// its final status, which reflects the injected credential, arrives redacted; a bidirectional
+/// ping-pong (each message sent only after the previous reply came back, so a proxy buffering
+/// either direction would stall it) completes, and its status is redacted too.
+#[test]
+fn grpc_server_streaming_and_bidi_ping_pong_stream_through_the_mitm_with_the_status_redacted() {
+    let ca = TestCa::new();
+    let (cert, key) = ca.issue_pem_files(crate::support::ca::UPSTREAM_NAMES, "grpc");
+    let server = crate::support::credentials::PyServer::start("grpc_echo.py", &cert, &key, &[]);
+    let lk = start(&ca, server.port());
+
+    let streamed = grpc_client(&lk, server.port(), "stream", "25");
+    let parts: Vec<String> = (0..25).map(|i| format!("part-{i}")).collect();
+    assert_eq!(streamed["replies"], json!(parts), "{streamed}");
+    assert_eq!(streamed["code"], "PERMISSION_DENIED", "{streamed}");
+    assert_eq!(
+        streamed["details"], "stream ended, credential Bearer [REDACTED:key]",
+        "{streamed}"
+    );
+
+    let chat = grpc_client(&lk, server.port(), "chat", "8");
+    let echoes: Vec<String> = (0..8).map(|i| format!("echo:m{i}")).collect();
+    assert_eq!(chat["replies"], json!(echoes), "{chat}");
+    assert_eq!(chat["code"], "PERMISSION_DENIED", "{chat}");
+    assert_eq!(
+        chat["details"], "chat over, credential Bearer [REDACTED:key]",
+        "{chat}"
+    );
+
+    let seen = server.wait_events("stream", 1);
+    assert_eq!(
+        seen[0]["auth"],
+        format!("Bearer {KEY}"),
+        "the credential reached the server"
+    );
+    let chats = server.wait_events("chat", 1);
+    assert_eq!(chats[0]["messages"], 8, "{chats:?}");
+    assert_eq!(chats[0]["auth"], format!("Bearer {KEY}"));
+
+    let records = records_for(&lk, &["/test.Echo/Stream", "/test.Echo/Chat"]);
+    for path in ["/test.Echo/Stream", "/test.Echo/Chat"] {
+        let rec = record_for(&records, path);
+        assert_eq!(rec["reason"], "allowed", "{rec:#}");
+        assert_eq!(rec["rule"], "api", "{rec:#}");
+        assert!(rec["redactions"].as_u64().unwrap_or(0) >= 1, "{rec:#}");
+        assert!(rec["bytes_down"].as_u64().unwrap_or(0) > 0, "{rec:#}");
+    }
 }
