@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use latchkey::cli::{self, Cli, Command};
+use latchkey::cli::{self, error_text, Cli, Command};
 use latchkey::policy::SecretLoading;
 
 /// mimalloc: the proxy allocates and frees many small, short-lived buffers per request across
@@ -19,7 +19,7 @@ fn main() -> ExitCode {
     match run(args) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("latchkey: error: {e:#}");
+            eprintln!("latchkey: error: {}", error_text(&e));
             ExitCode::from(1)
         }
     }

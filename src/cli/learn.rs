@@ -47,7 +47,8 @@ pub struct LearnArgs {
         long,
         env = "LATCHKEY_LEARN_MIN_COUNT",
         value_name = "N",
-        default_value_t = 1
+        default_value_t = 1,
+        value_parser = clap::value_parser!(u64).range(1..)
     )]
     pub min_count: u64,
     /// Also learn requests the policy already allows.
