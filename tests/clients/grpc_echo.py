@@ -73,11 +73,8 @@ def serve(cert, key):
 
 
 def call(target, ca, proxy, payload):
-    with open(ca, "rb") as f:
-        creds = grpc.ssl_channel_credentials(root_certificates=f.read())
-    options = [("grpc.http_proxy", proxy), ("grpc.enable_retries", 0)]
-    with grpc.secure_channel(target, creds, options=options) as channel:
-        method = channel.unary_unary("/test.Echo/Call")
+    with channel(target, ca, proxy) as ch:
+        method = ch.unary_unary("/test.Echo/Call")
         try:
             reply = method(payload.encode(), timeout=15)
             print(json.dumps({"ok": True, "reply": reply.decode()}))

@@ -773,10 +773,7 @@ fn a_rule_that_binds_no_secret_is_scanned_when_another_rule_binds_one_to_the_hos
 /// server reflects in `grpc-message` reaches the client redacted.
 #[test]
 fn a_grpc_call_round_trips_through_the_mitm_and_a_reflected_credential_is_redacted_in_its_status() {
-    let ca = TestCa::new();
-    let (cert, key) = ca.issue_pem_files(crate::support::ca::UPSTREAM_NAMES, "grpc");
-    let server = crate::support::credentials::PyServer::start("grpc_echo.py", &cert, &key, &[]);
-    let lk = start(&ca, server.port());
+    let (server, lk) = grpc_world();
     let call = |payload: &str| grpc_client(&lk, server.port(), "call", payload);
     let ok = call("hello");
     assert_eq!(ok["ok"], true, "{ok}");
@@ -811,6 +808,16 @@ fn a_grpc_call_round_trips_through_the_mitm_and_a_reflected_credential_is_redact
         .any(|r| r["redactions"].as_u64().unwrap_or(0) >= 1));
 }
 
+/// The grpcio server (`grpc_echo.py --tls`, its certificate from a fresh test CA) and latchkey
+/// in front of it, trusting that CA.
+fn grpc_world() -> (crate::support::credentials::PyServer, Latchkey) {
+    let ca = TestCa::new();
+    let (cert, key) = ca.issue_pem_files(crate::support::ca::UPSTREAM_NAMES, "grpc");
+    let server = crate::support::credentials::PyServer::start("grpc_echo.py", &cert, &key, &[]);
+    let lk = start(&ca, server.port());
+    (server, lk)
+}
+
 /// Runs `tests/clients/grpc_echo.py MODE` against the gRPC server on `port` through latchkey,
 /// trusting only latchkey's CA; its JSON line. Nothing it prints may hold the key.
 fn grpc_client(lk: &Latchkey, port: u16, mode: &str, arg: &str) -> Value {
@@ -842,10 +849,7 @@ fn grpc_client(lk: &Latchkey, port: u16, mode: &str, arg: &str) -> Value {
 /// either direction would stall it) completes, and its status is redacted too.
 #[test]
 fn grpc_server_streaming_and_bidi_ping_pong_stream_through_the_mitm_with_the_status_redacted() {
-    let ca = TestCa::new();
-    let (cert, key) = ca.issue_pem_files(crate::support::ca::UPSTREAM_NAMES, "grpc");
-    let server = crate::support::credentials::PyServer::start("grpc_echo.py", &cert, &key, &[]);
-    let lk = start(&ca, server.port());
+    let (server, lk) = grpc_world();
 
     let streamed = grpc_client(&lk, server.port(), "stream", "25");
     let parts: Vec<String> = (0..25).map(|i| format!("part-{i}")).collect();
