@@ -82,6 +82,7 @@ fn decide(c: &mut Criterion) {
             method,
             path,
             identity: None,
+            websocket: false,
         };
         group.bench_function(name, |b| {
             b.iter(|| black_box(policy.decide(black_box(&target))))

@@ -123,11 +123,13 @@ pub enum Reason {
     BudgetExhausted,
     /// The state store holding a `[limits]` counter cannot answer, and the limit fails closed.
     LimitsUnavailable,
+    /// A request asked to upgrade to a WebSocket under a rule without `websocket = true`.
+    WebSocketNotAllowed,
 }
 
 impl Reason {
     /// Every reason, for registry tests and documentation.
-    pub const ALL: [Reason; 50] = [
+    pub const ALL: [Reason; 51] = [
         Reason::Allowed,
         Reason::Tunnel,
         Reason::NoRule,
@@ -178,6 +180,7 @@ impl Reason {
         Reason::BodyTooLarge,
         Reason::BudgetExhausted,
         Reason::LimitsUnavailable,
+        Reason::WebSocketNotAllowed,
     ];
 
     /// The stable snake_case code used in headers, logs and audit records.
@@ -233,6 +236,7 @@ impl Reason {
             Reason::BudgetExhausted => "budget_exhausted",
             Reason::LimitsUnavailable => "limits_unavailable",
             Reason::BodyTooLarge => "body_too_large",
+            Reason::WebSocketNotAllowed => "websocket_not_allowed",
         }
     }
 
@@ -254,7 +258,8 @@ impl Reason {
             | Reason::DestinationMismatch
             | Reason::DnsTypeRefused
             | Reason::ApprovalPending
-            | Reason::ApprovalDenied => StatusCode::FORBIDDEN,
+            | Reason::ApprovalDenied
+            | Reason::WebSocketNotAllowed => StatusCode::FORBIDDEN,
             Reason::DnsRateLimited | Reason::RateLimited | Reason::BudgetExhausted => {
                 StatusCode::TOO_MANY_REQUESTS
             }
@@ -300,6 +305,7 @@ impl Reason {
                 | Reason::MethodNotAllowed
                 | Reason::PathNotAllowed
                 | Reason::IdentityNotAllowed
+                | Reason::WebSocketNotAllowed
         )
     }
 

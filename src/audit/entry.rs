@@ -99,6 +99,7 @@ impl Entry {
                 approval: None,
                 limits: Vec::new(),
                 usage: None,
+                websocket: None,
                 labels: Default::default(),
                 reach: None,
                 session: None,

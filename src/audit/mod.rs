@@ -38,7 +38,9 @@ pub mod verify;
 mod writer;
 
 pub use entry::{Counters, Entry, Scrub};
-pub use record::{new_id, ApprovalInfo, DnsInfo, LimitCharge, Phase, Record, UsageInfo};
+pub use record::{
+    new_id, ApprovalInfo, DnsInfo, LimitCharge, Phase, Record, UsageInfo, WebSocketInfo,
+};
 pub use writer::{
     AuditError, AuditLog, Format, Options, Tap, CHECKPOINT_EVERY, CHECKPOINT_INTERVAL,
 };

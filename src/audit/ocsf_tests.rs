@@ -61,6 +61,7 @@ fn full() -> Record {
             cost: Some(0.001),
             source: "response",
         }),
+        websocket: None,
         labels: BTreeMap::from([
             ("env".to_string(), "ci".to_string()),
             ("owner".to_string(), "team-a".to_string()),

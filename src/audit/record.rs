@@ -58,6 +58,10 @@ pub struct Record {
     /// On a model-provider call: the model and tokens its response reported, and their cost.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<UsageInfo>,
+    /// On a WebSocket (a handshake that upgraded): what was relayed, and how it closed. Absent
+    /// from every other record.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub websocket: Option<WebSocketInfo>,
     /// The identity's `labels` from policy (`[identities.X] labels`): what the environment is.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub labels: std::collections::BTreeMap<String, String>,
@@ -117,6 +121,20 @@ pub struct LimitCharge {
     /// The store could not be reached and the limit says `on_store_error = "allow"`.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub unchecked: bool,
+}
+
+/// A WebSocket's life after its handshake (README "WebSocket").
+#[derive(Clone, Debug, Serialize, PartialEq, Eq, Default)]
+pub struct WebSocketInfo {
+    /// Frames latchkey sent to the upstream and to the sandbox: one per text or binary
+    /// message (a message that arrived in fragments is reassembled, inspected and sent as
+    /// one); pings, pongs and close frames are not counted.
+    pub frames_up: u64,
+    pub frames_down: u64,
+    /// The close code of the closing handshake; `None` when the socket ended without one.
+    pub close_code: Option<u16>,
+    /// `sandbox`, `upstream` or `latchkey` (a refused message, a limit, shutdown).
+    pub closed_by: &'static str,
 }
 
 /// A model-provider call's usage, read from its response.

@@ -397,6 +397,10 @@ pub struct ServeArgs {
     /// is refused (502 decompression_limit) or cut off. Takes B, KiB, MiB, GiB (or K/M/G).
     #[arg(long, env = "LATCHKEY_MAX_DECODED_BODY", default_value = "64MiB", value_parser = parse_bytes)]
     pub max_decoded_body: usize,
+    /// Largest WebSocket message latchkey relays (each is held whole to be inspected); a larger
+    /// one closes the socket (1009, body_too_large). Takes B, KiB, MiB, GiB (or K/M/G).
+    #[arg(long, env = "LATCHKEY_MAX_WEBSOCKET_MESSAGE", default_value = "16MiB", value_parser = parse_bytes)]
+    pub max_websocket_message: usize,
     /// Request-body bytes latchkey may hold at once, across every client (bodies it must see
     /// whole: SigV4-signed payloads, body placeholders, small bodies checked before dialing).
     /// Past it: `503 too_busy`. Accepts a plain number or a suffix: 256MiB, 64KiB, 1GiB.

@@ -206,6 +206,7 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
             max_connections_per_client: args.max_connections_per_client,
             header_timeout: args.header_timeout,
             idle_timeout: args.idle_timeout,
+            max_websocket_message: args.max_websocket_message,
             ..Limits::default()
         },
         policies_dir: policies,

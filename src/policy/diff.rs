@@ -133,6 +133,8 @@ pub enum Kind {
     Path,
     ReportOnly,
     AllowPrivate,
+    /// `websocket = true`: requests to the host may upgrade to a WebSocket.
+    Websocket,
     Placeholders,
     KeepHeader,
     Ask,
@@ -437,6 +439,9 @@ fn facts(v: &View<'_>) -> BTreeMap<(Kind, Option<String>, String), Fact> {
             for cidr in &rule.allow_private {
                 add(rule, Kind::AllowPrivate, host, cidr.to_string(), None);
             }
+            if rule.websocket {
+                add(rule, Kind::Websocket, host, String::new(), None);
+            }
             if !secrets.is_empty() || rule.credential.is_some() {
                 for place in &rule.placeholders {
                     add(
@@ -557,6 +562,7 @@ fn fact_change(f: &Fact, added: bool) -> Change {
             if added { "added" } else { "removed" }
         ),
         Kind::AllowPrivate => format!("{host}: private range {} {when} allowed", f.detail),
+        Kind::Websocket => format!("{host}: WebSocket upgrades {when} allowed"),
         Kind::Placeholders => format!("{host}: placeholders {when} replaced in the {}", f.detail),
         Kind::KeepHeader => format!(
             "{host}: header {} {when} passed through unstripped",

@@ -106,6 +106,8 @@ pub enum Outcome {
     Method,
     /// No path glob of the rule matches.
     Path,
+    /// A WebSocket handshake under a rule without `websocket = true`.
+    WebSocket,
     /// Every check passed.
     Matched,
 }
@@ -118,6 +120,7 @@ impl Outcome {
             Outcome::Tunnel => "tunnel",
             Outcome::Method => "method",
             Outcome::Path => "path",
+            Outcome::WebSocket => "websocket",
             Outcome::Matched => "matched",
         }
     }
@@ -237,10 +240,18 @@ pub fn explain(
     let uri: Uri = url
         .parse()
         .map_err(|e: http::uri::InvalidUri| bad_url(&e.to_string()))?;
-    let scheme = match uri.scheme_str() {
-        Some("http") => Scheme::Http,
-        Some("https") => Scheme::Https,
-        _ => return Err(bad_url("use an absolute http:// or https:// URL")),
+    // `ws://` and `wss://` explain the WebSocket handshake: a GET over http or https asking to
+    // upgrade, which only a rule with `websocket = true` allows.
+    let (scheme, websocket) = match uri.scheme_str() {
+        Some("http") => (Scheme::Http, false),
+        Some("https") => (Scheme::Https, false),
+        Some("ws") => (Scheme::Http, true),
+        Some("wss") => (Scheme::Https, true),
+        _ => {
+            return Err(bad_url(
+                "use an absolute http://, https://, ws:// or wss:// URL",
+            ))
+        }
     };
     let authority = uri.authority().ok_or_else(|| bad_url("no host"))?;
     let host = normalize_host(authority.host()).map_err(|e| bad_url(&e.to_string()))?;
@@ -259,6 +270,7 @@ pub fn explain(
         port,
         method: &method,
         path,
+        websocket,
     };
     let (reason, rule, message): (Reason, Option<&Rule>, String) = if unidentified {
         let known: Vec<&str> = policy
@@ -468,6 +480,12 @@ fn check(rule: &Rule, t: &Target<'_>) -> (Outcome, String) {
                 "allows only paths {}",
                 super::join(rule.paths.iter().flat_map(|p| p.globs.iter()))
             ),
+        );
+    }
+    if t.websocket && !rule.websocket {
+        return (
+            Outcome::WebSocket,
+            "does not allow WebSocket upgrades (websocket = true allows them)".to_string(),
         );
     }
     (Outcome::Matched, String::new())

@@ -152,6 +152,8 @@ pub struct Rule {
     /// `None`: every path.
     pub paths: Option<PathMatcher>,
     pub tunnel: bool,
+    /// `websocket = true`: a request it allows may upgrade to a WebSocket.
+    pub websocket: bool,
     /// Headers set on the upstream request, replacing any the sandbox sent with that name.
     pub inject_headers: Vec<(HeaderName, Template)>,
     /// Query parameters set on the upstream request, replacing any of the same name.
@@ -221,6 +223,7 @@ impl Rule {
             methods: None,
             paths: None,
             tunnel: false,
+            websocket: false,
             inject_headers: Vec::new(),
             inject_query: Vec::new(),
             inject_basic: None,
@@ -321,6 +324,8 @@ pub struct Target<'a> {
     pub path: &'a str,
     /// The identity asking; `None` when the policy defines none (every rule applies).
     pub identity: Option<&'a Identity>,
+    /// The request asks to upgrade to a WebSocket: only a rule with `websocket = true` allows it.
+    pub websocket: bool,
 }
 
 /// A policy decision: which rule, and a human reason.
@@ -513,6 +518,7 @@ impl Policy {
                 Reason::PortNotAllowed => 1,
                 Reason::MethodNotAllowed => 2,
                 Reason::PathNotAllowed => 3,
+                Reason::WebSocketNotAllowed => 4,
                 _ => 0,
             };
             if closest.is_none_or(|(r, _)| rank(reason) > rank(r)) {
@@ -532,6 +538,8 @@ impl Policy {
                 note(Reason::MethodNotAllowed, rule);
             } else if !rule.path_matches(t.path) {
                 note(Reason::PathNotAllowed, rule);
+            } else if t.websocket && !rule.websocket {
+                note(Reason::WebSocketNotAllowed, rule);
             } else {
                 return Decision {
                     reason: Reason::Allowed,
@@ -570,6 +578,10 @@ impl Policy {
                 "rule '{}' allows only {}",
                 rule.name,
                 join(rule.methods.iter().flatten())
+            ),
+            Reason::WebSocketNotAllowed => format!(
+                "rule '{}' does not allow WebSocket upgrades (websocket = true allows them)",
+                rule.name
             ),
             _ => format!(
                 "rule '{}' allows only paths {}",

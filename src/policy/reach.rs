@@ -174,6 +174,9 @@ fn rule_items(rule: &Rule, credentials: &HashMap<String, Arc<Credential>>, out: 
     for cidr in &rule.allow_private {
         item(format!("allow_private {cidr}"));
     }
+    if rule.websocket {
+        item("websocket: upgrades allowed, messages relayed".to_string());
+    }
     // A credential's key material and minted tokens are bound too (`credential:NAME…`);
     // their line is the credential's.
     let secrets: Vec<&String> = rule

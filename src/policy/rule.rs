@@ -221,6 +221,35 @@ impl FileCx<'_> {
             }
         }
 
+        // A WebSocket handshake is a GET (RFC 6455 §4.1), and a tunnel is never looked inside.
+        let websocket = match raw.websocket.map(|w| (*w.get_ref(), w.span())) {
+            Some((true, wspan)) => {
+                if matches!(tunnel, Some((true, _))) {
+                    self.error(
+                        wspan.clone(),
+                        format!(
+                            "{}: a tunnel rule relays bytes latchkey cannot see; a WebSocket is relayed frame by frame under an ordinary rule, so set tunnel = false",
+                            at("websocket")
+                        ),
+                    );
+                }
+                if methods
+                    .as_ref()
+                    .is_some_and(|ms: &Vec<Method>| !ms.contains(&Method::GET))
+                {
+                    self.error(
+                        wspan,
+                        format!(
+                            "{}: a WebSocket handshake is a GET, and this rule's methods leave GET out; add \"GET\" to methods",
+                            at("websocket")
+                        ),
+                    );
+                }
+                true
+            }
+            _ => false,
+        };
+
         let mut inject_headers = Vec::new();
         let mut inject_query = Vec::new();
         let mut inject_basic = None;
@@ -342,6 +371,11 @@ impl FileCx<'_> {
                 }
             }
         }
+        let placeholders_span = raw
+            .placeholders
+            .as_ref()
+            .map(|p| p.span())
+            .unwrap_or_default();
         let placeholders = match raw.placeholders {
             None => vec![Place::Header],
             Some(list) => {
@@ -352,7 +386,7 @@ impl FileCx<'_> {
                         None => self.error(
                             p.span(),
                             format!(
-                                "{}: unknown place {:?}: use header, basic_auth, query or body",
+                                "{}: unknown place {:?}: use header, basic_auth, query, body or websocket",
                                 at(&format!("placeholders[{i}]")),
                                 p.get_ref()
                             ),
@@ -362,6 +396,15 @@ impl FileCx<'_> {
                 out
             }
         };
+        if placeholders.contains(&Place::WebSocket) && !websocket {
+            self.error(
+                placeholders_span,
+                format!(
+                    "{}: placeholders in websocket messages need the rule to allow WebSockets; add websocket = true",
+                    at("placeholders")
+                ),
+            );
+        }
         let mut keep_headers = Vec::new();
         if let Some(list) = raw.keep_headers {
             for (i, h) in list.into_inner().iter().enumerate() {
@@ -505,6 +548,7 @@ impl FileCx<'_> {
             methods,
             paths,
             tunnel: matches!(tunnel, Some((true, _))),
+            websocket,
             inject_headers,
             inject_query,
             inject_basic,

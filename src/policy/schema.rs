@@ -198,10 +198,12 @@ pub struct RawRule {
     pub methods: Option<Spanned<Vec<Spanned<String>>>>,
     pub paths: Option<Spanned<Vec<Spanned<String>>>>,
     pub tunnel: Option<Spanned<bool>>,
+    /// `websocket = true`: a GET this rule allows may upgrade to a WebSocket (off by default).
+    pub websocket: Option<Spanned<bool>>,
     pub inject: Option<RawInject>,
     /// Secrets bound to this rule's hosts for placeholders, besides those it injects.
     pub secrets: Option<Spanned<Vec<Spanned<String>>>>,
-    /// Where placeholders may be replaced: header, basic_auth, query, body.
+    /// Where placeholders may be replaced: header, basic_auth, query, body, websocket.
     pub placeholders: Option<Spanned<Vec<Spanned<String>>>>,
     /// Auth headers this rule does not strip (e.g. cookie).
     pub keep_headers: Option<Spanned<Vec<Spanned<String>>>>,
@@ -275,6 +277,7 @@ pub(super) const RULE_KEYS: &[&str] = &[
     "methods",
     "paths",
     "tunnel",
+    "websocket",
     "inject",
     "secrets",
     "placeholders",
@@ -533,6 +536,7 @@ fn read_rule(t: &Fields<'_>, r: &mut dyn Report) -> RawRule {
         methods: t.strings(r, "methods"),
         paths: t.strings(r, "paths"),
         tunnel: t.boolean(r, "tunnel"),
+        websocket: t.boolean(r, "websocket"),
         inject: t.table(r, "inject", INJECT_KEYS).map(|i| RawInject {
             headers: i
                 .string_map(r, "headers")

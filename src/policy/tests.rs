@@ -17,6 +17,7 @@ fn target<'a>(
         method,
         path,
         identity: None,
+        websocket: false,
     }
 }
 
@@ -705,4 +706,40 @@ rules = ["openai", "cdn"]
             }
         }
     }
+}
+
+#[test]
+fn an_upgrade_is_allowed_only_by_a_rule_with_websocket_and_explain_reads_wss_urls() {
+    let p = compile_one(
+        "[[rules]]\nname = \"plain\"\nhosts = [\"rt.example.com\"]\npaths = [\"/v1/**\"]\n\n\
+         [[rules]]\nname = \"realtime\"\nhosts = [\"rt.example.com\"]\npaths = [\"/v1/realtime\"]\nwebsocket = true\n",
+    )
+    .expect("compiles");
+    let get = Method::GET;
+    let upgrade = |path| Target {
+        websocket: true,
+        ..target(&get, Scheme::Https, "rt.example.com", 443, path)
+    };
+    let d = p.decide(&upgrade("/v1/realtime"));
+    assert_eq!(
+        (d.reason, d.rule_name()),
+        (Reason::Allowed, Some("realtime"))
+    );
+    let d = p.decide(&upgrade("/v1/other"));
+    assert_eq!(d.reason, Reason::WebSocketNotAllowed);
+    assert_eq!(d.rule_name(), Some("plain"));
+    assert!(
+        d.message
+            .contains("rule 'plain' does not allow WebSocket upgrades"),
+        "{}",
+        d.message
+    );
+    // The same request without an upgrade is the plain rule's.
+    let plain = target(&get, Scheme::Https, "rt.example.com", 443, "/v1/other");
+    assert_eq!(p.decide(&plain).reason, Reason::Allowed);
+
+    let e = explain::explain(&p, None, "GET", "wss://rt.example.com/v1/other").expect("explain");
+    assert_eq!(e.reason, "websocket_not_allowed");
+    let e = explain::explain(&p, None, "GET", "wss://rt.example.com/v1/realtime").expect("explain");
+    assert!(e.allowed());
 }

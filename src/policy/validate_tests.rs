@@ -229,3 +229,27 @@ fn every_toml_spelling_of_a_valid_rule_compiles() {
         assert!(rule.bound.contains("k"), "{text}");
     }
 }
+
+#[test]
+fn websocket_is_refused_where_it_cannot_work_and_placeholders_in_messages_need_it() {
+    let e = errors(
+        "[[rules]]\nname = \"t\"\nhosts = [\"a.com\"]\ntunnel = true\nwebsocket = true\n\n\
+         [[rules]]\nname = \"p\"\nhosts = [\"b.com\"]\nmethods = [\"POST\"]\nwebsocket = true\n\n\
+         [[rules]]\nname = \"q\"\nhosts = [\"c.com\"]\nplaceholders = [\"websocket\"]\n",
+    );
+    assert_eq!(e.len(), 3, "{e:#?}");
+    assert!(
+        e[0].starts_with("test.toml:5:13: rules[0].websocket: a tunnel rule"),
+        "{e:#?}"
+    );
+    assert!(
+        e[1].starts_with("test.toml:11:13: rules[1].websocket: a WebSocket handshake is a GET"),
+        "{e:#?}"
+    );
+    assert!(
+        e[2].starts_with(
+            "test.toml:16:16: rules[2].placeholders: placeholders in websocket messages need"
+        ),
+        "{e:#?}"
+    );
+}

@@ -136,7 +136,7 @@ async fn serve_http<S: ClientIo>(
     // latchkey when hyper lets go of it, so it can still send the `408`.
     let (io, mut reclaimed) = Reclaim::new(io);
     let result = {
-        let conn = builder.serve_connection(TokioIo::new(io), service);
+        let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
         tokio::pin!(conn);
         tokio::select! {
             r = conn.as_mut() => r,

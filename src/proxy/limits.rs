@@ -35,6 +35,9 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// Longest request target (request line) accepted.
     pub max_uri_len: usize,
+    /// Largest WebSocket message (or frame) relayed (`--max-websocket-message`): each is held
+    /// whole to be inspected.
+    pub max_websocket_message: usize,
 }
 
 impl Default for Limits {
@@ -45,6 +48,7 @@ impl Default for Limits {
             header_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(300),
             max_uri_len: 8 * 1024,
+            max_websocket_message: 16 * 1024 * 1024,
         }
     }
 }

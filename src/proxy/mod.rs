@@ -37,6 +37,7 @@ mod response;
 mod scrub_body;
 mod socks;
 pub mod transparent;
+mod websocket;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -82,7 +83,9 @@ pub struct Proxy {
     /// The pooled client for rules without their own `allow_private` ranges.
     client: Client,
     /// One pooled client per distinct `allow_private` set, made on first use.
-    rule_clients: std::sync::Mutex<std::collections::HashMap<Vec<upstream::Cidr>, Client>>,
+    /// Clients per (`allow_private` set, HTTP/1.1 only): WebSocket handshakes need a
+    /// connection that can upgrade, which an h2 one cannot.
+    rule_clients: std::sync::Mutex<std::collections::HashMap<(Vec<upstream::Cidr>, bool), Client>>,
     tls: Arc<rustls::ClientConfig>,
     dialer: Arc<Dialer>,
     response_timeout: Duration,
@@ -173,22 +176,26 @@ impl Proxy {
         }))
     }
 
-    /// The client whose connector opens exactly `extra` on top of `--allow-private`.
-    fn client_for(&self, extra: &[upstream::Cidr]) -> Client {
-        if extra.is_empty() {
+    /// The client whose connector opens exactly `extra` on top of `--allow-private`, offering
+    /// only HTTP/1.1 when `http1` (for an upgrade).
+    fn client_for(&self, extra: &[upstream::Cidr], http1: bool) -> Client {
+        if extra.is_empty() && !http1 {
             return self.client.clone();
         }
         let mut map = self
             .rule_clients
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        map.entry(extra.to_vec())
+        map.entry((extra.to_vec(), http1))
             .or_insert_with(|| {
-                upstream::client(Connector::new(
-                    self.dialer.clone(),
-                    self.tls.clone(),
-                    extra.to_vec(),
-                ))
+                let tls = if http1 {
+                    let mut tls = (*self.tls).clone();
+                    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+                    Arc::new(tls)
+                } else {
+                    self.tls.clone()
+                };
+                upstream::client(Connector::new(self.dialer.clone(), tls, extra.to_vec()))
             })
             .clone()
     }

@@ -59,6 +59,8 @@ pub enum Part {
     HeaderValue,
     BasicAuth,
     Body,
+    /// A WebSocket message toward the upstream.
+    WebSocket,
     TrailerName,
     TrailerValue,
 }
@@ -75,6 +77,7 @@ impl Part {
             Part::HeaderValue => "header",
             Part::BasicAuth => "basic_auth",
             Part::Body => "body",
+            Part::WebSocket => "websocket message",
             Part::TrailerName => "trailer name",
             Part::TrailerValue => "trailer",
         }
@@ -88,6 +91,7 @@ impl Part {
             Part::BasicAuth => Some(Place::BasicAuth),
             Part::QueryValue => Some(Place::Query),
             Part::Body => Some(Place::Body),
+            Part::WebSocket => Some(Place::WebSocket),
             _ => None,
         }
     }
@@ -328,6 +332,18 @@ impl Checker<'_> {
         Ok(names)
     }
 
+    /// Checks one WebSocket message toward the upstream (whole: fragments reassembled); returns
+    /// the placeholders to replace in it.
+    pub fn message(&self, message: &[u8]) -> Result<BTreeSet<String>, Refusal> {
+        let mut names = BTreeSet::new();
+        self.placeholders(Part::WebSocket, message, &mut names)?;
+        self.secrets(Part::WebSocket, message)?;
+        for d in decoded_views(message) {
+            self.secrets(Part::WebSocket, &d)?;
+        }
+        Ok(names)
+    }
+
     fn placeholders(
         &self,
         part: Part,
@@ -373,7 +389,7 @@ fn check_placeholder(
     let Some(place) = part.place() else {
         let which = name.map_or_else(String::new, |n| format!(" for secret '{n}'"));
         return refuse(format!(
-            "placeholder{which} in the request {} for host {host}: placeholders are replaced only in header values, basic_auth, query values and the body",
+            "placeholder{which} in the request {} for host {host}: placeholders are replaced only in header values, basic_auth, query values, the body and WebSocket messages",
             part.as_str()
         ));
     };

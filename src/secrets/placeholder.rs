@@ -18,6 +18,8 @@ pub enum Place {
     BasicAuth,
     Query,
     Body,
+    /// A text or binary WebSocket message toward the upstream.
+    WebSocket,
     /// The URL path: never a place a secret may go.
     Path,
 }
@@ -29,6 +31,7 @@ impl Place {
             Place::BasicAuth => "basic_auth",
             Place::Query => "query",
             Place::Body => "body",
+            Place::WebSocket => "websocket",
             Place::Path => "path",
         }
     }
@@ -40,6 +43,7 @@ impl Place {
             "basic_auth" => Some(Place::BasicAuth),
             "query" => Some(Place::Query),
             "body" => Some(Place::Body),
+            "websocket" => Some(Place::WebSocket),
             _ => None,
         }
     }

@@ -43,6 +43,7 @@ fn record() -> Record {
         approval: None,
         limits: Vec::new(),
         usage: None,
+        websocket: None,
         labels: BTreeMap::from([("env".to_string(), "ci".to_string())]),
         reach: None,
         session: Some("sess-1".into()),

@@ -482,6 +482,7 @@ fn every_kind_of_record_the_log_writes_is_a_valid_ocsf_event() {
             cost: Some(0.002),
             source: "response",
         }),
+        websocket: None,
         labels: [("env", "ci"), ("sandbox", "run-42")]
             .into_iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))

@@ -88,6 +88,7 @@ mod state_store;
 mod trust;
 mod tunnel;
 mod upstream_failures;
+mod websocket;
 
 // The docs, checked against the code and the built binary.
 mod docs;

@@ -228,6 +228,7 @@ mod tests {
         let report = Rule::report_only();
         let target = |host, method| crate::policy::Target {
             identity: None,
+            websocket: false,
             scheme: crate::policy::Scheme::Https,
             host,
             port: 443,

@@ -38,6 +38,7 @@ use super::correlate::Correlation;
 use super::limits::HeadSniff;
 use super::request_body::Inbound;
 use super::respond::{self, ID_HEADER};
+use super::websocket::{self, Handshake};
 use super::{body, response, Proxy, IDENTITY_DEFAULT};
 use crate::audit::Entry;
 use crate::policy::{Policy, Scheme, Target};
@@ -145,7 +146,7 @@ pub async fn handle(
         &mut body,
     );
     match run.await {
-        Ok(answer) => Ok(record(answer, entry)),
+        Ok(answer) => Ok(record(&proxy, answer, entry)),
         Err(refusal) => Ok(refuse(entry, body, refusal).await),
     }
 }
@@ -156,13 +157,15 @@ struct Answer {
     body_refused: Arc<std::sync::OnceLock<super::request_body::BodyRefused>>,
     /// Fills in what is known only when the body has ended (limits settled, usage).
     on_finish: Option<body::FinishHook>,
+    /// An accepted WebSocket: relayed once the `101` is sent, its record written at close.
+    upgrade: Option<(websocket::Halves, websocket::Guard)>,
 }
 
 /// The phases in order, one per line; `?` is a refusal.
 async fn phases(
     proxy: &Arc<Proxy>,
     ctx: &Ctx,
-    policy: &Policy,
+    policy: &Arc<Policy>,
     entry: &mut Entry,
     (head, correlation): (Parts, &Correlation),
     body: &mut Option<Incoming>,
@@ -179,6 +182,7 @@ async fn phases(
 
     // identify: the identity the listener found must still exist in the policy in force.
     let identity = decide::identity(policy, &ctx.identity)?;
+    let upgrading = websocket::requested(&head.headers);
 
     // decide: deny by default; report-only lets a policy denial through, marked; a rule's
     // `ask` (or `[ask] unknown` for a policy denial) needs a person first.
@@ -189,6 +193,7 @@ async fn phases(
         port: target.port,
         method: &head.method,
         path: target.path(),
+        websocket: upgrading,
     });
     let asking = policy.asks(&decision);
     let denial = (!decision.allowed()).then_some(decision.reason);
@@ -207,6 +212,8 @@ async fn phases(
         r.would_deny = verdict.would_deny.is_some();
     });
     let mut head = head;
+    // A WebSocket the policy allows: the handshake must be one, on a connection that upgrades.
+    let handshake = upgrading.then(|| Handshake::take(&mut head)).transpose()?;
     let incoming = match asking {
         Some(asking) => {
             ask::ask(
@@ -231,7 +238,7 @@ async fn phases(
         proxy,
         ctx,
         policy,
-        (rule, correlation),
+        (rule, correlation, handshake.as_ref()),
         &target,
         head,
         incoming,
@@ -253,7 +260,15 @@ async fn phases(
     // leaving) is recorded as allowed by policy and not completed.
     verdict.record_outcome(entry, Reason::UpstreamError, None);
     let plan = out.plan;
-    let sent = outgoing::send(proxy, rule, &target, out.request, &plan.body_refused, entry).await;
+    let sent = outgoing::send(
+        proxy,
+        rule,
+        &target,
+        (out.request, handshake.is_some()),
+        &plan.body_refused,
+        entry,
+    )
+    .await;
     let res = match sent {
         Ok(res) => res,
         Err(refusal) => {
@@ -268,7 +283,13 @@ async fn phases(
 
     // respond: decode decision, strip, scrub; a model-provider call's usage is read as its
     // body passes, and the limits are settled when it ends.
-    let mut answer = respond(proxy, &verdict, &target.host, res, plan, entry).await?;
+    let upgrade = handshake.map(|h| {
+        (
+            h,
+            websocket_guard(proxy, ctx, policy, rule, &target.host, &plan),
+        )
+    });
+    let mut answer = respond(proxy, &verdict, &target.host, res, plan, upgrade, entry).await?;
     if let Some(admission) = admission {
         answer = limits::settle_when_done(answer, admission, policy.prices().clone());
     }
@@ -281,17 +302,34 @@ async fn phases(
 /// Assumes: `res` is the upstream's answer to the request the broker built under `verdict`.
 /// Guarantees: on `Ok`, the record holds the outcome, the status and the upstream address, and
 /// the response is safe to send ([`response::filter`]'s guarantees).
+#[allow(clippy::too_many_arguments)]
 async fn respond(
     proxy: &Proxy,
     verdict: &decide::Verdict<'_>,
     host: &str,
-    res: Response<Incoming>,
+    mut res: Response<Incoming>,
     plan: outgoing::Plan,
+    upgrade: Option<(Handshake, websocket::Guard)>,
     entry: &mut Entry,
 ) -> Result<Answer, Refusal> {
     let upstream = res.extensions().get::<UpstreamAddr>().map(|a| a.0);
     verdict.record_outcome(entry, Reason::Allowed, Some(res.status().as_u16()));
     entry.update(|r| r.upstream = upstream.map(|a| a.to_string()));
+    // A WebSocket the upstream accepted: the sandbox gets a `101` built from the checked one.
+    // Any other answer to a handshake is an ordinary response.
+    if let Some((handshake, guard)) = upgrade {
+        if res.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+            let accepted = handshake
+                .accept(&mut res, host)
+                .map_err(|r| r.under(&verdict.rule.name))?;
+            return Ok(Answer {
+                response: accepted.response,
+                body_refused: plan.body_refused,
+                on_finish: None,
+                upgrade: Some((accepted.halves, guard)),
+            });
+        }
+    }
     let response_cx = response::ResponseCx {
         host,
         is_head: plan.is_head,
@@ -306,18 +344,47 @@ async fn respond(
         response,
         body_refused: plan.body_refused,
         on_finish: None,
+        upgrade: None,
     })
 }
 
+/// What a WebSocket's relay checks its messages against: the rule's binding and the
+/// response's scan, owned by the relay task.
+fn websocket_guard(
+    proxy: &Proxy,
+    ctx: &Ctx,
+    policy: &Arc<Policy>,
+    rule: &crate::policy::Rule,
+    host: &str,
+    plan: &outgoing::Plan,
+) -> websocket::Guard {
+    websocket::Guard {
+        policy: policy.clone(),
+        rule: rule.name.clone(),
+        bound: rule.bound.clone(),
+        placeholders: rule.placeholders.clone(),
+        host: host.to_string(),
+        scan: plan.scan.clone(),
+        max_message: proxy.limits.max_websocket_message,
+        budget: proxy.budget.clone(),
+        client: ctx.client.ip(),
+    }
+}
+
 /// The record phase: the response carries the record's id, and its body writes the record
-/// when it ends, fails or is dropped (`body::audited`), exactly once.
-fn record(answer: Answer, entry: Entry) -> Response<Body> {
+/// when it ends, fails or is dropped (`body::audited`), exactly once; a WebSocket's relay
+/// writes it when the socket closes.
+fn record(proxy: &Proxy, answer: Answer, entry: Entry) -> Response<Body> {
     let mut res = answer.response;
     if let Ok(v) = HeaderValue::from_str(entry.id()) {
         res.headers_mut().insert(ID_HEADER, v);
     }
     respond::rate_headers(res.headers_mut(), &entry);
     let finish = answer.on_finish;
+    if let Some((halves, guard)) = answer.upgrade {
+        websocket::spawn(halves, guard, entry, finish, proxy.shutdown_signal());
+        return res;
+    }
     res.map(|b| body::audited(b, entry, Some(answer.body_refused), finish))
 }
 

@@ -16,6 +16,7 @@ use hyper::body::Incoming;
 use super::super::broker;
 use super::super::correlate::Correlation;
 use super::super::request_body::{BodyRefused, Inbound};
+use super::super::websocket::Handshake;
 use super::super::{body, Proxy};
 use super::admit::Admitted;
 use super::Ctx;
@@ -56,7 +57,7 @@ pub(super) async fn broker(
     proxy: &Arc<Proxy>,
     ctx: &Ctx,
     policy: &Policy,
-    (rule, correlation): (&Rule, &Correlation),
+    (rule, correlation, handshake): (&Rule, &Correlation, Option<&Handshake>),
     target: &Admitted,
     mut head: Parts,
     incoming: Inbound,
@@ -83,6 +84,10 @@ pub(super) async fn broker(
     }
     sent_hosts.push(&target.host);
     hop::strip(&mut head.headers);
+    // A WebSocket handshake keeps its upgrade headers (and offers no extension).
+    if let Some(h) = handshake {
+        h.restore(&mut head.headers);
+    }
     // latchkey's own correlation headers go only where the rule keeps them; trace context is
     // latchkey's span under `--otlp`. Before the checks: what is forwarded is checked.
     proxy
@@ -150,11 +155,12 @@ pub(super) async fn send(
     proxy: &Proxy,
     rule: &Rule,
     target: &Admitted,
-    request: Request<Body>,
+    (request, upgrade): (Request<Body>, bool),
     body_refused: &OnceLock<BodyRefused>,
     entry: &Entry,
 ) -> Result<Response<Incoming>, Refusal> {
-    let client = proxy.client_for(&rule.allow_private);
+    // An upgrade needs an HTTP/1.1 connection: its client never negotiates h2.
+    let client = proxy.client_for(&rule.allow_private, upgrade);
     let sent_at = Instant::now();
     let sent = tokio::time::timeout(proxy.response_timeout, client.request(request)).await;
     let res = match sent {

@@ -131,6 +131,8 @@ pub(super) async fn http(
             p => p,
         },
         identity,
+        // The connection's gate: each request (an upgrade too) is decided by the pipeline.
+        websocket: false,
     });
     let extra: &[Cidr] = match decision.rule {
         Some(rule) if decision.allowed() => &rule.allow_private,

@@ -85,6 +85,8 @@ pub const REASONS: &[&str] = &[
     // holding a limit's counters unreachable.
     "budget_exhausted",
     "limits_unavailable",
+    // A WebSocket handshake under a rule without `websocket = true`.
+    "websocket_not_allowed",
 ];
 
 /// DNS records (`method = "DNS"`) whose reason allows them no name and no query type: the
@@ -111,6 +113,7 @@ pub const REPORTABLE: &[&str] = &[
     "method_not_allowed",
     "path_not_allowed",
     "identity_not_allowed",
+    "websocket_not_allowed",
 ];
 
 /// Reasons for requests that policy allowed but that failed afterwards: the upstream failed, or
@@ -352,6 +355,9 @@ pub fn check_record(record: &Value) -> Result<(), String> {
     if let Some(usage) = obj.get("usage") {
         check_usage(usage)?;
     }
+    if let Some(ws) = obj.get("websocket") {
+        check_websocket(ws, get("status")?)?;
+    }
     let policy = string("policy")?;
     let digest = policy
         .strip_prefix("sha256:")
@@ -407,6 +413,34 @@ fn check_limits(limits: &Value, reason: &str) -> Result<(), String> {
     );
     if refused > 1 || ((refused == 1) != by_limit && reason != "rate_limited") {
         return Err(format!("{refused} limits refused with reason {reason}"));
+    }
+    Ok(())
+}
+
+/// `websocket`: only on an upgraded handshake; frames counted, how it closed.
+fn check_websocket(ws: &Value, status: &Value) -> Result<(), String> {
+    if status != 101 {
+        return Err(format!("websocket on a record with status {status}"));
+    }
+    let o = ws
+        .as_object()
+        .ok_or_else(|| format!("websocket is {ws}, not an object"))?;
+    for f in ["frames_up", "frames_down"] {
+        if !o.get(f).is_some_and(Value::is_u64) {
+            return Err(format!("websocket.{f} is {:?}", o.get(f)));
+        }
+    }
+    match o.get("close_code") {
+        Some(Value::Null) => {}
+        Some(v) if v.as_u64().is_some_and(|c| (1000..5000).contains(&c)) => {}
+        other => return Err(format!("websocket.close_code is {other:?}")),
+    }
+    match o.get("closed_by").and_then(Value::as_str) {
+        Some("sandbox" | "upstream" | "latchkey") => {}
+        other => return Err(format!("websocket.closed_by is {other:?}")),
+    }
+    if o.len() != 4 {
+        return Err(format!("websocket has unknown fields: {ws}"));
     }
     Ok(())
 }

@@ -1,0 +1,714 @@
+//! WebSocket through the interception: the handshake is an ordinary request (decided, brokered,
+//! audited like any GET), and what follows is relayed message by message, never as raw bytes.
+//!
+//! - [`requested`]: whether a request asks to upgrade to a WebSocket (the decide phase asks
+//!   the policy with it: only a rule with `websocket = true` allows one);
+//! - [`Handshake::take`]: the sandbox's handshake checked (RFC 6455 §4.1) and its half of the
+//!   upgrade taken before hyper's request is consumed;
+//! - [`Handshake::restore`]: after hop-by-hop stripping, the upgrade headers put back on the
+//!   upstream request, with `Sec-WebSocket-Extensions` left out so no extension
+//!   (`permessage-deflate`) is negotiated: every message stays readable;
+//! - [`Handshake::accept`]: the upstream's `101` checked (accept key, no extension, a protocol
+//!   the sandbox offered) and the sandbox's `101` built from it;
+//! - [`Relay`]: both upgraded streams, as tungstenite sockets; each text or binary message is
+//!   reassembled whole (bounded by `--max-websocket-message`), checked for secret values and
+//!   placeholders toward the upstream (placeholders replaced where the rule enables
+//!   `placeholders = ["websocket"]`), scrubbed toward the sandbox, counted; the audit record is
+//!   written when the socket closes.
+//!
+//! Control frames are answered per hop (tungstenite replies to pings) and never forwarded, so
+//! nothing the sandbox puts in a ping or a close reason reaches the upstream unchecked.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::IpAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use futures_util::{SinkExt, StreamExt};
+use http::header::{HeaderName, HeaderValue, CONNECTION, UPGRADE};
+use http::request::Parts;
+use http::{HeaderMap, Method, Response, StatusCode, Version};
+use hyper::upgrade::{OnUpgrade, Upgraded};
+use hyper_util::rt::TokioIo;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
+use tokio_tungstenite::tungstenite::{Error as WsError, Message, Utf8Bytes};
+use tokio_tungstenite::WebSocketStream;
+
+use super::body::{self, FinishHook};
+use super::budget::Budget;
+use crate::audit::{Entry, WebSocketInfo};
+use crate::policy::Policy;
+use crate::reason::{Reason, Refusal};
+use crate::secrets::leak::{Binding, Checker};
+use crate::secrets::placeholder::Place;
+use crate::secrets::scrub::Scrubber;
+use crate::secrets::{placeholder, SecretValue};
+use crate::upstream::Body;
+
+const SEC_KEY: HeaderName = HeaderName::from_static("sec-websocket-key");
+const SEC_VERSION: HeaderName = HeaderName::from_static("sec-websocket-version");
+const SEC_ACCEPT: HeaderName = HeaderName::from_static("sec-websocket-accept");
+const SEC_PROTOCOL: HeaderName = HeaderName::from_static("sec-websocket-protocol");
+const SEC_EXTENSIONS: HeaderName = HeaderName::from_static("sec-websocket-extensions");
+
+/// RFC 6455 §1.3: appended to the key before hashing into `Sec-WebSocket-Accept`.
+const ACCEPT_GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+
+/// How long a closing handshake may take once one side has closed.
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
+
+/// Whether the request asks to upgrade to a WebSocket: an `Upgrade` header naming `websocket`
+/// (any case, anywhere in the list). Any other upgrade is hop-by-hop and simply stripped.
+pub fn requested(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(UPGRADE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("websocket"))
+}
+
+/// The sandbox's side of a WebSocket handshake, from the request to the relay.
+pub struct Handshake {
+    key: HeaderValue,
+    /// The subprotocols the sandbox offered (`Sec-WebSocket-Protocol`), as sent.
+    protocols: Vec<HeaderValue>,
+    sandbox: OnUpgrade,
+}
+
+impl Handshake {
+    /// Checks the handshake the sandbox sent and takes its half of the upgrade.
+    ///
+    /// Guarantees: on `Ok`, the request is an HTTP/1.1 GET with a well-formed key and version
+    /// 13 on a connection that can upgrade; on `Err`, a `bad_request` naming what is wrong.
+    pub fn take(head: &mut Parts) -> Result<Self, Refusal> {
+        let bad = |why: &str| {
+            Refusal::new(
+                Reason::BadRequest,
+                format!("not a valid WebSocket handshake: {why}"),
+            )
+        };
+        if head.method != Method::GET {
+            return Err(bad("the handshake must be a GET"));
+        }
+        if head.version != Version::HTTP_11 {
+            return Err(bad(
+                "a WebSocket upgrades an HTTP/1.1 connection (offer http/1.1 in ALPN)",
+            ));
+        }
+        let key = head
+            .headers
+            .get(SEC_KEY)
+            .filter(|k| {
+                base64::engine::general_purpose::STANDARD
+                    .decode(k.as_bytes())
+                    .is_ok_and(|d| d.len() == 16)
+            })
+            .cloned()
+            .ok_or_else(|| bad("Sec-WebSocket-Key must be 16 bytes in base64"))?;
+        if head.headers.get(SEC_VERSION).map(HeaderValue::as_bytes) != Some(b"13") {
+            return Err(bad("Sec-WebSocket-Version must be 13"));
+        }
+        let protocols = head.headers.get_all(SEC_PROTOCOL).iter().cloned().collect();
+        let sandbox = head
+            .extensions
+            .remove::<OnUpgrade>()
+            .ok_or_else(|| bad("this connection cannot be upgraded"))?;
+        Ok(Self {
+            key,
+            protocols,
+            sandbox,
+        })
+    }
+
+    /// Puts the handshake back on the upstream request after hop-by-hop stripping, without
+    /// extensions: latchkey must read every message, so none is compressed.
+    pub fn restore(&self, headers: &mut HeaderMap) {
+        headers.remove(SEC_EXTENSIONS);
+        headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(UPGRADE, HeaderValue::from_static("websocket"));
+        headers.insert(SEC_KEY, self.key.clone());
+        headers.insert(SEC_VERSION, HeaderValue::from_static("13"));
+        headers.remove(SEC_PROTOCOL);
+        for p in &self.protocols {
+            headers.append(SEC_PROTOCOL, p.clone());
+        }
+    }
+
+    /// Checks the upstream's `101` and builds the one the sandbox gets: the upgrade headers,
+    /// the accept key and the chosen subprotocol, nothing else.
+    ///
+    /// Guarantees: on `Ok`, the upstream accepted exactly this handshake (its accept key
+    /// matches, it chose no extension, its subprotocol is one the sandbox offered) and both
+    /// halves of the upgrade are in the returned [`Accepted`]; on `Err`, an `upstream_error`
+    /// (or `uninspectable_body` for an extension) and nothing was sent to the sandbox.
+    pub fn accept<B>(self, res: &mut Response<B>, host: &str) -> Result<Accepted, Refusal> {
+        let fail = |reason: Reason, why: String| {
+            Refusal::new(
+                reason,
+                format!("{host} answered the WebSocket handshake with {why}"),
+            )
+        };
+        let headers = res.headers();
+        if !requested(headers) {
+            return Err(fail(
+                Reason::UpstreamError,
+                "101 without Upgrade: websocket".into(),
+            ));
+        }
+        let expected = accept_key(self.key.as_bytes());
+        if headers.get(SEC_ACCEPT).map(HeaderValue::as_bytes) != Some(expected.as_bytes()) {
+            return Err(fail(
+                Reason::UpstreamError,
+                "a Sec-WebSocket-Accept that does not match the key".into(),
+            ));
+        }
+        if let Some(ext) = headers.get(SEC_EXTENSIONS) {
+            return Err(fail(
+                Reason::UninspectableBody,
+                format!(
+                    "extension {:?}, which latchkey did not offer and cannot inspect",
+                    String::from_utf8_lossy(ext.as_bytes())
+                ),
+            ));
+        }
+        let protocol = headers.get(SEC_PROTOCOL).cloned();
+        if let Some(p) = &protocol {
+            let offered = self
+                .protocols
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .flat_map(|v| v.split(','))
+                .any(|o| o.trim().as_bytes() == p.as_bytes());
+            if !offered {
+                return Err(fail(
+                    Reason::UpstreamError,
+                    "a subprotocol the sandbox did not offer".into(),
+                ));
+            }
+        }
+        let upstream = res.extensions_mut().remove::<OnUpgrade>().ok_or_else(|| {
+            fail(
+                Reason::UpstreamError,
+                "101 on a connection that cannot upgrade".into(),
+            )
+        })?;
+        let mut answer = Response::new(body::empty());
+        *answer.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+        let h = answer.headers_mut();
+        h.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+        h.insert(UPGRADE, HeaderValue::from_static("websocket"));
+        if let Ok(v) = HeaderValue::from_str(&expected) {
+            h.insert(SEC_ACCEPT, v);
+        }
+        if let Some(p) = protocol {
+            h.insert(SEC_PROTOCOL, p);
+        }
+        Ok(Accepted {
+            response: answer,
+            halves: Halves {
+                sandbox: self.sandbox,
+                upstream,
+            },
+        })
+    }
+}
+
+/// An accepted handshake: the `101` for the sandbox and both halves of the upgrade.
+pub struct Accepted {
+    pub response: Response<Body>,
+    pub halves: Halves,
+}
+
+/// Both halves of an upgrade, each ready once its `101` has gone out.
+pub struct Halves {
+    sandbox: OnUpgrade,
+    upstream: OnUpgrade,
+}
+
+/// `Sec-WebSocket-Accept` for a key: base64(SHA-1(key ‖ GUID)).
+fn accept_key(key: &[u8]) -> String {
+    let mut ctx = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA1_FOR_LEGACY_USE_ONLY);
+    ctx.update(key);
+    ctx.update(ACCEPT_GUID);
+    base64::engine::general_purpose::STANDARD.encode(ctx.finish().as_ref())
+}
+
+/// What the relay checks messages toward the upstream against: the rule's binding, owned.
+pub struct Guard {
+    pub policy: Arc<Policy>,
+    pub rule: String,
+    pub bound: BTreeSet<String>,
+    pub placeholders: Vec<Place>,
+    pub host: String,
+    /// The matcher for secret values toward the sandbox, when the host may reflect one.
+    pub scan: Option<Arc<Scrubber>>,
+    pub max_message: usize,
+    pub budget: Arc<Budget>,
+    pub client: IpAddr,
+}
+
+/// Why the relay ended, for the record.
+struct Ended {
+    close_code: Option<u16>,
+    closed_by: &'static str,
+    refused: Option<Reason>,
+}
+
+/// Relays an accepted WebSocket in the background; the record is written when it ends.
+///
+/// Assumes: the `101` of [`Accepted`] is what the sandbox is being sent. Guarantees: whatever
+/// happens (either side gone, a refused message, shutdown), the record is written exactly once
+/// with the frames relayed and how the socket closed, after `on_finish` has run on it.
+pub fn spawn(
+    halves: Halves,
+    guard: Guard,
+    mut entry: Entry,
+    on_finish: Option<FinishHook>,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+) {
+    let Halves { sandbox, upstream } = halves;
+    tokio::spawn(async move {
+        let mut info = WebSocketInfo::default();
+        let ended = match tokio::try_join!(sandbox, upstream) {
+            Ok((s, u)) => relay(s, u, &guard, &mut entry, &mut info, shutdown).await,
+            Err(e) => {
+                tracing::warn!(audit.id = %entry.id(), error = %e, "WebSocket upgrade did not complete");
+                Ended {
+                    close_code: None,
+                    closed_by: "latchkey",
+                    refused: Some(Reason::UpstreamError),
+                }
+            }
+        };
+        info.close_code = ended.close_code;
+        info.closed_by = ended.closed_by;
+        entry.update(|r| {
+            r.websocket = Some(info);
+            // A message latchkey would not forward (or a limit) ends the socket as a refusal.
+            if let Some(reason) = ended.refused {
+                r.reason = reason.code();
+                if !reason.is_allow() {
+                    r.decision = "deny";
+                    r.would_deny = false;
+                }
+            }
+        });
+        if let Some(hook) = on_finish {
+            hook(&mut entry);
+        }
+        entry.finish();
+    });
+}
+
+type Socket = WebSocketStream<TokioIo<Upgraded>>;
+
+async fn relay(
+    sandbox: Upgraded,
+    upstream: Upgraded,
+    guard: &Guard,
+    entry: &mut Entry,
+    info: &mut WebSocketInfo,
+    mut shutdown: tokio::sync::watch::Receiver<bool>,
+) -> Ended {
+    let config = WebSocketConfig::default()
+        .max_message_size(Some(guard.max_message))
+        .max_frame_size(Some(guard.max_message));
+    let mut sandbox: Socket =
+        WebSocketStream::from_raw_socket(TokioIo::new(sandbox), Role::Server, Some(config)).await;
+    let mut upstream: Socket =
+        WebSocketStream::from_raw_socket(TokioIo::new(upstream), Role::Client, Some(config)).await;
+    let counters = entry.counters();
+    let mut used: BTreeSet<String> = BTreeSet::new();
+    let ended = loop {
+        tokio::select! {
+            m = sandbox.next() => match m {
+                Some(Ok(m)) => match up_message(m, guard, &mut used).await {
+                    Ok(Some(out)) => {
+                        counters.up.fetch_add(payload_len(&out) as u64, Ordering::Relaxed);
+                        info.frames_up += 1;
+                        if upstream.send(out).await.is_err() {
+                            break gone("upstream", &mut sandbox, None).await;
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(Step::Close(frame)) => {
+                        let code = frame.as_ref().map(|f| u16::from(f.code));
+                        break closing(&mut upstream, &mut sandbox, frame, code, "sandbox").await;
+                    }
+                    Err(Step::Refuse(refusal)) => {
+                        tracing::warn!(audit.id = %entry.id(), reason = refusal.reason.code(), message = %entry.scrub_text(&refusal.message), "WebSocket message refused");
+                        let code = close_code_for(refusal.reason);
+                        break refuse(&mut sandbox, &mut upstream, refusal.reason, code).await;
+                    }
+                },
+                Some(Err(e)) => break read_failed(e, "sandbox", &mut sandbox, &mut upstream).await,
+                None => break gone("sandbox", &mut upstream, None).await,
+            },
+            m = upstream.next() => match m {
+                Some(Ok(m)) => match down_message(m, guard, &counters) {
+                    Ok(Some(out)) => {
+                        counters.down.fetch_add(payload_len(&out) as u64, Ordering::Relaxed);
+                        info.frames_down += 1;
+                        if sandbox.send(out).await.is_err() {
+                            break gone("sandbox", &mut upstream, None).await;
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(Step::Close(frame)) => {
+                        let code = frame.as_ref().map(|f| u16::from(f.code));
+                        let frame = frame.map(|f| scrub_close(f, guard.scan.as_deref()));
+                        break closing(&mut sandbox, &mut upstream, frame, code, "upstream").await;
+                    }
+                    Err(Step::Refuse(refusal)) => {
+                        break refuse(&mut sandbox, &mut upstream, refusal.reason, CloseCode::Error).await;
+                    }
+                },
+                Some(Err(e)) => break read_failed(e, "upstream", &mut sandbox, &mut upstream).await,
+                None => break gone("upstream", &mut sandbox, None).await,
+            },
+            () = super::stopped(&mut shutdown) => {
+                let frame = || Some(CloseFrame { code: CloseCode::Away, reason: Utf8Bytes::from_static("latchkey is shutting down") });
+                let _ = tokio::time::timeout(CLOSE_WAIT, async {
+                    let _ = sandbox.close(frame()).await;
+                    let _ = upstream.close(frame()).await;
+                }).await;
+                break Ended { close_code: Some(1001), closed_by: "latchkey", refused: None };
+            }
+        }
+    };
+    if !used.is_empty() {
+        entry.update(|r| {
+            for name in used {
+                if !r.secrets.contains(&name) {
+                    r.secrets.push(name);
+                }
+            }
+        });
+    }
+    ended
+}
+
+/// What a message means for the relay besides being forwarded.
+enum Step {
+    Close(Option<CloseFrame>),
+    Refuse(Refusal),
+}
+
+/// A message from the sandbox as it goes upstream: checked, placeholders replaced. `None`:
+/// nothing to forward (a ping or pong, answered on this hop).
+async fn up_message(
+    m: Message,
+    guard: &Guard,
+    used: &mut BTreeSet<String>,
+) -> Result<Option<Message>, Step> {
+    let (data, text) = match m {
+        Message::Text(t) => (Bytes::from(t), true),
+        Message::Binary(b) => (b, false),
+        Message::Close(frame) => {
+            // The close reason is the sandbox's text: it goes on only if it holds nothing.
+            let frame = frame.map(|f| {
+                if check(guard, f.reason.as_bytes()).is_ok_and(|n| n.is_empty()) {
+                    f
+                } else {
+                    CloseFrame {
+                        code: f.code,
+                        reason: Utf8Bytes::default(),
+                    }
+                }
+            });
+            return Err(Step::Close(frame));
+        }
+        Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => return Ok(None),
+    };
+    let mut held = guard.budget.start(guard.client);
+    held.resize(data.len()).map_err(|e| {
+        Step::Refuse(Refusal::new(
+            Reason::TooBusy,
+            format!("cannot hold a WebSocket message now: {e}"),
+        ))
+    })?;
+    let names = check(guard, &data).map_err(Step::Refuse)?;
+    if names.is_empty() {
+        return Ok(Some(rebuild(data, text)?));
+    }
+    let store = guard.policy.secrets();
+    let mut values: HashMap<String, SecretValue> = HashMap::with_capacity(names.len());
+    for name in &names {
+        let value = store.get(name).await.map_err(|e| {
+            Step::Refuse(Refusal::new(
+                Reason::SecretUnavailable,
+                format!("secret '{name}' is unavailable: {e}"),
+            ))
+        })?;
+        values.insert(name.clone(), value);
+        used.insert(name.clone());
+    }
+    let replaced = placeholder::replace(&data, &values);
+    Ok(Some(rebuild(Bytes::copy_from_slice(&replaced), text)?))
+}
+
+fn check(guard: &Guard, bytes: &[u8]) -> Result<BTreeSet<String>, Refusal> {
+    let store = guard.policy.secrets();
+    let scrubber = store.scrubber().map_err(|e| {
+        Refusal::new(
+            Reason::SecretUnavailable,
+            format!("cannot search the message for secret values: {e}"),
+        )
+    })?;
+    Checker {
+        scrubber: scrubber.as_deref(),
+        store,
+        binding: Binding {
+            rule: &guard.rule,
+            bound: &guard.bound,
+            placeholders: &guard.placeholders,
+        },
+        host: &guard.host,
+    }
+    .message(bytes)
+}
+
+/// A text message stays text (it must still be UTF-8: a secret value that is not refuses it).
+fn rebuild(data: Bytes, text: bool) -> Result<Message, Step> {
+    if !text {
+        return Ok(Message::Binary(data));
+    }
+    Utf8Bytes::try_from(data).map(Message::Text).map_err(|_| {
+        Step::Refuse(Refusal::new(
+            Reason::BadRequest,
+            "a text message is not UTF-8 once its placeholders are replaced",
+        ))
+    })
+}
+
+/// A message from the upstream as the sandbox gets it: scrubbed when the host may reflect a
+/// secret.
+fn down_message(
+    m: Message,
+    guard: &Guard,
+    counters: &crate::audit::Counters,
+) -> Result<Option<Message>, Step> {
+    let (data, text) = match m {
+        Message::Text(t) => (Bytes::from(t), true),
+        Message::Binary(b) => (b, false),
+        Message::Close(frame) => return Err(Step::Close(frame)),
+        Message::Ping(_) | Message::Pong(_) | Message::Frame(_) => return Ok(None),
+    };
+    let Some(scrubber) = guard.scan.as_deref() else {
+        return Ok(Some(rebuild(data, text)?));
+    };
+    let (clean, names) = scrubber.scrub(&data);
+    if names.is_empty() {
+        return Ok(Some(rebuild(data, text)?));
+    }
+    counters
+        .redactions
+        .fetch_add(names.len() as u64, Ordering::Relaxed);
+    // `[REDACTED:name]` is ASCII in place of whole matches: a text message stays UTF-8 unless
+    // a secret value cut a character in two, which is refused rather than forwarded.
+    rebuild(Bytes::from(clean), text).map(Some)
+}
+
+/// A close reason from the upstream, scrubbed like any message toward the sandbox.
+fn scrub_close(f: CloseFrame, scan: Option<&Scrubber>) -> CloseFrame {
+    let Some(scrubber) = scan else { return f };
+    let (clean, names) = scrubber.scrub(f.reason.as_bytes());
+    if names.is_empty() {
+        return f;
+    }
+    CloseFrame {
+        code: f.code,
+        reason: Utf8Bytes::try_from(clean).unwrap_or_default(),
+    }
+}
+
+/// The close code the sandbox gets for a message latchkey will not forward.
+fn close_code_for(reason: Reason) -> CloseCode {
+    match reason {
+        Reason::TooBusy => CloseCode::Again,
+        Reason::SecretUnavailable => CloseCode::Error,
+        Reason::BadRequest => CloseCode::Invalid,
+        _ => CloseCode::Policy,
+    }
+}
+
+fn payload_len(m: &Message) -> usize {
+    match m {
+        Message::Text(t) => t.len(),
+        Message::Binary(b) => b.len(),
+        _ => 0,
+    }
+}
+
+/// One side closed: the close goes on to the other, and the closing handshakes finish
+/// (bounded by [`CLOSE_WAIT`]).
+async fn closing(
+    to: &mut Socket,
+    from: &mut Socket,
+    frame: Option<CloseFrame>,
+    code: Option<u16>,
+    closed_by: &'static str,
+) -> Ended {
+    let _ = tokio::time::timeout(CLOSE_WAIT, async {
+        let _ = to.close(frame).await;
+        // Read to the end of both: tungstenite answers the close and waits for the reply.
+        while let Some(Ok(_)) = to.next().await {}
+        while let Some(Ok(_)) = from.next().await {}
+    })
+    .await;
+    Ended {
+        close_code: code,
+        closed_by,
+        refused: None,
+    }
+}
+
+/// One side's connection ended without a closing handshake: the other is closed as "going away".
+async fn gone(closed_by: &'static str, other: &mut Socket, code: Option<u16>) -> Ended {
+    let frame = CloseFrame {
+        code: CloseCode::Away,
+        reason: Utf8Bytes::from_static("the other side went away"),
+    };
+    let _ = tokio::time::timeout(CLOSE_WAIT, other.close(Some(frame))).await;
+    Ended {
+        close_code: code,
+        closed_by,
+        refused: None,
+    }
+}
+
+/// latchkey refuses to go on (a message it will not forward, a limit): both sides are closed,
+/// the sandbox with `code` and the reason code as the close reason.
+async fn refuse(
+    sandbox: &mut Socket,
+    upstream: &mut Socket,
+    reason: Reason,
+    code: CloseCode,
+) -> Ended {
+    let to_sandbox = CloseFrame {
+        code,
+        reason: Utf8Bytes::from(format!("latchkey: {}", reason.code())),
+    };
+    let to_upstream = CloseFrame {
+        code: CloseCode::Away,
+        reason: Utf8Bytes::default(),
+    };
+    let _ = tokio::time::timeout(CLOSE_WAIT, async {
+        let _ = sandbox.close(Some(to_sandbox)).await;
+        let _ = upstream.close(Some(to_upstream)).await;
+    })
+    .await;
+    Ended {
+        close_code: Some(u16::from(code)),
+        closed_by: "latchkey",
+        refused: Some(reason),
+    }
+}
+
+/// A read failed: a message over `--max-websocket-message` (closed `1009`, `body_too_large`),
+/// a protocol violation (`1002`), or the connection lost.
+async fn read_failed(
+    e: WsError,
+    side: &'static str,
+    sandbox: &mut Socket,
+    upstream: &mut Socket,
+) -> Ended {
+    match e {
+        WsError::Capacity(_) => {
+            refuse(sandbox, upstream, Reason::BodyTooLarge, CloseCode::Size).await
+        }
+        WsError::Protocol(_) | WsError::Utf8(_) => {
+            let reason = if side == "sandbox" {
+                Reason::BadRequest
+            } else {
+                Reason::UpstreamError
+            };
+            refuse(sandbox, upstream, reason, CloseCode::Protocol).await
+        }
+        _ => {
+            let other = if side == "sandbox" { upstream } else { sandbox };
+            gone(side, other, None).await
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_accept_key_is_the_rfc_example() {
+        // RFC 6455 §1.3.
+        assert_eq!(
+            accept_key(b"dGhlIHNhbXBsZSBub25jZQ=="),
+            "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+        );
+    }
+
+    #[test]
+    fn an_upgrade_is_a_websocket_only_when_it_names_one() {
+        let mut h = HeaderMap::new();
+        assert!(!requested(&h));
+        h.insert(UPGRADE, HeaderValue::from_static("h2c"));
+        assert!(!requested(&h));
+        h.insert(UPGRADE, HeaderValue::from_static("foo, WebSocket"));
+        assert!(requested(&h));
+    }
+
+    #[test]
+    fn restore_puts_the_handshake_back_without_extensions() {
+        let (mut head, ()) = http::Request::get("/ws")
+            .header(SEC_KEY, "dGhlIHNhbXBsZSBub25jZQ==")
+            .header(SEC_VERSION, "13")
+            .header(SEC_PROTOCOL, "chat, superchat")
+            .header(SEC_EXTENSIONS, "permessage-deflate")
+            .body(())
+            .expect("request")
+            .into_parts();
+        head.extensions.insert(hyper_on_upgrade_for_test());
+        let hs = Handshake::take(&mut head).expect("valid handshake");
+        let mut out = HeaderMap::new();
+        out.insert(
+            SEC_EXTENSIONS,
+            HeaderValue::from_static("permessage-deflate"),
+        );
+        hs.restore(&mut out);
+        assert!(!out.contains_key(SEC_EXTENSIONS));
+        assert_eq!(out[UPGRADE], "websocket");
+        assert_eq!(out[SEC_PROTOCOL], "chat, superchat");
+        assert_eq!(out[SEC_KEY], "dGhlIHNhbXBsZSBub25jZQ==");
+    }
+
+    #[test]
+    fn a_malformed_handshake_is_refused_naming_what_is_wrong() {
+        let cases = [
+            (Method::POST, "dGhlIHNhbXBsZSBub25jZQ==", "13", "GET"),
+            (Method::GET, "c2hvcnQ=", "13", "16 bytes"),
+            (Method::GET, "dGhlIHNhbXBsZSBub25jZQ==", "8", "13"),
+        ];
+        for (method, key, version, says) in cases {
+            let (mut head, ()) = http::Request::builder()
+                .method(method)
+                .uri("/ws")
+                .header(SEC_KEY, key)
+                .header(SEC_VERSION, version)
+                .body(())
+                .expect("request")
+                .into_parts();
+            let refusal = Handshake::take(&mut head).err().expect("refused");
+            assert_eq!(refusal.reason, Reason::BadRequest);
+            assert!(refusal.message.contains(says), "{}", refusal.message);
+        }
+    }
+
+    /// An `OnUpgrade` that never completes, for handshakes checked without a connection.
+    fn hyper_on_upgrade_for_test() -> OnUpgrade {
+        let mut req = http::Request::new(());
+        hyper::upgrade::on(&mut req)
+    }
+}
