@@ -125,11 +125,13 @@ pub enum Reason {
     LimitsUnavailable,
     /// A request asked to upgrade to a WebSocket under a rule without `websocket = true`.
     WebSocketNotAllowed,
+    /// An MCP JSON-RPC message (a method, a tool, a tool argument) the rule's `mcp` does not allow.
+    McpNotAllowed,
 }
 
 impl Reason {
     /// Every reason, for registry tests and documentation.
-    pub const ALL: [Reason; 51] = [
+    pub const ALL: [Reason; 52] = [
         Reason::Allowed,
         Reason::Tunnel,
         Reason::NoRule,
@@ -181,6 +183,7 @@ impl Reason {
         Reason::BudgetExhausted,
         Reason::LimitsUnavailable,
         Reason::WebSocketNotAllowed,
+        Reason::McpNotAllowed,
     ];
 
     /// The stable snake_case code used in headers, logs and audit records.
@@ -237,6 +240,7 @@ impl Reason {
             Reason::LimitsUnavailable => "limits_unavailable",
             Reason::BodyTooLarge => "body_too_large",
             Reason::WebSocketNotAllowed => "websocket_not_allowed",
+            Reason::McpNotAllowed => "mcp_not_allowed",
         }
     }
 
@@ -259,7 +263,8 @@ impl Reason {
             | Reason::DnsTypeRefused
             | Reason::ApprovalPending
             | Reason::ApprovalDenied
-            | Reason::WebSocketNotAllowed => StatusCode::FORBIDDEN,
+            | Reason::WebSocketNotAllowed
+            | Reason::McpNotAllowed => StatusCode::FORBIDDEN,
             Reason::DnsRateLimited | Reason::RateLimited | Reason::BudgetExhausted => {
                 StatusCode::TOO_MANY_REQUESTS
             }
@@ -306,6 +311,7 @@ impl Reason {
                 | Reason::PathNotAllowed
                 | Reason::IdentityNotAllowed
                 | Reason::WebSocketNotAllowed
+                | Reason::McpNotAllowed
         )
     }
 

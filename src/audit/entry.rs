@@ -100,6 +100,7 @@ impl Entry {
                 limits: Vec::new(),
                 usage: None,
                 websocket: None,
+                mcp: None,
                 labels: Default::default(),
                 reach: None,
                 session: None,

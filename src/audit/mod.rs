@@ -39,7 +39,8 @@ mod writer;
 
 pub use entry::{Counters, Entry, Scrub};
 pub use record::{
-    new_id, ApprovalInfo, DnsInfo, LimitCharge, Phase, Record, UsageInfo, WebSocketInfo,
+    new_id, ApprovalInfo, DnsInfo, LimitCharge, McpCall, McpInfo, Phase, Record, UsageInfo,
+    WebSocketInfo,
 };
 pub use writer::{
     AuditError, AuditLog, Format, Options, Tap, CHECKPOINT_EVERY, CHECKPOINT_INTERVAL,

@@ -34,7 +34,7 @@
 //! spoofed destination.
 //!
 //! Everything latchkey records that OCSF has no attribute for — the rule, reason, secret names,
-//! policy digest, phase, limits, usage, websocket, reach, session/step/attempt, report-only verdict,
+//! policy digest, phase, limits, usage, websocket, mcp, reach, session/step/attempt, report-only verdict,
 //! redactions, approval, labels — is also under `unmapped` with latchkey's own field names, so
 //! nothing in the record is lost. Secret *names* only: the record holds no values.
 
@@ -345,6 +345,8 @@ struct Unmapped<'a> {
     usage: Option<&'a UsageInfo>,
     #[serde(skip_serializing_if = "Option::is_none")]
     websocket: Option<&'a super::record::WebSocketInfo>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mcp: Option<&'a super::record::McpInfo>,
     #[serde(skip_serializing_if = "Option::is_none")]
     approval: Option<&'a ApprovalInfo>,
     /// A DNS record's transport and how many queries it stands for.
@@ -669,6 +671,7 @@ fn event(r: &Record) -> Event<'_> {
             limits: &r.limits,
             usage: r.usage.as_ref(),
             websocket: r.websocket.as_ref(),
+            mcp: r.mcp.as_ref(),
             approval: r.approval.as_ref(),
             dns_transport: dns.map(|d| d.transport),
             dns_queries: dns.map(|d| d.queries),

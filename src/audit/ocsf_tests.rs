@@ -62,6 +62,7 @@ fn full() -> Record {
             source: "response",
         }),
         websocket: None,
+        mcp: None,
         labels: BTreeMap::from([
             ("env".to_string(), "ci".to_string()),
             ("owner".to_string(), "team-a".to_string()),

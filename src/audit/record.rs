@@ -62,6 +62,9 @@ pub struct Record {
     /// from every other record.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub websocket: Option<WebSocketInfo>,
+    /// On a POST under a rule with `mcp`: the JSON-RPC messages it carried. Absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<McpInfo>,
     /// The identity's `labels` from policy (`[identities.X] labels`): what the environment is.
     #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub labels: std::collections::BTreeMap<String, String>,
@@ -135,6 +138,26 @@ pub struct WebSocketInfo {
     pub close_code: Option<u16>,
     /// `sandbox`, `upstream` or `latchkey` (a refused message, a limit, shutdown).
     pub closed_by: &'static str,
+}
+
+/// The JSON-RPC messages of one POST to an MCP server (README "MCP tool rules").
+#[derive(Clone, Debug, Serialize, PartialEq, Eq, Default)]
+pub struct McpInfo {
+    /// How many messages the body held (a batch holds several).
+    pub messages: u64,
+    /// The first 64 of them.
+    pub calls: Vec<McpCall>,
+}
+
+/// One JSON-RPC message: its method (`null` for a response the client sent), the tool a
+/// `tools/call` names, and whether latchkey refused it.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct McpCall {
+    pub method: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub refused: bool,
 }
 
 /// A model-provider call's usage, read from its response.

@@ -139,6 +139,9 @@ pub enum Kind {
     KeepHeader,
     Ask,
     AskUnknown,
+    /// A rule's `mcp` table: adding one narrows (calls are matched), removing one widens; a
+    /// changed table is both its old form removed and its new one added.
+    Mcp,
 }
 
 /// One change in one identity's reach. Fields that do not apply to its kind are absent.
@@ -459,6 +462,9 @@ fn facts(v: &View<'_>) -> BTreeMap<(Kind, Option<String>, String), Fact> {
             if rule.ask.is_some() {
                 add(rule, Kind::Ask, host, String::new(), None);
             }
+            if let Some(m) = &rule.mcp {
+                add(rule, Kind::Mcp, host, super::reach::mcp_summary(m), None);
+            }
         }
     }
     if v.asks_unknown() {
@@ -511,7 +517,7 @@ fn facts_changes(o: &View<'_>, n: &View<'_>) -> Vec<Change> {
     };
     out.retain(|c| {
         // `ask` narrows when added; every other fact widens when added.
-        let added = (c.direction == Direction::Widened) != (c.kind == Kind::Ask);
+        let added = (c.direction == Direction::Widened) != matches!(c.kind, Kind::Ask | Kind::Mcp);
         !covered(c, if added { &old } else { &new })
     });
     // Where placeholders are replaced belongs to the secrets bound: a secret newly bound to a
@@ -541,7 +547,11 @@ fn fact_detail(c: &Change) -> String {
 fn fact_change(f: &Fact, added: bool) -> Change {
     // An added `ask` makes a person approve what went through alone: that narrows. Every other
     // fact (`[ask] unknown` included: anything may now be asked for) widens when added.
-    let widens = if f.kind == Kind::Ask { !added } else { added };
+    let widens = if matches!(f.kind, Kind::Ask | Kind::Mcp) {
+        !added
+    } else {
+        added
+    };
     let direction = if widens {
         Direction::Widened
     } else {
@@ -568,6 +578,8 @@ fn fact_change(f: &Fact, added: bool) -> Change {
             "{host}: header {} {when} passed through unstripped",
             f.detail
         ),
+        Kind::Mcp if added => format!("{host}: MCP calls now limited to {}", f.detail),
+        Kind::Mcp => format!("{host}: MCP calls no longer limited to {}", f.detail),
         Kind::Ask if added => format!("{host}: a person must now approve requests (ask)"),
         Kind::Ask => format!("{host}: requests no longer wait for a person (ask removed)"),
         Kind::AskUnknown if added => {

@@ -28,6 +28,7 @@ pub mod learn;
 pub mod limits;
 mod limits_compile;
 pub mod lint;
+pub mod mcp;
 mod names;
 mod prices;
 pub mod reach;
@@ -178,7 +179,32 @@ pub struct Rule {
     pub ask: Option<Ask>,
     /// `limits = ["NAME", …]`: the `[limits.NAME]` its requests are charged to.
     pub limits: Vec<String>,
+    /// `mcp = { … }`: the JSON-RPC methods, tools and arguments allowed (README "MCP tool rules").
+    pub mcp: Option<Arc<mcp::McpRules>>,
+    /// `capture = { … }`: tokens in this endpoint's responses are kept by latchkey, the sandbox
+    /// gets placeholders (README "OAuth token capture").
+    pub capture: Option<Capture>,
     pub origin: Origin,
+}
+
+/// A rule's `capture`: which response fields are tokens, the name they are kept under, and the
+/// hosts a request carrying their placeholder may send them to.
+#[derive(Debug, Clone)]
+pub struct Capture {
+    /// `as`: each field is kept as the secret `NAME_FIELD` (per identity).
+    pub name: String,
+    pub fields: Vec<String>,
+    /// Where the captured tokens may go (default: the rule's hosts).
+    pub hosts: Vec<HostPattern>,
+    /// Lifetime when the response gives no `expires_in` (default: kept until replaced).
+    pub ttl: Option<std::time::Duration>,
+}
+
+impl Capture {
+    /// The secret name a captured field is kept under.
+    pub fn secret_name(&self, field: &str) -> String {
+        format!("{}_{field}", self.name)
+    }
 }
 
 /// Compiled path globs plus their source text for messages.
@@ -236,6 +262,8 @@ impl Rule {
             credential: None,
             ask: None,
             limits: Vec::new(),
+            mcp: None,
+            capture: None,
             origin: Origin {
                 file: PathBuf::from("--mode report"),
                 line: 0,

@@ -177,6 +177,9 @@ fn rule_items(rule: &Rule, credentials: &HashMap<String, Arc<Credential>>, out: 
     if rule.websocket {
         item("websocket: upgrades allowed, messages relayed".to_string());
     }
+    if let Some(m) = &rule.mcp {
+        item(format!("mcp: {}", mcp_summary(m)));
+    }
     // A credential's key material and minted tokens are bound too (`credential:NAME…`);
     // their line is the credential's.
     let secrets: Vec<&String> = rule
@@ -215,3 +218,21 @@ fn terms(ask: &Ask) -> String {
 #[cfg(test)]
 #[path = "reach_tests.rs"]
 mod tests;
+
+/// A rule's `mcp` table in one line, for reach and diff.
+pub(crate) fn mcp_summary(m: &super::mcp::McpRules) -> String {
+    let list =
+        |g: Option<&super::mcp::NameGlobs>| g.map_or("*".to_string(), |g| g.globs.join(", "));
+    let mut out = format!(
+        "methods {}; tools {}",
+        m.methods.globs.join(", "),
+        list(m.tools.as_ref())
+    );
+    if let Some(d) = &m.deny_tools {
+        out.push_str(&format!("; deny_tools {}", d.globs.join(", ")));
+    }
+    for (name, g) in &m.args {
+        out.push_str(&format!("; args.{name} {}", g.globs.join(", ")));
+    }
+    out
+}

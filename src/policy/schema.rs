@@ -220,6 +220,31 @@ pub struct RawRule {
     pub ask: Option<Spanned<RawAsk>>,
     /// `limits = ["NAME"]`: charged to every request this rule allows.
     pub limits: LimitList,
+    /// `mcp = { tools, deny_tools, methods, args, filter_list }`: JSON-RPC rules for an MCP
+    /// server over streamable HTTP.
+    pub mcp: Option<Spanned<RawMcp>>,
+    /// `capture = { fields, as, hosts }`: tokens in this endpoint's responses are kept by
+    /// latchkey and the sandbox gets placeholders.
+    pub capture: Option<Spanned<RawCapture>>,
+}
+
+/// A rule's `mcp` table.
+#[derive(Debug, Default)]
+pub struct RawMcp {
+    pub tools: Option<Spanned<Vec<Spanned<String>>>>,
+    pub deny_tools: Option<Spanned<Vec<Spanned<String>>>>,
+    pub methods: Option<Spanned<Vec<Spanned<String>>>>,
+    pub args: StringMap,
+    pub filter_list: Option<Spanned<bool>>,
+}
+
+/// A rule's `capture` table.
+#[derive(Debug, Default)]
+pub struct RawCapture {
+    pub fields: Option<Spanned<Vec<Spanned<String>>>>,
+    pub name: Option<Spanned<String>>,
+    pub hosts: Option<Spanned<Vec<Spanned<String>>>>,
+    pub ttl: Option<Spanned<String>>,
 }
 
 /// `[rules.inject]`: what latchkey adds to an allowed request.
@@ -288,7 +313,11 @@ pub(super) const RULE_KEYS: &[&str] = &[
     "dangerously_inject_into_wildcard",
     "ask",
     "limits",
+    "mcp",
+    "capture",
 ];
+const MCP_KEYS: &[&str] = &["tools", "deny_tools", "methods", "args", "filter_list"];
+const CAPTURE_KEYS: &[&str] = &["fields", "as", "hosts", "ttl"];
 const INJECT_KEYS: &[&str] = &["headers", "query", "basic_auth"];
 const BASIC_KEYS: &[&str] = &["user", "password"];
 const ASSUME_ROLE_KEYS: &[&str] = &[
@@ -567,6 +596,32 @@ fn read_rule(t: &Fields<'_>, r: &mut dyn Report) -> RawRule {
             .table(r, "ask", RULE_ASK_KEYS)
             .map(|a| Spanned::new(a.span.clone(), read_rule_ask(&a, r))),
         limits: t.strings(r, "limits"),
+        mcp: t.table(r, "mcp", MCP_KEYS).map(|m| {
+            Spanned::new(
+                m.span.clone(),
+                RawMcp {
+                    tools: m.strings(r, "tools"),
+                    deny_tools: m.strings(r, "deny_tools"),
+                    methods: m.strings(r, "methods"),
+                    args: m
+                        .string_map(r, "args")
+                        .map(Spanned::into_inner)
+                        .unwrap_or_default(),
+                    filter_list: m.boolean(r, "filter_list"),
+                },
+            )
+        }),
+        capture: t.table(r, "capture", CAPTURE_KEYS).map(|c| {
+            Spanned::new(
+                c.span.clone(),
+                RawCapture {
+                    fields: c.required(r, "fields", Fields::strings),
+                    name: c.required(r, "as", Fields::string),
+                    hosts: c.strings(r, "hosts"),
+                    ttl: c.string(r, "ttl"),
+                },
+            )
+        }),
     }
 }
 

@@ -28,6 +28,7 @@ mod exchange;
 mod intercepted;
 pub mod limits;
 mod listener;
+mod mcp;
 mod pins;
 mod pipeline;
 mod reload;

@@ -44,6 +44,7 @@ fn record() -> Record {
         limits: Vec::new(),
         usage: None,
         websocket: None,
+        mcp: None,
         labels: BTreeMap::from([("env".to_string(), "ci".to_string())]),
         reach: None,
         session: Some("sess-1".into()),

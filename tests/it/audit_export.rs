@@ -483,6 +483,7 @@ fn every_kind_of_record_the_log_writes_is_a_valid_ocsf_event() {
             source: "response",
         }),
         websocket: None,
+        mcp: None,
         labels: [("env", "ci"), ("sandbox", "run-42")]
             .into_iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))

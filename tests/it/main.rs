@@ -49,6 +49,7 @@ mod limits_restart;
 mod limits_spend;
 mod limits_tokens;
 mod limits_usage;
+mod mcp;
 mod mitm;
 mod network_addresses;
 mod network_limits;

@@ -51,7 +51,7 @@ pub(super) async fn ask(
     denial: Option<Reason>,
     target: &Admitted,
     head: &Parts,
-    body: &mut Option<Incoming>,
+    (body, held): (&mut Option<Incoming>, Option<Inbound>),
     entry: &mut Entry,
 ) -> Result<Inbound, Refusal> {
     let rule = asking.rule_name().to_string();
@@ -65,9 +65,20 @@ pub(super) async fn ask(
     // Nobody is asked about what could never be sent: latchkey's own addresses (its admin API),
     // metadata and private ranges the guard refuses, names that do not resolve.
     reachable(proxy, &asking, target).await.map_err(under)?;
-    let held = hold_body(proxy, ctx, head, body, &target.host)
+    // A body an earlier phase held (an MCP message) is the one asked about.
+    let held = match held {
+        Some(held) => held,
+        None => hold_body(
+            proxy,
+            ctx,
+            head,
+            body,
+            &target.host,
+            "a request that waits for approval",
+        )
         .await
-        .map_err(under)?;
+        .map_err(under)?,
+    };
     let Inbound::Held(bytes, _, _) = &held else {
         return Err(under(Refusal::new(
             Reason::BadRequest,
@@ -239,13 +250,15 @@ async fn reachable(proxy: &Proxy, asking: &Asking<'_>, target: &Admitted) -> Res
     }
 }
 
-/// Reads the request body whole, charged to the buffer budget, at most [`MAX_HELD_BODY`].
-async fn hold_body(
+/// Reads the request body whole, charged to the buffer budget, at most [`MAX_HELD_BODY`];
+/// `what` names the request in a refusal ("a request that waits for approval").
+pub(super) async fn hold_body(
     proxy: &Proxy,
     ctx: &Ctx,
     head: &Parts,
     body: &mut Option<Incoming>,
     host: &str,
+    what: &str,
 ) -> Result<Inbound, Refusal> {
     let incoming = body
         .take()
@@ -267,7 +280,7 @@ async fn hold_body(
             Err(Refusal::new(
                 Reason::BodyTooLarge,
                 format!(
-                    "a request that waits for approval is held whole, and this body to {host} is over {} KiB",
+                    "{what} is held whole, and this body to {host} is over {} KiB",
                     MAX_HELD_BODY / 1024
                 ),
             ))
@@ -276,7 +289,9 @@ async fn hold_body(
             super::super::request_body::drain(rest).await;
             Err(Refusal::new(
                 Reason::TooBusy,
-                format!("cannot hold this request body for host {host} while it waits for approval: {why}; retry later"),
+                format!(
+                    "cannot hold this request body for host {host} ({what}): {why}; retry later"
+                ),
             ))
         }
     }

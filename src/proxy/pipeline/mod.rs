@@ -22,6 +22,7 @@
 mod admit;
 mod ask;
 mod decide;
+mod jsonrpc;
 mod limits;
 mod outgoing;
 
@@ -197,7 +198,7 @@ async fn phases(
     });
     let asking = policy.asks(&decision);
     let denial = (!decision.allowed()).then_some(decision.reason);
-    let verdict = decide::verdict(decision, proxy.report_all, &proxy.report_rule)
+    let mut verdict = decide::verdict(decision, proxy.report_all, &proxy.report_rule)
         .or_else(|refusal| decide::ask_unknown(refusal, asking, &proxy.unknown_rule))?;
     // ask: only what a rule with `ask` allows, or what no rule allows under `[ask] unknown`
     // (report-only lets that through unasked).
@@ -214,16 +215,52 @@ async fn phases(
     let mut head = head;
     // A WebSocket the policy allows: the handshake must be one, on a connection that upgrades.
     let handshake = upgrading.then(|| Handshake::take(&mut head)).transpose()?;
+    // mcp: under a rule with `mcp`, a POST's JSON-RPC messages are read whole and matched
+    // before anything is sent (and before anyone is asked); a refused one is answered in
+    // JSON-RPC. Report-only lets it through, marked.
+    let (held, tools_list) = match jsonrpc::check(
+        proxy,
+        ctx,
+        rule,
+        &head,
+        body,
+        &target.host,
+        entry,
+        &mut verdict,
+    )
+    .await?
+    {
+        jsonrpc::Step::Go(held, list) => (held, list),
+        jsonrpc::Step::Answered(answer) => return Ok(answer),
+    };
+    if tools_list.is_some() {
+        // The results are filtered as they pass: they must arrive readable.
+        head.headers.insert(
+            http::header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
+    }
     let incoming = match asking {
         Some(asking) => {
             ask::ask(
-                proxy, ctx, policy, asking, denial, &target, &head, body, entry,
+                proxy,
+                ctx,
+                policy,
+                asking,
+                denial,
+                &target,
+                &head,
+                (body, held),
+                entry,
             )
             .await?
         }
-        None => Inbound::Streaming(body.take().ok_or_else(|| {
-            Refusal::new(Reason::BadRequest, "the request body was already read")
-        })?),
+        None => match held {
+            Some(held) => held,
+            None => Inbound::Streaming(body.take().ok_or_else(|| {
+                Refusal::new(Reason::BadRequest, "the request body was already read")
+            })?),
+        },
     };
 
     // limits: reserve against every limit the rule, identity and credential name; a
@@ -290,6 +327,9 @@ async fn phases(
         )
     });
     let mut answer = respond(proxy, &verdict, &target.host, res, plan, upgrade, entry).await?;
+    if let Some((rules, ids)) = tools_list {
+        answer.response = super::mcp::filter_list(answer.response, rules, ids);
+    }
     if let Some(admission) = admission {
         answer = limits::settle_when_done(answer, admission, policy.prices().clone());
     }

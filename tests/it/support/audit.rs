@@ -87,6 +87,7 @@ pub const REASONS: &[&str] = &[
     "limits_unavailable",
     // A WebSocket handshake under a rule without `websocket = true`.
     "websocket_not_allowed",
+    "mcp_not_allowed",
 ];
 
 /// DNS records (`method = "DNS"`) whose reason allows them no name and no query type: the
@@ -114,6 +115,7 @@ pub const REPORTABLE: &[&str] = &[
     "path_not_allowed",
     "identity_not_allowed",
     "websocket_not_allowed",
+    "mcp_not_allowed",
 ];
 
 /// Reasons for requests that policy allowed but that failed afterwards: the upstream failed, or
@@ -355,6 +357,9 @@ pub fn check_record(record: &Value) -> Result<(), String> {
     if let Some(usage) = obj.get("usage") {
         check_usage(usage)?;
     }
+    if let Some(mcp) = obj.get("mcp") {
+        check_mcp(mcp)?;
+    }
     if let Some(ws) = obj.get("websocket") {
         check_websocket(ws, get("status")?)?;
     }
@@ -413,6 +418,33 @@ fn check_limits(limits: &Value, reason: &str) -> Result<(), String> {
     );
     if refused > 1 || ((refused == 1) != by_limit && reason != "rate_limited") {
         return Err(format!("{refused} limits refused with reason {reason}"));
+    }
+    Ok(())
+}
+
+/// `mcp`: the JSON-RPC messages of one POST under a rule with `mcp`.
+fn check_mcp(mcp: &Value) -> Result<(), String> {
+    let n = mcp["messages"]
+        .as_u64()
+        .ok_or_else(|| format!("mcp.messages is {:?}", mcp.get("messages")))?;
+    let calls = mcp["calls"]
+        .as_array()
+        .ok_or_else(|| format!("mcp.calls is {:?}", mcp.get("calls")))?;
+    if n == 0 || calls.is_empty() || calls.len() as u64 > n.min(64) {
+        return Err(format!("mcp: {n} messages, {} calls", calls.len()));
+    }
+    for c in calls {
+        let o = c.as_object().ok_or_else(|| format!("mcp call {c}"))?;
+        if !(o["method"].is_string() || o["method"].is_null()) {
+            return Err(format!("mcp call method {c}"));
+        }
+        if o.get("tool").is_some_and(|t| !t.is_string())
+            || o.get("refused").is_some_and(|r| r != true)
+            || o.keys()
+                .any(|k| !matches!(k.as_str(), "method" | "tool" | "refused"))
+        {
+            return Err(format!("mcp call {c}"));
+        }
     }
     Ok(())
 }
