@@ -124,6 +124,7 @@ fn held_body(c: &mut Criterion) {
             rule: "api",
             bound: &bound,
             placeholders: &[],
+            captured: &BTreeSet::new(),
         },
         host: "api.test",
     };

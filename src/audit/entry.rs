@@ -87,6 +87,7 @@ impl Entry {
                 rule: None,
                 reason: Reason::BadRequest.code(),
                 secrets: Vec::new(),
+                captured: Vec::new(),
                 status: None,
                 upstream: None,
                 bytes_up: 0,

@@ -27,6 +27,7 @@ fn full() -> Record {
         rule: Some("example-api".into()),
         reason: "allowed",
         secrets: vec!["example_token".into()],
+        captured: Vec::new(),
         status: Some(200),
         upstream: Some("93.184.216.34:8443".into()),
         bytes_up: 120,

@@ -33,6 +33,10 @@ pub struct Record {
     pub rule: Option<String>,
     pub reason: &'static str,
     pub secrets: Vec<String>,
+    /// On a token endpoint's response under a rule with `capture`: the names the tokens it
+    /// carried are now kept under (never values). Absent otherwise.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub captured: Vec<String>,
     pub status: Option<u16>,
     pub upstream: Option<String>,
     pub bytes_up: u64,

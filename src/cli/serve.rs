@@ -195,7 +195,13 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
     let audit = crate::audit::AuditLog::open_with(&args.audit, options)?;
     let rules = policy.rules().len();
     let digest = policy.digest().to_string();
+    // Captured tokens are sealed with a key kept beside the CA's.
+    let tokens = Arc::new(
+        crate::secrets::captured::Captured::with_key_in(&args.ca_dir)
+            .context("--ca-dir: the token-capture key")?,
+    );
     let proxy = Proxy::new(ProxyConfig {
+        captured: tokens.clone(),
         policy,
         ca,
         audit,
@@ -397,6 +403,7 @@ impl Server {
             .await
             .context("--state: cannot read the approvals' shared keys")?;
         proxy.set_governance(Arc::new(gov));
+        proxy.captured_tokens().attach(store.clone());
         proxy.set_limiter(crate::governance::limits::Limiter::new(store.clone()));
         // The notification outbox, delivered through the guarded client.
         let worker = {

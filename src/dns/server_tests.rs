@@ -29,6 +29,7 @@ fn proxy(dir: &std::path::Path) -> Arc<Proxy> {
         .allow_private
         .push(crate::wire::cidr::Cidr::parse("192.0.2.0/24").expect("cidr"));
     Proxy::new(ProxyConfig {
+        captured: Arc::new(crate::secrets::captured::Captured::in_memory()),
         policy,
         ca,
         audit,

@@ -532,6 +532,28 @@ impl Policy {
     pub fn binds_secrets_to(&self, host: &str) -> bool {
         self.candidates(host)
             .any(|r| !r.bound.is_empty() || r.credential.is_some())
+            || self.captures_binding(host).next().is_some()
+    }
+
+    /// The captures whose tokens may go to `host`: its `hosts`, and the token endpoint's own
+    /// hosts (a refresh sends the refresh token back there).
+    pub fn captures_binding<'a>(&'a self, host: &'a str) -> impl Iterator<Item = &'a Capture> + 'a {
+        self.rules.iter().filter_map(move |r| {
+            let c = r.capture.as_ref()?;
+            c.hosts
+                .iter()
+                .chain(&r.hosts)
+                .any(|h| h.matches(host))
+                .then_some(c)
+        })
+    }
+
+    /// Whether `name` is what some capture keeps a token under (`as` + `_` + field).
+    pub fn is_captured_name(&self, name: &str) -> bool {
+        self.rules
+            .iter()
+            .filter_map(|r| r.capture.as_ref())
+            .any(|c| c.fields.iter().any(|f| c.secret_name(f) == name))
     }
 
     /// Decides one HTTP request. An allow carries an empty message: the proxy's allow path is

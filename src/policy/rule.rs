@@ -547,17 +547,6 @@ impl FileCx<'_> {
         let capture = raw
             .capture
             .and_then(|c| self.capture(&at("capture"), c, is_tunnel, &hosts, secrets));
-        if capture.is_some() {
-            // Until the response phase captures: a policy asking for it must not load as if
-            // its tokens were kept from the sandbox.
-            self.error(
-                span.clone(),
-                format!(
-                    "{}: token capture is not available in this build",
-                    at("capture")
-                ),
-            );
-        }
 
         if self.errors.len() > before || !entry.complete {
             return None;

@@ -60,6 +60,9 @@ pub struct RequestCx<'a> {
     pub budget: &'a Arc<Budget>,
     /// `--body-timeout`.
     pub body_timeout: Duration,
+    /// Captured tokens this identity holds for this host, by name (README "OAuth token
+    /// capture"): their placeholders are replaced like a bound secret's.
+    pub captured: &'a HashMap<String, SecretValue>,
 }
 
 /// What the broker produced.
@@ -72,12 +75,14 @@ pub struct Brokered {
     pub refused: Arc<OnceLock<BodyRefused>>,
 }
 
-/// What the leak checks need of a rule.
-fn binding(rule: &Rule) -> Binding<'_> {
+/// What the leak checks need of a rule; `captured`: the captured tokens whose placeholders
+/// may be replaced (none in a streamed body, which is never rewritten).
+fn binding<'a>(rule: &'a Rule, captured: &'a BTreeSet<String>) -> Binding<'a> {
     Binding {
         rule: &rule.name,
         bound: &rule.bound,
         placeholders: &rule.placeholders,
+        captured,
     }
 }
 
@@ -127,10 +132,11 @@ pub async fn apply(
     })?;
 
     // 1. the head, as sent: every part, one check.
+    let captured: BTreeSet<String> = req.captured.keys().cloned().collect();
     let checker = leak::Checker {
         scrubber: scrubber.as_deref(),
         store,
-        binding: binding(rule),
+        binding: binding(rule, &captured),
         host,
     };
     let head = checker.head(&leak::Head {
@@ -180,6 +186,8 @@ pub async fn apply(
                 .contains(&Place::Body)
                 .then_some(SCAN_LIMIT),
         )
+        // A token endpoint's refresh carries the refresh token's placeholder in its body.
+        .chain(rule.capture.is_some().then_some(SCAN_LIMIT))
         .max();
     let declared = headers
         .get(CONTENT_LENGTH)
@@ -229,10 +237,11 @@ pub async fn apply(
     if !names.is_empty() {
         let mut values: HashMap<String, SecretValue> = HashMap::with_capacity(names.len());
         for name in &names {
-            values.insert(
-                name.clone(),
-                store.get(name).await.map_err(inject::unavailable)?,
-            );
+            let value = match req.captured.get(name) {
+                Some(v) => v.clone(),
+                None => store.get(name).await.map_err(inject::unavailable)?,
+            };
+            values.insert(name.clone(), value);
             used.insert(name.clone());
         }
         substitute::headers(headers, &values)?;
@@ -304,7 +313,8 @@ pub async fn apply(
     let body = match rest {
         None => Whole::new(body_bytes, trailers, charge).boxed(),
         Some(rest) => {
-            let detector = Detector::new(scrubber, &binding(rule), host, SCAN_LIMIT);
+            let none = BTreeSet::new();
+            let detector = Detector::new(scrubber, &binding(rule, &none), host, SCAN_LIMIT);
             let stream = Prefixed::new(body_bytes, rest, detector, charge, refused.clone());
             body::count_up(stream, counters.clone())
         }

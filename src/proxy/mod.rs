@@ -21,6 +21,7 @@ mod body;
 mod broker;
 pub mod budget;
 pub mod ca;
+mod capture;
 mod connect;
 pub mod correlate;
 mod decode;
@@ -113,6 +114,8 @@ pub struct Proxy {
     unknown_rule: crate::policy::Rule,
     /// Session, step, attempt and trace context of each request (`--session-header`, `--otlp`).
     correlator: correlate::Correlator,
+    /// Tokens a rule's `capture` took from a token endpoint's responses.
+    captured: Arc<crate::secrets::captured::Captured>,
 }
 
 /// How to build a [`Proxy`].
@@ -138,6 +141,8 @@ pub struct ProxyConfig {
     pub body_timeout: Duration,
     /// `--session-header`, and whether trace context is propagated upstream (`--otlp`).
     pub correlation: correlate::Options,
+    /// Where captured tokens are held (in memory; with a key, also in the state store).
+    pub captured: Arc<crate::secrets::captured::Captured>,
 }
 
 impl Proxy {
@@ -174,6 +179,7 @@ impl Proxy {
             limiter: std::sync::OnceLock::new(),
             unknown_rule: crate::policy::Rule::unknown(),
             correlator: correlate::Correlator::new(config.correlation),
+            captured: config.captured,
         }))
     }
 
@@ -199,6 +205,11 @@ impl Proxy {
                 upstream::client(Connector::new(self.dialer.clone(), tls, extra.to_vec()))
             })
             .clone()
+    }
+
+    /// The captured tokens (a rule's `capture`).
+    pub fn captured_tokens(&self) -> &Arc<crate::secrets::captured::Captured> {
+        &self.captured
     }
 
     /// The policy in force.

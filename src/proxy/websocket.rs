@@ -467,6 +467,7 @@ fn check(guard: &Guard, bytes: &[u8]) -> Result<BTreeSet<String>, Refusal> {
             rule: &guard.rule,
             bound: &guard.bound,
             placeholders: &guard.placeholders,
+            captured: &BTreeSet::new(),
         },
         host: &guard.host,
     }

@@ -231,10 +231,12 @@ mod tests {
             .expect("scrubber"),
         );
         let bound: BTreeSet<String> = bound.iter().map(|s| s.to_string()).collect();
+        let none = BTreeSet::new();
         let rule = Binding {
             rule: "report-only",
             bound: &bound,
             placeholders: &[],
+            captured: &none,
         };
         Detector::new(Some(scrubber), &rule, "api.test", 8 * 1024 * 1024)
     }

@@ -45,6 +45,9 @@ pub struct Binding<'a> {
     pub bound: &'a BTreeSet<String>,
     /// Where the rule enables placeholders.
     pub placeholders: &'a [Place],
+    /// Tokens a capture holds for this identity and host (README "OAuth token capture"):
+    /// their placeholders are replaced in any replaceable place, whatever `placeholders` says.
+    pub captured: &'a BTreeSet<String>,
 }
 
 /// Where in a request a byte string was found.
@@ -399,6 +402,9 @@ fn check_placeholder(
             part.as_str()
         ));
     };
+    if rule.captured.contains(name) {
+        return Ok(());
+    }
     if !store.contains(name) || !rule.bound.contains(name) {
         return refuse(format!(
             "placeholder for secret '{name}' not bound to host {host}"

@@ -8,6 +8,7 @@
 //! (header maps, templates, values, names). This module knows no sockets and imports nothing
 //! from `policy`, `proxy` or `upstream` (`policy` depends on it).
 
+pub mod captured;
 pub mod decoded;
 pub mod detector;
 mod exec;

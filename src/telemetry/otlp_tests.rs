@@ -31,6 +31,7 @@ fn record() -> Record {
         rule: Some("openai".into()),
         reason: "allowed",
         secrets: vec!["openai".into()],
+        captured: Vec::new(),
         status: Some(200),
         upstream: Some("192.0.2.10:443".into()),
         bytes_up: 100,

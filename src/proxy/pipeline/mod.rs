@@ -330,6 +330,22 @@ async fn phases(
     if let Some((rules, ids)) = tools_list {
         answer.response = super::mcp::filter_list(answer.response, rules, ids);
     }
+    // capture: a token endpoint's tokens stay here; the sandbox gets their placeholders.
+    if let Some(capture) = &rule.capture {
+        let cx = super::capture::CaptureCx {
+            capture: capture.clone(),
+            identity: ctx.identity.to_string(),
+            host: target.host.clone(),
+            tokens: proxy.captured_tokens().clone(),
+            policy: policy.clone(),
+            timeout: proxy.response_timeout,
+        };
+        let (response, kept) = super::capture::capture(answer.response, cx)
+            .await
+            .map_err(|r| r.under(&rule.name))?;
+        answer.response = response;
+        entry.update(|r| r.captured = kept);
+    }
     if let Some(admission) = admission {
         answer = limits::settle_when_done(answer, admission, policy.prices().clone());
     }

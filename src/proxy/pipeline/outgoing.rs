@@ -95,6 +95,7 @@ pub(super) async fn broker(
         .forward(&mut head.headers, &rule.keep_headers, correlation);
 
     let mut path_and_query = target.path_and_query.clone();
+    let captured = captured_for(proxy, policy, &ctx.identity, &target.host).await;
     let exchanger = proxy.exchanger(ctx.client, ctx.identity.clone());
     let request_cx = broker::RequestCx {
         method: head.method.as_str(),
@@ -107,6 +108,7 @@ pub(super) async fn broker(
         client: ctx.client.ip(),
         budget: &proxy.budget,
         body_timeout: proxy.body_timeout,
+        captured: &captured,
     };
     let brokered = broker::apply(
         policy,
@@ -142,6 +144,29 @@ pub(super) async fn broker(
             is_head,
         },
     })
+}
+
+/// The captured tokens `identity` holds that may go to `host`, by name. Each is (again) in the
+/// redaction set before it can leave: after a restart it comes from the state store.
+async fn captured_for(
+    proxy: &Proxy,
+    policy: &Policy,
+    identity: &str,
+    host: &str,
+) -> std::collections::HashMap<String, crate::secrets::SecretValue> {
+    // Named first: the policy's iterator is not held across the store's awaits.
+    let names: Vec<String> = policy
+        .captures_binding(host)
+        .flat_map(|c| c.fields.iter().map(|f| c.secret_name(f)))
+        .collect();
+    let mut out = std::collections::HashMap::new();
+    for name in names {
+        if let Some(v) = proxy.captured_tokens().get(identity, &name).await {
+            policy.secrets().set_minted(&name, identity, &v);
+            out.insert(name, v);
+        }
+    }
+    out
 }
 
 /// The send phase: the pooled client for the rule's `allow_private` set (which resolves, guards
