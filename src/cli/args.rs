@@ -299,6 +299,10 @@ pub struct ServeArgs {
     /// default: CA_DIR/latchkey-audit.key). `latchkey audit key` prints its public half.
     #[arg(long, env = "LATCHKEY_AUDIT_KEY", value_name = "PATH")]
     pub audit_key: Option<PathBuf>,
+    /// The AES-256 key that seals captured OAuth tokens in the state store (created 0600 if
+    /// absent; default: CA_DIR/capture.key). Replicas sharing a store share this key.
+    #[arg(long, env = "LATCHKEY_CAPTURE_KEY", value_name = "PATH")]
+    pub capture_key: Option<PathBuf>,
     /// Write a signed checkpoint after this many audit lines...
     #[arg(long, env = "LATCHKEY_AUDIT_CHECKPOINT_EVERY", value_name = "N", default_value_t = crate::audit::CHECKPOINT_EVERY, value_parser = clap::value_parser!(u64).range(1..))]
     pub audit_checkpoint_every: u64,

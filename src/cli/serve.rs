@@ -197,8 +197,13 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
     let digest = policy.digest().to_string();
     // Captured tokens are sealed with a key kept beside the CA's.
     let tokens = Arc::new(
-        crate::secrets::captured::Captured::with_key_in(&args.ca_dir)
-            .context("--ca-dir: the token-capture key")?,
+        crate::secrets::captured::Captured::with_key_at(
+            &args
+                .capture_key
+                .clone()
+                .unwrap_or_else(|| args.ca_dir.join(crate::secrets::captured::KEY_FILE)),
+        )
+        .context("--capture-key")?,
     );
     let proxy = Proxy::new(ProxyConfig {
         captured: tokens.clone(),

@@ -139,6 +139,8 @@ pub enum Kind {
     KeepHeader,
     Ask,
     AskUnknown,
+    /// A captured token newly bound to a host (`capture`).
+    Capture,
     /// A rule's `mcp` table: adding one narrows (calls are matched), removing one widens; a
     /// changed table is both its old form removed and its new one added.
     Mcp,
@@ -462,6 +464,11 @@ fn facts(v: &View<'_>) -> BTreeMap<(Kind, Option<String>, String), Fact> {
             if rule.ask.is_some() {
                 add(rule, Kind::Ask, host, String::new(), None);
             }
+            if let Some(c) = &rule.capture {
+                for f in &c.fields {
+                    add(rule, Kind::Capture, host, c.secret_name(f), None);
+                }
+            }
             if let Some(m) = &rule.mcp {
                 add(rule, Kind::Mcp, host, super::reach::mcp_summary(m), None);
             }
@@ -578,6 +585,7 @@ fn fact_change(f: &Fact, added: bool) -> Change {
             "{host}: header {} {when} passed through unstripped",
             f.detail
         ),
+        Kind::Capture => format!("captured token {} {when} bound to {host}", f.detail),
         Kind::Mcp if added => format!("{host}: MCP calls now limited to {}", f.detail),
         Kind::Mcp => format!("{host}: MCP calls no longer limited to {}", f.detail),
         Kind::Ask if added => format!("{host}: a person must now approve requests (ask)"),

@@ -180,6 +180,23 @@ fn rule_items(rule: &Rule, credentials: &HashMap<String, Arc<Credential>>, out: 
     if let Some(m) = &rule.mcp {
         item(format!("mcp: {}", mcp_summary(m)));
     }
+    if let Some(c) = &rule.capture {
+        let mut hosts: Vec<String> = c
+            .hosts
+            .iter()
+            .chain(&rule.hosts)
+            .map(|h| h.to_string())
+            .collect();
+        hosts.sort();
+        hosts.dedup();
+        for f in &c.fields {
+            item(format!(
+                "captures {} bound to {}",
+                c.secret_name(f),
+                hosts.join(", ")
+            ));
+        }
+    }
     // A credential's key material and minted tokens are bound too (`credential:NAME…`);
     // their line is the credential's.
     let secrets: Vec<&String> = rule

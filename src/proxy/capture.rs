@@ -63,7 +63,11 @@ pub async fn capture(
         .headers()
         .get(CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("application/x-www-form-urlencoded"));
+        .is_some_and(|v| {
+            v.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("application/x-www-form-urlencoded")
+        });
     let (mut parts, body) = res.into_parts();
     let bytes = match tokio::time::timeout(cx.timeout, read_whole(body)).await {
         Ok(Ok(b)) => b,
@@ -116,9 +120,7 @@ fn lifetime(field: &str, get: impl Fn(&str) -> Option<u64>, ttl: Option<Duration
         "refresh_token" => get("refresh_token_expires_in").or_else(|| get("refresh_expires_in")),
         other => get(&format!("{other}_expires_in")),
     };
-    own.map(Duration::from_secs)
-        .or(ttl)
-        .unwrap_or(MAX_LIFETIME)
+    own.map(Duration::from_secs).or(ttl).unwrap_or(MAX_LIFETIME)
 }
 
 /// Keeps `value` as the field's token and returns its placeholder.
@@ -150,7 +152,11 @@ async fn capture_json(bytes: &[u8], cx: &CaptureCx, kept: &mut Vec<String>) -> O
         for field in &cx.capture.fields {
             if let Some(Value::String(s)) = obj.get(field) {
                 if capturable(s) {
-                    found.push((field.clone(), s.clone(), lifetime(field, number, cx.capture.ttl)));
+                    found.push((
+                        field.clone(),
+                        s.clone(),
+                        lifetime(field, number, cx.capture.ttl),
+                    ));
                 }
             }
         }
@@ -208,9 +214,15 @@ mod tests {
             "refresh_expires_in" => Some(86400),
             _ => None,
         };
-        assert_eq!(lifetime("access_token", get, None), Duration::from_secs(3600));
+        assert_eq!(
+            lifetime("access_token", get, None),
+            Duration::from_secs(3600)
+        );
         assert_eq!(lifetime("id_token", get, None), Duration::from_secs(3600));
-        assert_eq!(lifetime("refresh_token", get, None), Duration::from_secs(86400));
+        assert_eq!(
+            lifetime("refresh_token", get, None),
+            Duration::from_secs(86400)
+        );
         let ttl = Some(Duration::from_secs(60));
         assert_eq!(lifetime("session", get, ttl), Duration::from_secs(60));
         assert_eq!(lifetime("session", get, None), MAX_LIFETIME);
@@ -250,19 +262,30 @@ mod tests {
         assert_eq!(v["token_type"], "Bearer");
         assert_eq!(kept, ["idp_access_token", "idp_refresh_token"]);
         assert_eq!(
-            tokens.get("ci", "idp_access_token").await.map(|t| t.expose().to_vec()),
+            tokens
+                .get("ci", "idp_access_token")
+                .await
+                .map(|t| t.expose().to_vec()),
             Some(b"at-0123456789".to_vec())
         );
         assert!(capture_json(b"[1]", &cx, &mut kept).await.is_none());
 
         let mut kept = Vec::new();
-        let out = capture_form(b"access_token=at-form-012345&expires_in=5&x=1", &cx, &mut kept).await;
+        let out = capture_form(
+            b"access_token=at-form-012345&expires_in=5&x=1",
+            &cx,
+            &mut kept,
+        )
+        .await;
         assert_eq!(
             &out[..],
             b"access_token=__LATCHKEY_idp_access_token__&expires_in=5&x=1"
         );
         assert_eq!(
-            tokens.get("ci", "idp_access_token").await.map(|t| t.expose().to_vec()),
+            tokens
+                .get("ci", "idp_access_token")
+                .await
+                .map(|t| t.expose().to_vec()),
             Some(b"at-form-012345".to_vec())
         );
     }

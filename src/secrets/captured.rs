@@ -75,10 +75,18 @@ impl Captured {
         }
     }
 
-    /// With the key in `dir` (created, mode 0600, if absent): captured tokens may also be
-    /// kept, encrypted, in a state store ([`Captured::attach`]).
+    /// With the key in `dir` ([`KEY_FILE`]); see [`Captured::with_key_at`].
     pub fn with_key_in(dir: &Path) -> Result<Self, CaptureKeyError> {
-        let path = dir.join(KEY_FILE);
+        Self::with_key_at(&dir.join(KEY_FILE))
+    }
+
+    /// With the key at `path` (created, mode 0600, if absent): captured tokens may also be
+    /// kept, encrypted, in a state store ([`Captured::attach`]).
+    pub fn with_key_at(path: &Path) -> Result<Self, CaptureKeyError> {
+        let path = path.to_path_buf();
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            let _ = std::fs::create_dir_all(dir);
+        }
         let shown = path.display().to_string();
         let bytes = match std::fs::read(&path) {
             Ok(b) => b,
@@ -96,7 +104,12 @@ impl Captured {
                 })?;
                 key.to_vec()
             }
-            Err(source) => return Err(CaptureKeyError::Read { path: shown, source }),
+            Err(source) => {
+                return Err(CaptureKeyError::Read {
+                    path: shown,
+                    source,
+                })
+            }
         };
         let key = UnboundKey::new(&AES_256_GCM, &bytes)
             .map_err(|_| CaptureKeyError::Length { path: shown })?;
@@ -178,13 +191,25 @@ impl Captured {
         self.held
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(key, Held { value: value.clone(), expires });
+            .insert(
+                key,
+                Held {
+                    value: value.clone(),
+                    expires,
+                },
+            );
         Some(value)
     }
 
     /// `{"exp": unix secs, "n": nonce, "c": ciphertext}`; the identity and name are the
     /// associated data, so a record moved to another key does not open.
-    fn seal(&self, identity: &str, name: &str, value: &SecretValue, expires: SystemTime) -> Option<Vec<u8>> {
+    fn seal(
+        &self,
+        identity: &str,
+        name: &str,
+        value: &SecretValue,
+        expires: SystemTime,
+    ) -> Option<Vec<u8>> {
         let key = self.key.as_ref()?;
         let mut nonce = [0u8; NONCE_LEN];
         SystemRandom::new().fill(&mut nonce).ok()?;
@@ -211,7 +236,7 @@ impl Captured {
             .open_in_place(
                 Nonce::assume_unique_for_key(nonce),
                 Aad::from(id(identity, name).as_bytes()),
-                &mut *data,
+                &mut data,
             )
             .ok()?;
         let expires = UNIX_EPOCH + Duration::from_secs(v["exp"].as_u64()?);
@@ -243,15 +268,27 @@ mod tests {
     #[tokio::test]
     async fn a_token_is_held_per_identity_until_it_expires() {
         let c = Captured::in_memory();
-        c.put("a", "x_access_token", SecretValue::new(b"tok-aaaaaaaa".to_vec()), Duration::from_secs(60))
-            .await;
+        c.put(
+            "a",
+            "x_access_token",
+            SecretValue::new(b"tok-aaaaaaaa".to_vec()),
+            Duration::from_secs(60),
+        )
+        .await;
         assert_eq!(
-            c.get("a", "x_access_token").await.map(|v| v.expose().to_vec()),
+            c.get("a", "x_access_token")
+                .await
+                .map(|v| v.expose().to_vec()),
             Some(b"tok-aaaaaaaa".to_vec())
         );
         assert!(c.get("b", "x_access_token").await.is_none());
-        c.put("a", "x_id_token", SecretValue::new(b"tok-bbbbbbbb".to_vec()), Duration::ZERO)
-            .await;
+        c.put(
+            "a",
+            "x_id_token",
+            SecretValue::new(b"tok-bbbbbbbb".to_vec()),
+            Duration::ZERO,
+        )
+        .await;
         assert!(c.get("a", "x_id_token").await.is_none());
     }
 

@@ -86,6 +86,7 @@ mod secrets_streaming;
 mod shutdown;
 mod socks;
 mod state_store;
+mod token_capture;
 mod trust;
 mod tunnel;
 mod upstream_failures;

@@ -263,7 +263,7 @@ const EVERY_ERROR: &[(&str, u32, u32, &str)] = &[
     ("a.toml", 105, 20, "rules[4].ports[2]: expected an integer, found a string"),
     ("a.toml", 109, 9, "rules[5].hosts: rule binds secret(s) \"good\", \"undeclared\" to a wildcard host, so every matching host would receive them; name the hosts, or set dangerously_inject_into_wildcard = true"),
     ("a.toml", 110, 20, "rules[5].secrets[1]: unknown secret \"missing\": declare [secrets.missing] with a source"),
-    ("a.toml", 111, 17, "rules[5].placeholders[0]: unknown place \"cookie\": use header, basic_auth, query or body"),
+    ("a.toml", 111, 17, "rules[5].placeholders[0]: unknown place \"cookie\": use header, basic_auth, query, body or websocket"),
     ("a.toml", 112, 17, "rules[5].keep_headers[0]: invalid header name \"bad header\""),
     ("a.toml", 113, 14, "rules[5].credential: unknown credential \"nope\": declare [credentials.nope]"),
     ("a.toml", 114, 8, "rules[5].mode: unknown mode \"audit\": use \"enforce\" or \"report\""),

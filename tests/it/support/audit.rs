@@ -357,6 +357,14 @@ pub fn check_record(record: &Value) -> Result<(), String> {
     if let Some(usage) = obj.get("usage") {
         check_usage(usage)?;
     }
+    if let Some(c) = obj.get("captured") {
+        let names = c
+            .as_array()
+            .ok_or_else(|| format!("captured is {c}, not a list"))?;
+        if names.is_empty() || names.iter().any(|n| !n.is_string()) {
+            return Err(format!("captured is {c}"));
+        }
+    }
     if let Some(mcp) = obj.get("mcp") {
         check_mcp(mcp)?;
     }
