@@ -89,7 +89,7 @@ impl Proxy {
         self: Arc<Self>,
         stream: TcpStream,
         peer: SocketAddr,
-        _slot: limits::ConnectionSlot,
+        slot: limits::ConnectionSlot,
     ) {
         let _ = stream.set_nodelay(true);
         // A second handle on the socket, so latchkey can still answer `408` after hyper gives up
@@ -105,7 +105,9 @@ impl Proxy {
                 return;
             }
         };
-        let io = limits::Idle::new(stream, self.limits.idle_timeout);
+        // The slot goes with the socket: a CONNECT (tunnel, interception, WebSocket) keeps
+        // counting under the caps after hyper hands the socket on.
+        let io = limits::Idle::new(stream, self.limits.idle_timeout).holding(slot);
         let partial = io.partial();
         let ctx = Arc::new(Ctx::proxy_hop(peer, io.heads()));
         let proxy = self.clone();

@@ -537,3 +537,47 @@ fn a_header_block_that_stalls_inside_an_intercepted_connect_gets_408_after_the_h
         json!({"decision": "deny", "reason": "header_timeout", "status": 408}),
     );
 }
+
+/// A CONNECT keeps its place under the caps for as long as its tunnel (or interception, or
+/// WebSocket) lives: hyper hands the socket on, the slot goes with it.
+#[test]
+fn an_open_tunnel_keeps_its_slot_under_the_per_client_cap() {
+    let ca = TestCa::new();
+    let upstream = Upstream::https(&ca);
+    let port = upstream.port();
+    let lk = latchkey()
+        .pin("tunnel.test")
+        .arg("--max-connections-per-client")
+        .arg("1")
+        .policy(
+            "main.toml",
+            &format!(
+                "[[rules]]\nname = \"tunnel\"\nhosts = [\"tunnel.test\"]\nports = [{port}]\ntunnel = true\n"
+            ),
+        )
+        .run();
+
+    let (tcp, resp) = connect_tunnel(lk.addr(), &format!("tunnel.test:{port}"));
+    assert_eq!(resp.status, 200, "{resp:#?}");
+    std::thread::sleep(Duration::from_millis(200));
+    let over = raw_request(
+        lk.addr(),
+        format!("CONNECT tunnel.test:{port} HTTP/1.1\r\nHost: tunnel.test:{port}\r\n\r\n")
+            .as_bytes(),
+    );
+    assert_denial(&over, 503, Some("none"), "too_many_connections");
+
+    drop(tcp);
+    let start = Instant::now();
+    loop {
+        let (_tcp, resp) = connect_tunnel(lk.addr(), &format!("tunnel.test:{port}"));
+        if resp.status == 200 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "a closed tunnel's slot was not released: {resp:#?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

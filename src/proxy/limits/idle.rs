@@ -30,6 +30,9 @@ pub struct Idle<T> {
     last: Instant,
     partial: Arc<AtomicBool>,
     heads: Option<Arc<HeadSniff>>,
+    /// The connection's place under the caps: it lives as long as the socket does, also
+    /// after an upgrade hands it on (a CONNECT's tunnel or interception, a WebSocket).
+    _slot: Option<super::ConnectionSlot>,
 }
 
 impl<T> Idle<T> {
@@ -52,7 +55,15 @@ impl<T> Idle<T> {
             last,
             partial: Arc::new(AtomicBool::new(false)),
             heads,
+            _slot: None,
         }
+    }
+
+    /// This connection holding `slot` for as long as it lives.
+    #[must_use]
+    pub fn holding(mut self, slot: super::ConnectionSlot) -> Self {
+        self._slot = Some(slot);
+        self
     }
 
     /// The raw request heads seen on this connection (`None` without a sniffer).
