@@ -548,14 +548,6 @@ impl Policy {
         })
     }
 
-    /// Whether `name` is what some capture keeps a token under (`as` + `_` + field).
-    pub fn is_captured_name(&self, name: &str) -> bool {
-        self.rules
-            .iter()
-            .filter_map(|r| r.capture.as_ref())
-            .any(|c| c.fields.iter().any(|f| c.secret_name(f) == name))
-    }
-
     /// Decides one HTTP request. An allow carries an empty message: the proxy's allow path is
     /// the hot one and never reads it ([`Self::decide_explained`] words it too).
     pub fn decide(&self, t: &Target<'_>) -> Decision<'_> {

@@ -253,3 +253,24 @@ fn websocket_is_refused_where_it_cannot_work_and_placeholders_in_messages_need_i
         "{e:#?}"
     );
 }
+
+#[test]
+fn mcp_and_capture_tables_are_checked_key_by_key() {
+    let e = errors(
+        "[secrets.idp_access_token]\nsource = \"env:X\"\n\n\
+         [[rules]]\nname = \"m\"\nhosts = [\"a.com\"]\nmethods = [\"GET\"]\nmcp = { tools = [], tool = [\"x\"] }\n\n\
+         [[rules]]\nname = \"c\"\nhosts = [\"*.b.com\"]\ncapture = { fields = [\"access_token\", \"bad name\"], as = \"idp\", ttl = \"soon\" }\n",
+    );
+    let text = e.join("\n");
+    for needle in [
+        "rules[0].mcp: unknown key `tool`; did you mean `tools`?",
+        "rules[0].mcp: MCP messages are POSTs",
+        "rules[0].mcp.tools: an empty list allows nothing",
+        "rules[1].capture.fields: \"bad name\"",
+        "rules[1].capture.as: captured token \"idp_access_token\" would have the name of a declared secret",
+        "rules[1].capture: the rule's hosts include a wildcard",
+        "rules[1].capture.ttl: \"soon\" is not a duration",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+    }
+}
