@@ -578,8 +578,15 @@ fn index(
     for list in exact.values_mut().chain(wildcard.values_mut()) {
         list.sort_by_key(key);
     }
+    let capturing = rules
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.capture.is_some())
+        .map(|(i, _)| i)
+        .collect();
     Policy {
         rules,
+        capturing,
         identities,
         credentials,
         tokens: Arc::new(TokenCache::default()),

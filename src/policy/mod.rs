@@ -316,6 +316,8 @@ impl Rule {
 #[derive(Debug)]
 pub struct Policy {
     rules: Vec<Rule>,
+    /// Indices of the rules with `capture`: looked at on every request, so kept apart.
+    capturing: Vec<usize>,
     identities: Vec<Identity>,
     credentials: std::collections::HashMap<String, Arc<crate::signing::Credential>>,
     /// Minted tokens, per policy generation.
@@ -538,7 +540,8 @@ impl Policy {
     /// The captures whose tokens may go to `host`: its `hosts`, and the token endpoint's own
     /// hosts (a refresh sends the refresh token back there).
     pub fn captures_binding<'a>(&'a self, host: &'a str) -> impl Iterator<Item = &'a Capture> + 'a {
-        self.rules.iter().filter_map(move |r| {
+        self.capturing.iter().filter_map(move |&i| {
+            let r = self.rules.get(i)?;
             let c = r.capture.as_ref()?;
             c.hosts
                 .iter()
