@@ -78,7 +78,10 @@ fn calls() -> Value {
         ["search_issues", {"repo": "acme/widgets", "q": "crash"}],
         ["delete_repository", {"repo": "acme/widgets"}],
         ["get_issue", {"repo": "evil/widgets", "number": 7}],
-        ["get_issue", {"repo": "acme/widgets", "number": 7}]
+        ["get_issue", {"repo": "acme/widgets", "number": 7}],
+        // A tool name carrying the injected token: allowed by `search_*`, unknown upstream;
+        // the record and the server's reflection of the name must not show the value.
+        [format!("search_{TOKEN}"), {"repo": "acme/widgets", "q": "x"}]
     ])
 }
 
@@ -145,8 +148,9 @@ fn check_enforced(server: &PyServer, lk: &Latchkey) {
     );
     assert_eq!(server.events_of("call").len(), 2);
 
-    let records = tool_records(lk, 4);
+    let records = tool_records(lk, 5);
     let tool = |r: &Value| r["mcp"]["calls"][0]["tool"].clone();
+    assert_eq!(tool(&records[4]), "search_[REDACTED:gh]", "{}", records[4]);
     assert_eq!(tool(&records[1]), "delete_repository");
     assert_eq!(records[1]["decision"], "deny", "{}", records[1]);
     assert_eq!(records[1]["reason"], "mcp_not_allowed", "{}", records[1]);
