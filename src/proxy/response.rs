@@ -15,7 +15,9 @@
 //!    scrubbed; a header or trailer whose *name* holds a secret is dropped.
 //!
 //! Informational (1xx) responses never reach the sandbox: hyper's client consumes them, and a
-//! `101` (which it hands on) is refused. A bodiless response (HEAD, 204, 304) reaches it with
+//! `101` (which it hands on) is refused here; the one exception, a `101` accepting a WebSocket
+//! handshake a rule allowed, is checked by `websocket::Handshake::accept` and never reaches
+//! this function. A bodiless response (HEAD, 204, 304) reaches it with
 //! its scrubbed head only: data or trailers an upstream sends with one are dropped.
 //!
 //! Whether to scan is the pipeline's decision (it knows the policy); this module takes the
@@ -65,8 +67,8 @@ where
     B: http_body::Body<Data = Bytes> + Send + Sync + Unpin + 'static,
     B::Error: Into<BoxError>,
 {
-    // 0. a protocol switch: latchkey never asks an upstream to upgrade (`Upgrade` is
-    // hop-by-hop and stripped), so a 101 is a switch to bytes nobody inspects. Refused.
+    // 0. a protocol switch that is not an allowed WebSocket's (those never come here): a
+    // switch to bytes nobody inspects. Refused.
     if res.status().is_informational() {
         return Err(Refusal::new(
             Reason::UpstreamError,

@@ -189,3 +189,34 @@ fn report_only_lets_a_refused_tool_through_marked_would_deny() {
     assert_eq!(records[1]["reason"], "mcp_not_allowed", "{}", records[1]);
     assert_eq!(records[3]["would_deny"], false, "{}", records[3]);
 }
+
+/// A body under an MCP rule is read whatever the method: a denied call sent in a PUT gets the
+/// same JSON-RPC error, and the server never sees it.
+#[test]
+fn a_json_rpc_call_in_another_method_is_matched_too() {
+    let (server, lk) = world(true, "enforce");
+    let body = r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"delete_repository","arguments":{"repo":"acme/x"}}}"#;
+    let out = crate::support::clients::curl(&lk)
+        .args([
+            "-X",
+            "PUT",
+            "-H",
+            "content-type: application/json",
+            "--data",
+            body,
+            &format!("https://api.test:{}/mcp", server.port()),
+        ])
+        .run();
+    let resp = out.ok();
+    assert_eq!(resp.status, 200, "{resp:#?}");
+    assert_eq!(resp.header("x-latchkey-reason"), Some("mcp_not_allowed"));
+    let v: Value = serde_json::from_str(&resp.text()).expect("json-rpc error");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("tool 'delete_repository' is denied")),
+        "{v}"
+    );
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(server.events_of("call").is_empty());
+}

@@ -32,7 +32,8 @@ pub(super) enum Step {
 }
 
 /// Assumes: `rule` is the verdict's rule. Guarantees: `Go` only when the rule has no `mcp`,
-/// the request is not a POST, every message is allowed, or report-only marked the verdict;
+/// the request carries no message (a bodiless GET or DELETE), every message is allowed, or
+/// report-only marked the verdict;
 /// `Answered` has sent nothing upstream.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn check<'a>(
@@ -48,8 +49,11 @@ pub(super) async fn check<'a>(
     let Some(rules) = rule.mcp.as_ref() else {
         return Ok(Step::Go(None, None));
     };
-    // GET opens the server's event stream, DELETE ends a session: no message to read.
-    if head.method != http::Method::POST {
+    // GET opens the server's event stream, DELETE ends a session: no message to read. Any
+    // request that carries a body is read, whatever its method: a server may take JSON-RPC in
+    // a PUT as well.
+    let bodiless = body.as_ref().is_none_or(http_body::Body::is_end_stream);
+    if head.method != http::Method::POST && bodiless {
         return Ok(Step::Go(None, None));
     }
     let under = |r: Refusal| r.under(&rule.name);
@@ -62,6 +66,10 @@ pub(super) async fn check<'a>(
             "the request body was not held",
         )));
     };
+    // An empty body on another method (`Content-Length: 0`, an empty chunked body) is no message.
+    if head.method != http::Method::POST && bytes.is_empty() {
+        return Ok(Step::Go(Some(held), None));
+    }
     match mcp::inspect(rules, &rule.name, bytes).map_err(under)? {
         Inspected::Forward { info, list_ids } => {
             let info = for_the_record(info, entry);
