@@ -295,6 +295,7 @@ pub fn filter_list(res: Response<Body>, rules: Arc<McpRules>, ids: Vec<Value>) -
         rules,
         ids,
         buf: BytesMut::new(),
+        scanned: 0,
         done: false,
         encoded,
     };
@@ -313,6 +314,9 @@ struct ListFilter {
     rules: Arc<McpRules>,
     ids: Vec<Value>,
     buf: BytesMut,
+    /// How far `buf` is known to hold no event end: each frame is searched once, not the
+    /// whole buffer again (an 8 MiB event in small frames would be quadratic).
+    scanned: usize,
     done: bool,
     /// The body is in a content coding: it cannot be filtered, so it is not sent.
     encoded: bool,
@@ -405,8 +409,14 @@ impl ListFilter {
 
     /// The next whole SSE event in the buffer, with its terminator, if one has arrived.
     fn next_event(&mut self) -> Option<Bytes> {
-        let pos = find_event_end(&self.buf)?;
-        let (end, term) = pos;
+        // A terminator may straddle the last search's end: back up by its length less one.
+        let from = self.scanned.saturating_sub(3);
+        let Some((at, term)) = find_event_end(&self.buf[from..]) else {
+            self.scanned = self.buf.len();
+            return None;
+        };
+        let end = from + at;
+        self.scanned = 0;
         let event = self.buf.split_to(end + term);
         let mut out = BytesMut::from(&self.filter_event(&event[..end])[..]);
         out.extend_from_slice(&event[end..]);
@@ -602,6 +612,7 @@ mod tests {
             rules: Arc::new(rules()),
             ids: vec![json!(1)],
             buf: BytesMut::new(),
+            scanned: 0,
             done: false,
             encoded: false,
         };
@@ -617,6 +628,15 @@ mod tests {
         assert!(text.starts_with("event: message\ndata: "), "{text}");
         assert!(!text.contains("delete_repo"), "{text}");
         assert_eq!(find_event_end(b"data: x\n\nrest"), Some((7, 2)));
+        // An event whose blank line arrives split across frames is still found once whole.
+        let mut f = f;
+        f.buf.extend_from_slice(b"data: {\"id\":5}\r\n\r");
+        assert!(f.next_event().is_none());
+        f.buf.extend_from_slice(b"\nevent: next");
+        let event = f.next_event().expect("event");
+        assert_eq!(&event[..], b"data: {\"id\":5}\r\n\r\n");
+        assert_eq!(&f.buf[..], b"event: next");
+        assert!(f.next_event().is_none());
         assert_eq!(find_event_end(b"data: x\r\n\r\n"), Some((7, 4)));
     }
 }
