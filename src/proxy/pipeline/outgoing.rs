@@ -95,7 +95,12 @@ pub(super) async fn broker(
         .forward(&mut head.headers, &rule.keep_headers, correlation);
 
     let mut path_and_query = target.path_and_query.clone();
-    let captured = captured_for(proxy, policy, &ctx.identity, &target.host).await;
+    // Looked up (in memory, else the state store) only for a request that can use one.
+    let captured = if may_use_captured(rule, &head.headers, &path_and_query) {
+        captured_for(proxy, policy, &ctx.identity, &target.host).await
+    } else {
+        std::collections::HashMap::new()
+    };
     let exchanger = proxy.exchanger(ctx.client, ctx.identity.clone());
     let request_cx = broker::RequestCx {
         method: head.method.as_str(),
@@ -144,6 +149,25 @@ pub(super) async fn broker(
             is_head,
         },
     })
+}
+
+/// Whether a request could carry a captured token's placeholder where it is replaced: the token
+/// endpoint itself (the refresh body), a rule replacing placeholders in bodies, or a head that
+/// shows one — raw, percent-encoded in the query, or inside `Basic` credentials (base64).
+fn may_use_captured(rule: &Rule, headers: &HeaderMap, path_and_query: &str) -> bool {
+    const MARK: &[u8] = b"LATCHKEY_";
+    let holds = |b: &[u8]| memchr::memmem::find(b, MARK).is_some();
+    rule.capture.is_some()
+        || rule
+            .placeholders
+            .contains(&crate::secrets::placeholder::Place::Body)
+        || holds(path_and_query.as_bytes())
+        || headers.values().any(|v| {
+            holds(v.as_bytes())
+                || v.as_bytes()
+                    .get(..6)
+                    .is_some_and(|p| p.eq_ignore_ascii_case(b"basic "))
+        })
 }
 
 /// The captured tokens `identity` holds that may go to `host`, by name. Each is (again) in the
@@ -323,6 +347,26 @@ mod tests {
             uri(&admitted(Scheme::Http, "::1", 80)),
             "http://[::1]/a?b=c"
         );
+    }
+
+    #[test]
+    fn captured_tokens_are_looked_up_only_for_a_request_that_can_use_one() {
+        let rule = Rule::report_only();
+        let mut h = HeaderMap::new();
+        h.insert("accept", HeaderValue::from_static("*/*"));
+        assert!(!may_use_captured(&rule, &h, "/v1/me?x=1"));
+        assert!(may_use_captured(
+            &rule,
+            &h,
+            "/v1/me?t=%5F%5FLATCHKEY_idp_access_token%5F%5F"
+        ));
+        h.insert(
+            "authorization",
+            HeaderValue::from_static("Bearer __LATCHKEY_idp_access_token__"),
+        );
+        assert!(may_use_captured(&rule, &h, "/v1/me"));
+        h.insert("authorization", HeaderValue::from_static("BASIC eDp5"));
+        assert!(may_use_captured(&rule, &h, "/v1/me"));
     }
 
     #[test]
