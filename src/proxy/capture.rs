@@ -82,6 +82,29 @@ pub async fn capture(
             .await
             .ok_or_else(|| fail("is neither a JSON object nor a form".into()))?
     };
+    // The captured values may stand elsewhere too (a nested copy, a header): now that they are
+    // in the redaction set, the whole answer is scrubbed once more.
+    let out = if kept.is_empty() {
+        out
+    } else {
+        let scrubber = cx
+            .policy
+            .secrets()
+            .scrubber()
+            .map_err(|e| fail(format!("cannot be scrubbed of its tokens ({e})")))?;
+        match scrubber {
+            Some(scrubber) => {
+                super::scrub_body::filter_headers(&mut parts.headers, &scrubber);
+                let (clean, found) = scrubber.scrub(&out);
+                if found.is_empty() {
+                    out
+                } else {
+                    Bytes::from(clean)
+                }
+            }
+            None => out,
+        }
+    };
     parts.headers.remove(CONTENT_LENGTH);
     if let Ok(v) = HeaderValue::from_str(&out.len().to_string()) {
         parts.headers.insert(CONTENT_LENGTH, v);

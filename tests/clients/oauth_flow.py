@@ -7,8 +7,9 @@ latchkey's token capture.
         POST /oauth/token   grant_type=password (user ana / pw) issues an access token
                             (expires_in 3600) and a refresh token; grant_type=refresh_token
                             with the refresh token it issued last issues new ones (rotation);
-                            anything else is 400 invalid_grant. JSON, or a form with
-                            ?format=form.
+                            anything else is 400 invalid_grant. JSON (which also carries
+                            a nested copy of the access token, session.token), or a form
+                            with ?format=form.
         GET  /api/me        200 {"user": "ana", "seen": <the Authorization header>} for the
                             access token issued last, else 401.
       Prints "listening on 127.0.0.1:PORT", then one JSON line per event: {"event": "issued",
@@ -87,6 +88,9 @@ class Handler(BaseHTTPRequestHandler):
                 "token_type": "Bearer",
                 "expires_in": 3600,
             }
+            if not as_form:
+                # A copy of the token where no capture names it: it must not get through.
+                body["session"] = {"token": STATE["access"]}
         self.reply(200, body, form=as_form)
 
     def do_GET(self):

@@ -121,6 +121,11 @@ fn authlib_logs_in_calls_and_refreshes_holding_placeholders_only() {
         "{out}"
     );
     assert_eq!(out["first"]["expires_in"], 3600, "{out}");
+    // A copy of the token the capture does not name is redacted, not passed on.
+    assert_eq!(
+        out["first"]["session"]["token"], "[REDACTED:idp_access_token]",
+        "{out}"
+    );
     // The API got the real token, and its reflection of it came back redacted.
     assert_eq!(out["me1"]["status"], 200, "{out}");
     assert_eq!(
