@@ -5,9 +5,10 @@
 #
 #   docs/measure-tests.sh TIER...          measure these tiers now (in the repository's target/)
 #   docs/measure-tests.sh --render         only rewrite docs/src/measured.md from docs/measured.tsv
-#   docs/measure-tests.sh --record TIER SECONDS [TESTS COMMIT DATE LOAD]
+#   docs/measure-tests.sh --record TIER SECONDS TESTS COMMIT DATE LOAD SOURCE
 #                                          record a measurement another run made (a CI log, cargo's
-#                                          own "Finished … in" line), then rewrite the page
+#                                          own "Finished … in" line; SOURCE says which), then
+#                                          rewrite the page
 #
 # Tiers (the commands docs/src/contributing/tests.md documents):
 #   fast   cargo test --lib         the unit tests: no root, no Python, no network
@@ -28,7 +29,7 @@ TSV=docs/measured.tsv
 OUT=docs/src/measured.md
 # The one test that starts a Python client (and so builds the environment first).
 PY_TEST=secrets_clients::python_requests_with_a_placeholder_key
-HEADER=$'tier\tcommand\tseconds\ttests\tdate\tcommit\tcores\tload\troot'
+HEADER=$'tier\tcommand\tseconds\ttests\tdate\tcommit\tcores\tload\troot\tsource'
 
 command_of() {
     case "$1" in
@@ -93,9 +94,10 @@ record() {
     local commit=${4:-$(git rev-parse --short HEAD 2>/dev/null || echo -)}
     local date=${5:-$(date -u +%Y-%m-%dT%H:%MZ)}
     local load=${6:--}
+    local source=${7:-docs/measure-tests.sh}
     local row
-    row=$(printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s' "$tier" "$(command_of "$tier")" "$seconds" \
-        "$tests" "$date" "$commit" "$(nproc)" "$load" "$([ "$(id -u)" -eq 0 ] && echo yes || echo no)")
+    row=$(printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s' "$tier" "$(command_of "$tier")" "$seconds" \
+        "$tests" "$date" "$commit" "$(nproc)" "$load" "$([ "$(id -u)" -eq 0 ] && echo yes || echo no)" "$source")
     local tmp
     tmp=$(mktemp)
     { echo "$HEADER"; [ -f "$TSV" ] && tail -n +2 "$TSV" | awk -F'\t' -v t="$tier" '$1 != t'; echo "$row"; } >"$tmp"
@@ -119,16 +121,16 @@ render() {
         echo "\`docs/measure-tests.sh TIER...\` (tiers: \`fast\`, \`full\`, \`build\`, \`pyenv\`); what each"
         echo "tier runs and which needs root: [Tests](contributing/tests.md)."
         echo
-        echo "| tier | command | took | tests passed | measured (UTC) | commit | cores | load at start | as root |"
-        echo "|---|---|---:|---:|---|---|---:|---:|---|"
+        echo "| tier | command | took | tests passed | measured (UTC) | commit | cores | load at start | as root | measured by |"
+        echo "|---|---|---:|---:|---|---|---:|---:|---|---|"
         local order
         for order in build pyenv fast full; do
-            tail -n +2 "$TSV" | awk -F'\t' -v t="$order" '$1 == t' | while IFS=$'\t' read -r tier cmd secs tests date commit cores load root; do
+            tail -n +2 "$TSV" | awk -F'\t' -v t="$order" '$1 == t' | while IFS=$'\t' read -r tier cmd secs tests date commit cores load root source; do
                 local shown=$tests
                 [ "$tier" = build ] && shown="— (builds only)"
                 [ "$tests" = 0 ] && shown="—"
-                printf '| %s | `%s` | %s | %s | %s | %s | %s | %s | %s |\n' "$tier" "$cmd" "$(minutes "$secs")" \
-                    "$shown" "$date" "$commit" "$cores" "$load" "$root"
+                printf '| %s | `%s` | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$tier" "$cmd" "$(minutes "$secs")" \
+                    "$shown" "$date" "$commit" "$cores" "$load" "$root" "$source"
             done
         done
         echo
@@ -147,10 +149,11 @@ if [ "$#" -eq 0 ]; then
     exit 2
 fi
 if [ "$1" = "--record" ]; then
-    [ "$#" -ge 3 ] || { echo "usage: docs/measure-tests.sh --record TIER SECONDS [TESTS COMMIT DATE LOAD]" >&2; exit 2; }
+    [ "$#" -eq 8 ] || { echo "usage: docs/measure-tests.sh --record TIER SECONDS TESTS COMMIT DATE LOAD SOURCE" >&2; exit 2; }
     command_of "$2" >/dev/null
     case "$3" in *[!0-9]* | '') echo "docs/measure-tests.sh: SECONDS must be a whole number, not '$3'" >&2; exit 2 ;; esac
-    record "$2" "$3" "${4:-0}" "${5:-}" "${6:-}" "${7:--}"
+    case "$4" in *[!0-9]* | '') echo "docs/measure-tests.sh: TESTS must be a whole number, not '$4'" >&2; exit 2 ;; esac
+    record "$2" "$3" "$4" "$5" "$6" "$7" "$8"
     render
     exit 0
 fi
