@@ -1,4 +1,4 @@
-//! The hash chain that makes the log tamper-evident (README "Audit": verify).
+//! The hash chain that makes the log tamper-evident (book "Audit": verify).
 //!
 //! Every line the writer appends starts `{"seq":N,"prev":"HEX",` and goes on with the record's
 //! own fields: `seq` counts lines from 1 across every file of the log (rotation and restarts

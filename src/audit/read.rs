@@ -1,6 +1,6 @@
 //! Reading an audit log back: the lines of a log's files in chain order, filters over them, one
 //! row per request, and the per-identity summary (`latchkey audit query` and `latchkey audit
-//! summary`, README "Audit": reading it).
+//! summary`, book "Audit": reading it).
 //!
 //! ```text
 //! files (chain order) ─▶ Reader: one line at a time, checkpoints skipped, damage reported

@@ -1,12 +1,12 @@
 //! The audit record: one JSON line per request or refused connection. Field names and their
-//! meaning are a contract (README "Audit record"); `Debug` never prints what the sandbox sent.
+//! meaning are a contract (book "Audit record"); `Debug` never prints what the sandbox sent.
 //! Depends on nothing in the crate.
 
 use std::time::SystemTime;
 
 use serde::{Serialize, Serializer};
 
-/// One audit record (README "Audit record"; docs/architecture.md). Field names are a contract.
+/// One audit record (book "Audit record"; docs/architecture.md). Field names are a contract.
 ///
 /// Until [`super::Entry`] scrubs it on the way out, `method`, `host` and `path` are as the sandbox sent
 /// them and may hold a secret value it pasted there: `Debug` shows their lengths only.
@@ -55,7 +55,7 @@ pub struct Record {
     /// which approval, where it stood. Absent from every other record.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub approval: Option<ApprovalInfo>,
-    /// On a request charged to `[limits]`: what each limit took (README "Limits and
+    /// On a request charged to `[limits]`: what each limit took (book "Limits and
     /// budgets"). Absent when no limit applies.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub limits: Vec<LimitCharge>,
@@ -76,7 +76,7 @@ pub struct Record {
     /// (its rules and the secrets they bind; `latchkey explain --reach IDENTITY` lists it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reach: Option<String>,
-    /// Correlation the sandbox sent (README "Audit"): its session, the step a request belongs
+    /// Correlation the sandbox sent (book "Audit"): its session, the step a request belongs
     /// to, and which attempt at that step this is (a retry is attempt 2 of the same step).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
@@ -130,7 +130,7 @@ pub struct LimitCharge {
     pub unchecked: bool,
 }
 
-/// A WebSocket's life after its handshake (README "WebSocket").
+/// A WebSocket's life after its handshake (book "WebSocket").
 #[derive(Clone, Debug, Serialize, PartialEq, Eq, Default)]
 pub struct WebSocketInfo {
     /// Frames latchkey sent to the upstream and to the sandbox: one per text or binary
@@ -144,7 +144,7 @@ pub struct WebSocketInfo {
     pub closed_by: &'static str,
 }
 
-/// The JSON-RPC messages of one POST to an MCP server (README "MCP tool rules").
+/// The JSON-RPC messages of one POST to an MCP server (book "MCP tool rules").
 #[derive(Clone, Debug, Serialize, PartialEq, Eq, Default)]
 pub struct McpInfo {
     /// How many messages the body held (a batch holds several).
@@ -181,7 +181,7 @@ pub struct UsageInfo {
     pub source: &'static str,
 }
 
-/// A request's (or a decision's) place in an approval (README "Audit record", "Approvals").
+/// A request's (or a decision's) place in an approval (book "Audit record", "Approvals").
 #[derive(Clone, Debug, Serialize, PartialEq, Eq, Default)]
 pub struct ApprovalInfo {
     pub id: String,
@@ -203,7 +203,7 @@ pub struct ApprovalInfo {
     pub note: Option<String>,
 }
 
-/// What a DNS query asked latchkey's resolver and what it answered (README "Audit record").
+/// What a DNS query asked latchkey's resolver and what it answered (book "Audit record").
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct DnsInfo {
     /// The query type (`A`, `AAAA`, `TXT`, `TYPE65280`); `null` when the query could not be

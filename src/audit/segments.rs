@@ -1,5 +1,5 @@
 //! The log's files: the active file every batch is appended to, and the closed segments that
-//! rotation leaves beside it (README "Audit": rotate, keep, ship).
+//! rotation leaves beside it (book "Audit": rotate, keep, ship).
 //!
 //! The active file keeps the name given to `--audit` (`audit.jsonl`); rotation closes it with
 //! a checkpoint and renames it `audit-<first seq, 12 digits>-<UTC closing time>.jsonl` in the

@@ -1,6 +1,6 @@
 //! `latchkey audit verify`: walks the hash chain across a log's files in chain order, checks
 //! every link and every checkpoint's signature with a trusted key, and reports what it finds
-//! (README "Audit": verify). Depends on [`super::chain`] and [`super::key`].
+//! (book "Audit": verify). Depends on [`super::chain`] and [`super::key`].
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -52,7 +52,7 @@ pub enum AuditError {
 /// What lines look like (`--audit-format`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Format {
-    /// latchkey's own record (README "Audit record").
+    /// latchkey's own record (book "Audit record").
     #[default]
     Jsonl,
     /// OCSF 1.x events: HTTP Activity (4002), Network Activity (4001) for refused connections.

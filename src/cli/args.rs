@@ -1,8 +1,8 @@
 //! The command line as clap reads it: every command, flag, environment variable and help text.
 //!
 //! Only types live here; each command's behaviour is in its own module under [`super`]. The
-//! README's "CLI" section and `tests/it/docs.rs` check these against the built binary's
-//! `--help`, so a flag added here without its documentation fails the build.
+//! book's CLI reference (docs/src/reference/cli.md) and `tests/it/docs.rs` check these against
+//! the built binary's `--help`, so a flag added here without its documentation fails the build.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;

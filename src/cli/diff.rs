@@ -246,7 +246,7 @@ fn verdict_line(d: &Diff) -> String {
     }
 }
 
-/// The text report (see the README's "latchkey diff").
+/// The text report (see the book's "latchkey diff", docs/src/security-teams.md).
 pub fn text(d: &Diff) -> String {
     let mut out = format!(
         "latchkey diff: {} (sha256:{}) -> {} (sha256:{})\n",

@@ -1,5 +1,5 @@
 //! The records approvals keep in the state store, and what the admin API, the CLI and
-//! notifications show of them. Field names are a contract (README "Approvals").
+//! notifications show of them. Field names are a contract (book "Approvals").
 //!
 //! An approval holds no secret: the URL's query values are redacted and the whole record is
 //! scrubbed of secret values before it is stored; the body is described by its size, SHA-256

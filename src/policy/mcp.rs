@@ -1,5 +1,5 @@
 //! A rule's `mcp` table, compiled: which JSON-RPC methods, tools and tool arguments an agent
-//! may use on an MCP server behind the rule's hosts and paths (README "MCP tool rules").
+//! may use on an MCP server behind the rule's hosts and paths (book "MCP tool rules").
 //!
 //! Host and path say *which server*; this says *which calls*. The proxy parses the JSON-RPC
 //! messages and asks here by name; nothing here reads a request.

@@ -179,10 +179,10 @@ pub struct Rule {
     pub ask: Option<Ask>,
     /// `limits = ["NAME", …]`: the `[limits.NAME]` its requests are charged to.
     pub limits: Vec<String>,
-    /// `mcp = { … }`: the JSON-RPC methods, tools and arguments allowed (README "MCP tool rules").
+    /// `mcp = { … }`: the JSON-RPC methods, tools and arguments allowed (book "MCP tool rules").
     pub mcp: Option<Arc<mcp::McpRules>>,
     /// `capture = { … }`: tokens in this endpoint's responses are kept by latchkey, the sandbox
-    /// gets placeholders (README "OAuth token capture").
+    /// gets placeholders (book "OAuth token capture").
     pub capture: Option<Capture>,
     pub origin: Origin,
 }

@@ -60,7 +60,7 @@ pub struct RequestCx<'a> {
     pub budget: &'a Arc<Budget>,
     /// `--body-timeout`.
     pub body_timeout: Duration,
-    /// Captured tokens this identity holds for this host, by name (README "OAuth token
+    /// Captured tokens this identity holds for this host, by name (book "OAuth token
     /// capture"): their placeholders are replaced like a bound secret's.
     pub captured: &'a HashMap<String, SecretValue>,
 }

@@ -45,7 +45,7 @@ pub struct Binding<'a> {
     pub bound: &'a BTreeSet<String>,
     /// Where the rule enables placeholders.
     pub placeholders: &'a [Place],
-    /// Tokens a capture holds for this identity and host (README "OAuth token capture"):
+    /// Tokens a capture holds for this identity and host (book "OAuth token capture"):
     /// their placeholders are replaced in any replaceable place, whatever `placeholders` says.
     pub captured: &'a BTreeSet<String>,
 }

@@ -1,4 +1,4 @@
-//! The ceiling in every record (README "Audit"): the identity's labels from policy, the `reach`
+//! The ceiling in every record (book "Audit"): the identity's labels from policy, the `reach`
 //! digest of what it could reach (equal to what `latchkey explain --reach` prints, changed only
 //! by a change to that identity's reach), and correlation the sandbox sends: session, step and
 //! attempt (a retried step is attempt 2 of the same step), W3C trace context with latchkey's own

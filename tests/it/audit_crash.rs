@@ -1,5 +1,5 @@
 //! The audit record outlives a crash: a request's decision is on disk before its upstream is
-//! dialed (README "Audit": what is guaranteed at a crash), so after `kill -9` under load every
+//! dialed (book "Audit": what is guaranteed at a crash), so after `kill -9` under load every
 //! request the upstream saw has at least its decision record, every line is whole and the hash
 //! chain holds; a restart continues the chain. (A log that cannot be written lets nothing
 //! out: `audit_sink.rs`.)

@@ -1,7 +1,7 @@
 //! Tamper evidence end to end: a real latchkey writes a rotated, checkpointed log;
 //! `latchkey audit verify` passes it untouched and names the first edited, deleted, reordered
 //! or truncated record; `latchkey audit key` prints the key the checkpoints are signed with;
-//! rotation by age and retention by `--audit-keep` (README "Audit").
+//! rotation by age and retention by `--audit-keep` (book "Audit").
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -2,11 +2,15 @@
 //!
 //! - `docs/architecture.md` names every module file under `src/` in its module map, and every
 //!   path it names (`src/x.rs`, `src/x.rs::item`, `tests/…`) exists, each `::item` defined there;
-//! - the README's "## CLI" section lists every command and every flag of the real binary's
-//!   `--help`, each flag under its own command;
-//! - every reason code in `src/reason.rs` is in the README's refusal section;
-//! - every flag reads a `LATCHKEY_…` variable shown by `--help`, named by the README's rule (or
-//!   spelled out in the CLI section), unless the README lists it as having none.
+//! - the book's CLI reference (`docs/src/reference/cli.md`) lists every command and every flag of
+//!   the real binary's `--help`, each flag under its own command;
+//! - every reason code in `src/reason.rs` is in the book's reason-code reference;
+//! - every flag reads a `LATCHKEY_…` variable shown by `--help`, named by the CLI reference's rule
+//!   (or spelled out there), unless the CLI reference lists it as having none;
+//! - the book's Layout chapter names every top-level directory and source module.
+//!
+//! Links and anchors in the README and the book, the book's table of contents and its metrics
+//! reference are checked in `docs_book.rs`.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -20,6 +24,11 @@ use crate::support::latchkey::{wait_with_timeout, BIN};
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
+
+/// The book's chapters these tests hold to the code.
+const CLI: &str = "docs/src/reference/cli.md";
+const REASON_CODES: &str = "docs/src/reference/reason-codes.md";
+const LAYOUT: &str = "docs/src/contributing/layout.md";
 
 fn read(rel: &str) -> String {
     std::fs::read_to_string(repo().join(rel)).unwrap_or_else(|e| panic!("read {rel}: {e}"))
@@ -287,7 +296,7 @@ fn commands() -> Vec<(Vec<String>, Vec<Flag>)> {
     out
 }
 
-/// The README's `latchkey …` synopsis lines in its CLI section, by command path: each entry is
+/// The `latchkey …` synopsis lines of the CLI reference, by command path: each entry is
 /// a `latchkey WORDS [flags…]` line and the indented lines after it, comments removed.
 fn synopses(cli: &str) -> Vec<(Vec<String>, String)> {
     let (_, code) = split_fences(cli);
@@ -316,9 +325,9 @@ fn synopses(cli: &str) -> Vec<(Vec<String>, String)> {
 const BUILTIN: &[&str] = &["--help", "--version"];
 
 #[test]
-fn the_readme_cli_section_lists_every_command_and_every_flag_of_the_binary() {
-    let readme = read("README.md");
-    let cli = section(&readme, "## CLI");
+fn the_cli_reference_lists_every_command_and_every_flag_of_the_binary() {
+    let text = read(CLI);
+    let cli = text.as_str();
     let synopses = synopses(cli);
     let mut missing = Vec::new();
     for (path, flags) in commands() {
@@ -343,15 +352,14 @@ fn the_readme_cli_section_lists_every_command_and_every_flag_of_the_binary() {
     }
     assert!(
         missing.is_empty(),
-        "README.md's \"## CLI\" synopsis does not list:\n{}",
+        "{CLI}'s synopsis does not list:\n{}",
         missing.join("\n")
     );
 }
 
 #[test]
-fn every_reason_code_is_in_the_readme_refusal_section() {
-    let readme = read("README.md");
-    let refusals = section(&readme, "## What the sandbox sees when latchkey refuses");
+fn every_reason_code_is_in_the_reason_code_reference() {
+    let refusals = read(REASON_CODES);
     let missing: Vec<&str> = Reason::ALL
         .iter()
         .map(|r| r.code())
@@ -359,11 +367,11 @@ fn every_reason_code_is_in_the_readme_refusal_section() {
         .collect();
     assert!(
         missing.is_empty(),
-        "README.md's refusal section does not list reason codes {missing:?}"
+        "{REASON_CODES} does not list reason codes {missing:?}"
     );
 }
 
-/// The variable the README's rule gives a flag: `LATCHKEY_` and the flag, upper-cased, `-` → `_`.
+/// The variable the CLI reference's rule gives a flag: `LATCHKEY_` and the flag, upper-cased, `-` → `_`.
 fn rule_variable(long: &str) -> String {
     format!(
         "LATCHKEY_{}",
@@ -374,14 +382,14 @@ fn rule_variable(long: &str) -> String {
 }
 
 #[test]
-fn every_flag_reads_the_variable_the_readme_says_or_is_listed_as_having_none() {
-    let readme = read("README.md");
-    let cli = section(&readme, "## CLI");
+fn every_flag_reads_the_variable_the_cli_reference_says_or_is_listed_as_having_none() {
+    let text = read(CLI);
+    let cli = text.as_str();
     let marker = "Flags without a variable:";
     let none_line = cli
         .lines()
         .find(|l| l.contains(marker))
-        .unwrap_or_else(|| panic!("README.md's CLI section has no line with {marker:?}"));
+        .unwrap_or_else(|| panic!("{CLI} has no line with {marker:?}"));
     let without: BTreeSet<String> = code_spans(none_line.split(marker).nth(1).unwrap_or_default())
         .into_iter()
         .collect();
@@ -399,7 +407,7 @@ fn every_flag_reads_the_variable_the_readme_says_or_is_listed_as_having_none() {
                     flag.long
                 )),
                 (Some(var), true) => problems.push(format!(
-                    "{cmd} {}: reads {var}, but the README lists it as having none",
+                    "{cmd} {}: reads {var}, but {CLI} lists it as having none",
                     flag.long
                 )),
                 (Some(var), false) => {
@@ -416,7 +424,7 @@ fn every_flag_reads_the_variable_the_readme_says_or_is_listed_as_having_none() {
                         || (prefixed.as_ref() == Some(var) && cli.contains(&format!("`{var}`")));
                     if !documented {
                         problems.push(format!(
-                            "{cmd} {}: reads {var}, which is neither {plain} nor {} spelled out in the CLI section",
+                            "{cmd} {}: reads {var}, which is neither {plain} nor {} spelled out in {CLI}",
                             flag.long,
                             prefixed.unwrap_or_default()
                         ));
@@ -428,7 +436,7 @@ fn every_flag_reads_the_variable_the_readme_says_or_is_listed_as_having_none() {
     }
     assert!(
         problems.is_empty(),
-        "the README's environment-variable rule does not hold:\n{}",
+        "{CLI}'s environment-variable rule does not hold:\n{}",
         problems.join("\n")
     );
 }
@@ -481,14 +489,13 @@ fn layout_paths(block: &str) -> Vec<String> {
 }
 
 #[test]
-fn the_readme_layout_names_every_top_level_directory_and_source_module_and_nothing_else() {
-    let readme = read("README.md");
-    let layout = section(&readme, "## Layout");
+fn the_layout_chapter_names_every_top_level_directory_and_source_module_and_nothing_else() {
+    let layout = read(LAYOUT);
     assert!(
-        layout.contains("(docs/architecture.md)"),
-        "README.md's Layout section does not link docs/architecture.md"
+        layout.contains("(../architecture.md)"),
+        "{LAYOUT} does not link the book's architecture chapter (../architecture.md)"
     );
-    let (_, block) = split_fences(layout);
+    let (_, block) = split_fences(&layout);
     let named = layout_paths(&block);
     let missing: Vec<&String> = named
         .iter()
@@ -496,7 +503,7 @@ fn the_readme_layout_names_every_top_level_directory_and_source_module_and_nothi
         .collect();
     assert!(
         missing.is_empty(),
-        "README.md's Layout names paths that do not exist: {missing:?}"
+        "{LAYOUT} names paths that do not exist: {missing:?}"
     );
     let mut expected = Vec::new();
     for (dir, prefix) in [(repo(), ""), (repo().join("src"), "src/")] {
@@ -520,8 +527,5 @@ fn the_readme_layout_names_every_top_level_directory_and_source_module_and_nothi
         .iter()
         .filter(|e| !named.iter().any(|n| n.starts_with(e.as_str())))
         .collect();
-    assert!(
-        unnamed.is_empty(),
-        "README.md's Layout does not name {unnamed:?}"
-    );
+    assert!(unnamed.is_empty(), "{LAYOUT} does not name {unnamed:?}");
 }

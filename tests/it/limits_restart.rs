@@ -1,7 +1,7 @@
 //! The embedded store persists budget counters: latchkey killed with `kill -9` and started
 //! again on the same `--state sqlite:PATH` still knows what a daily token budget and an
 //! exfiltration budget have used. (Request buckets live in memory on the embedded store and
-//! start full after a restart: README "Several replicas, restarts, and a store that is down".)
+//! start full after a restart: book "Several replicas, restarts, and a store that is down".)
 
 use std::time::Duration;
 
@@ -56,7 +56,7 @@ fn a_restart_on_the_same_sqlite_state_keeps_a_token_budget_and_an_exfiltration_b
     assert_eq!(with_reason(&before, "allowed").len(), 4, "{before:#?}");
     sweep_latchkey(&first);
     // The embedded store writes counters every 250 ms: a kill -9 right after a charge may
-    // forget it (README). Past that, nothing is forgotten.
+    // forget it (the book). Past that, nothing is forgotten.
     std::thread::sleep(Duration::from_millis(600));
     first.signal("KILL");
     assert!(first.wait_exit(Duration::from_secs(5)).is_some());

@@ -92,8 +92,9 @@ mod tunnel;
 mod upstream_failures;
 mod websocket;
 
-// The docs, checked against the code and the built binary.
+// The docs, checked against the code and the built binary; the book's links and contents.
 mod docs;
+mod docs_book;
 
 // The module layering, checked against the source.
 mod layering;

@@ -1,7 +1,8 @@
-//! The README's examples are the real thing: every policy snippet passes `latchkey check` (alone,
-//! or beside the presets it names), every policy-test snippet passes `latchkey test` against the
-//! example policy, and the audit-record example holds real records whose every field the field
-//! table explains. A README edit that drifts from the code fails here.
+//! The examples in the README and the book (`docs/src/`) are the real thing: every policy
+//! snippet passes `latchkey check` (alone, or beside the presets it names), every policy-test
+//! snippet passes `latchkey test` against the example policy, and the audit-record example holds
+//! real records whose every field the field table explains. An edit that drifts from the code
+//! fails here.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -11,12 +12,44 @@ use serde_json::Value;
 use crate::support::check_record;
 use crate::support::latchkey::BIN;
 
-fn readme() -> String {
-    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .expect("read README.md")
+/// The chapter with the audit record's example and field table.
+const AUDIT_RECORD: &str = "docs/src/reference/audit-record.md";
+
+/// The README and every chapter of the book, each with its path from the repository root.
+fn documents() -> Vec<(String, String)> {
+    let mut paths = vec![repo("README.md")];
+    markdown_files(&repo("docs/src"), &mut paths);
+    paths
+        .into_iter()
+        .map(|p| {
+            let text =
+                std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("read {}: {e}", p.display()));
+            let rel = p
+                .strip_prefix(repo(""))
+                .unwrap_or(&p)
+                .to_string_lossy()
+                .to_string();
+            (rel, text)
+        })
+        .collect()
 }
 
-/// The bodies of the README's fenced blocks with this info string, with their line numbers.
+fn markdown_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+        .map(|e| e.expect("dir entry").path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            markdown_files(&path, out);
+        } else if path.extension().is_some_and(|x| x == "md") {
+            out.push(path);
+        }
+    }
+}
+
+/// The bodies of a document's fenced blocks with this info string, with their line numbers.
 fn blocks(text: &str, lang: &str) -> Vec<(usize, String)> {
     let fence = format!("```{lang}");
     let mut out = Vec::new();
@@ -32,10 +65,7 @@ fn blocks(text: &str, lang: &str) -> Vec<(usize, String)> {
             }
         }
     }
-    assert!(
-        current.is_none(),
-        "README.md: an unterminated ```{lang} block"
-    );
+    assert!(current.is_none(), "an unterminated ```{lang} block");
     out
 }
 
@@ -67,15 +97,21 @@ fn run(args: &[&str]) -> (bool, String) {
 }
 
 #[test]
-fn every_toml_snippet_in_the_readme_is_a_valid_policy_or_passing_policy_test() {
-    let text = readme();
-    let snippets = blocks(&text, "toml");
+fn every_toml_snippet_in_the_readme_and_the_book_is_a_valid_policy_or_passing_policy_test() {
+    let snippets: Vec<(String, usize, String)> = documents()
+        .iter()
+        .flat_map(|(file, text)| {
+            blocks(text, "toml")
+                .into_iter()
+                .map(move |(line, body)| (file.clone(), line, body))
+        })
+        .collect();
     assert!(
         snippets.len() >= 4,
-        "README.md has {} toml blocks",
+        "the README and the book have {} toml blocks",
         snippets.len()
     );
-    for (line, body) in snippets {
+    for (file, line, body) in snippets {
         let dir = tempfile::tempdir().expect("tempdir");
         let d = dir.path();
         if body.contains("[[cases]]") {
@@ -86,7 +122,7 @@ fn every_toml_snippet_in_the_readme_is_a_valid_policy_or_passing_policy_test() {
             let (ok, out) = run(&["test", "--policies", d.to_str().expect("utf-8")]);
             assert!(
                 ok,
-                "README.md:{line}: the policy-test snippet fails:\n{out}\n{body}"
+                "{file}:{line}: the policy-test snippet fails:\n{out}\n{body}"
             );
             continue;
         }
@@ -101,22 +137,19 @@ fn every_toml_snippet_in_the_readme_is_a_valid_policy_or_passing_policy_test() {
         let (with_presets, out) = run(&["check", "--no-secrets", "--policies", policies]);
         assert!(
             with_presets,
-            "README.md:{line}: the policy snippet is invalid alone:\n{out_alone}\nand beside \
+            "{file}:{line}: the policy snippet is invalid alone:\n{out_alone}\nand beside \
              policies/presets:\n{out}\n{body}"
         );
     }
 }
 
 #[test]
-fn the_readme_audit_example_holds_real_records_and_the_table_explains_every_field() {
-    let text = readme();
-    let section = text
-        .split("\n## Audit record")
-        .nth(1)
-        .and_then(|s| s.split("\n## ").next())
-        .expect("README.md has an `## Audit record` section");
+fn the_audit_record_example_holds_real_records_and_the_table_explains_every_field() {
+    let text = std::fs::read_to_string(repo(AUDIT_RECORD))
+        .unwrap_or_else(|e| panic!("read {AUDIT_RECORD}: {e}"));
+    let section = text.as_str();
     let json = blocks(section, "json");
-    assert_eq!(json.len(), 1, "one ```json example in ## Audit record");
+    assert_eq!(json.len(), 1, "one ```json example in {AUDIT_RECORD}");
     let records: Vec<Value> = serde_json::Deserializer::from_str(&json[0].1)
         .into_iter::<Value>()
         .collect::<Result<_, _>>()
@@ -124,7 +157,7 @@ fn the_readme_audit_example_holds_real_records_and_the_table_explains_every_fiel
     assert!(!records.is_empty());
     let mut fields: Vec<String> = Vec::new();
     for r in &records {
-        check_record(r).unwrap_or_else(|e| panic!("README audit example: {e}\n{r}"));
+        check_record(r).unwrap_or_else(|e| panic!("{AUDIT_RECORD}'s example: {e}\n{r}"));
         for key in r.as_object().expect("object").keys() {
             if !fields.contains(key) {
                 fields.push(key.clone());
@@ -141,13 +174,13 @@ fn the_readme_audit_example_holds_real_records_and_the_table_explains_every_fiel
     for field in &fields {
         assert!(
             documented.contains(&field.as_str()),
-            "README ## Audit record: the field table does not explain `{field}`"
+            "{AUDIT_RECORD}: the field table does not explain `{field}`"
         );
     }
     for field in &documented {
         assert!(
             fields.iter().any(|f| f == field),
-            "README ## Audit record: the table explains `{field}`, which the example lacks"
+            "{AUDIT_RECORD}: the table explains `{field}`, which the example lacks"
         );
     }
 }

@@ -49,7 +49,7 @@ pub(crate) fn audit_healthy(proxy: &Proxy) -> Result<(), Refusal> {
 }
 
 /// Commits the request's decision record to the audit log and waits until it is on disk: the
-/// last step before any upstream is dialed (README "Audit": no upstream contact without a
+/// last step before any upstream is dialed (book "Audit": no upstream contact without a
 /// record).
 ///
 /// Guarantees: on `Ok`, a reader of the log finds this request's decision even if latchkey is
@@ -324,7 +324,7 @@ pub(super) fn prefill(r: &mut Record, ctx: &Ctx, head: &Parts) {
 }
 
 /// Reads the correlation the sandbox sent (session, step, trace context) with the record's
-/// scrub, counts the attempt at its step, and records them (README "Audit").
+/// scrub, counts the attempt at its step, and records them (book "Audit").
 ///
 /// Never refuses: a value that is malformed, too long or repeated is ignored. Guarantees: no
 /// secret value in force reaches the record through these fields.

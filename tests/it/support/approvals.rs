@@ -5,7 +5,7 @@
 //! receiver on loopback ([`Receiver`]) that records every delivery.
 //!
 //! Approvals are asserted on their public JSON (`GET /approvals/ID`), whose field names are the
-//! contract in README "Approvals".
+//! contract in book "Approvals".
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener};
