@@ -11,6 +11,7 @@ use super::compile::FileCx;
 use super::limits_compile::LimitNames;
 use super::mcp::{McpRules, NameGlobs, DEFAULT_METHODS};
 use super::schema::{Entry, RawCapture, RawMcp, RawRule};
+use super::schemes::{RawSchemes, RuleShape, Schemes};
 use super::{Capture, HostPattern, Origin, PathMatcher, Rule};
 use crate::secrets::placeholder::Place;
 use crate::secrets::template::valid_name;
@@ -548,11 +549,12 @@ impl FileCx<'_> {
             .capture
             .and_then(|c| self.capture(&at("capture"), c, is_tunnel, &hosts, secrets));
 
-        if self.errors.len() > before || !entry.complete {
-            return None;
-        }
-        Some(Rule {
-            name: name?,
+        let raw_schemes = RawSchemes {
+            schemes: raw.schemes,
+            cleartext: raw.dangerously_allow_cleartext,
+        };
+        let mut rule = Rule {
+            name: name.clone().unwrap_or_default(),
             description: raw.description,
             hosts,
             ports,
@@ -574,8 +576,24 @@ impl FileCx<'_> {
             limits,
             mcp,
             capture,
+            schemes: Schemes::BOTH,
+            cleartext: false,
             origin,
-        })
+        };
+        let brokered = rule.brokered();
+        let shape = RuleShape {
+            at: &format!("rules[{index}]"),
+            brokers: brokered.as_deref(),
+            tunnel: rule.tunnel,
+        };
+        (rule.schemes, rule.cleartext) = self.schemes(raw_schemes, &shape);
+        if let Some(c) = rule.capture.as_mut() {
+            c.cleartext = rule.cleartext;
+        }
+        if self.errors.len() > before || !entry.complete || name.is_none() {
+            return None;
+        }
+        Some(rule)
     }
 
     /// Compiles a rule's `mcp` table; reports every problem and returns `None` if any.
@@ -753,6 +771,7 @@ impl FileCx<'_> {
             fields: fields.into_iter().map(|(_, f)| f).collect(),
             hosts,
             ttl,
+            cleartext: false,
         })
     }
 }
