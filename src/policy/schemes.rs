@@ -6,8 +6,9 @@
 //! (TLS to the upstream); an absolute-form `http://` request on the proxy hop, or plain HTTP on
 //! a gateway or SOCKS5 connection, is `http` (cleartext), `http://host:443` included.
 //!
-//! A rule that brokers a credential — injects anything, binds secrets (their placeholders are
-//! replaced), signs or mints with a `credential`, or captures tokens — covers `https` only, unless
+//! A rule that brokers a credential — injects a secret (in a header, a query parameter or basic
+//! auth), binds secrets (their placeholders are replaced), signs or mints with a `credential`, or
+//! captures tokens — covers `https` only, unless
 //! it says `dangerously_allow_cleartext = true`. A cleartext request such a rule would otherwise
 //! allow is refused by [`super::Policy::decide`] with `credential_needs_tls`, before anything is
 //! sent. `schemes = ["https"]` (or `["http"]`, or both) states what a rule covers; a brokering
@@ -61,14 +62,12 @@ impl Schemes {
 }
 
 impl Rule {
-    /// Whether this rule puts anything into a request that the sandbox does not hold: an
-    /// injected header, query parameter or basic auth (a literal too), a bound secret (its
-    /// placeholders are replaced), a credential, or captured tokens.
+    /// Whether this rule puts a credential into a request: a secret it injects (a header, a
+    /// query parameter or basic auth whose template names one) or binds for placeholders, a
+    /// `credential` (signed, minted), or captured tokens. A literal injected value or
+    /// `{{identity}}` is policy text, not a credential latchkey holds.
     pub fn brokers(&self) -> bool {
-        self.injects()
-            || !self.bound.is_empty()
-            || self.credential.is_some()
-            || self.capture.is_some()
+        !self.bound.is_empty() || self.credential.is_some() || self.capture.is_some()
     }
 
     /// Why a request this rule would allow, sent with a scheme it does not cover, is refused:
@@ -94,17 +93,6 @@ impl Rule {
         let mut parts = Vec::new();
         if !secrets.is_empty() {
             parts.push(format!("secret(s) {}", secrets.join(", ")));
-        } else if self.injects() {
-            let mut what: Vec<String> = self
-                .inject_headers
-                .iter()
-                .map(|(n, _)| n.to_string())
-                .collect();
-            what.extend(self.inject_query.iter().map(|(k, _)| format!("?{k}")));
-            if self.inject_basic.is_some() {
-                what.push("basic auth".to_string());
-            }
-            parts.push(format!("injected {}", what.join(", ")));
         }
         if let Some(c) = &self.credential {
             parts.push(format!("credential {c:?}"));

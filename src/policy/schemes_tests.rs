@@ -71,10 +71,6 @@ const WAYS: &[(&str, &str)] = &[
         "[rules.inject.headers]\nauthorization = \"Bearer {{secret.k}}\"",
     ),
     (
-        "a literal header",
-        "[rules.inject.headers]\nx-api-key = \"literal\"",
-    ),
-    (
         "a query parameter",
         "[rules.inject.query]\nkey = \"{{secret.k}}\"",
     ),
@@ -146,6 +142,35 @@ fn a_credential_in_cleartext_is_refused_in_every_mode_and_never_asked_about() {
     assert!(
         p.asks(&d).is_none(),
         "nobody is asked to send a credential in cleartext"
+    );
+}
+
+#[test]
+fn a_literal_or_identity_injected_is_not_a_credential() {
+    for how in [
+        "[rules.inject.headers]\nx-api-version = \"2022-11-28\"\nx-agent = \"{{identity}}\"",
+        "[rules.inject.query]\nclient = \"latchkey\"",
+    ] {
+        let p = policy(&brokering(how));
+        let rule = &p.rules()[0];
+        assert!(
+            rule.injects() && !rule.brokers() && rule.brokered().is_none(),
+            "{how}"
+        );
+        assert_eq!(rule.schemes, Schemes::BOTH, "{how}");
+        assert_eq!(
+            decide(&p, Scheme::Http, "api.test", 8080).0,
+            Reason::Allowed,
+            "{how}"
+        );
+    }
+    // A secret inside a template with other text is still a secret.
+    let p = policy(&brokering(
+        "[rules.inject.headers]\nx-agent = \"{{identity}}:{{secret.k}}\"",
+    ));
+    assert_eq!(
+        decide(&p, Scheme::Http, "api.test", 8080).0,
+        Reason::CredentialNeedsTls
     );
 }
 
