@@ -428,3 +428,34 @@ fn schemes_list_and_allow_what_they_hold() {
     assert_eq!(Schemes::BOTH.listed(), "\"http\", \"https\"");
     assert_eq!(Schemes::HTTPS.iter().collect::<Vec<_>>(), [Scheme::Https]);
 }
+
+proptest::proptest! {
+    /// Whatever ports a brokering rule names and whatever port a request uses, a cleartext
+    /// request is never allowed under it, and the same request over TLS is exactly when the
+    /// port matches.
+    #[test]
+    fn no_port_makes_cleartext_carry_a_credential(
+        ports in proptest::collection::btree_set(1u16..=65535, 1..6),
+        port in proptest::prop_oneof![1u16..=65535, proptest::prop_oneof![
+            proptest::strategy::Just(80u16), proptest::strategy::Just(443u16)]],
+        way in 0..WAYS.len(),
+    ) {
+        let list: Vec<String> = ports.iter().map(u16::to_string).collect();
+        let text = format!(
+            "[[rules]]\nname = \"b\"\nhosts = [\"api.test\"]\nports = [{}]\n{}\n",
+            list.join(", "),
+            WAYS[way].1
+        );
+        let p = policy(&text);
+        let (reason, _, _) = decide(&p, Scheme::Http, "api.test", port);
+        proptest::prop_assert_ne!(reason, Reason::Allowed);
+        let want = if ports.contains(&port) {
+            Reason::CredentialNeedsTls
+        } else {
+            Reason::PortNotAllowed
+        };
+        proptest::prop_assert_eq!(reason, want);
+        let (reason, _, _) = decide(&p, Scheme::Https, "api.test", port);
+        proptest::prop_assert_eq!(reason == Reason::Allowed, ports.contains(&port));
+    }
+}
