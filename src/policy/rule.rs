@@ -11,7 +11,7 @@ use super::compile::FileCx;
 use super::limits_compile::LimitNames;
 use super::mcp::{McpRules, NameGlobs, DEFAULT_METHODS};
 use super::schema::{Entry, RawCapture, RawMcp, RawRule};
-use super::schemes::{RawSchemes, RuleShape, Schemes};
+use super::schemes::{RawSchemes, Schemes};
 use super::{Capture, HostPattern, Origin, PathMatcher, Rule};
 use crate::secrets::placeholder::Place;
 use crate::secrets::template::valid_name;
@@ -580,16 +580,7 @@ impl FileCx<'_> {
             cleartext: false,
             origin,
         };
-        let brokered = rule.brokered();
-        let shape = RuleShape {
-            at: &format!("rules[{index}]"),
-            brokers: brokered.as_deref(),
-            tunnel: rule.tunnel,
-        };
-        (rule.schemes, rule.cleartext) = self.schemes(raw_schemes, &shape);
-        if let Some(c) = rule.capture.as_mut() {
-            c.cleartext = rule.cleartext;
-        }
+        self.rule_schemes(&mut rule, raw_schemes, index);
         if self.errors.len() > before || !entry.complete || name.is_none() {
             return None;
         }

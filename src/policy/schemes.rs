@@ -116,7 +116,7 @@ pub(super) struct RawSchemes {
 }
 
 /// What the rest of the rule says that `schemes` depends on.
-pub(super) struct RuleShape<'a> {
+struct RuleShape<'a> {
     /// `rules[N]`, for messages.
     pub at: &'a str,
     /// What the rule brokers ([`Rule::brokered`]'s words), `None` when nothing.
@@ -127,9 +127,24 @@ pub(super) struct RuleShape<'a> {
 const SCHEMES: &[&str] = &["https", "http"];
 
 impl FileCx<'_> {
+    /// Sets `rule`'s schemes and `dangerously_allow_cleartext` (its capture's too) from what
+    /// `rules[index]` says, once the rest of it is known.
+    pub(super) fn rule_schemes(&mut self, rule: &mut Rule, raw: RawSchemes, index: usize) {
+        let brokered = rule.brokered();
+        let shape = RuleShape {
+            at: &format!("rules[{index}]"),
+            brokers: brokered.as_deref(),
+            tunnel: rule.tunnel,
+        };
+        (rule.schemes, rule.cleartext) = self.schemes(raw, &shape);
+        if let Some(c) = rule.capture.as_mut() {
+            c.cleartext = rule.cleartext;
+        }
+    }
+
     /// Validates `schemes` and `dangerously_allow_cleartext`: returns the schemes the rule covers
     /// and whether its credentials may travel in cleartext. Every problem is recorded.
-    pub(super) fn schemes(&mut self, raw: RawSchemes, rule: &RuleShape<'_>) -> (Schemes, bool) {
+    fn schemes(&mut self, raw: RawSchemes, rule: &RuleShape<'_>) -> (Schemes, bool) {
         let at = rule.at;
         let cleartext = raw.cleartext.as_ref().is_some_and(|c| *c.get_ref());
         let Some(list) = raw.schemes else {
