@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::support::clients::{assert_denial, curl, CurlOutput};
+use crate::support::credentials::Bench;
 use crate::support::{assert_record, latchkey, Latchkey, TestCa, Upstream, PINNED};
 use crate::support::{policy_dir, run_cli};
 
@@ -512,4 +513,51 @@ fn check_explain_and_diff_say_what_cleartext_means() {
         "{}",
         out.stdout
     );
+}
+
+/// A service-account key file naming a plain `http://` token endpoint: the signed assertion is
+/// never sent there (the exchange is refused and recorded `credential_needs_tls`), so the
+/// request it was for fails as a credential failure and reaches nobody.
+#[test]
+fn a_token_endpoint_in_cleartext_is_never_called() {
+    let mut bench = Bench::new();
+    let key = bench.rsa_key("gsa", false);
+    let endpoint = Upstream::http();
+    let sa = bench.path("sa.json");
+    let json = json!({
+        "type": "service_account",
+        "private_key_id": "k1",
+        "private_key": key.pem,
+        "client_email": "agent@latchkey-test.iam.gserviceaccount.com",
+        "token_uri": format!("http://api.test:{}/token", endpoint.port()),
+    });
+    std::fs::write(&sa, json.to_string()).expect("write SA JSON");
+    let echo = bench.echo.port();
+    let policy = format!(
+        "[credentials.gsa]\nkind = \"google_service_account\"\nkey = \"file:{}\"\nscopes = [\"https://www.googleapis.com/auth/devstorage.read_only\"]\n\n[[rules]]\nname = \"gcs\"\nhosts = [\"api.test\"]\nports = [{echo}]\ncredential = \"gsa\"\n",
+        sa.display()
+    );
+    let w = bench.start(&policy, &[]);
+    let out = w.curl(&[&format!("https://api.test:{echo}/storage/v1/b")]);
+    assert_eq!(out.response.status, 502, "{out:#?}");
+    assert_eq!(
+        out.response.header("x-latchkey-reason"),
+        Some("credential_failed")
+    );
+    assert_eq!(
+        endpoint.connections(),
+        0,
+        "the assertion never left in cleartext"
+    );
+    assert_eq!(w.bench.echo.connections(), 0);
+    let exchange =
+        w.lk.audit_records()
+            .into_iter()
+            .find(|r| r["rule"] == "credential:gsa")
+            .unwrap_or_else(|| panic!("no exchange record: {}", w.lk.audit_text()));
+    assert_record(
+        &exchange,
+        json!({"scheme": "http", "reason": "credential_needs_tls", "method": "POST"}),
+    );
+    assert!(!w.lk.audit_text().contains("BEGIN PRIVATE KEY"));
 }
