@@ -125,6 +125,7 @@ fn held_body(c: &mut Criterion) {
             bound: &bound,
             placeholders: &[],
             captured: &BTreeSet::new(),
+            withheld: &BTreeSet::new(),
         },
         host: "api.test",
     };

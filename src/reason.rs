@@ -127,11 +127,19 @@ pub enum Reason {
     WebSocketNotAllowed,
     /// An MCP JSON-RPC message (a method, a tool, a tool argument) the rule's `mcp` does not allow.
     McpNotAllowed,
+    /// A rule that brokers a credential (injects, binds secrets, signs, mints or captures) would
+    /// allow the request, but latchkey would send it upstream in cleartext (`http://`, whatever
+    /// the port): a credential leaves only inside TLS unless the rule says
+    /// `dangerously_allow_cleartext = true`. Nothing is sent and no secret is rendered.
+    CredentialNeedsTls,
+    /// A rule would allow the request, but its `schemes` leave out the scheme latchkey would
+    /// send it with (`schemes = ["https"]` and a plain `http://` request, or the reverse).
+    SchemeNotAllowed,
 }
 
 impl Reason {
     /// Every reason, for registry tests and documentation.
-    pub const ALL: [Reason; 52] = [
+    pub const ALL: [Reason; 54] = [
         Reason::Allowed,
         Reason::Tunnel,
         Reason::NoRule,
@@ -184,6 +192,8 @@ impl Reason {
         Reason::LimitsUnavailable,
         Reason::WebSocketNotAllowed,
         Reason::McpNotAllowed,
+        Reason::CredentialNeedsTls,
+        Reason::SchemeNotAllowed,
     ];
 
     /// The stable snake_case code used in headers, logs and audit records.
@@ -241,6 +251,8 @@ impl Reason {
             Reason::BodyTooLarge => "body_too_large",
             Reason::WebSocketNotAllowed => "websocket_not_allowed",
             Reason::McpNotAllowed => "mcp_not_allowed",
+            Reason::CredentialNeedsTls => "credential_needs_tls",
+            Reason::SchemeNotAllowed => "scheme_not_allowed",
         }
     }
 
@@ -264,7 +276,9 @@ impl Reason {
             | Reason::ApprovalPending
             | Reason::ApprovalDenied
             | Reason::WebSocketNotAllowed
-            | Reason::McpNotAllowed => StatusCode::FORBIDDEN,
+            | Reason::McpNotAllowed
+            | Reason::CredentialNeedsTls
+            | Reason::SchemeNotAllowed => StatusCode::FORBIDDEN,
             Reason::DnsRateLimited | Reason::RateLimited | Reason::BudgetExhausted => {
                 StatusCode::TOO_MANY_REQUESTS
             }
@@ -301,7 +315,8 @@ impl Reason {
     }
 
     /// Denials that come from policy rules alone (and that report-only mode lets through):
-    /// never the address guard, secrets, framing or interception checks.
+    /// never the address guard, secrets, framing or interception checks, and never
+    /// `credential_needs_tls` (a credential in cleartext is refused in every mode).
     pub fn is_policy_denial(self) -> bool {
         matches!(
             self,
@@ -312,6 +327,7 @@ impl Reason {
                 | Reason::IdentityNotAllowed
                 | Reason::WebSocketNotAllowed
                 | Reason::McpNotAllowed
+                | Reason::SchemeNotAllowed
         )
     }
 

@@ -327,7 +327,7 @@ fn validate(
             cx.error(
                 r.span(),
                 format!(
-                    "{}: unknown reason code {:?}; policy decisions use allowed, tunnel, no_rule, port_not_allowed, method_not_allowed, path_not_allowed, identity_not_allowed, proxy_auth_required, userinfo_in_url, ambiguous_path",
+                    "{}: unknown reason code {:?}; policy decisions use allowed, tunnel, no_rule, port_not_allowed, method_not_allowed, path_not_allowed, identity_not_allowed, scheme_not_allowed, credential_needs_tls, proxy_auth_required, userinfo_in_url, ambiguous_path",
                     at("reason"),
                     r.get_ref()
                 ),

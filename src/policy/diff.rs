@@ -14,7 +14,8 @@
 //!   path can hold, so a path one side reaches and the other does not is found whenever one
 //!   exists (bounded: [`MAX_STATES`] product states).
 //! - **Facts** that change what a request carries or how it is handled — a secret or a
-//!   credential bound to a host pattern, `tunnel`, `mode = "report"`, `allow_private`, where
+//!   credential bound to a host pattern, `tunnel`, `mode = "report"`, `allow_private`,
+//!   `dangerously_allow_cleartext` (credentials in cleartext: a widening), where
 //!   placeholders are replaced, headers kept, `ask` — are compared as sets per identity.
 //!
 //! Every example request shown is then decided by [`super::explain::explain`] on both policies,
@@ -144,6 +145,9 @@ pub enum Kind {
     /// A rule's `mcp` table: adding one narrows (calls are matched), removing one widens; a
     /// changed table is both its old form removed and its new one added.
     Mcp,
+    /// `dangerously_allow_cleartext = true` on a rule covering `http`: its credentials may go
+    /// upstream in cleartext.
+    Cleartext,
 }
 
 /// One change in one identity's reach. Fields that do not apply to its kind are absent.
@@ -447,6 +451,9 @@ fn facts(v: &View<'_>) -> BTreeMap<(Kind, Option<String>, String), Fact> {
             if rule.websocket {
                 add(rule, Kind::Websocket, host, String::new(), None);
             }
+            if rule.cleartext && rule.schemes.allows(Scheme::Http) {
+                add(rule, Kind::Cleartext, host, String::new(), None);
+            }
             if !secrets.is_empty() || rule.credential.is_some() {
                 for place in &rule.placeholders {
                     add(
@@ -580,6 +587,9 @@ fn fact_change(f: &Fact, added: bool) -> Change {
         ),
         Kind::AllowPrivate => format!("{host}: private range {} {when} allowed", f.detail),
         Kind::Websocket => format!("{host}: WebSocket upgrades {when} allowed"),
+        Kind::Cleartext => format!(
+            "{host}: credentials {when} sent over plain http (dangerously_allow_cleartext = true)"
+        ),
         Kind::Placeholders => format!("{host}: placeholders {when} replaced in the {}", f.detail),
         Kind::KeepHeader => format!(
             "{host}: header {} {when} passed through unstripped",
@@ -697,7 +707,11 @@ impl Paths {
 fn paths_for(rules: &[&Rule], scheme: Scheme, port: u16, method: &Method) -> Paths {
     let mut p = Paths::None;
     for r in rules {
-        if !r.tunnel && r.port_matches(scheme, port) && r.method_matches(method) {
+        if !r.tunnel
+            && r.schemes.allows(scheme)
+            && r.port_matches(scheme, port)
+            && r.method_matches(method)
+        {
             p.add(r);
         }
     }
@@ -715,6 +729,7 @@ fn rule_for<'p>(
     v.rules.iter().copied().find(|r| {
         !r.tunnel
             && r.hosts.iter().any(|h| h.matches(host))
+            && r.schemes.allows(scheme)
             && r.port_matches(scheme, port)
             && r.method_matches(method)
     })

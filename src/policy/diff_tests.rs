@@ -307,11 +307,16 @@ fn a_secret_bound_to_a_wider_host_is_the_first_line() {
     assert!(d.widened && !d.narrowed);
 }
 
+/// [`GH`] over https only: a credential added to it changes no reach.
+fn gh_https() -> String {
+    GH.replace("paths   = [", "schemes = [\"https\"]\npaths   = [")
+}
+
 #[test]
 fn a_secret_added_to_an_existing_rule_changes_no_reach_but_is_reported() {
     let d = run(
-        GH,
-        &GH.replace("paths   = [", "secrets = [\"openai\"]\npaths   = ["),
+        &gh_https(),
+        &gh_https().replace("paths   = [", "secrets = [\"openai\"]\npaths   = ["),
     );
     assert_eq!(
         kinds(&d),
@@ -320,10 +325,71 @@ fn a_secret_added_to_an_existing_rule_changes_no_reach_but_is_reported() {
 }
 
 #[test]
-fn a_credential_on_a_host_is_reported_with_its_kind() {
+fn a_secret_added_to_a_rule_that_covered_plain_http_narrows_it_to_https() {
     let d = run(
         GH,
-        &GH.replace("paths   = [", "credential = \"gh\"\npaths   = ["),
+        &GH.replace("paths   = [", "secrets = [\"openai\"]\npaths   = ["),
+    );
+    let port = d.identities[0]
+        .changes
+        .iter()
+        .find(|c| c.kind == Kind::Port)
+        .unwrap_or_else(|| panic!("{d:#?}"));
+    assert_eq!(port.direction, Direction::Narrowed);
+    assert_eq!(port.scheme, Some("http"));
+    let example = port.example.as_ref().expect("an example");
+    assert_eq!(example.new.reason, "credential_needs_tls", "{example:#?}");
+    assert!(d.widened && d.narrowed);
+}
+
+#[test]
+fn allowing_a_credential_over_cleartext_is_a_widening() {
+    let https = gh_https().replace("paths   = [", "secrets = [\"openai\"]\npaths   = [");
+    let cleartext = https.replace(
+        "schemes = [\"https\"]",
+        "schemes = [\"https\", \"http\"]\ndangerously_allow_cleartext = true",
+    );
+    let d = run(&https, &cleartext);
+    let found: Vec<(Direction, Kind)> = d.identities[0]
+        .changes
+        .iter()
+        .map(|c| (c.direction, c.kind))
+        .collect();
+    assert!(
+        found.contains(&(Direction::Widened, Kind::Cleartext))
+            && found.contains(&(Direction::Widened, Kind::Port)),
+        "{d:#?}"
+    );
+    assert!(!found.iter().any(|(d, _)| *d == Direction::Narrowed));
+    let c = d.identities[0]
+        .changes
+        .iter()
+        .find(|c| c.kind == Kind::Cleartext)
+        .expect("cleartext change");
+    assert_eq!(
+        c.summary,
+        "api.github.com: credentials newly sent over plain http (dangerously_allow_cleartext = true)"
+    );
+    assert_eq!(c.rule.as_deref(), Some("gh-read"));
+    // A rule that already had the key and now brokers: the secret and the cleartext, widened.
+    let plain = GH.replace(
+        "paths   = [",
+        "dangerously_allow_cleartext = true\npaths   = [",
+    );
+    let brokering = plain.replace("paths   = [", "secrets = [\"openai\"]\npaths   = [");
+    let d = run(&plain, &brokering);
+    assert_eq!(
+        kinds(&d),
+        one(Direction::Widened, Kind::Secret, "api.github.com")
+    );
+    assert!(d.widened && !d.narrowed);
+}
+
+#[test]
+fn a_credential_on_a_host_is_reported_with_its_kind() {
+    let d = run(
+        &gh_https(),
+        &gh_https().replace("paths   = [", "credential = \"gh\"\npaths   = ["),
     );
     assert_eq!(
         kinds(&d),

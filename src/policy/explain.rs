@@ -108,6 +108,10 @@ pub enum Outcome {
     Path,
     /// A WebSocket handshake under a rule without `websocket = true`.
     WebSocket,
+    /// The rule does not cover the scheme latchkey would send the request with: a rule that
+    /// brokers a credential covers `https` only (`credential_needs_tls`), or its `schemes`
+    /// leave it out.
+    Scheme,
     /// Every check passed.
     Matched,
 }
@@ -121,6 +125,7 @@ impl Outcome {
             Outcome::Method => "method",
             Outcome::Path => "path",
             Outcome::WebSocket => "websocket",
+            Outcome::Scheme => "scheme",
             Outcome::Matched => "matched",
         }
     }
@@ -487,6 +492,16 @@ fn check(rule: &Rule, t: &Target<'_>) -> (Outcome, String) {
             Outcome::WebSocket,
             "does not allow WebSocket upgrades (websocket = true allows them)".to_string(),
         );
+    }
+    if !rule.schemes.allows(t.scheme) {
+        let detail = match rule.scheme_refusal(t.scheme) {
+            Reason::CredentialNeedsTls => format!(
+                "brokers {}, so it applies only to requests sent over TLS (https); a credential never travels in cleartext unless the rule sets dangerously_allow_cleartext = true",
+                rule.brokered().unwrap_or_default()
+            ),
+            _ => format!("covers only schemes {}", rule.schemes.listed()),
+        };
+        return (Outcome::Scheme, detail);
     }
     (Outcome::Matched, String::new())
 }

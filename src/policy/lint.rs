@@ -21,7 +21,10 @@
 //!   `llm_tokens`, `spend`) may use a `tunnel = true` rule, whose bytes latchkey cannot see, so
 //!   that limit does not count them;
 //! - `free_model`: a `[prices."MODEL"]` that prices input and output at 0, so `spend` budgets
-//!   count its calls as free.
+//!   count its calls as free;
+//! - `cleartext_credential`: a rule that brokers a credential over plain http
+//!   (`dangerously_allow_cleartext = true`); `useless_cleartext`: the key on a rule it does not
+//!   change (one that brokers nothing, or whose `schemes` leave out http).
 //!
 //! Lint runs on a compiled [`Policy`] plus the source text it came from (for line:col spans), and
 //! reads no secret value.
@@ -78,6 +81,8 @@ struct Spans {
     rules: HashMap<String, Loc>,
     /// Rule name → location of its `dangerously_inject_into_wildcard` value.
     wildcard_flags: HashMap<String, Loc>,
+    /// Rule name → location of its `dangerously_allow_cleartext` value.
+    cleartext_flags: HashMap<String, Loc>,
     /// Secret name → location of its `[secrets.NAME]` key, in declaration order.
     secrets: BTreeMap<String, Loc>,
     /// Credential name → location of its `[credentials.NAME]` key.
@@ -136,6 +141,10 @@ fn spans(sources: &[(&Path, &str)]) -> Spans {
             let name = name.get_ref().trim().to_string();
             if let Some(flag) = &rule.dangerously_inject_into_wildcard {
                 out.wildcard_flags
+                    .insert(name.clone(), Loc::at(file, text, flag.span()));
+            }
+            if let Some(flag) = &rule.dangerously_allow_cleartext {
+                out.cleartext_flags
                     .insert(name.clone(), Loc::at(file, text, flag.span()));
             }
             out.rules.insert(name, Loc::at(file, text, name_span));
@@ -333,11 +342,55 @@ pub fn lint(policy: &Policy, sources: &[(&Path, &str)]) -> Vec<Warning> {
         }
     }
 
+    cleartext(policy, &spans, &rule_loc, &mut warn);
     asks(policy, &spans, &rule_loc, &mut warn);
     limits(policy, &spans, &mut warn);
 
     out.sort_by(|a, b| (&a.file, a.line, a.col).cmp(&(&b.file, b.line, b.col)));
     out
+}
+
+/// `cleartext_credential` and `useless_cleartext`: a rule's `dangerously_allow_cleartext`,
+/// at the flag.
+fn cleartext(
+    policy: &Policy,
+    spans: &Spans,
+    rule_loc: &dyn Fn(&Rule) -> Loc,
+    warn: &mut dyn FnMut(Loc, &'static str, String),
+) {
+    for rule in policy.rules().iter().filter(|r| r.cleartext) {
+        let loc = spans
+            .cleartext_flags
+            .get(&rule.name)
+            .cloned()
+            .unwrap_or_else(|| rule_loc(rule));
+        match rule.brokered() {
+            Some(what) if rule.schemes.allows(Scheme::Http) => warn(
+                loc,
+                "cleartext_credential",
+                format!(
+                    "rule {:?} sends {what} upstream over plain http (dangerously_allow_cleartext = true): anyone on the path between latchkey and the upstream reads them; remove the key and use https",
+                    rule.name
+                ),
+            ),
+            Some(_) => warn(
+                loc,
+                "useless_cleartext",
+                format!(
+                    "rule {:?} sets dangerously_allow_cleartext = true but its schemes leave out http, so it has no effect; remove it",
+                    rule.name
+                ),
+            ),
+            None => warn(
+                loc,
+                "useless_cleartext",
+                format!(
+                    "rule {:?} sets dangerously_allow_cleartext = true but brokers no credential, so it has no effect; remove it",
+                    rule.name
+                ),
+            ),
+        }
+    }
 }
 
 /// `unheard_ask` and `unused_notifier`: who hears of approvals.
@@ -564,9 +617,10 @@ fn covers(policy: &Policy, earlier: &Rule, later: &Rule) -> bool {
     {
         return false;
     }
-    let ports = [Scheme::Http, Scheme::Https].into_iter().all(|s| {
+    // Every scheme `later` covers, `earlier` covers too, on every port.
+    let ports = later.schemes.iter().all(|s| {
         let wide = earlier.ports_for(s);
-        later.ports_for(s).iter().all(|p| wide.contains(p))
+        earlier.schemes.allows(s) && later.ports_for(s).iter().all(|p| wide.contains(p))
     });
     let methods = match (&earlier.methods, &later.methods) {
         (None, _) => true,

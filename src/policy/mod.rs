@@ -35,6 +35,7 @@ pub mod reach;
 mod read;
 mod rule;
 mod schema;
+pub mod schemes;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -55,6 +56,7 @@ pub use ask::{Ask, AskPolicy, Asking, Notifier, NotifyFormat, Scope};
 pub use identity::{Identity, DEFAULT_IDENTITY};
 pub use limits::{Limit, Measure, Per, Period, Price, PriceTable};
 pub use reach::{Ceiling, Reach};
+pub use schemes::Schemes;
 
 use crate::reason::Reason;
 use crate::secrets::placeholder::Place;
@@ -184,6 +186,12 @@ pub struct Rule {
     /// `capture = { … }`: tokens in this endpoint's responses are kept by latchkey, the sandbox
     /// gets placeholders (book "OAuth token capture").
     pub capture: Option<Capture>,
+    /// How latchkey may send what this rule allows upstream (`schemes`; default: `https` only
+    /// for a rule that [brokers](Rule::brokers) a credential, both otherwise).
+    pub schemes: Schemes,
+    /// `dangerously_allow_cleartext = true`: this rule's credentials may go upstream over
+    /// plain `http`.
+    pub cleartext: bool,
     pub origin: Origin,
 }
 
@@ -198,6 +206,9 @@ pub struct Capture {
     pub hosts: Vec<HostPattern>,
     /// Lifetime when the response gives no `expires_in` (default: kept until replaced).
     pub ttl: Option<std::time::Duration>,
+    /// The capturing rule's `dangerously_allow_cleartext`: its tokens may replace placeholders
+    /// in a plain `http` request.
+    pub cleartext: bool,
 }
 
 impl Capture {
@@ -264,6 +275,8 @@ impl Rule {
             limits: Vec::new(),
             mcp: None,
             capture: None,
+            schemes: Schemes::BOTH,
+            cleartext: false,
             origin: Origin {
                 file: PathBuf::from("--mode report"),
                 line: 0,
@@ -564,6 +577,7 @@ impl Policy {
                 Reason::MethodNotAllowed => 2,
                 Reason::PathNotAllowed => 3,
                 Reason::WebSocketNotAllowed => 4,
+                Reason::CredentialNeedsTls | Reason::SchemeNotAllowed => 5,
                 _ => 0,
             };
             if closest.is_none_or(|(r, _)| rank(reason) > rank(r)) {
@@ -585,6 +599,10 @@ impl Policy {
                 note(Reason::PathNotAllowed, rule);
             } else if t.websocket && !rule.websocket {
                 note(Reason::WebSocketNotAllowed, rule);
+            } else if !rule.schemes.allows(t.scheme) {
+                // Last: this rule would allow the request, sent another way. A credential it
+                // brokers never goes in cleartext (nothing is sent, nothing rendered).
+                note(rule.scheme_refusal(t.scheme), rule);
             } else {
                 return Decision {
                     reason: Reason::Allowed,
@@ -627,6 +645,16 @@ impl Policy {
             Reason::WebSocketNotAllowed => format!(
                 "rule '{}' does not allow WebSocket upgrades (websocket = true allows them)",
                 rule.name
+            ),
+            Reason::CredentialNeedsTls => format!(
+                "rule '{}' brokers {} and applies only to requests latchkey sends over TLS: a credential never travels in cleartext; send it as https://",
+                rule.name,
+                rule.brokered().unwrap_or_default()
+            ),
+            Reason::SchemeNotAllowed => format!(
+                "rule '{}' covers only schemes {}",
+                rule.name,
+                rule.schemes.listed()
             ),
             _ => format!(
                 "rule '{}' allows only paths {}",
@@ -679,6 +707,7 @@ impl Policy {
     ) -> ConnectDecision<'_> {
         let mut port_miss = None;
         let mut identity_miss = None;
+        let mut scheme_miss = None;
         for rule in self.candidates(host) {
             if identity.is_some_and(|i| !i.rules.allows(&rule.name)) {
                 identity_miss.get_or_insert(rule);
@@ -686,6 +715,12 @@ impl Policy {
             }
             if !rule.port_matches(Scheme::Https, port) {
                 port_miss.get_or_insert(rule);
+                continue;
+            }
+            // Every request inside an interception is sent over TLS: a rule for plain http
+            // only can allow none of them.
+            if !rule.tunnel && !rule.schemes.allows(Scheme::Https) {
+                scheme_miss.get_or_insert(rule);
                 continue;
             }
             // The first candidate that matches host and port decides how the bytes are handled.
@@ -696,8 +731,17 @@ impl Policy {
             };
         }
         let target = display_authority(host, port);
-        ConnectDecision::Deny(match (port_miss, identity_miss) {
-            (None, Some(rule)) => Decision {
+        ConnectDecision::Deny(match (scheme_miss, port_miss, identity_miss) {
+            (Some(rule), _, _) => Decision {
+                reason: Reason::SchemeNotAllowed,
+                rule: Some(rule),
+                message: format!(
+                    "no rule allows CONNECT {target}: rule '{}' covers only schemes {}",
+                    rule.name,
+                    rule.schemes.listed()
+                ),
+            },
+            (None, None, Some(rule)) => Decision {
                 reason: Reason::IdentityNotAllowed,
                 rule: Some(rule),
                 message: format!(
@@ -706,7 +750,7 @@ impl Policy {
                     rule.name
                 ),
             },
-            (Some(rule), _) => Decision {
+            (None, Some(rule), _) => Decision {
                 reason: Reason::PortNotAllowed,
                 rule: Some(rule),
                 message: format!(
@@ -715,7 +759,7 @@ impl Policy {
                     join(rule.ports_for(Scheme::Https))
                 ),
             },
-            (None, None) => Decision {
+            (None, None, None) => Decision {
                 reason: Reason::NoRule,
                 rule: None,
                 message: format!("no rule allows CONNECT {target}: no rule names host {host}"),

@@ -2,11 +2,12 @@
 //! digest (`reach` in every audit record; `latchkey explain --reach IDENTITY` prints both).
 //!
 //! The listing has one line per fact, sorted: for each rule the identity may use, its hosts,
-//! the scheme and port pairs it allows, its methods and path globs (or `any`), `tunnel`,
-//! `report-only`, each `allow_private` range, each secret it binds with each host it is bound
-//! to, where placeholders are replaced, the auth headers it keeps, its credential, and whether
-//! it asks a person (with the scopes an approver may grant); plus one line when `[ask] unknown`
-//! lets the identity ask for anything no rule allows. The identity's name is not in it: two
+//! the scheme and port pairs it allows (by its `schemes`), `dangerously_allow_cleartext`, its
+//! methods and path globs (or `any`), `tunnel`, `report-only`, each `allow_private` range, each
+//! secret it binds with each host it is bound to, where placeholders are replaced, the auth
+//! headers it keeps, its credential, and whether it asks a person (with the scopes an approver
+//! may grant); plus one line when `[ask] unknown` lets the identity ask for anything no rule
+//! allows. The identity's name is not in it: two
 //! identities with the same rules have the same reach, and another identity's rules never
 //! change it. The digest is `sha256:` and the hex SHA-256 of the lines, each ended by `\n`.
 //!
@@ -138,15 +139,21 @@ fn rule_items(rule: &Rule, credentials: &HashMap<String, Arc<Credential>>, out: 
         item(format!("host {host}"));
     }
     // A tunnel relays CONNECT bytes only (https ports); methods and paths never apply to it.
-    let schemes: &[Scheme] = if rule.tunnel {
-        &[Scheme::Https]
+    // Any other rule covers its `schemes` (https only for one that brokers a credential).
+    let schemes = if rule.tunnel {
+        super::Schemes::HTTPS
     } else {
-        &[Scheme::Http, Scheme::Https]
+        rule.schemes
     };
-    for &scheme in schemes {
+    for scheme in schemes.iter() {
         for port in rule.ports_for(scheme) {
             item(format!("port {}:{port}", scheme.as_str()));
         }
+    }
+    if rule.cleartext && schemes.allows(Scheme::Http) {
+        item(
+            "dangerously_allow_cleartext: credentials may go upstream over plain http".to_string(),
+        );
     }
     if rule.tunnel {
         item("tunnel: raw CONNECT relay, not inspected".to_string());

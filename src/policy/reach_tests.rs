@@ -76,15 +76,12 @@ fn the_listing_names_every_fact_of_every_rule_the_identity_may_use_sorted() {
             "rule gh: host api.github.com",
             "rule gh: method any",
             "rule gh: path any",
-            "rule gh: port http:443",
-            "rule gh: port http:8443",
             "rule gh: port https:443",
             "rule gh: port https:8443",
             "rule openai: host api.openai.com",
             "rule openai: method POST",
             "rule openai: path /v1/**",
             "rule openai: placeholders in header",
-            "rule openai: port http:80",
             "rule openai: port https:443",
             "rule openai: secret openai bound to api.openai.com",
         ]
@@ -166,7 +163,7 @@ fn every_widening_and_narrowing_changes_the_digest_and_no_other_identity_s() {
             "hosts = [\"api.github.com\"]",
             "hosts = [\"*.github.com\"]\ndangerously_inject_into_wildcard = true",
         ),
-        ("a port", "ports = [443, 8443]", "ports = [443]"),
+        ("a port", "ports = [443, 8443]", "ports = [8443]"),
         ("the default ports", "ports = [443, 8443]\n", ""),
         (
             "a rule for the identity",
@@ -197,6 +194,16 @@ fn every_widening_and_narrowing_changes_the_digest_and_no_other_identity_s() {
             "a kept header",
             "credential = \"gh\"",
             "credential = \"gh\"\nkeep_headers = [\"cookie\"]",
+        ),
+        (
+            "plain http allowed",
+            "credential = \"gh\"",
+            "credential = \"gh\"\ndangerously_allow_cleartext = true",
+        ),
+        (
+            "https stated",
+            "[rules.inject.headers]\nauthorization",
+            "schemes = [\"https\", \"http\"]\ndangerously_allow_cleartext = true\n[rules.inject.headers]\nauthorization",
         ),
         (
             "an ask",
@@ -311,4 +318,23 @@ fn identities_default_takes_labels_only_and_only_without_other_identities() {
         1,
         "a second [identities.default] is an error (TOML says so first)"
     );
+}
+
+#[test]
+fn a_brokering_rule_reaches_https_only_unless_it_allows_cleartext_and_says_so() {
+    let plain = BASE.replacen(
+        "credential = \"gh\"",
+        "credential = \"gh\"\ndangerously_allow_cleartext = true",
+        1,
+    );
+    let items = reach_of(&compile(&plain), "ci").items;
+    for want in [
+        "rule gh: port http:443",
+        "rule gh: port http:8443",
+        "rule gh: dangerously_allow_cleartext: credentials may go upstream over plain http",
+    ] {
+        assert!(items.iter().any(|i| i == want), "{want}: {items:#?}");
+    }
+    let base = reach_of(&compile(BASE), "ci").items;
+    assert!(!base.iter().any(|i| i.contains("http:")), "{base:#?}");
 }

@@ -443,7 +443,7 @@ fn value_json(v: &Value) -> Result<serde_json::Value, String> {
 }
 
 /// The known key closest to a misspelt one, if it is close enough to be a typo.
-fn closest<'k>(key: &str, known: &[&'k str]) -> Option<&'k str> {
+pub(super) fn closest<'k>(key: &str, known: &[&'k str]) -> Option<&'k str> {
     let limit = (key.chars().count() / 3).clamp(1, 3);
     known
         .iter()

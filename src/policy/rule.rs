@@ -11,6 +11,7 @@ use super::compile::FileCx;
 use super::limits_compile::LimitNames;
 use super::mcp::{McpRules, NameGlobs, DEFAULT_METHODS};
 use super::schema::{Entry, RawCapture, RawMcp, RawRule};
+use super::schemes::{RawSchemes, Schemes};
 use super::{Capture, HostPattern, Origin, PathMatcher, Rule};
 use crate::secrets::placeholder::Place;
 use crate::secrets::template::valid_name;
@@ -548,11 +549,12 @@ impl FileCx<'_> {
             .capture
             .and_then(|c| self.capture(&at("capture"), c, is_tunnel, &hosts, secrets));
 
-        if self.errors.len() > before || !entry.complete {
-            return None;
-        }
-        Some(Rule {
-            name: name?,
+        let raw_schemes = RawSchemes {
+            schemes: raw.schemes,
+            cleartext: raw.dangerously_allow_cleartext,
+        };
+        let mut rule = Rule {
+            name: name.clone().unwrap_or_default(),
             description: raw.description,
             hosts,
             ports,
@@ -574,8 +576,15 @@ impl FileCx<'_> {
             limits,
             mcp,
             capture,
+            schemes: Schemes::BOTH,
+            cleartext: false,
             origin,
-        })
+        };
+        self.rule_schemes(&mut rule, raw_schemes, index);
+        if self.errors.len() > before || !entry.complete || name.is_none() {
+            return None;
+        }
+        Some(rule)
     }
 
     /// Compiles a rule's `mcp` table; reports every problem and returns `None` if any.
@@ -753,6 +762,7 @@ impl FileCx<'_> {
             fields: fields.into_iter().map(|(_, f)| f).collect(),
             hosts,
             ttl,
+            cleartext: false,
         })
     }
 }

@@ -216,6 +216,13 @@ pub struct RawRule {
     pub allow_private: Option<Spanned<Vec<Spanned<String>>>>,
     /// Required to bind a secret to a wildcard host: every matching host receives it.
     pub dangerously_inject_into_wildcard: Option<Spanned<bool>>,
+    /// `schemes = ["https"]`: how latchkey may send what this rule allows upstream (`https`:
+    /// inside TLS; `http`: in cleartext). Default: `https` for a rule that brokers a credential,
+    /// both for one that does not.
+    pub schemes: Option<Spanned<Vec<Spanned<String>>>>,
+    /// Required for a rule that brokers a credential to cover `http`: its credentials then
+    /// travel in cleartext.
+    pub dangerously_allow_cleartext: Option<Spanned<bool>>,
     /// `ask = { hold, scope, message, notify }`: an allowed request waits for a person.
     pub ask: Option<Spanned<RawAsk>>,
     /// `limits = ["NAME"]`: charged to every request this rule allows.
@@ -311,6 +318,8 @@ pub(super) const RULE_KEYS: &[&str] = &[
     "mode",
     "allow_private",
     "dangerously_inject_into_wildcard",
+    "schemes",
+    "dangerously_allow_cleartext",
     "ask",
     "limits",
     "mcp",
@@ -592,6 +601,8 @@ fn read_rule(t: &Fields<'_>, r: &mut dyn Report) -> RawRule {
         mode: t.string(r, "mode"),
         allow_private: t.strings(r, "allow_private"),
         dangerously_inject_into_wildcard: t.boolean(r, "dangerously_inject_into_wildcard"),
+        schemes: t.strings(r, "schemes"),
+        dangerously_allow_cleartext: t.boolean(r, "dangerously_allow_cleartext"),
         ask: t
             .table(r, "ask", RULE_ASK_KEYS)
             .map(|a| Spanned::new(a.span.clone(), read_rule_ask(&a, r))),

@@ -63,6 +63,9 @@ pub struct RequestCx<'a> {
     /// Captured tokens this identity holds for this host, by name (book "OAuth token
     /// capture"): their placeholders are replaced like a bound secret's.
     pub captured: &'a HashMap<String, SecretValue>,
+    /// Captured tokens that may go to this host but not over this request's cleartext
+    /// (`http`): their placeholders are refused with `credential_needs_tls`.
+    pub withheld: &'a BTreeSet<String>,
 }
 
 /// What the broker produced.
@@ -76,14 +79,37 @@ pub struct Brokered {
 }
 
 /// What the leak checks need of a rule; `captured`: the captured tokens whose placeholders
-/// may be replaced (none in a streamed body, which is never rewritten).
-fn binding<'a>(rule: &'a Rule, captured: &'a BTreeSet<String>) -> Binding<'a> {
+/// may be replaced (none in a streamed body, which is never rewritten); `withheld`: those that
+/// may not go over this request's cleartext.
+fn binding<'a>(
+    rule: &'a Rule,
+    captured: &'a BTreeSet<String>,
+    withheld: &'a BTreeSet<String>,
+) -> Binding<'a> {
     Binding {
         rule: &rule.name,
         bound: &rule.bound,
         placeholders: &rule.placeholders,
         captured,
+        withheld,
     }
+}
+
+/// Refuses a rule that brokers a credential on a request latchkey would send in cleartext,
+/// unless the rule says `dangerously_allow_cleartext`. Policy's decision already refuses such a
+/// request (`credential_needs_tls`); this holds whatever path reached the broker.
+fn over_tls(rule: &Rule, scheme: &str, host: &str) -> Result<(), Refusal> {
+    if scheme == "https" || rule.cleartext || !rule.brokers() {
+        return Ok(());
+    }
+    Err(Refusal::new(
+        Reason::CredentialNeedsTls,
+        format!(
+            "rule '{}' brokers {} and applies only to requests latchkey sends over TLS; a request to host {host} over {scheme} is refused",
+            rule.name,
+            rule.brokered().unwrap_or_default()
+        ),
+    ))
 }
 
 /// Whether S3 accepts this credential's requests signed as `UNSIGNED-PAYLOAD`, so a body that
@@ -119,6 +145,10 @@ pub async fn apply(
     counters: Arc<Counters>,
 ) -> Result<Brokered, Refusal> {
     let (identity, host) = (req.identity, req.host);
+    if let Err(refusal) = over_tls(rule, req.scheme, host) {
+        incoming.drain(req.body_timeout).await;
+        return Err(refusal);
+    }
     let store = policy.secrets();
     let mut used = BTreeSet::new();
 
@@ -136,7 +166,7 @@ pub async fn apply(
     let checker = leak::Checker {
         scrubber: scrubber.as_deref(),
         store,
-        binding: binding(rule, &captured),
+        binding: binding(rule, &captured, req.withheld),
         host,
     };
     let head = checker.head(&leak::Head {
@@ -314,7 +344,7 @@ pub async fn apply(
         None => Whole::new(body_bytes, trailers, charge).boxed(),
         Some(rest) => {
             let none = BTreeSet::new();
-            let detector = Detector::new(scrubber, &binding(rule, &none), host, SCAN_LIMIT);
+            let detector = Detector::new(scrubber, &binding(rule, &none, &none), host, SCAN_LIMIT);
             let stream = Prefixed::new(body_bytes, rest, detector, charge, refused.clone());
             body::count_up(stream, counters.clone())
         }

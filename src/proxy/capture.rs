@@ -258,6 +258,7 @@ mod tests {
             fields: vec!["access_token".into(), "refresh_token".into()],
             hosts: Vec::new(),
             ttl: None,
+            cleartext: false,
         };
         let tokens = Arc::new(Captured::in_memory());
         let cx = CaptureCx {

@@ -59,6 +59,16 @@ impl Exchanger<'_> {
             r.path = Some(uri.path().to_string());
             r.rule = Some(rule.clone());
         });
+        // A token exchange carries key material (a client secret, a signed assertion): only
+        // inside TLS, whatever URL a key file names.
+        if uri.scheme() != Some(&http::uri::Scheme::HTTPS) {
+            entry.outcome(Reason::CredentialNeedsTls, Some(&rule), None);
+            entry.finish();
+            return Err(TransportError(format!(
+                "token endpoint {} is not https://: a credential never travels in cleartext",
+                crate::audit::redact_query(&ex.url)
+            )));
+        }
         // The exchange's decision is on disk before its token endpoint is dialed.
         entry.outcome(Reason::Allowed, Some(&rule), None);
         if !entry.commit_decision().await {

@@ -468,6 +468,7 @@ fn check(guard: &Guard, bytes: &[u8]) -> Result<BTreeSet<String>, Refusal> {
             bound: &guard.bound,
             placeholders: &guard.placeholders,
             captured: &BTreeSet::new(),
+            withheld: &BTreeSet::new(),
         },
         host: &guard.host,
     }

@@ -237,6 +237,7 @@ mod tests {
             bound: &bound,
             placeholders: &[],
             captured: &none,
+            withheld: &none,
         };
         Detector::new(Some(scrubber), &rule, "api.test", 8 * 1024 * 1024)
     }

@@ -48,6 +48,10 @@ pub struct Binding<'a> {
     /// Tokens a capture holds for this identity and host (book "OAuth token capture"):
     /// their placeholders are replaced in any replaceable place, whatever `placeholders` says.
     pub captured: &'a BTreeSet<String>,
+    /// Captured tokens that may go to this host, but not in this request: latchkey would send
+    /// it in cleartext (`http`), and a credential never travels in cleartext. Their
+    /// placeholders are refused with `credential_needs_tls`.
+    pub withheld: &'a BTreeSet<String>,
 }
 
 /// Where in a request a byte string was found.
@@ -404,6 +408,12 @@ fn check_placeholder(
     };
     if rule.captured.contains(name) {
         return Ok(());
+    }
+    if rule.withheld.contains(name) {
+        return Err(Refusal::new(
+            Reason::CredentialNeedsTls,
+            format!("placeholder for captured token '{name}' in a request to host {host} that latchkey would send in cleartext (http): a credential never travels in cleartext; send it as https://"),
+        ));
     }
     if !store.contains(name) || !rule.bound.contains(name) {
         return refuse(format!(

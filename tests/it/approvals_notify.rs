@@ -193,6 +193,7 @@ hosts = ["api.prod.test"]
 ports = [{port}]
 methods = ["POST"]
 ask = {{ hold = "0s", scope = ["once", "1h"], message = "Production write", notify = ["ops"] }}
+dangerously_allow_cleartext = true  # a plain HTTP upstream on loopback
 [rules.inject.headers]
 authorization = "Bearer {{{{secret.openai}}}}"
 

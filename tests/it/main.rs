@@ -73,6 +73,7 @@ mod request_streaming;
 mod response_adversarial;
 mod response_phase;
 mod s3_moto;
+mod secrets_cleartext;
 mod secrets_clients;
 mod secrets_exfiltration;
 mod secrets_hygiene;

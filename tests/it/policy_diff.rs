@@ -544,13 +544,16 @@ authorization = "Bearer {{{{secret.openai}}}}"
 #[test]
 fn diff_a_new_secret_on_a_reachable_host_widens_by_the_secret_alone() {
     let new = TOKEN_RULE;
-    let v = Pair::new(API, new).expect(&[w("secret", "api.x.test")]);
+    // Brokering a secret, the rule covers https only: plain http to the host is no longer
+    // reached (a credential never travels in cleartext).
+    let v = Pair::new(API, new).expect(&[w("secret", "api.x.test"), n("port", "api.x.test")]);
     assert_eq!(one(&v, "secret", Some("api.x.test"))["secret"], "tok");
 }
 
 #[test]
 fn diff_a_secret_no_longer_bound_narrows() {
-    let v = Pair::new(TOKEN_RULE, API).expect(&[n("secret", "api.x.test")]);
+    let v =
+        Pair::new(TOKEN_RULE, API).expect(&[n("secret", "api.x.test"), w("port", "api.x.test")]);
     assert_eq!(one(&v, "secret", Some("api.x.test"))["rule"], "api");
 }
 
@@ -567,7 +570,7 @@ service = "s3"
 {}"#,
         API.replace("methods", "credential = \"aws\"\nmethods")
     );
-    let v = Pair::new(API, &new).expect(&[w("credential", "api.x.test")]);
+    let v = Pair::new(API, &new).expect(&[w("credential", "api.x.test"), n("port", "api.x.test")]);
     let c = one(&v, "credential", Some("api.x.test"));
     assert_eq!(c["credential"], "aws", "{c:#}");
     assert_eq!(c["credential_kind"], "aws_sigv4", "{c:#}");

@@ -193,7 +193,7 @@ fn a_secret_escaped_byte_by_byte_in_a_body_is_refused_held_or_streamed() {
 fn a_client_trickling_its_body_is_cut_by_the_minimum_rate() {
     let upstream = Upstream::http();
     let policy = format!(
-        "{}[[rules]]\nname = \"api\"\nhosts = [\"api.test\"]\nports = [{port}]\nsecrets = [\"openai\"]\nplaceholders = [\"body\"]\n\n[[rules]]\nname = \"other\"\nhosts = [\"other.test\"]\nports = [{port}]\n",
+        "{}[[rules]]\nname = \"api\"\nhosts = [\"api.test\"]\nports = [{port}]\nsecrets = [\"openai\"]\nplaceholders = [\"body\"]\ndangerously_allow_cleartext = true\n\n[[rules]]\nname = \"other\"\nhosts = [\"other.test\"]\nports = [{port}]\n",
         secrets_toml(&["openai"]),
         port = upstream.port()
     );

@@ -495,7 +495,7 @@ const PLACEHOLDER: &str = "__LATCHKEY_openai__";
 fn budget_world(args: &[&str]) -> (Latchkey, Upstream) {
     let upstream = Upstream::http();
     let policy = format!(
-        "{}[[rules]]\nname = \"api\"\nhosts = [\"api.test\"]\nports = [{port}]\nsecrets = [\"openai\"]\nplaceholders = [\"body\"]\n\n[[rules]]\nname = \"other\"\nhosts = [\"other.test\"]\nports = [{port}]\n",
+        "{}[[rules]]\nname = \"api\"\nhosts = [\"api.test\"]\nports = [{port}]\nsecrets = [\"openai\"]\nplaceholders = [\"body\"]\ndangerously_allow_cleartext = true\n\n[[rules]]\nname = \"other\"\nhosts = [\"other.test\"]\nports = [{port}]\n",
         secrets_toml(&["openai"]),
         port = upstream.port()
     );

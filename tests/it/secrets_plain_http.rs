@@ -1,5 +1,6 @@
-//! The same brokering on plain `http://` requests (absolute-form, no interception): injection,
-//! redaction of the response, and refusal of placeholders and values for unbound hosts.
+//! The same brokering on plain `http://` requests (absolute-form, no interception) under a rule
+//! that opts out of TLS (`dangerously_allow_cleartext = true`): injection, redaction of the
+//! response, and refusal of placeholders and values for unbound hosts.
 
 use serde_json::json;
 
@@ -14,6 +15,8 @@ const RULES: &str = r#"
 name  = "openai-plain"
 hosts = ["api.test"]
 ports = [PLAIN_PORT]
+# The opt-out: a credential on plain HTTP (see secrets_cleartext.rs for the default refusal).
+dangerously_allow_cleartext = true
 [rules.inject.headers]
 authorization = "Bearer {{secret.openai}}"
 

@@ -166,9 +166,11 @@ pub(super) fn hosts_as_sent(
 /// Works out the target of a request and refuses anything ambiguous.
 ///
 /// Assumes: `ctx.pinned` is the authority a connection-level gate already checked, if any.
-/// Guarantees: on `Ok`, the scheme is http or https, the host normalised, the port non-zero,
-/// no userinfo, inside a pinned connection every authority the request names is the pinned one,
-/// and the path is origin-form with a single reading (`path::ambiguity`).
+/// Guarantees: on `Ok`, the scheme is how latchkey will send the request upstream — `https`
+/// (inside TLS) in an interception, `http` (cleartext) for an absolute-form `http://` request
+/// or a plain connection a gateway checked, whatever the port — the host normalised, the port
+/// non-zero, no userinfo, inside a pinned connection every authority the request names is the
+/// pinned one, and the path is origin-form with a single reading (`path::ambiguity`).
 pub(super) fn target(ctx: &Ctx, head: &Parts) -> Result<Admitted, Refusal> {
     let uri = &head.uri;
     let (scheme, host, port) = match &ctx.pinned {

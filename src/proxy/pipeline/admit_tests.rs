@@ -79,6 +79,39 @@ fn an_absolute_form_request_is_admitted_in_normal_form() {
 }
 
 #[test]
+fn the_scheme_is_how_latchkey_sends_never_the_port() {
+    // Cleartext on the TLS port is still cleartext, and TLS on port 80 still TLS.
+    let scheme_of = |ctx: &Ctx, uri: &str, hosts: &[&[u8]]| {
+        let t = target(ctx, &head(uri, hosts)).expect("admitted");
+        (t.scheme, t.port)
+    };
+    assert_eq!(
+        scheme_of(&plain(), "http://api.test:443/v1", &[]),
+        (Scheme::Http, 443)
+    );
+    assert_eq!(
+        scheme_of(&plain(), "https://api.test:80/v1", &[]),
+        (Scheme::Https, 80)
+    );
+    // A plain connection a gateway checked (transparent HTTP, SOCKS5) on 443: cleartext.
+    let gateway = Ctx::pinned_plain(client(), Arc::from("default"), "api.test".into(), 443);
+    assert_eq!(
+        scheme_of(&gateway, "/v1", &[b"api.test:443"]),
+        (Scheme::Http, 443)
+    );
+    // Inside an interception on any port: TLS.
+    assert_eq!(
+        scheme_of(&inside("api.test", 8080), "/v1", &[b"api.test:8080"]),
+        (Scheme::Https, 8080)
+    );
+    // Plain HTTP naming https:// on a plain connection is not promoted to TLS.
+    assert_eq!(
+        reason(target(&gateway, &head("https://api.test:443/v1", &[]))),
+        Reason::HostMismatch
+    );
+}
+
+#[test]
 fn the_proxy_hop_refuses_what_is_not_a_proxy_request() {
     assert_eq!(
         reason(target(&plain(), &head("/v1/x", &[]))),

@@ -67,6 +67,8 @@ pub struct Ctx {
     pub pinned: Option<(String, u16)>,
     /// The scheme of the requests on a pinned connection: `https` inside an interception,
     /// `http` on a plain connection whose authority a gate checked (SOCKS5, transparent HTTP).
+    /// It is how latchkey sends them upstream (TLS or cleartext), never read from the port:
+    /// policy refuses a credential on `http` (`credential_needs_tls`).
     pub pinned_scheme: Scheme,
     /// Raw request heads on this HTTP/1 connection, to catch framing hyper normalises away.
     pub heads: Option<Arc<HeadSniff>>,

@@ -21,7 +21,7 @@ use super::super::{body, Proxy};
 use super::admit::Admitted;
 use super::Ctx;
 use crate::audit::Entry;
-use crate::policy::{display_url, Policy, Rule};
+use crate::policy::{display_url, Policy, Rule, Scheme};
 use crate::reason::{chain_text, Reason, Refusal};
 use crate::secrets::scrub::Scrubber;
 use crate::upstream::{find_upstream_error, Body};
@@ -95,11 +95,12 @@ pub(super) async fn broker(
         .forward(&mut head.headers, &rule.keep_headers, correlation);
 
     let mut path_and_query = target.path_and_query.clone();
-    // Looked up (in memory, else the state store) only for a request that can use one.
-    let captured = if may_use_captured(rule, &head.headers, &path_and_query) {
-        captured_for(proxy, policy, &ctx.identity, &target.host).await
+    // Looked up (in memory, else the state store) only for a request that can use one; over
+    // cleartext only a capture with `dangerously_allow_cleartext` lends its tokens.
+    let (captured, withheld) = if may_use_captured(rule, &head.headers, &path_and_query) {
+        captured_for(proxy, policy, &ctx.identity, &target.host, target.scheme).await
     } else {
-        std::collections::HashMap::new()
+        Default::default()
     };
     let exchanger = proxy.exchanger(ctx.client, ctx.identity.clone());
     let request_cx = broker::RequestCx {
@@ -114,6 +115,7 @@ pub(super) async fn broker(
         budget: &proxy.budget,
         body_timeout: proxy.body_timeout,
         captured: &captured,
+        withheld: &withheld,
     };
     let brokered = broker::apply(
         policy,
@@ -170,19 +172,36 @@ fn may_use_captured(rule: &Rule, headers: &HeaderMap, path_and_query: &str) -> b
         })
 }
 
-/// The captured tokens `identity` holds that may go to `host`, by name. Each is (again) in the
-/// redaction set before it can leave: after a restart it comes from the state store.
+/// The captured tokens `identity` holds that may go to `host` in a request sent with `scheme`,
+/// by name, and the names of those that may go to `host` but not in cleartext (withheld from
+/// an `http` request: a credential never travels in cleartext unless the capturing rule says
+/// `dangerously_allow_cleartext`). Each token is (again) in the redaction set before it can
+/// leave: after a restart it comes from the state store.
 async fn captured_for(
     proxy: &Proxy,
     policy: &Policy,
     identity: &str,
     host: &str,
-) -> std::collections::HashMap<String, crate::secrets::SecretValue> {
+    scheme: Scheme,
+) -> (
+    std::collections::HashMap<String, crate::secrets::SecretValue>,
+    std::collections::BTreeSet<String>,
+) {
     // Named first: the policy's iterator is not held across the store's awaits.
-    let names: Vec<String> = policy
-        .captures_binding(host)
-        .flat_map(|c| c.fields.iter().map(|f| c.secret_name(f)))
-        .collect();
+    let mut names: Vec<String> = Vec::new();
+    let mut withheld = std::collections::BTreeSet::new();
+    for c in policy.captures_binding(host) {
+        let lent = scheme == Scheme::Https || c.cleartext;
+        for f in &c.fields {
+            if lent {
+                names.push(c.secret_name(f));
+            } else {
+                withheld.insert(c.secret_name(f));
+            }
+        }
+    }
+    // A name another capture lends here is not withheld.
+    withheld.retain(|n| !names.contains(n));
     let mut out = std::collections::HashMap::new();
     for name in names {
         if let Some(v) = proxy.captured_tokens().get(identity, &name).await {
@@ -190,7 +209,7 @@ async fn captured_for(
             out.insert(name, v);
         }
     }
-    out
+    (out, withheld)
 }
 
 /// The send phase: the pooled client for the rule's `allow_private` set (which resolves, guards
@@ -317,7 +336,6 @@ fn narrow_accept_encoding(headers: &mut HeaderMap) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::Scheme;
 
     fn admitted(scheme: Scheme, host: &str, port: u16) -> Admitted {
         Admitted {

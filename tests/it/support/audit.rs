@@ -88,6 +88,9 @@ pub const REASONS: &[&str] = &[
     // A WebSocket handshake under a rule without `websocket = true`.
     "websocket_not_allowed",
     "mcp_not_allowed",
+    // A credential would travel in cleartext; a rule's `schemes` leave the request's out.
+    "credential_needs_tls",
+    "scheme_not_allowed",
 ];
 
 /// DNS records (`method = "DNS"`) whose reason allows them no name and no query type: the
@@ -116,6 +119,7 @@ pub const REPORTABLE: &[&str] = &[
     "identity_not_allowed",
     "websocket_not_allowed",
     "mcp_not_allowed",
+    "scheme_not_allowed",
 ];
 
 /// Reasons for requests that policy allowed but that failed afterwards: the upstream failed, or
