@@ -354,3 +354,26 @@ fn a_model_priced_at_zero_warns() {
         )]
     );
 }
+
+#[test]
+fn a_price_written_as_a_pattern_or_prefix_warns_that_it_matches_nothing() {
+    let w = lint_codes(&format!(
+        "[prices.\"o3-*\"]\ninput = 20\noutput = 80\n[prices.\"gpt-5-\"]\ninput = 15\noutput = 120\n[prices.\"o3-pro\"]\ninput = 20\noutput = 80\n{RULE}"
+    ));
+    let codes: Vec<(&str, usize)> = w.iter().map(|x| (x.0, x.1)).collect();
+    assert_eq!(
+        codes,
+        [("price_matches_nothing", 1), ("price_matches_nothing", 4)],
+        "{w:?}"
+    );
+    assert!(w[0].2.contains("written as a pattern"), "{}", w[0].2);
+    assert!(w[1].2.contains("written as a prefix"), "{}", w[1].2);
+    let p = policy(&format!(
+        "[prices.\"o3-pro\"]\ninput = 20\noutput = 80\n{RULE}"
+    ));
+    assert_eq!(
+        p.prices().lookup("o3-pro-2025-06-10").map(|x| x.0),
+        Some("o3-pro")
+    );
+    assert!(p.prices().lookup("o3-pro-max").is_none());
+}

@@ -236,6 +236,7 @@ async fn tunnel_limits(
         request_id: &id,
     };
     let estimate = crate::governance::limits::Estimate {
+        head_up: 0,
         bytes_up: Some(0),
         llm: None,
     };
