@@ -42,8 +42,15 @@ pub const MAX_KEYS: usize = 100_000;
 /// A shared concurrency slot expires this long after its last renewal (a replica that dies
 /// frees its slots by then); a held slot is renewed every third of it.
 const SLOT_TTL: Duration = Duration::from_secs(30);
-/// A streamed upload of unknown length reserves `bytes_up` this much at a time.
+/// A streamed upload of unknown length (or a WebSocket's messages) reserves `bytes_up` this
+/// much at a time, at most ([`upload_block`]).
 const UPLOAD_BLOCK: u64 = 256 * 1024;
+
+/// The block a stream reserves at a time under a budget of `cap` bytes: a sixteenth of it, at
+/// most [`UPLOAD_BLOCK`], so one stream does not hold a small budget's room from the others.
+fn upload_block(cap: u64) -> u64 {
+    (cap / 16).clamp(1, UPLOAD_BLOCK)
+}
 /// A budget counter outlives its window by this much (a late settle still finds it).
 const WINDOW_SLACK: Duration = Duration::from_secs(3600);
 
@@ -256,7 +263,7 @@ impl Upload {
         let after = self.sent.load(Ordering::Relaxed) + len;
         for b in &self.budgets {
             while b.reserved.load(Ordering::Relaxed) < after {
-                let need = (after - b.reserved.load(Ordering::Relaxed)).max(UPLOAD_BLOCK);
+                let need = (after - b.reserved.load(Ordering::Relaxed)).max(upload_block(b.cap));
                 let cap = i64::try_from(b.cap).unwrap_or(i64::MAX);
                 let want = i64::try_from(need).unwrap_or(i64::MAX);
                 let added = self
@@ -548,7 +555,7 @@ impl Limiter {
                 };
                 let streamed = measure == Measure::BytesUp && estimate.bytes_up.is_none();
                 if streamed {
-                    amount = estimate.head_up.saturating_add(UPLOAD_BLOCK);
+                    amount = estimate.head_up.saturating_add(upload_block(quota.amount));
                 }
                 let (start, end) = quota.period.window(now);
                 let store_key =

@@ -682,7 +682,18 @@ async fn read_failed(
         }
         // An unfinished message past the buffer budget: `1013`, try again later.
         WsError::Io(e) if is_held_over(&e) => {
-            refuse(sandbox, upstream, Reason::TooBusy, CloseCode::Again).await
+            let ended = refuse(sandbox, upstream, Reason::TooBusy, CloseCode::Again).await;
+            // Read (and drop) what that side still sends until it closes, so it gets the close.
+            let other = if side == "sandbox" { sandbox } else { upstream };
+            // (Below the WebSocket, which reads no more after the failed read: the connection
+            // discards until the client closes it.)
+            let _ = tokio::time::timeout(CLOSE_WAIT, async {
+                use tokio::io::AsyncReadExt;
+                let mut scratch = [0u8; 1];
+                let _ = other.get_mut().read(&mut scratch).await;
+            })
+            .await;
+            ended
         }
         WsError::Protocol(_) | WsError::Utf8(_) => {
             let reason = if side == "sandbox" {

@@ -139,12 +139,14 @@ fn header_len(first: &[u8]) -> usize {
     2 + extended + mask
 }
 
-/// A connection whose unfinished WebSocket message is charged to the buffer budget.
+/// A connection whose unfinished WebSocket message is charged to the buffer budget. Past the
+/// budget one read fails with [`HeldOver`]; after it, what arrives is discarded.
 pub struct Held<T> {
     inner: T,
     frames: Frames,
     charge: Charge,
-    /// Once over the budget, every read fails: the relay is closing the socket.
+    /// Once over the budget (the read that passed it failed), reads discard: the relay is
+    /// closing the socket.
     over: Option<OverBudget>,
 }
 
@@ -166,8 +168,17 @@ impl<T: AsyncRead + Unpin> AsyncRead for Held<T> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = &mut *self;
-        if let Some(over) = &this.over {
-            return Poll::Ready(Err(io::Error::other(HeldOver(over.clone()))));
+        if this.over.is_some() {
+            // The relay is closing the socket: what still comes is read and dropped, so the
+            // connection ends with a FIN the client reads its close code before, not a reset.
+            let mut scratch = [0u8; 8192];
+            loop {
+                let mut sink = ReadBuf::new(&mut scratch);
+                ready!(Pin::new(&mut this.inner).poll_read(cx, &mut sink))?;
+                if sink.filled().is_empty() {
+                    return Poll::Ready(Ok(()));
+                }
+            }
         }
         let before = buf.filled().len();
         ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;

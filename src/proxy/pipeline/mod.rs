@@ -282,7 +282,12 @@ async fn phases(
         entry,
     )
     .await?;
-    if let Some(upload) = admission.as_ref().and_then(|a| a.upload()) {
+    // A WebSocket handshake has no body: its messages are charged by the relay.
+    if let Some(upload) = admission
+        .as_ref()
+        .and_then(|a| a.upload())
+        .filter(|_| handshake.is_none())
+    {
         let refused = out.plan.body_refused.clone();
         out.request = out
             .request
