@@ -1171,7 +1171,9 @@ impl Admission {
                 .is_some_and(|u| lock(&u.cut).as_deref() == Some(held.store_key.as_str()));
             if let Some(c) = self.charges.get_mut(held.charge) {
                 c.charged = actual;
-                c.used = (c.used + actual).saturating_sub(reserved);
+                // The counter after admission held the first reservation; a stream's later
+                // blocks and this settle moved it to `used + actual - first`.
+                c.used = (c.used + actual).saturating_sub(held.reserved);
                 c.refused |= cut;
             }
             let delta = i64::try_from(actual).unwrap_or(i64::MAX)

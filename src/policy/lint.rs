@@ -17,9 +17,9 @@
 //!   of an approval unless they poll `latchkey approvals list`;
 //! - `unused_notifier`: a `[notify.NAME]` no ask ever tells;
 //! - `unused_limit`: a `[limits.NAME]` no rule, identity or credential names;
-//! - `unmetered_tunnel`: an identity charged to a limit that meters bodies (`bytes_up`,
-//!   `llm_tokens`, `spend`) may use a `tunnel = true` rule, whose bytes latchkey cannot see, so
-//!   that limit does not count them;
+//! - `unmetered_tunnel`: an identity charged to a limit that meters model-provider usage
+//!   (`llm_tokens`, `spend`) may use a `tunnel = true` rule, whose requests latchkey cannot
+//!   read, so that limit does not count them (`bytes_up` does count a tunnel's bytes);
 //! - `free_model`: a `[prices."MODEL"]` that prices input and output at 0, so `spend` budgets
 //!   count its calls as free;
 //! - `price_matches_nothing`: a `[prices."MODEL"]` written as a pattern or prefix (`o3-*`,
