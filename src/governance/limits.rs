@@ -568,7 +568,11 @@ impl Limiter {
                 let mut added = self.reserve(&store_key, delta, cap, ttl_until).await;
                 // With a `queue`, a reservation that does not fit only because of others in
                 // flight waits for them to settle (until the queue's time is up).
-                let deadline = limit.concurrency.as_ref().map(|c| started + c.queue);
+                let deadline = limit
+                    .concurrency
+                    .as_ref()
+                    .filter(|c| !c.queue.is_zero())
+                    .map(|c| started + c.queue);
                 loop {
                     // A streamed upload takes what is left of its block rather than nothing
                     // (but at least its head).

@@ -303,7 +303,7 @@ pub(crate) async fn tunnel<T: ClientIo>(
         entry.update(|r| r.limits = charges);
     }
     if let Some(refusal) = cut {
-        tracing::warn!(audit.id = %entry.id(), reason = refusal.reason.code(), message = %refusal.message, "tunnel cut off");
+        tracing::warn!(audit.id = %entry.id(), reason = refusal.reason.code(), message = %entry.scrub_text(&refusal.message), "tunnel cut off");
         entry.update(|r| {
             r.reason = refusal.reason.code();
             r.decision = "deny";
