@@ -99,37 +99,47 @@ fn token_world(queue: Option<&str>) -> LimitsWorld {
     )
 }
 
-/// 20 calls at once, each reserving 155 tokens of 300; each reports 12 + 8 tokens used.
+/// 20 calls, each reserving 155 tokens of 300; each reports 12 + 8 tokens used. With
+/// `hold_first`, the first is held by the fake (in flight, reserving) until the other 19, sent
+/// at once, have their answers.
 fn twenty_calls(w: &LimitsWorld, hold_first: bool) -> Vec<crate::support::clients::RawResponse> {
     let body = chat_reserving(155);
     let url = w.url(OPENAI_HOST, "/v1/chat/completions");
+    let call = || {
+        Call::post(&url, &body)
+            .header("x-fake-input-tokens", "12")
+            .header("x-fake-output-tokens", "8")
+    };
     std::thread::scope(|s| {
-        let handles: Vec<_> = (0..20)
-            .map(|i| {
-                let mut call = Call::post(&url, &body)
-                    .header("x-fake-input-tokens", "12")
-                    .header("x-fake-output-tokens", "8");
-                if hold_first && i == 0 {
-                    call = call.header("x-fake-hold", "1");
-                }
-                let w = &w;
-                s.spawn(move || {
-                    if hold_first && i != 0 {
-                        // The held call reserves first.
-                        std::thread::sleep(Duration::from_millis(700));
-                    }
-                    w.run(&call)
-                })
+        let held = hold_first.then(|| {
+            let held = call().header("x-fake-hold", "1");
+            let h = s.spawn(move || w.run(&held));
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while w.providers.received().is_empty() {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the held call never arrived"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            h
+        });
+        let rest = if hold_first { 19 } else { 20 };
+        let handles: Vec<_> = (0..rest)
+            .map(|_| {
+                let c = call();
+                s.spawn(move || w.run(&c))
             })
             .collect();
-        if hold_first {
-            std::thread::sleep(Duration::from_millis(2500));
-            w.providers.release(1);
-        }
-        handles
+        let mut answers: Vec<_> = handles
             .into_iter()
             .map(|h| h.join().expect("call"))
-            .collect()
+            .collect();
+        if let Some(h) = held {
+            w.providers.release(1);
+            answers.push(h.join().expect("held call"));
+        }
+        answers
     })
 }
 
