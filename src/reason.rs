@@ -121,6 +121,10 @@ pub enum Reason {
     /// A `[limits]` budget (bytes_up, llm_tokens, spend) has no room for this request's
     /// reservation in the current window.
     BudgetExhausted,
+    /// A `[limits]` budget has no room for this request's reservation only because of other
+    /// requests' reservations still in flight (what was spent leaves room): retry in a moment,
+    /// or set the limit's `queue` to wait for them to settle.
+    BudgetReserved,
     /// The state store holding a `[limits]` counter cannot answer, and the limit fails closed.
     LimitsUnavailable,
     /// A request asked to upgrade to a WebSocket under a rule without `websocket = true`.
@@ -139,7 +143,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for registry tests and documentation.
-    pub const ALL: [Reason; 54] = [
+    pub const ALL: [Reason; 55] = [
         Reason::Allowed,
         Reason::Tunnel,
         Reason::NoRule,
@@ -189,6 +193,7 @@ impl Reason {
         Reason::StateUnavailable,
         Reason::BodyTooLarge,
         Reason::BudgetExhausted,
+        Reason::BudgetReserved,
         Reason::LimitsUnavailable,
         Reason::WebSocketNotAllowed,
         Reason::McpNotAllowed,
@@ -247,6 +252,7 @@ impl Reason {
             Reason::RateLimited => "rate_limited",
             Reason::StateUnavailable => "state_unavailable",
             Reason::BudgetExhausted => "budget_exhausted",
+            Reason::BudgetReserved => "budget_reserved",
             Reason::LimitsUnavailable => "limits_unavailable",
             Reason::BodyTooLarge => "body_too_large",
             Reason::WebSocketNotAllowed => "websocket_not_allowed",
@@ -279,9 +285,10 @@ impl Reason {
             | Reason::McpNotAllowed
             | Reason::CredentialNeedsTls
             | Reason::SchemeNotAllowed => StatusCode::FORBIDDEN,
-            Reason::DnsRateLimited | Reason::RateLimited | Reason::BudgetExhausted => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
+            Reason::DnsRateLimited
+            | Reason::RateLimited
+            | Reason::BudgetExhausted
+            | Reason::BudgetReserved => StatusCode::TOO_MANY_REQUESTS,
             Reason::ProxyAuthRequired => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
             Reason::SecretUnavailable
             | Reason::TooManyConnections

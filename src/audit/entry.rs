@@ -186,6 +186,11 @@ impl Entry {
         self.held = Some(thing);
     }
 
+    /// Takes back what [`Self::hold`] kept (a tunnel settles its limits itself).
+    pub fn take_held(&mut self) -> Option<Box<dyn std::any::Any + Send + Sync>> {
+        self.held.take()
+    }
+
     /// Asks the answer to carry `x-ratelimit-limit/remaining/reset`.
     pub fn set_rate_headers(&mut self, limit: u64, remaining: u64, reset: u64) {
         self.rate_headers = Some((limit, remaining, reset));

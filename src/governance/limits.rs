@@ -42,8 +42,15 @@ pub const MAX_KEYS: usize = 100_000;
 /// A shared concurrency slot expires this long after its last renewal (a replica that dies
 /// frees its slots by then); a held slot is renewed every third of it.
 const SLOT_TTL: Duration = Duration::from_secs(30);
-/// A streamed upload of unknown length reserves `bytes_up` this much at a time.
+/// A streamed upload of unknown length (or a WebSocket's messages) reserves `bytes_up` this
+/// much at a time, at most ([`upload_block`]).
 const UPLOAD_BLOCK: u64 = 256 * 1024;
+
+/// The block a stream reserves at a time under a budget of `cap` bytes: a sixteenth of it, at
+/// most [`UPLOAD_BLOCK`], so one stream does not hold a small budget's room from the others.
+fn upload_block(cap: u64) -> u64 {
+    (cap / 16).clamp(1, UPLOAD_BLOCK)
+}
 /// A budget counter outlives its window by this much (a late settle still finds it).
 const WINDOW_SLACK: Duration = Duration::from_secs(3600);
 
@@ -63,8 +70,12 @@ pub struct Subject<'a> {
 /// What a request will cost, as far as known before it is sent.
 #[derive(Debug, Clone, Default)]
 pub struct Estimate {
-    /// The request body's length, when known (`Content-Length`, or held whole); `None`: it
-    /// streams, and `bytes_up` is reserved block by block as it goes.
+    /// The bytes of the request's head (request line and headers, [`head_len`]): reserved
+    /// against `bytes_up` before anything else, so even a body-less request needs room.
+    pub head_up: u64,
+    /// The request body's length (and its trailers), when known (`Content-Length`, or held
+    /// whole); `None`: it streams (an upload of unknown length, or a WebSocket's messages),
+    /// and `bytes_up` is reserved block by block as it goes.
     pub bytes_up: Option<u64>,
     /// A model-provider call: what to reserve against `llm_tokens` and `spend`.
     pub llm: Option<LlmEstimate>,
@@ -146,6 +157,11 @@ pub struct CounterView {
 pub struct Limiter {
     store: Arc<dyn StateStore>,
     mode: Mode,
+    /// What this process's requests in flight have reserved of each budget counter and not
+    /// settled yet: tells a budget spent from one held by reservations (`budget_reserved`).
+    inflight: Mutex<HashMap<String, u64>>,
+    /// Woken when a reservation is settled or given back (a request waiting in `queue`).
+    settled: Notify,
     /// The last known value of each counter (bounded by [`MAX_KEYS`]).
     seen: Mutex<HashMap<(String, &'static str, String), CounterView>>,
     /// Stops the embedded flusher.
@@ -189,6 +205,8 @@ enum Slot {
 /// returns every reservation and slot.
 pub struct Admission {
     limiter: Arc<Limiter>,
+    /// The request head's bytes, charged to `bytes_up` with the body.
+    head_up: u64,
     held: Vec<Held>,
     slots: Vec<Slot>,
     charges: Vec<LimitCharge>,
@@ -245,7 +263,7 @@ impl Upload {
         let after = self.sent.load(Ordering::Relaxed) + len;
         for b in &self.budgets {
             while b.reserved.load(Ordering::Relaxed) < after {
-                let need = (after - b.reserved.load(Ordering::Relaxed)).max(UPLOAD_BLOCK);
+                let need = (after - b.reserved.load(Ordering::Relaxed)).max(upload_block(b.cap));
                 let cap = i64::try_from(b.cap).unwrap_or(i64::MAX);
                 let want = i64::try_from(need).unwrap_or(i64::MAX);
                 let added = self
@@ -311,6 +329,8 @@ impl Limiter {
             } else {
                 Mode::Shared
             },
+            inflight: Mutex::new(HashMap::new()),
+            settled: Notify::new(),
             seen: Mutex::new(HashMap::new()),
             stop: Notify::new(),
         });
@@ -386,8 +406,10 @@ impl Limiter {
         who: Subject<'_>,
         estimate: &Estimate,
     ) -> Result<Admission, Box<Refused>> {
+        let started = Instant::now();
         let mut admission = Admission {
             limiter: self.clone(),
+            head_up: estimate.head_up,
             held: Vec::new(),
             slots: Vec::new(),
             charges: Vec::new(),
@@ -489,7 +511,11 @@ impl Limiter {
                 (
                     Measure::BytesUp,
                     limit.bytes_up.as_ref(),
-                    Some(estimate.bytes_up.unwrap_or(0)),
+                    Some(
+                        estimate
+                            .head_up
+                            .saturating_add(estimate.bytes_up.unwrap_or(0)),
+                    ),
                 ),
                 (
                     Measure::LlmTokens,
@@ -529,7 +555,7 @@ impl Limiter {
                 };
                 let streamed = measure == Measure::BytesUp && estimate.bytes_up.is_none();
                 if streamed {
-                    amount = UPLOAD_BLOCK;
+                    amount = estimate.head_up.saturating_add(upload_block(quota.amount));
                 }
                 let (start, end) = quota.period.window(now);
                 let store_key =
@@ -540,14 +566,36 @@ impl Limiter {
                 let cap = i64::try_from(quota.amount).unwrap_or(i64::MAX);
                 let delta = i64::try_from(amount).unwrap_or(i64::MAX);
                 let mut added = self.reserve(&store_key, delta, cap, ttl_until).await;
-                // A streamed upload takes what is left of its block rather than nothing.
-                if let (true, Ok(Added::Over(current))) = (streamed, &added) {
-                    let left = cap.saturating_sub(*current);
-                    if left > 0 {
-                        amount = left as u64;
-                        charge.charged = amount;
-                        added = self.reserve(&store_key, left, cap, ttl_until).await;
+                // With a `queue`, a reservation that does not fit only because of others in
+                // flight waits for them to settle (until the queue's time is up).
+                let deadline = limit
+                    .concurrency
+                    .as_ref()
+                    .filter(|c| !c.queue.is_zero())
+                    .map(|c| started + c.queue);
+                loop {
+                    // A streamed upload takes what is left of its block rather than nothing
+                    // (but at least its head).
+                    if let (true, Ok(Added::Over(current))) = (streamed, &added) {
+                        let left = cap.saturating_sub(*current);
+                        if left > 0 && left as u64 >= estimate.head_up {
+                            amount = left as u64;
+                            charge.charged = amount;
+                            added = self.reserve(&store_key, left, cap, ttl_until).await;
+                        }
                     }
+                    let waiting = match (&added, deadline) {
+                        (Ok(Added::Over(v)), Some(d)) => {
+                            Instant::now() < d && self.held_in_flight(&store_key, *v, amount, cap)
+                        }
+                        _ => false,
+                    };
+                    if !waiting {
+                        break;
+                    }
+                    self.wait_settle(deadline.unwrap_or_else(Instant::now))
+                        .await;
+                    added = self.reserve(&store_key, delta, cap, ttl_until).await;
                 }
                 match added {
                     Ok(Added::Ok(v)) => {
@@ -578,6 +626,25 @@ impl Limiter {
                         charge.refused = true;
                         self.note(&charge, Some(window_end), Some(&store_key));
                         admission.charges.push(charge);
+                        if self.held_in_flight(&store_key, v, amount, cap) {
+                            let inflight = self.inflight_of(&store_key);
+                            return Err(admission.refuse(
+                                Reason::BudgetReserved,
+                                format!(
+                                    "limit {:?}: {} budget for {display} has {} of {} {} taken this {}, {} of it reserved by requests still in flight; this request needs {}, which fits once they settle; retry in a moment{}",
+                                    limit.name,
+                                    measure.as_str(),
+                                    shown(measure, v.max(0) as u64),
+                                    shown(measure, quota.amount),
+                                    unit(measure),
+                                    quota.period.as_str(),
+                                    shown(measure, inflight),
+                                    shown(measure, amount),
+                                    if deadline.is_some() { " (its queue time ran out)" } else { " (or give the limit a queue to wait for them)" }
+                                ),
+                                Some(1),
+                            ));
+                        }
                         let retry = window_end
                             .duration_since(SystemTime::now())
                             .map_or(1, |d| ceil_secs(d).max(1));
@@ -610,7 +677,8 @@ impl Limiter {
             admission.upload = Some(Arc::new(Upload {
                 limiter: self.clone(),
                 budgets: uploads,
-                sent: AtomicU64::new(0),
+                // The head goes first: it is sent (and charged) with the reservation.
+                sent: AtomicU64::new(estimate.head_up),
                 cut: Mutex::new(None),
             }));
         }
@@ -748,6 +816,58 @@ impl Limiter {
 
     /// Adds `delta` to a budget counter unless that passes `cap`.
     async fn reserve(
+        &self,
+        key: &str,
+        delta: i64,
+        cap: i64,
+        ttl_until: SystemTime,
+    ) -> Result<Added, StateError> {
+        let added = self.reserve_counter(key, delta, cap, ttl_until).await;
+        if let (Ok(Added::Ok(_)), true) = (&added, delta > 0) {
+            let mut inflight = lock(&self.inflight);
+            if inflight.len() < MAX_KEYS || inflight.contains_key(key) {
+                *inflight.entry(key.to_string()).or_insert(0) += delta as u64;
+            }
+        }
+        added
+    }
+
+    /// Whether a reservation of `amount` that did not fit (the counter at `current`) would fit
+    /// but for what requests in flight here have reserved and not settled.
+    fn held_in_flight(&self, key: &str, current: i64, amount: u64, cap: i64) -> bool {
+        let inflight = self.inflight_of(key);
+        let spent = (current.max(0) as u64).saturating_sub(inflight);
+        inflight > 0 && spent.saturating_add(amount) <= cap.max(0) as u64
+    }
+
+    fn inflight_of(&self, key: &str) -> u64 {
+        lock(&self.inflight).get(key).copied().unwrap_or(0)
+    }
+
+    /// A reservation of `amount` is settled or given back: it is no longer in flight.
+    fn release(&self, key: &str, amount: u64) {
+        if amount > 0 {
+            let mut inflight = lock(&self.inflight);
+            if let Some(v) = inflight.get_mut(key) {
+                *v = v.saturating_sub(amount);
+                if *v == 0 {
+                    inflight.remove(key);
+                }
+            }
+        }
+        self.settled.notify_waiters();
+    }
+
+    /// Waits until a reservation is settled somewhere (or, for another replica's, a short
+    /// poll), at most until `deadline`.
+    async fn wait_settle(&self, deadline: Instant) {
+        let poll = Duration::from_millis(100);
+        let wait = deadline.saturating_duration_since(Instant::now()).min(poll);
+        let _ = tokio::time::timeout(wait, self.settled.notified()).await;
+    }
+
+    /// [`Limiter::reserve`] on the counter itself.
+    async fn reserve_counter(
         &self,
         key: &str,
         delta: i64,
@@ -998,6 +1118,7 @@ impl Admission {
     fn empty(limiter: Arc<Limiter>) -> Admission {
         Admission {
             limiter,
+            head_up: 0,
             held: Vec::new(),
             slots: Vec::new(),
             charges: Vec::new(),
@@ -1029,10 +1150,11 @@ impl Admission {
         let mut adjustments = Vec::new();
         for held in std::mem::take(&mut self.held) {
             let actual = match held.measure {
-                // A streamed upload counts what it let through, not what was read.
+                // A streamed upload counts what it let through (its head included), not what
+                // was read.
                 Measure::BytesUp => Some(match (held.upload, &self.upload) {
                     (Some(_), Some(u)) => u.sent.load(Ordering::Relaxed),
-                    _ => bytes_up,
+                    _ => self.head_up.saturating_add(bytes_up),
                 }),
                 Measure::LlmTokens => match (&info, success) {
                     (Some(i), _) => Some(i.input_tokens + i.output_tokens),
@@ -1053,25 +1175,35 @@ impl Admission {
                 .is_some_and(|u| lock(&u.cut).as_deref() == Some(held.store_key.as_str()));
             if let Some(c) = self.charges.get_mut(held.charge) {
                 c.charged = actual;
-                c.used = (c.used + actual).saturating_sub(reserved);
+                // The counter after admission held the first reservation; a stream's later
+                // blocks and this settle moved it to `used + actual - first`.
+                c.used = (c.used + actual).saturating_sub(held.reserved);
                 c.refused |= cut;
             }
             let delta = i64::try_from(actual).unwrap_or(i64::MAX)
                 - i64::try_from(reserved).unwrap_or(i64::MAX);
-            adjustments.push((held, delta));
+            adjustments.push((held, delta, reserved));
         }
         for c in &self.charges {
             self.limiter.note(c, None, None);
         }
         let limiter = self.limiter.clone();
-        // Embedded: the counters are in memory (loaded when reserved), so settle now.
-        adjustments.retain(|(held, delta)| !limiter.adjust_now(&held.store_key, *delta));
+        // Embedded: the counters are in memory (loaded when reserved), so settle now. A
+        // reservation stops being in flight once its counter is settled.
+        adjustments.retain(|(held, delta, reserved)| {
+            let now = limiter.adjust_now(&held.store_key, *delta);
+            if now {
+                limiter.release(&held.store_key, *reserved);
+            }
+            !now
+        });
         if !adjustments.is_empty() {
             tokio::spawn(async move {
-                for (held, delta) in adjustments {
+                for (held, delta, reserved) in adjustments {
                     if let Err(e) = limiter.adjust(&held.store_key, delta, held.ttl_until).await {
                         tracing::warn!(limit = %held.limit, error = %e, "cannot settle a limit's reservation");
                     }
+                    limiter.release(&held.store_key, reserved);
                 }
             });
         }
@@ -1101,18 +1233,21 @@ impl Drop for Admission {
                 _ => 0,
             };
             let delta = -(i64::try_from(reserved.saturating_sub(sent)).unwrap_or(i64::MAX));
-            if !limiter.adjust_now(&h.store_key, delta) {
-                rest.push((h, delta));
+            if limiter.adjust_now(&h.store_key, delta) {
+                limiter.release(&h.store_key, reserved);
+            } else {
+                rest.push((h, delta, reserved));
             }
         }
         if rest.is_empty() {
             return;
         }
         let give_back = async move {
-            for (h, delta) in rest {
+            for (h, delta, reserved) in rest {
                 if let Err(e) = limiter.adjust(&h.store_key, delta, h.ttl_until).await {
                     tracing::warn!(limit = %h.limit, error = %e, "cannot return a limit's reservation");
                 }
+                limiter.release(&h.store_key, reserved);
             }
         };
         if let Ok(rt) = tokio::runtime::Handle::try_current() {

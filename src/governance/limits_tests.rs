@@ -52,6 +52,7 @@ async fn sqlite(dir: &tempfile::TempDir) -> Arc<dyn StateStore> {
 
 fn llm(tokens: u64, cost: Option<u64>) -> Estimate {
     Estimate {
+        head_up: 0,
         bytes_up: Some(10),
         llm: Some(LlmEstimate {
             provider: Provider::OpenAiChat,
@@ -129,15 +130,31 @@ async fn a_budget_reserves_then_settles_to_the_usage() {
         .await
         .unwrap();
     assert_eq!(first.charges()[0].used, 600);
-    // A second reservation does not fit beside the first: refused before it is sent.
+    // A second reservation does not fit beside the first: refused before it is sent, and
+    // told that the first's reservation (not spend) holds the room.
     let refused = limiter
         .admit(&[&l], who("a", "2"), &llm(600, None))
         .await
         .unwrap_err();
-    assert_eq!(refused.refusal.reason, Reason::BudgetExhausted);
+    assert_eq!(refused.refusal.reason, Reason::BudgetReserved);
     let msg = &refused.refusal.message;
     assert!(msg.contains("600 of 1000 tokens"), "{msg}");
-    assert!(msg.contains("resets at"), "{msg}");
+    assert!(
+        msg.contains("600 of it reserved by requests still in flight"),
+        "{msg}"
+    );
+    assert_eq!(refused.retry_after, Some(1));
+    // One that could not fit even with nothing in flight is exhausted, until the window ends.
+    let refused = limiter
+        .admit(&[&l], who("a", "2"), &llm(1001, None))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.refusal.reason, Reason::BudgetExhausted);
+    assert!(
+        refused.refusal.message.contains("resets at"),
+        "{}",
+        refused.refusal.message
+    );
     assert!(refused.retry_after.unwrap() <= 86_400);
     // The first call used 100 tokens: the rest of its reservation comes back.
     let usage = Usage {
@@ -348,6 +365,7 @@ async fn a_streamed_upload_is_cut_at_its_budget() {
         period: Period::Day,
     });
     let streamed = Estimate {
+        head_up: 0,
         bytes_up: None,
         llm: None,
     };
@@ -392,6 +410,7 @@ async fn a_streamed_upload_is_cut_at_its_budget() {
         ..who("a", "3")
     };
     let declared = Estimate {
+        head_up: 0,
         bytes_up: Some(600_001),
         llm: None,
     };

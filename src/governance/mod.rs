@@ -103,4 +103,6 @@ impl Governance {
 }
 
 #[cfg(test)]
+mod limits_inflight_tests;
+#[cfg(test)]
 mod limits_tests;

@@ -228,9 +228,11 @@ impl Measure {
         }
     }
 
-    /// Whether it needs to see a request or response body, which a `tunnel = true` rule hides.
+    /// Whether it needs to read what a request or response says (model-provider usage), which
+    /// a `tunnel = true` rule hides. `bytes_up` does not: a tunnel's bytes are counted as they
+    /// are relayed.
     pub fn meters_body(self) -> bool {
-        matches!(self, Measure::BytesUp | Measure::LlmTokens | Measure::Spend)
+        matches!(self, Measure::LlmTokens | Measure::Spend)
     }
 
     /// The unit of its counter, for messages and `/limits`.

@@ -367,7 +367,7 @@ impl FileCx<'_> {
                 Some(Some(body)) if tunnel && !body.is_empty() => self.error(
                     n.span(),
                     format!(
-                        "{at}: limit {name:?} meters {}, which latchkey cannot see in a tunnel (it relays encrypted bytes); a tunnel rule takes limits with only requests or concurrency (they count CONNECTs)",
+                        "{at}: limit {name:?} meters {}, which latchkey cannot see in a tunnel (it relays encrypted bytes); a tunnel rule takes limits with only requests, concurrency (they count CONNECTs) or bytes_up (the bytes relayed upstream)",
                         body.join(" and ")
                     ),
                 ),

@@ -191,17 +191,19 @@ fn a_broken_limit_is_reported_once_not_again_where_it_is_named() {
 }
 
 #[test]
-fn a_tunnel_rule_takes_request_and_concurrency_limits_but_not_body_budgets() {
-    let limits = "[limits.count]\nrequests = \"10/min\"\nconcurrency = 2\n[limits.exfil]\nrequests = \"10/min\"\nbytes_up = \"1MB/day\"\n[limits.llm]\nspend = \"1 USD/day\"\n";
+fn a_tunnel_rule_takes_request_concurrency_and_bytes_limits_but_not_usage_budgets() {
+    let limits = "[limits.count]\nrequests = \"10/min\"\nconcurrency = 2\n[limits.exfil]\nrequests = \"10/min\"\nbytes_up = \"1MB/day\"\n[limits.llm]\nspend = \"1 USD/day\"\n[limits.tok]\nllm_tokens = \"1M/day\"\n";
     let tunnel = "[[rules]]\nname = \"t\"\nhosts = [\"t.test\"]\ntunnel = true\n";
-    let p = policy(&format!("{limits}{tunnel}limits = [\"count\"]\n"));
-    assert_eq!(p.rules()[0].limits, ["count"]);
-    let e = errors(&format!("{limits}{tunnel}limits = [\"exfil\", \"llm\"]\n"));
+    let p = policy(&format!(
+        "{limits}{tunnel}limits = [\"count\", \"exfil\"]\n"
+    ));
+    assert_eq!(p.rules()[0].limits, ["count", "exfil"]);
+    let e = errors(&format!("{limits}{tunnel}limits = [\"llm\", \"tok\"]\n"));
     assert_eq!(
         e,
         [
-            "test.toml:13:11: rules[0].limits[0]: limit \"exfil\" meters bytes_up, which latchkey cannot see in a tunnel (it relays encrypted bytes); a tunnel rule takes limits with only requests or concurrency (they count CONNECTs)",
-            "test.toml:13:20: rules[0].limits[1]: limit \"llm\" meters spend, which latchkey cannot see in a tunnel (it relays encrypted bytes); a tunnel rule takes limits with only requests or concurrency (they count CONNECTs)",
+            "test.toml:15:11: rules[0].limits[0]: limit \"llm\" meters spend, which latchkey cannot see in a tunnel (it relays encrypted bytes); a tunnel rule takes limits with only requests, concurrency (they count CONNECTs) or bytes_up (the bytes relayed upstream)",
+            "test.toml:15:18: rules[0].limits[1]: limit \"tok\" meters llm_tokens, which latchkey cannot see in a tunnel (it relays encrypted bytes); a tunnel rule takes limits with only requests, concurrency (they count CONNECTs) or bytes_up (the bytes relayed upstream)",
         ]
     );
 }
@@ -329,12 +331,12 @@ fn a_limit_charged_only_by_an_identity_or_a_credential_is_used() {
 #[test]
 fn an_identity_with_a_body_budget_and_a_tunnel_rule_warns_that_the_tunnel_is_not_counted() {
     let w = lint_codes(
-        "[limits.exfil]\nbytes_up = \"10MB/day\"\n[limits.rate]\nrequests = \"1/s\"\n[[rules]]\nname = \"t\"\nhosts = [\"t.test\"]\ntunnel = true\n[[rules]]\nname = \"h\"\nhosts = [\"h.test\"]\n[identities.ci]\ntoken = \"env:T\"\nrules = [\"*\"]\nlimits = [\"exfil\", \"rate\"]\n[identities.web]\ntoken = \"env:W\"\nrules = [\"h\"]\nlimits = [\"exfil\"]\n",
+        "[limits.exfil]\nllm_tokens = \"10M/day\"\n[limits.rate]\nrequests = \"1/s\"\n[[rules]]\nname = \"t\"\nhosts = [\"t.test\"]\ntunnel = true\n[[rules]]\nname = \"h\"\nhosts = [\"h.test\"]\n[identities.ci]\ntoken = \"env:T\"\nrules = [\"*\"]\nlimits = [\"exfil\", \"rate\"]\n[identities.web]\ntoken = \"env:W\"\nrules = [\"h\"]\nlimits = [\"exfil\"]\n",
     );
     assert_eq!(w.len(), 1, "{w:?}");
     assert_eq!((w[0].0, w[0].1), ("unmetered_tunnel", 12));
     assert!(
-        w[0].2.starts_with("identity \"ci\" is charged to limit \"exfil\" (bytes_up) but may use tunnel rule(s) \"t\""),
+        w[0].2.starts_with("identity \"ci\" is charged to limit \"exfil\" (llm_tokens) but may use tunnel rule(s) \"t\""),
         "{}",
         w[0].2
     );
@@ -353,4 +355,27 @@ fn a_model_priced_at_zero_warns() {
             "model \"free-model\" is priced at 0: spend budgets count its calls as free; give its real prices if a spend limit covers it".to_string()
         )]
     );
+}
+
+#[test]
+fn a_price_written_as_a_pattern_or_prefix_warns_that_it_matches_nothing() {
+    let w = lint_codes(&format!(
+        "[prices.\"o3-*\"]\ninput = 20\noutput = 80\n[prices.\"gpt-5-\"]\ninput = 15\noutput = 120\n[prices.\"o3-pro\"]\ninput = 20\noutput = 80\n{RULE}"
+    ));
+    let codes: Vec<(&str, usize)> = w.iter().map(|x| (x.0, x.1)).collect();
+    assert_eq!(
+        codes,
+        [("price_matches_nothing", 1), ("price_matches_nothing", 4)],
+        "{w:?}"
+    );
+    assert!(w[0].2.contains("written as a pattern"), "{}", w[0].2);
+    assert!(w[1].2.contains("written as a prefix"), "{}", w[1].2);
+    let p = policy(&format!(
+        "[prices.\"o3-pro\"]\ninput = 20\noutput = 80\n{RULE}"
+    ));
+    assert_eq!(
+        p.prices().lookup("o3-pro-2025-06-10").map(|x| x.0),
+        Some("o3-pro")
+    );
+    assert!(p.prices().lookup("o3-pro-max").is_none());
 }

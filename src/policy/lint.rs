@@ -17,14 +17,17 @@
 //!   of an approval unless they poll `latchkey approvals list`;
 //! - `unused_notifier`: a `[notify.NAME]` no ask ever tells;
 //! - `unused_limit`: a `[limits.NAME]` no rule, identity or credential names;
-//! - `unmetered_tunnel`: an identity charged to a limit that meters bodies (`bytes_up`,
-//!   `llm_tokens`, `spend`) may use a `tunnel = true` rule, whose bytes latchkey cannot see, so
-//!   that limit does not count them;
+//! - `unmetered_tunnel`: an identity charged to a limit that meters model-provider usage
+//!   (`llm_tokens`, `spend`) may use a `tunnel = true` rule, whose requests latchkey cannot
+//!   read, so that limit does not count them (`bytes_up` does count a tunnel's bytes);
 //! - `free_model`: a `[prices."MODEL"]` that prices input and output at 0, so `spend` budgets
 //!   count its calls as free;
 //! - `cleartext_credential`: a rule that brokers a credential over plain http
 //!   (`dangerously_allow_cleartext = true`); `useless_cleartext`: the key on a rule it does not
 //!   change (one that brokers nothing, or whose `schemes` leave out http).
+//! - `price_matches_nothing`: a `[prices."MODEL"]` written as a pattern or prefix (`o3-*`,
+//!   `gpt-5-`, a space): model names are matched exactly (less a snapshot suffix), so it prices
+//!   no model and the variants it meant stay unpriced.
 //!
 //! Lint runs on a compiled [`Policy`] plus the source text it came from (for line:col spans), and
 //! reads no secret value.
@@ -540,6 +543,17 @@ fn limits(policy: &Policy, spans: &Spans, warn: &mut dyn FnMut(Loc, &'static str
         let Some((_, price)) = prices.lookup(model) else {
             continue;
         };
+        if let Some(why) = never_matches(model) {
+            let loc = spans.prices.get(model).cloned().unwrap_or_else(nowhere);
+            warn(
+                loc,
+                "price_matches_nothing",
+                format!(
+                    "[prices.{model:?}] {why}: a model is priced by its exact name (less a snapshot suffix such as -2024-08-06), never by a pattern or prefix, so this entry prices no model; write each model's full name"
+                ),
+            );
+            continue;
+        }
         if price.input == 0.0 && price.output == 0.0 && price.cached_input.unwrap_or(0.0) == 0.0 {
             let loc = spans.prices.get(model).cloned().unwrap_or_else(nowhere);
             warn(
@@ -550,6 +564,19 @@ fn limits(policy: &Policy, spans: &Spans, warn: &mut dyn FnMut(Loc, &'static str
                 ),
             );
         }
+    }
+}
+
+/// Why a `[prices."MODEL"]` name can match no model's name, if it cannot.
+fn never_matches(model: &str) -> Option<&'static str> {
+    if model.contains(['*', '?', '[', ']']) {
+        Some("is written as a pattern")
+    } else if model.ends_with(['-', '@', '/', '.']) {
+        Some("is written as a prefix")
+    } else if model.trim() != model || model.is_empty() {
+        Some("has leading or trailing spaces (model names are trimmed before lookup)")
+    } else {
+        None
     }
 }
 

@@ -2,10 +2,11 @@
 //! budgets. Latchkey ships a dated default (`prices.toml` beside this file, compiled in);
 //! a policy's `[prices."MODEL"]` tables override or extend it.
 //!
-//! Prices are USD per million tokens. A model is found by its exact name, else by the longest
-//! entry that is a prefix of it followed by `-` or `@` (so `gpt-4o-2024-08-06` costs what
-//! `gpt-4o` costs, and `gpt-4o-mini` is its own entry). A model the table does not know has no
-//! price: a `spend` budget refuses its calls rather than count them as free.
+//! Prices are USD per million tokens. A model is found by its exact name, else by its name
+//! without one trailing snapshot suffix (a date, a three-digit version or `latest`: so
+//! `gpt-4o-2024-08-06` costs what `gpt-4o` costs). Never by a shorter prefix: `o3-pro` is
+//! another model than `o3`, at another price. A model the table does not know has no price: a
+//! `spend` budget refuses its calls rather than count them as free or as a cheaper sibling.
 
 use std::collections::BTreeMap;
 
@@ -154,9 +155,10 @@ impl PriceTable {
         self.models.is_empty()
     }
 
-    /// The price of `model` and the entry that priced it: the exact name, else the longest
-    /// entry that is a prefix of it followed by `-` or `@`. Matching ignores ASCII case and a
-    /// `models/` prefix (Gemini's resource names).
+    /// The price of `model` and the entry that priced it: the exact name, else the name
+    /// without one trailing snapshot suffix ([`snapshot_base`]: `gpt-4o-2024-08-06` is
+    /// `gpt-4o`). Never a shorter sibling: `o3-pro` is not `o3`, `gpt-5-pro` is not `gpt-5`.
+    /// Matching ignores ASCII case and a `models/` prefix (Gemini's resource names).
     pub fn lookup(&self, model: &str) -> Option<(&str, &Price)> {
         let model = model.trim();
         let model = model.strip_prefix("models/").unwrap_or(model);
@@ -164,15 +166,49 @@ impl PriceTable {
         if let Some((k, p)) = self.models.get_key_value(lower.as_str()) {
             return Some((k.as_str(), p));
         }
-        let mut cut = lower.len();
-        while let Some(i) = lower[..cut].rfind(['-', '@']) {
-            if let Some((k, p)) = self.models.get_key_value(&lower[..i]) {
-                return Some((k.as_str(), p));
-            }
-            cut = i;
-        }
-        None
+        let base = snapshot_base(&lower)?;
+        self.models
+            .get_key_value(base)
+            .map(|(k, p)| (k.as_str(), p))
     }
+}
+
+/// `model` without its trailing snapshot suffix, if it has one: the providers' names for a
+/// dated or versioned copy of one model, which costs what the model costs. A suffix is `-` or
+/// `@` followed by a date (`2024-08-06`, `20240806`, or `0613`: month and day), a three-digit
+/// version (`001`, Gemini's stable versions) or `latest`. Anything else (`-pro`, `-mini`,
+/// `-preview-05-20`, `-2026`) names another model.
+pub fn snapshot_base(model: &str) -> Option<&str> {
+    let b = model.as_bytes();
+    let digits = |s: &[u8]| s.iter().all(u8::is_ascii_digit);
+    let num = |s: &[u8]| s.iter().fold(0u32, |n, d| n * 10 + u32::from(d - b'0'));
+    let month_day = |m: &[u8], d: &[u8]| (1..=12).contains(&num(m)) && (1..=31).contains(&num(d));
+    let is_sep = |i: usize| matches!(b.get(i), Some(b'-' | b'@'));
+    let n = b.len();
+    // `-YYYY-MM-DD`
+    if n > 11 && is_sep(n - 11) && b[n - 6] == b'-' && b[n - 3] == b'-' {
+        let (y, m, d) = (&b[n - 10..n - 6], &b[n - 5..n - 3], &b[n - 2..]);
+        if digits(y) && digits(m) && digits(d) && month_day(m, d) {
+            return Some(&model[..n - 11]);
+        }
+    }
+    // `-YYYYMMDD`
+    if n > 9 && is_sep(n - 9) && digits(&b[n - 8..]) && month_day(&b[n - 4..n - 2], &b[n - 2..]) {
+        return Some(&model[..n - 9]);
+    }
+    // `-MMDD`
+    if n > 5 && is_sep(n - 5) && digits(&b[n - 4..]) && month_day(&b[n - 4..n - 2], &b[n - 2..]) {
+        return Some(&model[..n - 5]);
+    }
+    // `-NNN`
+    if n > 4 && is_sep(n - 4) && digits(&b[n - 3..]) {
+        return Some(&model[..n - 4]);
+    }
+    // `-latest`
+    if n > 7 && is_sep(n - 7) && &b[n - 6..] == b"latest" {
+        return Some(&model[..n - 7]);
+    }
+    None
 }
 
 #[cfg(test)]
@@ -188,7 +224,7 @@ mod tests {
     }
 
     #[test]
-    fn longest_prefix_at_a_separator() {
+    fn only_a_snapshot_suffix_falls_back() {
         let t = PriceTable::parse(
             "source = \"t\"\ndate = \"2026-01-01\"\n[models.gpt-4o]\ninput = 2.5\noutput = 10\n[models.gpt-4o-mini]\ninput = 0.15\noutput = 0.6\n",
         )
@@ -198,6 +234,77 @@ mod tests {
         assert_eq!(t.lookup("GPT-4o").unwrap().0, "gpt-4o");
         assert!(t.lookup("gpt-4").is_none());
         assert!(t.lookup("gpt-4ox").is_none());
+        // A variant is another model, never priced as its cheaper sibling.
+        assert!(t.lookup("gpt-4o-pro").is_none());
+        assert!(t.lookup("gpt-4o-mini-pro-2025-01-01").is_none());
+        assert!(t.lookup("gpt-4o-2024-08-06-extra").is_none());
+        assert!(t.lookup("gpt-4o-2024-13-06").is_none());
+        assert!(t.lookup("gpt-4o-preview-05-20").is_none());
+        assert!(t.lookup("gpt-4o-2026").is_none());
+    }
+
+    #[test]
+    fn a_variant_of_a_shipped_model_is_unpriced() {
+        let t = PriceTable::shipped().unwrap();
+        for variant in [
+            "o3-pro",
+            "gpt-5-pro",
+            "o3-deep-research",
+            "gpt-5-codex",
+            "claude-opus-4-5-thinking",
+            "gemini-2.5-pro-preview-06-05",
+            "o3-pro-2025-06-10",
+        ] {
+            assert!(
+                t.lookup(variant).is_none(),
+                "{variant} priced as {:?}",
+                t.lookup(variant).map(|x| x.0)
+            );
+        }
+        for (snapshot, base) in [
+            ("gpt-4o-2024-08-06", "gpt-4o"),
+            ("gpt-5-2025-08-07", "gpt-5"),
+            ("o3-2025-04-16", "o3"),
+            ("claude-sonnet-4-5-20250929", "claude-sonnet-4-5"),
+            ("claude-sonnet-4-5@20250929", "claude-sonnet-4-5"),
+            ("claude-3-5-haiku-latest", "claude-3-5-haiku"),
+            ("gemini-2.0-flash-001", "gemini-2.0-flash"),
+            ("models/gemini-2.5-flash", "gemini-2.5-flash"),
+        ] {
+            assert_eq!(t.lookup(snapshot).map(|x| x.0), Some(base), "{snapshot}");
+        }
+    }
+
+    #[test]
+    fn snapshot_base_never_panics_and_only_shortens_at_a_separator() {
+        for s in [
+            "",
+            "-",
+            "@latest",
+            "é-0613",
+            "ééééé-20240101",
+            "x-é01",
+            "-2024-08-06",
+            "a-1231",
+            "a-1301",
+            "a-0132",
+        ] {
+            if let Some(base) = snapshot_base(s) {
+                assert!(!base.is_empty() && s.starts_with(base), "{s}");
+            }
+        }
+        assert_eq!(snapshot_base("a-1231"), Some("a"));
+        assert_eq!(snapshot_base("a-1301"), None);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn snapshot_base_is_a_separator_prefix(s in "[a-z0-9@é.-]{0,24}") {
+            if let Some(base) = snapshot_base(&s) {
+                proptest::prop_assert!(s.starts_with(base));
+                proptest::prop_assert!(matches!(s.as_bytes()[base.len()], b'-' | b'@'));
+            }
+        }
     }
 
     #[test]
@@ -214,7 +321,8 @@ mod tests {
                 cached_input: None,
             },
         )]);
-        assert_eq!(t.lookup("my-model-2026").unwrap().0, "my-model");
+        assert_eq!(t.lookup("my-model-20260101").unwrap().0, "my-model");
+        assert!(t.lookup("my-model-2026").is_none());
         assert_eq!(t.lookup("LOCAL-LLM").unwrap().0, "local-llm");
     }
 

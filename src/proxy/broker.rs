@@ -30,7 +30,7 @@ use http_body_util::BodyExt;
 
 use super::body;
 use super::budget::Budget;
-use super::request_body::{self, drain, BodyRefused, Inbound, Prefixed, Read, Whole};
+use super::request_body::{self, drain, BodyRefused, Inbound, Prefixed, Read, Rest, Whole};
 use crate::audit::Counters;
 use crate::policy::{Policy, Rule};
 use crate::reason::{Reason, Refusal};
@@ -198,12 +198,16 @@ pub async fn apply(
     }
 
     let credential = match &rule.credential {
-        Some(name) => Some(policy.credential(name).ok_or_else(|| {
-            Refusal::new(
-                Reason::CredentialFailed,
-                format!("credential '{name}' is not defined"),
-            )
-        })?),
+        Some(name) => match policy.credential(name) {
+            Some(c) => Some(c),
+            None => {
+                incoming.drain(req.body_timeout).await;
+                return Err(Refusal::new(
+                    Reason::CredentialFailed,
+                    format!("credential '{name}' is not defined"),
+                ));
+            }
+        },
         None => None,
     };
 
@@ -244,7 +248,9 @@ pub async fn apply(
             (b, None, Some(rest), c)
         }
     };
-    let whole = rest.is_none();
+    // From here a refusal drops the rest unread: it is drained, so the client reads the answer.
+    let mut rest = Rest::new(rest);
+    let whole = !rest.is_some();
 
     // 3. a body held whole is checked like the head.
     if whole {
@@ -305,9 +311,10 @@ pub async fn apply(
     // 7. sign or attach a minted token: last, over the final URI, headers and body.
     let mut applied = signing::Applied::default();
     if let Some(c) = credential {
-        let sign_body = match rest {
-            None => signing::SignBody::Whole(&body_bytes),
-            Some(_) => signing::SignBody::Streamed,
+        let sign_body = if rest.is_some() {
+            signing::SignBody::Streamed
+        } else {
+            signing::SignBody::Whole(&body_bytes)
         };
         let target = signing::Target {
             method: req.method,
@@ -340,7 +347,7 @@ pub async fn apply(
 
     let refused: Arc<OnceLock<BodyRefused>> = Arc::default();
     let whole_len = body_bytes.len() as u64;
-    let body = match rest {
+    let body = match rest.take() {
         None => Whole::new(body_bytes, trailers, charge).boxed(),
         Some(rest) => {
             let none = BTreeSet::new();

@@ -204,9 +204,10 @@ pub(crate) async fn decide_authority(
     }
 }
 
-/// Charges a tunnel to its rule's and identity's limits (only request rates and concurrency
-/// apply: policy refuses budgets on a tunnel rule, whose bytes latchkey cannot read). The
-/// admission lives as long as the tunnel's record.
+/// Charges a tunnel to its rule's and identity's limits: request rates and concurrency, and
+/// `bytes_up`, reserved as the tunnel relays bytes upstream ([`tunnel`]); policy refuses token
+/// and spend budgets on a tunnel rule, whose requests latchkey cannot read. The admission lives
+/// as long as the tunnel's record.
 async fn tunnel_limits(
     proxy: &Proxy,
     ctx: &Ctx,
@@ -235,8 +236,10 @@ async fn tunnel_limits(
         host: &pattern,
         request_id: &id,
     };
+    // The relayed bytes stream: reserved block by block as they go.
     let estimate = crate::governance::limits::Estimate {
-        bytes_up: Some(0),
+        head_up: 0,
+        bytes_up: None,
         llm: None,
     };
     match limiter.admit(&limits, who, &estimate).await {
@@ -265,18 +268,28 @@ pub(crate) async fn serve_opened<T: ClientIo>(
 }
 
 /// Relays raw bytes both ways for a `tunnel = true` rule; the record is written when it ends.
+/// Under a `bytes_up` limit each read from the client is reserved before it is written
+/// upstream; past the budget the tunnel stops relaying (both ways) and the record says
+/// `budget_exhausted`.
 pub(crate) async fn tunnel<T: ClientIo>(
     mut client: T,
     mut upstream: tokio::net::TcpStream,
-    entry: Entry,
+    mut entry: Entry,
 ) {
     let counters = entry.counters();
-    let (up, down) = match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
-        Ok(n) => n,
-        Err(e) => {
-            tracing::debug!(error = %e, "tunnel closed with error");
-            (0, 0)
-        }
+    let admission = entry
+        .take_held()
+        .and_then(|h| h.downcast::<crate::governance::limits::Admission>().ok());
+    let upload = admission.as_ref().and_then(|a| a.upload());
+    let (up, down, cut) = match upload {
+        Some(upload) => metered_tunnel(client, upstream, &upload).await,
+        None => match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+            Ok((up, down)) => (up, down, None),
+            Err(e) => {
+                tracing::debug!(error = %e, "tunnel closed with error");
+                (0, 0, None)
+            }
+        },
     };
     counters
         .up
@@ -284,7 +297,81 @@ pub(crate) async fn tunnel<T: ClientIo>(
     counters
         .down
         .fetch_add(down, std::sync::atomic::Ordering::Relaxed);
+    if let Some(admission) = admission {
+        let prices = crate::policy::PriceTable::empty();
+        let (charges, _) = admission.settle(up, None, None, &prices);
+        entry.update(|r| r.limits = charges);
+    }
+    if let Some(refusal) = cut {
+        tracing::warn!(audit.id = %entry.id(), reason = refusal.reason.code(), message = %entry.scrub_text(&refusal.message), "tunnel cut off");
+        entry.update(|r| {
+            r.reason = refusal.reason.code();
+            r.decision = "deny";
+        });
+    }
     entry.finish();
+}
+
+/// Relays a tunnel whose upstream bytes are reserved before they go: `(up, down, the refusal
+/// that cut it off)`.
+async fn metered_tunnel<T: ClientIo>(
+    client: T,
+    upstream: tokio::net::TcpStream,
+    upload: &crate::governance::limits::Upload,
+) -> (u64, u64, Option<Refusal>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut from_client, mut to_client) = tokio::io::split(client);
+    let (mut from_upstream, mut to_upstream) = upstream.into_split();
+    let up = async {
+        let mut buf = vec![0u8; 16 * 1024];
+        let mut sent = 0u64;
+        loop {
+            let n = match from_client.read(&mut buf).await {
+                Ok(0) | Err(_) => {
+                    let _ = to_upstream.shutdown().await;
+                    return (sent, None);
+                }
+                Ok(n) => n,
+            };
+            let len = n as u64;
+            if upload.fits(len) {
+                upload.sent(len);
+            } else if let Err(refusal) = upload.send(len).await {
+                return (sent, Some(refusal));
+            }
+            if to_upstream.write_all(&buf[..n]).await.is_err() {
+                return (sent, None);
+            }
+            sent += len;
+        }
+    };
+    let down = async {
+        let n = tokio::io::copy(&mut from_upstream, &mut to_client)
+            .await
+            .unwrap_or(0);
+        let _ = to_client.shutdown().await;
+        n
+    };
+    tokio::pin!(up, down);
+    let (mut up_done, mut down_done) = (None, None);
+    loop {
+        tokio::select! {
+            r = &mut up, if up_done.is_none() => {
+                let cut = r.1.is_some();
+                up_done = Some(r);
+                // Cut off: nothing more is relayed either way.
+                if cut {
+                    break;
+                }
+            }
+            n = &mut down, if down_done.is_none() => down_done = Some(n),
+        }
+        if up_done.is_some() && down_done.is_some() {
+            break;
+        }
+    }
+    let (up, cut) = up_done.unwrap_or((0, None));
+    (up, down_done.unwrap_or(0), cut)
 }
 
 /// Why a client's TLS could not be intercepted: the reason code and a detail for the log.

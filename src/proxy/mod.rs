@@ -40,6 +40,7 @@ mod scrub_body;
 mod socks;
 pub mod transparent;
 mod websocket;
+mod websocket_held;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -61,6 +61,16 @@ pin_project_lite::pin_project! {
         queued: Option<HeaderMap>,
         done: bool,
     }
+
+    impl PinnedDrop for Prefixed {
+        fn drop(this: Pin<&mut Self>) {
+            // Dropped unread (a refusal, an upstream that failed or answered early): the
+            // client still gets its answer, not a reset.
+            if let Some(rest) = this.project().inner.take() {
+                drain_later(rest);
+            }
+        }
+    }
 }
 
 impl Prefixed {
@@ -170,6 +180,46 @@ impl HttpBody for Prefixed {
 
     fn size_hint(&self) -> SizeHint {
         SizeHint::default()
+    }
+}
+
+/// The rest of a request body not sent on: dropped unread, it is drained in the background
+/// ([`drain_later`]), so every refusal that comes after the body was taken from the pipeline
+/// still reaches the client as an answer (an h2 stream whose body is dropped unread is reset).
+pub struct Rest(Option<Progress<Incoming>>);
+
+impl Rest {
+    pub fn new(rest: Option<Progress<Incoming>>) -> Self {
+        Self(rest)
+    }
+
+    /// Whether a rest remains.
+    pub fn is_some(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// The rest, to be sent on.
+    pub fn take(&mut self) -> Option<Progress<Incoming>> {
+        self.0.take()
+    }
+}
+
+impl Drop for Rest {
+    fn drop(&mut self) {
+        if let Some(rest) = self.0.take() {
+            drain_later(rest);
+        }
+    }
+}
+
+/// [`drain`] on its own task, for a body dropped where nothing can wait: the answer goes out
+/// while the client finishes sending (an h2 stream stays open until then, so it is not reset).
+pub fn drain_later(rest: Progress<Incoming>) {
+    if rest.is_end_stream() {
+        return;
+    }
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        rt.spawn(drain(rest));
     }
 }
 

@@ -14,7 +14,10 @@
 //!   reassembled whole (bounded by `--max-websocket-message`), checked for secret values and
 //!   placeholders toward the upstream (placeholders replaced where the rule enables
 //!   `placeholders = ["websocket"]`), scrubbed toward the sandbox, counted; the audit record is
-//!   written when the socket closes.
+//!   written when the socket closes. Each message toward the upstream is reserved against the
+//!   socket's `bytes_up` budgets before it goes (`charge_up`: over them the socket closes
+//!   `1008`, `budget_exhausted`); a message still arriving is held against the buffer budget
+//!   ([`super::websocket_held`]: over it the socket closes `1013`, `too_busy`).
 //!
 //! Control frames are answered per hop (tungstenite replies to pings) and never forwarded, so
 //! nothing the sandbox puts in a ping or a close reason reaches the upstream unchecked.
@@ -40,7 +43,9 @@ use tokio_tungstenite::WebSocketStream;
 
 use super::body::{self, FinishHook};
 use super::budget::Budget;
+use super::websocket_held::{is_held_over, Held};
 use crate::audit::{Entry, WebSocketInfo};
+use crate::governance::limits::Upload;
 use crate::policy::Policy;
 use crate::reason::{Reason, Refusal};
 use crate::secrets::leak::{Binding, Checker};
@@ -250,6 +255,9 @@ pub struct Guard {
     pub max_message: usize,
     pub budget: Arc<Budget>,
     pub client: IpAddr,
+    /// The `bytes_up` budgets the socket is charged to: each message (and the close) is
+    /// reserved before it goes upstream.
+    pub upload: Option<Arc<Upload>>,
 }
 
 /// Why the relay ended, for the record.
@@ -305,7 +313,8 @@ pub fn spawn(
     });
 }
 
-type Socket = WebSocketStream<TokioIo<Upgraded>>;
+/// A side's connection: its unfinished message is charged to the buffer budget as it arrives.
+type Socket = WebSocketStream<Held<TokioIo<Upgraded>>>;
 
 async fn relay(
     sandbox: Upgraded,
@@ -318,10 +327,12 @@ async fn relay(
     let config = WebSocketConfig::default()
         .max_message_size(Some(guard.max_message))
         .max_frame_size(Some(guard.max_message));
+    // Both sides' unfinished messages are held on the sandbox's behalf: its share.
+    let held = |io| Held::new(TokioIo::new(io), guard.budget.start(guard.client));
     let mut sandbox: Socket =
-        WebSocketStream::from_raw_socket(TokioIo::new(sandbox), Role::Server, Some(config)).await;
+        WebSocketStream::from_raw_socket(held(sandbox), Role::Server, Some(config)).await;
     let mut upstream: Socket =
-        WebSocketStream::from_raw_socket(TokioIo::new(upstream), Role::Client, Some(config)).await;
+        WebSocketStream::from_raw_socket(held(upstream), Role::Client, Some(config)).await;
     let counters = entry.counters();
     let mut used: BTreeSet<String> = BTreeSet::new();
     let ended = loop {
@@ -329,6 +340,11 @@ async fn relay(
             m = sandbox.next() => match m {
                 Some(Ok(m)) => match up_message(m, guard, &mut used).await {
                     Ok(Some(out)) => {
+                        if let Err(refusal) = charge_up(guard, &out).await {
+                            tracing::warn!(audit.id = %entry.id(), reason = refusal.reason.code(), message = %entry.scrub_text(&refusal.message), "WebSocket message refused");
+                            let code = close_code_for(refusal.reason);
+                            break refuse(&mut sandbox, &mut upstream, refusal.reason, code).await;
+                        }
                         counters.up.fetch_add(payload_len(&out) as u64, Ordering::Relaxed);
                         info.frames_up += 1;
                         if upstream.send(out).await.is_err() {
@@ -338,6 +354,7 @@ async fn relay(
                     Ok(None) => {}
                     Err(Step::Close(frame)) => {
                         let code = frame.as_ref().map(|f| u16::from(f.code));
+                        let frame = charge_close(guard, frame).await;
                         break closing(&mut upstream, &mut sandbox, frame, code, "sandbox").await;
                     }
                     Err(Step::Refuse(refusal)) => {
@@ -539,6 +556,46 @@ fn close_code_for(reason: Reason) -> CloseCode {
     }
 }
 
+/// Reserves a message's bytes on the wire (frame header, mask and payload) against the
+/// socket's `bytes_up` budgets before it goes upstream: `budget_exhausted` when they have no
+/// room (the socket is then closed).
+async fn charge_up(guard: &Guard, m: &Message) -> Result<(), Refusal> {
+    let Some(upload) = &guard.upload else {
+        return Ok(());
+    };
+    let len = wire_len(payload_len(m));
+    if upload.fits(len) {
+        upload.sent(len);
+        return Ok(());
+    }
+    upload.send(len).await
+}
+
+/// The sandbox's close as it goes upstream, charged like a message; with no room left, a
+/// bare close (no code, no reason: nothing of the sandbox's) goes instead.
+async fn charge_close(guard: &Guard, frame: Option<CloseFrame>) -> Option<CloseFrame> {
+    let Some(upload) = &guard.upload else {
+        return frame;
+    };
+    let len = wire_len(frame.as_ref().map_or(0, |f| 2 + f.reason.len()));
+    if upload.fits(len) {
+        upload.sent(len);
+        return frame;
+    }
+    upload.send(len).await.ok().and(frame)
+}
+
+/// A client frame's bytes on the wire for `payload` bytes: the 2-byte header, the extended
+/// length, the 4-byte mask, the payload (latchkey sends each message as one frame).
+fn wire_len(payload: usize) -> u64 {
+    let extended = match payload {
+        0..=125 => 0,
+        126..=65_535 => 2,
+        _ => 8,
+    };
+    (2 + extended + 4 + payload) as u64
+}
+
 fn payload_len(m: &Message) -> usize {
     match m {
         Message::Text(t) => t.len(),
@@ -623,6 +680,21 @@ async fn read_failed(
     match e {
         WsError::Capacity(_) => {
             refuse(sandbox, upstream, Reason::BodyTooLarge, CloseCode::Size).await
+        }
+        // An unfinished message past the buffer budget: `1013`, try again later.
+        WsError::Io(e) if is_held_over(&e) => {
+            let ended = refuse(sandbox, upstream, Reason::TooBusy, CloseCode::Again).await;
+            // Read (and drop) what that side still sends until it closes, so it gets the close.
+            let other = if side == "sandbox" { sandbox } else { upstream };
+            // (Below the WebSocket, which reads no more after the failed read: the connection
+            // discards until the client closes it.)
+            let _ = tokio::time::timeout(CLOSE_WAIT, async {
+                use tokio::io::AsyncReadExt;
+                let mut scratch = [0u8; 1];
+                let _ = other.get_mut().read(&mut scratch).await;
+            })
+            .await;
+            ended
         }
         WsError::Protocol(_) | WsError::Utf8(_) => {
             let reason = if side == "sandbox" {

@@ -18,6 +18,11 @@
       each message of the JSON list in turn and waits for its reply (a message "close" waits
       for the server's close instead; {"binary": TEXT} is sent as a binary message). Prints one JSON line: {"replies": [...], "close_code",
       "close_reason", "subprotocol"}, or {"status": N} when the handshake is refused.
+  ws_echo.py hold URL CA PROXY SOCKETS SIZE
+      Opens SOCKETS sockets at once; on each sends one binary message in 256 KiB fragments, SIZE
+      bytes of them, and never its last fragment, then waits (up to 30 s) for the socket to be
+      closed. Prints {"close_codes": [...]}: each socket's close code (null: still open; an
+      HTTP status when the handshake was refused).
 """
 
 import asyncio
@@ -113,11 +118,45 @@ async def client(url, ca, proxy, messages):
     print(json.dumps(out), flush=True)
 
 
+async def hold(url, ca, proxy, sockets, size):
+    ctx = ssl.create_default_context(cafile=ca)
+
+    async def one():
+        try:
+            async with connect(
+                url, ssl=ctx, proxy=proxy, subprotocols=["chat"], max_size=None, open_timeout=20
+            ) as ws:
+                never = asyncio.Event()
+
+                async def fragments():
+                    sent = 0
+                    while sent < size:
+                        yield b"x" * 262144
+                        sent += 262144
+                    await never.wait()
+
+                sender = asyncio.create_task(ws.send(fragments()))
+                try:
+                    await asyncio.wait_for(ws.wait_closed(), 30)
+                except asyncio.TimeoutError:
+                    return None
+                finally:
+                    sender.cancel()
+                return ws.close_code
+        except InvalidStatus as e:
+            return e.response.status_code
+
+    codes = await asyncio.gather(*[one() for _ in range(sockets)])
+    print(json.dumps({"close_codes": codes}), flush=True)
+
+
 def main():
     if sys.argv[1] == "--tls":
         asyncio.run(serve_tls(sys.argv[2], sys.argv[3]))
     elif sys.argv[1] == "client":
         asyncio.run(client(sys.argv[2], sys.argv[3], sys.argv[4], json.loads(sys.argv[5])))
+    elif sys.argv[1] == "hold":
+        asyncio.run(hold(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6])))
     else:
         sys.exit("usage: ws_echo.py --tls CERT KEY | client URL CA PROXY MESSAGES_JSON")
 

@@ -55,8 +55,13 @@ fn twenty_concurrent_sdk_streams_overshoot_a_token_budget_by_at_most_one_reserva
     }
     for r in &refused {
         assert_eq!(r["error"], "RateLimitError", "{r:#}");
-        assert_eq!(
-            r["headers"]["x-latchkey-reason"], "budget_exhausted",
+        // Spent, or held by the reservations of calls in flight (which of the two depends on
+        // how the calls interleave).
+        let reason = r["headers"]["x-latchkey-reason"]
+            .as_str()
+            .unwrap_or_default();
+        assert!(
+            ["budget_exhausted", "budget_reserved"].contains(&reason),
             "{r:#}"
         );
         assert!(
@@ -73,7 +78,8 @@ fn twenty_concurrent_sdk_streams_overshoot_a_token_budget_by_at_most_one_reserva
 
     let records = w.lk.wait_audit(20);
     let ok = with_reason(&records, "allowed");
-    let no = with_reason(&records, "budget_exhausted");
+    let mut no = with_reason(&records, "budget_exhausted");
+    no.extend(with_reason(&records, "budget_reserved"));
     assert_eq!((ok.len(), no.len()), (allowed.len(), refused.len()));
     let mut charged_total = 0;
     for r in &ok {

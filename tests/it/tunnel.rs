@@ -94,3 +94,62 @@ fn a_host_without_a_tunnel_rule_is_intercepted_not_relayed() {
         }),
     );
 }
+
+/// `bytes_up` on a tunnel rule counts every byte relayed upstream, reserved before it is
+/// written: past the budget the tunnel stops relaying and the record says so; once it is
+/// spent, a CONNECT is refused.
+#[test]
+fn a_tunnel_under_a_bytes_budget_is_charged_what_it_relays_and_cut_at_the_budget() {
+    const BUDGET: u64 = 20_000;
+    let w = https_world(|port| {
+        tunnel_policy(port).replace(
+            "tunnel = true\n",
+            "tunnel = true\nlimits = [\"exfil\"]\n\n[limits.exfil]\nbytes_up = \"20KB/day\"\n",
+        )
+    });
+    let port = w.upstream.port();
+    let body = w.lk.scratch().join("tunnel-body.bin");
+    std::fs::write(&body, vec![b'b'; 8000]).expect("body");
+    let data = format!("@{}", body.display());
+    let outcomes: Vec<Option<i32>> = (0..6)
+        .map(|i| {
+            curl(&w.lk)
+                .cacert(&w.ca.pem_path())
+                .args([
+                    "--data-binary".to_string(),
+                    data.clone(),
+                    format!("https://tunnel.test:{port}/upload/{i}"),
+                ])
+                .run()
+                .exit
+        })
+        .collect();
+    assert_eq!(outcomes[0], Some(0), "{outcomes:?}");
+    assert!(
+        outcomes.iter().filter(|e| **e == Some(0)).count() < 3,
+        "three 8 KB uploads fit a 20 KB budget: {outcomes:?}"
+    );
+
+    let records = w.lk.wait_audit(6);
+    let mut charged_total = 0;
+    for r in &records {
+        let c = crate::support::providers::charge(r, "exfil", "bytes_up");
+        let charged = crate::support::providers::num(&c, "charged");
+        if r["reason"] == "tunnel" {
+            assert_eq!(charged, r["bytes_up"].as_u64().expect("bytes_up"), "{r:#}");
+        }
+        if r["status"] != 429 {
+            charged_total += charged;
+        }
+    }
+    assert!(
+        charged_total <= BUDGET,
+        "{charged_total} relayed: {records:#?}"
+    );
+    assert!(
+        records
+            .iter()
+            .any(|r| r["reason"] == "budget_exhausted" && r["decision"] == "deny"),
+        "{records:#?}"
+    );
+}

@@ -23,7 +23,7 @@ use super::Ctx;
 use crate::audit::Entry;
 use crate::governance::limits::{Admission, Estimate, LlmEstimate, Subject, Upload};
 use crate::governance::usage::{self, Meter, Provider, Usage};
-use crate::policy::{Identity, Policy, PriceTable, Rule};
+use crate::policy::{display_authority, Identity, Policy, PriceTable, Rule};
 use crate::reason::{Reason, Refusal};
 use crate::upstream::{Body, BoxError};
 
@@ -54,6 +54,7 @@ pub(super) async fn charge(
     }
     let under = |r: Refusal| r.under(&rule.name);
     let Some(limiter) = proxy.limiter() else {
+        incoming.drain(proxy.body_timeout).await;
         return Err(under(Refusal::new(
             Reason::LimitsUnavailable,
             "this request is under [limits], and latchkey has no state store to count them in",
@@ -110,8 +111,11 @@ pub(super) async fn charge(
             cost_micros: cost,
         });
     }
+    // A WebSocket's messages stream after the handshake: they are reserved as they go.
+    let upgrading = super::super::websocket::requested(&head.headers);
     let bytes_up = match &incoming {
-        Inbound::Held(b, _, _) => Some(b.len() as u64),
+        _ if upgrading => None,
+        Inbound::Held(b, t, _) => Some(b.len() as u64 + t.as_ref().map_or(0, fields_len)),
         Inbound::Streaming(i) if i.is_end_stream() => Some(0),
         Inbound::Streaming(_) => head
             .headers
@@ -128,15 +132,48 @@ pub(super) async fn charge(
         host: &host,
         request_id: &request_id,
     };
-    let estimate = Estimate { bytes_up, llm };
+    let estimate = Estimate {
+        head_up: head_len(head, target),
+        bytes_up,
+        llm,
+    };
     match limiter.admit(&limits, who, &estimate).await {
         Ok(admission) => {
             record_admitted(entry, &admission);
             Ok((incoming, Some(admission)))
         }
-        // The body is drained by the one refusal path; a held one is simply dropped.
-        Err(refused) => Err(record_refused(entry, *refused).under(&rule.name)),
+        // The body was taken from the pipeline: read what the client still sends, so it reads
+        // the refusal (an h2 stream whose body is dropped unread is reset, not answered).
+        Err(refused) => {
+            incoming.drain(proxy.body_timeout).await;
+            Err(record_refused(entry, *refused).under(&rule.name))
+        }
     }
+}
+
+/// The bytes of a request's head as `bytes_up` counts them: the request line, the `Host` line
+/// and every header the sandbox sent, each `name: value` with its CRLF, and the blank line,
+/// written as HTTP/1.1 whatever the version it came in. Headers latchkey adds (credentials it
+/// injects) are not the sandbox's bytes and are not counted; hop-by-hop headers it strips are.
+pub(super) fn head_len(head: &Parts, target: &Admitted) -> u64 {
+    let line = head.method.as_str().len() + 1 + target.path_and_query.len() + " HTTP/1.1\r\n".len();
+    let authority = display_authority(&target.host, target.port);
+    let host = "host: ".len() + authority.len() + 2;
+    let headers = head
+        .headers
+        .iter()
+        .filter(|(n, _)| *n != http::header::HOST)
+        .map(|(n, v)| n.as_str().len() + 2 + v.len() + 2)
+        .sum::<usize>();
+    (line + host + headers + 2) as u64
+}
+
+/// The bytes of a trailer or header block as `bytes_up` counts them (`name: value\r\n` each).
+pub(crate) fn fields_len(fields: &http::HeaderMap) -> u64 {
+    fields
+        .iter()
+        .map(|(n, v)| (n.as_str().len() + 2 + v.len() + 2) as u64)
+        .sum()
 }
 
 /// Puts an admission's charges and rate headers on the record (requests and tunnels alike).
@@ -269,7 +306,11 @@ impl HttpBody for LimitedUpload {
             Poll::Ready(Some(Ok(frame))) => frame,
             other => return other,
         };
-        let len = frame.data_ref().map_or(0, |d| d.len() as u64);
+        let len = match (frame.data_ref(), frame.trailers_ref()) {
+            (Some(d), _) => d.len() as u64,
+            (None, Some(t)) => fields_len(t),
+            (None, None) => 0,
+        };
         if len == 0 || this.upload.fits(len) {
             this.upload.sent(len);
             return Poll::Ready(Some(Ok(frame)));

@@ -284,7 +284,12 @@ async fn phases(
         entry,
     )
     .await?;
-    if let Some(upload) = admission.as_ref().and_then(|a| a.upload()) {
+    // A WebSocket handshake has no body: its messages are charged by the relay.
+    if let Some(upload) = admission
+        .as_ref()
+        .and_then(|a| a.upload())
+        .filter(|_| handshake.is_none())
+    {
         let refused = out.plan.body_refused.clone();
         out.request = out
             .request
@@ -325,7 +330,7 @@ async fn phases(
     let upgrade = handshake.map(|h| {
         (
             h,
-            websocket_guard(proxy, ctx, policy, rule, &target.host, &plan),
+            websocket_guard(proxy, ctx, (policy, rule), &target.host, &plan, &admission),
         )
     });
     let mut answer = respond(proxy, &verdict, &target.host, res, plan, upgrade, entry).await?;
@@ -411,10 +416,10 @@ async fn respond(
 fn websocket_guard(
     proxy: &Proxy,
     ctx: &Ctx,
-    policy: &Arc<Policy>,
-    rule: &crate::policy::Rule,
+    (policy, rule): (&Arc<Policy>, &crate::policy::Rule),
     host: &str,
     plan: &outgoing::Plan,
+    admission: &Option<crate::governance::limits::Admission>,
 ) -> websocket::Guard {
     websocket::Guard {
         policy: policy.clone(),
@@ -426,6 +431,7 @@ fn websocket_guard(
         max_message: proxy.limits.max_websocket_message,
         budget: proxy.budget.clone(),
         client: ctx.client.ip(),
+        upload: admission.as_ref().and_then(|a| a.upload()),
     }
 }
 

@@ -84,6 +84,8 @@ pub const REASONS: &[&str] = &[
     // Limits and budgets: a budget without room for the request's reservation, the state store
     // holding a limit's counters unreachable.
     "budget_exhausted",
+    // A budget held only by other requests' reservations still in flight.
+    "budget_reserved",
     "limits_unavailable",
     // A WebSocket handshake under a rule without `websocket = true`.
     "websocket_not_allowed",
@@ -426,7 +428,7 @@ fn check_limits(limits: &Value, reason: &str) -> Result<(), String> {
     }
     let by_limit = matches!(
         reason,
-        "rate_limited" | "budget_exhausted" | "limits_unavailable"
+        "rate_limited" | "budget_exhausted" | "budget_reserved" | "limits_unavailable"
     );
     if refused > 1 || ((refused == 1) != by_limit && reason != "rate_limited") {
         return Err(format!("{refused} limits refused with reason {reason}"));
