@@ -40,6 +40,7 @@ use tokio_tungstenite::WebSocketStream;
 
 use super::body::{self, FinishHook};
 use super::budget::Budget;
+use super::mcp_socket;
 use crate::audit::{Entry, WebSocketInfo};
 use crate::policy::Policy;
 use crate::reason::{Reason, Refusal};
@@ -250,6 +251,8 @@ pub struct Guard {
     pub max_message: usize,
     pub budget: Arc<Budget>,
     pub client: IpAddr,
+    /// The rule's `mcp`: every message is matched as JSON-RPC (`mcp_socket`).
+    pub mcp: Option<mcp_socket::Rules>,
 }
 
 /// Why the relay ended, for the record.
@@ -324,10 +327,12 @@ async fn relay(
         WebSocketStream::from_raw_socket(TokioIo::new(upstream), Role::Client, Some(config)).await;
     let counters = entry.counters();
     let mut used: BTreeSet<String> = BTreeSet::new();
+    let mut mcp = guard.mcp.clone().map(mcp_socket::Socket::new);
     let ended = loop {
         tokio::select! {
             m = sandbox.next() => match m {
-                Some(Ok(m)) => match up_message(m, guard, &mut used).await {
+                Some(Ok(m)) => match mcp_up(mcp.as_mut(), m, entry) {
+                    mcp_socket::Up::Forward(m) => match up_message(m, guard, &mut used).await {
                     Ok(Some(out)) => {
                         counters.up.fetch_add(payload_len(&out) as u64, Ordering::Relaxed);
                         info.frames_up += 1;
@@ -345,12 +350,26 @@ async fn relay(
                         let code = close_code_for(refusal.reason);
                         break refuse(&mut sandbox, &mut upstream, refusal.reason, code).await;
                     }
+                    },
+                    // A refused JSON-RPC call: answered on the socket, nothing goes upstream.
+                    mcp_socket::Up::Answered(reply) => {
+                        if let Some(reply) = reply {
+                            if sandbox.send(reply).await.is_err() {
+                                break gone("sandbox", &mut upstream, None).await;
+                            }
+                        }
+                    }
+                    mcp_socket::Up::Refuse(refusal) => {
+                        tracing::warn!(audit.id = %entry.id(), reason = refusal.reason.code(), message = %entry.scrub_text(&refusal.message), "WebSocket message refused");
+                        let code = close_code_for(refusal.reason);
+                        break refuse(&mut sandbox, &mut upstream, refusal.reason, code).await;
+                    }
                 },
                 Some(Err(e)) => break read_failed(e, "sandbox", &mut sandbox, &mut upstream).await,
                 None => break gone("sandbox", &mut upstream, None).await,
             },
             m = upstream.next() => match m {
-                Some(Ok(m)) => match down_message(m, guard, &counters) {
+                Some(Ok(m)) => match mcp_down(mcp.as_mut(), m).and_then(|m| down_message(m, guard, &counters)) {
                     Ok(Some(out)) => {
                         counters.down.fetch_add(payload_len(&out) as u64, Ordering::Relaxed);
                         info.frames_down += 1;
@@ -381,6 +400,9 @@ async fn relay(
             }
         }
     };
+    if let Some(mcp) = mcp {
+        mcp.record(entry);
+    }
     if !used.is_empty() {
         entry.update(|r| {
             for name in used {
@@ -391,6 +413,22 @@ async fn relay(
         });
     }
     ended
+}
+
+/// A message from the sandbox, matched as JSON-RPC under a rule with `mcp`.
+fn mcp_up(mcp: Option<&mut mcp_socket::Socket>, m: Message, entry: &Entry) -> mcp_socket::Up {
+    match mcp {
+        Some(mcp) => mcp.up(m, entry),
+        None => mcp_socket::Up::Forward(m),
+    }
+}
+
+/// A message from the upstream, its `tools/list` results filtered under a rule with `mcp`.
+fn mcp_down(mcp: Option<&mut mcp_socket::Socket>, m: Message) -> Result<Message, Step> {
+    match mcp {
+        Some(mcp) => mcp.down(m).map_err(Step::Refuse),
+        None => Ok(m),
+    }
 }
 
 /// What a message means for the relay besides being forwarded.
