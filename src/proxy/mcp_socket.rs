@@ -173,7 +173,10 @@ impl Socket {
         let info = mcp::for_the_record(self.info, entry);
         let (refused, report) = (self.refused, self.rules.report);
         entry.update(|r| {
-            r.mcp = Some(info);
+            // A socket closed before any message was read has none to list.
+            if info.messages > 0 {
+                r.mcp = Some(info);
+            }
             if refused && report {
                 r.would_deny = true;
             } else if refused {
