@@ -31,8 +31,9 @@ use crate::reason::{Reason, Refusal};
 /// Most `tools/list` requests one socket may have unanswered at once.
 const MAX_PENDING_LISTS: usize = 1024;
 
-/// Most messages of one socket named in its audit record (the count is always complete).
-const MAX_RECORDED: usize = 256;
+/// Most messages of one socket named in its audit record, as for a POST (the count is always
+/// complete; once full, a refused call takes the place of the earliest allowed one).
+const MAX_RECORDED: usize = 64;
 
 /// What a socket under a rule with `mcp` is matched against.
 #[derive(Clone)]
@@ -164,8 +165,18 @@ impl Socket {
 
     fn absorb(&mut self, info: McpInfo) {
         self.info.messages += info.messages;
-        let room = MAX_RECORDED.saturating_sub(self.info.calls.len());
-        self.info.calls.extend(info.calls.into_iter().take(room));
+        let calls = &mut self.info.calls;
+        for call in info.calls {
+            if calls.len() < MAX_RECORDED {
+                calls.push(call);
+            } else if call.refused {
+                // A refusal is what a reviewer looks for: it displaces an allowed call.
+                if let Some(i) = calls.iter().position(|c| !c.refused) {
+                    calls.remove(i);
+                    calls.push(call);
+                }
+            }
+        }
     }
 
     /// Writes what the socket carried into its record.

@@ -147,6 +147,26 @@ fn listings_coming_back_are_filtered_until_answered() {
     });
 }
 
+#[test]
+fn a_long_socket_keeps_its_refused_calls_in_the_record() {
+    let record = with_entry(|e| {
+        let mut s = Socket::new(rules(false));
+        for id in 0..100 {
+            let m = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#);
+            assert!(matches!(s.up(text(&m), e), Up::Forward(_)));
+        }
+        let denied =
+            r#"{"jsonrpc":"2.0","id":"d","method":"tools/call","params":{"name":"delete_x"}}"#;
+        assert!(matches!(s.up(text(denied), e), Up::Answered(Some(_))));
+        s.record(e);
+    });
+    assert_eq!(record["mcp"]["messages"], 101, "{record}");
+    let calls = record["mcp"]["calls"].as_array().expect("calls");
+    assert_eq!(calls.len(), 64, "{record}");
+    assert_eq!(calls[63]["tool"], "delete_x", "{record}");
+    assert_eq!(calls[63]["refused"], true, "{record}");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
