@@ -331,8 +331,7 @@ async fn relay(
     let ended = loop {
         tokio::select! {
             m = sandbox.next() => match m {
-                Some(Ok(m)) => match mcp_up(mcp.as_mut(), m, entry) {
-                    mcp_socket::Up::Forward(m) => match up_message(m, guard, &mut used).await {
+                Some(Ok(m)) => match mcp_then_up(mcp.as_mut(), m, entry, guard, &mut used).await {
                     Ok(Some(out)) => {
                         counters.up.fetch_add(payload_len(&out) as u64, Ordering::Relaxed);
                         info.frames_up += 1;
@@ -350,19 +349,13 @@ async fn relay(
                         let code = close_code_for(refusal.reason);
                         break refuse(&mut sandbox, &mut upstream, refusal.reason, code).await;
                     }
-                    },
                     // A refused JSON-RPC call: answered on the socket, nothing goes upstream.
-                    mcp_socket::Up::Answered(reply) => {
+                    Err(Step::Answer(reply)) => {
                         if let Some(reply) = reply {
                             if sandbox.send(reply).await.is_err() {
                                 break gone("sandbox", &mut upstream, None).await;
                             }
                         }
-                    }
-                    mcp_socket::Up::Refuse(refusal) => {
-                        tracing::warn!(audit.id = %entry.id(), reason = refusal.reason.code(), message = %entry.scrub_text(&refusal.message), "WebSocket message refused");
-                        let code = close_code_for(refusal.reason);
-                        break refuse(&mut sandbox, &mut upstream, refusal.reason, code).await;
                     }
                 },
                 Some(Err(e)) => break read_failed(e, "sandbox", &mut sandbox, &mut upstream).await,
@@ -386,6 +379,8 @@ async fn relay(
                     Err(Step::Refuse(refusal)) => {
                         break refuse(&mut sandbox, &mut upstream, refusal.reason, CloseCode::Error).await;
                     }
+                    // Only the sandbox's messages are answered on their hop.
+                    Err(Step::Answer(_)) => {}
                 },
                 Some(Err(e)) => break read_failed(e, "upstream", &mut sandbox, &mut upstream).await,
                 None => break gone("upstream", &mut sandbox, None).await,
@@ -415,12 +410,24 @@ async fn relay(
     ended
 }
 
-/// A message from the sandbox, matched as JSON-RPC under a rule with `mcp`.
-fn mcp_up(mcp: Option<&mut mcp_socket::Socket>, m: Message, entry: &Entry) -> mcp_socket::Up {
-    match mcp {
-        Some(mcp) => mcp.up(m, entry),
-        None => mcp_socket::Up::Forward(m),
-    }
+/// A message from the sandbox: matched as JSON-RPC first under a rule with `mcp` (a refused
+/// call is [`Step::Answer`]), then [`up_message`].
+async fn mcp_then_up(
+    mcp: Option<&mut mcp_socket::Socket>,
+    m: Message,
+    entry: &Entry,
+    guard: &Guard,
+    used: &mut BTreeSet<String>,
+) -> Result<Option<Message>, Step> {
+    let m = match mcp {
+        None => m,
+        Some(mcp) => match mcp.up(m, entry) {
+            mcp_socket::Up::Forward(m) => m,
+            mcp_socket::Up::Answered(reply) => return Err(Step::Answer(reply)),
+            mcp_socket::Up::Refuse(refusal) => return Err(Step::Refuse(refusal)),
+        },
+    };
+    up_message(m, guard, used).await
 }
 
 /// A message from the upstream, its `tools/list` results filtered under a rule with `mcp`.
@@ -435,6 +442,8 @@ fn mcp_down(mcp: Option<&mut mcp_socket::Socket>, m: Message) -> Result<Message,
 enum Step {
     Close(Option<CloseFrame>),
     Refuse(Refusal),
+    /// Not forwarded: answered on this hop instead (`Some`: the answer), as MCP refusals are.
+    Answer(Option<Message>),
 }
 
 /// A message from the sandbox as it goes upstream: checked, placeholders replaced. `None`:
