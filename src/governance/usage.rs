@@ -20,15 +20,14 @@ use std::marker::PhantomData;
 use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
+use crate::wire::sse;
+
 /// The largest single JSON document (a non-streaming body, one SSE event's data, or one element
 /// of Gemini's streamed array) parsed.
 pub const MAX_DOCUMENT: usize = 4 * 1024 * 1024;
 
 /// A model name longer than this is not kept (no provider has one; it would bloat records).
 const MAX_MODEL_NAME: usize = 256;
-
-/// An SSE `event:` name longer than this is not kept (providers' are under 40 bytes).
-const MAX_EVENT_NAME: usize = 64;
 
 /// A buffer of a finished document above this size is freed rather than kept for the next.
 const KEEP_CAPACITY: usize = 64 * 1024;
@@ -283,7 +282,7 @@ impl fmt::Debug for Meter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (mode, buffered) = match &self.body {
             Body::Sniff => ("sniff", 0),
-            Body::Sse(s) => ("sse", s.data.len()),
+            Body::Sse(s) => ("sse", s.0.held()),
             Body::Json(j) => ("json", j.buf.len()),
         };
         f.debug_struct("Meter")
@@ -305,11 +304,7 @@ enum Body {
 impl Meter {
     /// A meter for a response of `provider` whose `content-type` is `content_type`.
     pub fn new(provider: Provider, content_type: Option<&str>) -> Meter {
-        let sse = content_type.is_some_and(|ct| {
-            ct.split(';')
-                .next()
-                .is_some_and(|m| m.trim().eq_ignore_ascii_case("text/event-stream"))
-        });
+        let sse = content_type.is_some_and(sse::is_event_stream);
         Meter {
             tally: Tally::new(provider),
             body: if sse {
@@ -357,25 +352,15 @@ impl Meter {
     /// parses: the provider reported it, whether or not a client would have dispatched it.
     pub fn finish(mut self) -> Option<Usage> {
         if let Body::Sse(sse) = &mut self.body {
-            sse.dispatch(&mut self.tally);
+            sse.finish(&mut self.tally);
         }
         self.tally.usage()
     }
 }
 
-/// Appends `bytes` to `buf` unless that would pass [`MAX_DOCUMENT`]; grows the buffer to at
-/// most that size, so a document near the bound does not double its allocation past it.
+/// Appends `bytes` to `buf` unless that would pass [`MAX_DOCUMENT`].
 fn push_bounded(buf: &mut Vec<u8>, bytes: &[u8]) -> bool {
-    let need = buf.len() + bytes.len();
-    if need > MAX_DOCUMENT {
-        return false;
-    }
-    if need > buf.capacity() {
-        let target = need.max(buf.capacity() * 2).min(MAX_DOCUMENT);
-        buf.reserve_exact(target - buf.len());
-    }
-    buf.extend_from_slice(bytes);
-    true
+    sse::push_bounded(buf, bytes, MAX_DOCUMENT)
 }
 
 /// Empties a document buffer, freeing it when a large document left it large.
@@ -390,190 +375,38 @@ fn reset_buffer(buf: &mut Vec<u8>) {
 // ---------------------------------------------------------------------------------------------
 // SSE
 
-/// Where the SSE parser is in the current line.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-enum LineState {
-    /// Reading the field name (up to `:` or the line's end).
-    #[default]
-    Field,
-    /// Just after the `:`; one space is skipped.
-    Space,
-    /// Reading the value.
-    Value,
-}
+/// A body read as an event stream: the proxy's one parser (`wire::sse`), keeping only the
+/// current event's data (up to [`MAX_DOCUMENT`]; a larger event is dropped) and name.
+struct Sse(sse::Parser);
 
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-enum Field {
-    #[default]
-    Other,
-    Data,
-    Event,
-}
-
-/// An incremental `text/event-stream` parser (WHATWG HTML, "event stream interpretation"),
-/// keeping only the current event's data and name: lines end at `\n`, `\r\n` or `\r`, even
-/// split across chunks; `data:` lines join with `\n`; a blank line ends the event; `:` lines
-/// are comments; `id:` and `retry:` are ignored. An event whose data passes [`MAX_DOCUMENT`] is
-/// dropped (its data is freed at once) and the parser resyncs at the next line end.
-#[derive(Default)]
-struct Sse {
-    state: LineState,
-    /// The field name read so far (names that matter are short; longer ones are `Other`).
-    name: [u8; 16],
-    name_len: usize,
-    name_overflow: bool,
-    field: Field,
-    /// The last byte was a `\r`: a `\n` next is the same line end.
-    after_cr: bool,
-    /// Past the first line (a byte-order mark is skipped only before it).
-    past_first_line: bool,
-    data: Vec<u8>,
-    has_data: bool,
-    oversized: bool,
-    event: Vec<u8>,
-    event_overflow: bool,
+impl Default for Sse {
+    fn default() -> Self {
+        Sse(sse::Parser::new(sse::Limits {
+            max_data: MAX_DOCUMENT,
+            max_raw: None,
+        }))
+    }
 }
 
 impl Sse {
     fn feed(&mut self, chunk: &[u8], tally: &mut Tally) {
-        let mut i = 0;
-        while i < chunk.len() {
-            if self.after_cr {
-                self.after_cr = false;
-                if chunk[i] == b'\n' {
-                    i += 1;
-                    continue;
-                }
-            }
-            match self.state {
-                LineState::Field => {
-                    let b = chunk[i];
-                    i += 1;
-                    match b {
-                        b'\n' | b'\r' => {
-                            self.after_cr = b == b'\r';
-                            self.end_of_line(tally);
-                        }
-                        b':' => {
-                            self.start_value();
-                            self.state = LineState::Space;
-                        }
-                        _ if self.name_len < self.name.len() => {
-                            self.name[self.name_len] = b;
-                            self.name_len += 1;
-                        }
-                        _ => self.name_overflow = true,
-                    }
-                }
-                LineState::Space => {
-                    if chunk[i] == b' ' {
-                        i += 1;
-                    }
-                    self.state = LineState::Value;
-                }
-                LineState::Value => {
-                    let rest = &chunk[i..];
-                    let end = memchr::memchr2(b'\n', b'\r', rest);
-                    let value = &rest[..end.unwrap_or(rest.len())];
-                    self.value(value);
-                    match end {
-                        Some(e) => {
-                            self.after_cr = rest[e] == b'\r';
-                            i += e + 1;
-                            self.end_of_line(tally);
-                        }
-                        None => i = chunk.len(),
-                    }
-                }
-            }
-        }
+        // Raw bytes are not kept, so feeding cannot fail.
+        let _ = self.0.feed(chunk, &mut |e| Self::read(e, tally));
     }
 
-    /// The field name of the current line (without a leading byte-order mark on the first).
-    fn field_name(&self) -> &[u8] {
-        let name = &self.name[..self.name_len];
-        if self.past_first_line {
-            name
-        } else {
-            name.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(name)
-        }
+    /// The stream has ended: an event it ended inside is read too.
+    fn finish(&mut self, tally: &mut Tally) {
+        let _ = self.0.finish(&mut |e| Self::read(e, tally));
     }
 
-    /// The field name has ended (at its `:` or, for a line without one, at the line's end).
-    fn start_value(&mut self) {
-        self.field = if self.name_overflow {
-            Field::Other
-        } else {
-            match self.field_name() {
-                b"data" => Field::Data,
-                b"event" => Field::Event,
-                _ => Field::Other,
-            }
-        };
-        match self.field {
-            Field::Data => {
-                if self.has_data {
-                    self.value(b"\n");
-                }
-                self.has_data = true;
-            }
-            Field::Event => {
-                self.event.clear();
-                self.event_overflow = false;
-            }
-            Field::Other => {}
+    fn read(e: sse::Event<'_>, tally: &mut Tally) {
+        if let Some(data) = e.data {
+            let name = e
+                .name
+                .and_then(|n| std::str::from_utf8(n).ok())
+                .filter(|n| !n.is_empty());
+            tally.document(data, name);
         }
-    }
-
-    fn value(&mut self, bytes: &[u8]) {
-        match self.field {
-            Field::Data => {
-                if !self.oversized && !push_bounded(&mut self.data, bytes) {
-                    self.oversized = true;
-                    self.data = Vec::new();
-                }
-            }
-            Field::Event => {
-                if self.event.len() + bytes.len() <= MAX_EVENT_NAME {
-                    self.event.extend_from_slice(bytes);
-                } else {
-                    self.event_overflow = true;
-                }
-            }
-            Field::Other => {}
-        }
-    }
-
-    fn end_of_line(&mut self, tally: &mut Tally) {
-        if self.state == LineState::Field {
-            if self.field_name().is_empty() && !self.name_overflow {
-                self.dispatch(tally);
-            } else {
-                // A field without a colon: its value is empty.
-                self.start_value();
-            }
-        }
-        self.state = LineState::Field;
-        self.name_len = 0;
-        self.name_overflow = false;
-        self.field = Field::Other;
-        self.past_first_line = true;
-    }
-
-    /// Ends the current event: reads its data, then forgets it.
-    fn dispatch(&mut self, tally: &mut Tally) {
-        if self.has_data && !self.oversized {
-            let event = (!self.event_overflow)
-                .then(|| std::str::from_utf8(&self.event).ok())
-                .flatten()
-                .filter(|e| !e.is_empty());
-            tally.document(&self.data, event);
-        }
-        reset_buffer(&mut self.data);
-        self.has_data = false;
-        self.oversized = false;
-        self.event.clear();
-        self.event_overflow = false;
     }
 }
 

@@ -900,7 +900,7 @@ fn an_oversized_sse_event_is_dropped_and_the_parser_resyncs() {
     for c in stream.as_bytes().chunks(64 * 1024) {
         m.feed(c);
         if let Body::Sse(s) = &m.body {
-            assert!(s.data.capacity() <= MAX_DOCUMENT, "bounded");
+            assert!(s.0.held() <= MAX_DOCUMENT, "bounded");
         }
     }
     assert_eq!(m.finish(), usage("gpt-4o-2024-08-06", 1931, 12, 1792));
@@ -918,7 +918,7 @@ fn an_oversized_sse_event_is_dropped_and_the_parser_resyncs() {
     for c in stream.as_bytes().chunks(100_000) {
         m.feed(c);
         if let Body::Sse(s) = &m.body {
-            assert!(s.data.capacity() <= MAX_DOCUMENT);
+            assert!(s.0.held() <= MAX_DOCUMENT);
         }
     }
     assert_eq!(m.finish().unwrap().input_tokens, 1931);
@@ -944,7 +944,7 @@ fn an_event_of_exactly_max_document_is_read() {
 fn a_long_event_name_is_not_kept() {
     let stream = format!(
         "event: message_delta{}\ndata: {{\"usage\":{{\"output_tokens\":4}}}}\n\n",
-        "z".repeat(MAX_EVENT_NAME)
+        "z".repeat(crate::wire::sse::MAX_NAME)
     );
     assert_eq!(
         meter(Provider::Anthropic, SSE, &stream),

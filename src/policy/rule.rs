@@ -543,7 +543,7 @@ impl FileCx<'_> {
         let is_tunnel = matches!(tunnel, Some((true, _)));
         let mcp = raw
             .mcp
-            .and_then(|m| self.mcp(&at("mcp"), m, is_tunnel, methods.as_ref()))
+            .and_then(|m| self.mcp(&at("mcp"), m, is_tunnel, websocket, methods.as_ref()))
             .map(std::sync::Arc::new);
         let capture = raw
             .capture
@@ -593,6 +593,7 @@ impl FileCx<'_> {
         field: &str,
         raw: toml::Spanned<RawMcp>,
         tunnel: bool,
+        websocket: bool,
         methods: Option<&Vec<Method>>,
     ) -> Option<McpRules> {
         let before = self.errors.len();
@@ -604,10 +605,11 @@ impl FileCx<'_> {
                 format!("{field}: a tunnel rule relays bytes latchkey cannot see, so it cannot read MCP messages; set tunnel = false"),
             );
         }
-        if methods.is_some_and(|ms| !ms.contains(&Method::POST)) {
+        // Under `websocket = true` the messages may all ride the socket its GET opens.
+        if !websocket && methods.is_some_and(|ms| !ms.contains(&Method::POST)) {
             self.error(
                 span.clone(),
-                format!("{field}: MCP messages are POSTs, and this rule's methods leave POST out; add \"POST\" to methods"),
+                format!("{field}: MCP messages are POSTs (or WebSocket messages, under websocket = true), and this rule's methods leave POST out; add \"POST\" to methods"),
             );
         }
         let list = |cx: &mut Self,

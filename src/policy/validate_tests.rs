@@ -254,6 +254,17 @@ fn websocket_is_refused_where_it_cannot_work_and_placeholders_in_messages_need_i
     );
 }
 
+/// MCP over a WebSocket: a GET-only rule with `websocket = true` may carry `mcp` (its messages
+/// ride the socket), where a GET-only rule without one may not.
+#[test]
+fn a_get_only_rule_carries_mcp_only_over_a_websocket() {
+    let ws = "[[rules]]\nname = \"m\"\nhosts = [\"a.com\"]\nmethods = [\"GET\"]\nwebsocket = true\nmcp = { deny_tools = [\"delete_*\"] }\n";
+    let policy = compile_one(ws).unwrap_or_else(|e| panic!("{e:?}"));
+    assert!(policy.rules[0].mcp.is_some());
+    let e = errors(&ws.replace("websocket = true\n", "")).join("\n");
+    assert!(e.contains("MCP messages are POSTs"), "{e}");
+}
+
 #[test]
 fn mcp_and_capture_tables_are_checked_key_by_key() {
     let e = errors(

@@ -1,31 +1,28 @@
-//! MCP over streamable HTTP: every JSON-RPC message a POST carries (one, or a batch) is read
-//! before anything is sent and matched against the rule's `mcp` table (methods, tools, tool
-//! arguments: `policy::mcp`). A refused message is answered in the protocol the agent speaks —
-//! a JSON-RPC error with the reason, HTTP 200 — not with a 403 an MCP client cannot interpret.
-//! `tools/list` results (JSON or SSE) can be filtered to the tools the rule allows.
+//! MCP, whatever carries it: every JSON-RPC message a POST body (one, or a batch) or a
+//! WebSocket message holds is read before anything is sent and matched against the rule's
+//! `mcp` table (methods, tools, tool arguments: `policy::mcp`). A refused message is answered
+//! in the protocol the agent speaks — a JSON-RPC error with the reason (HTTP 200, or a message
+//! on the socket) — not with a 403 an MCP client cannot interpret. `tools/list` results are
+//! filtered to the tools the rule allows (`mcp_list`); the WebSocket side is `mcp_socket`.
 //!
-//! The body is parsed as strict JSON: a duplicated key anywhere is refused, since two parsers
+//! The message is read as the loosest mainstream server would read it: keys are matched by
+//! their canonical form (`wire::json_keys`: case folded, trailing NULs dropped), so `METHOD`
+//! makes a request and `Name` names the tool, and an object with two keys of one canonical
+//! form (`name` and `Name`, a key twice) is refused as ambiguous, at any depth: two parsers
 //! may each take a different copy (latchkey the allowed tool, the server the other).
 
-use std::collections::HashSet;
-use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll};
-
-use bytes::{Bytes, BytesMut};
-use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Response, StatusCode};
-use http_body::{Body as HttpBody, Frame};
-use http_body_util::BodyExt;
-use serde::de::{DeserializeSeed, MapAccess, SeqAccess, Visitor};
 use serde_json::{json, Value};
 
 use super::body;
 use super::respond::{DECISION_HEADER, REASON_HEADER, RULE_HEADER};
-use crate::audit::{McpCall, McpInfo};
+use crate::audit::{Entry, McpCall, McpInfo};
 use crate::policy::mcp::{ArgValue, McpRules};
 use crate::reason::{Reason, Refusal};
-use crate::upstream::{Body, BoxError};
+use crate::upstream::Body;
+use crate::wire::json_keys;
 
 /// JSON-RPC error code of a message latchkey refused (the implementation-defined server range).
 pub const REFUSED_CODE: i64 = -32001;
@@ -33,25 +30,27 @@ pub const REFUSED_CODE: i64 = -32001;
 /// Most messages of one batch named in the audit record (the count is always complete).
 const MAX_RECORDED: usize = 64;
 
-/// Largest `tools/list` response (a JSON body, or one SSE event) held to be filtered.
-const MAX_LIST: usize = 8 * 1024 * 1024;
+/// Longest method or tool name kept in a record.
+const MAX_NAME: usize = 200;
 
-/// What the messages of one POST come to.
+/// What the messages of one POST (or one WebSocket message) come to.
 pub enum Inspected {
     /// Every message may go; `list_ids` are the ids of its `tools/list` requests.
     Forward { info: McpInfo, list_ids: Vec<Value> },
-    /// At least one may not: nothing is sent, the agent gets `response`.
+    /// At least one may not: nothing is sent. `answer` is the JSON-RPC error (one object, or a
+    /// batch), `None` when only notifications were refused (nothing to answer).
     Refuse {
         info: McpInfo,
         message: String,
-        response: Response<Body>,
+        answer: Option<Bytes>,
     },
 }
 
-/// Reads and matches the messages of one POST to an MCP rule.
+/// Reads and matches the messages of one POST body or WebSocket message to an MCP rule.
 ///
-/// Assumes: `body` is the whole request body. Guarantees: `Forward` only when every message is
-/// well formed and allowed; a body that is not strict JSON-RPC is a `bad_request` refusal.
+/// Assumes: `body` is the whole body or message. Guarantees: `Forward` only when every
+/// message is well formed, unambiguous and allowed; one that is not JSON-RPC, or holds an
+/// object with ambiguous keys, is a `bad_request` refusal.
 pub fn inspect(rules: &McpRules, rule: &str, body: &[u8]) -> Result<Inspected, Refusal> {
     let bad = |why: String| {
         Refusal::new(
@@ -59,7 +58,7 @@ pub fn inspect(rules: &McpRules, rule: &str, body: &[u8]) -> Result<Inspected, R
             format!("not an MCP JSON-RPC message: {why}"),
         )
     };
-    no_duplicate_keys(body).map_err(bad)?;
+    json_keys::check_unambiguous(body).map_err(bad)?;
     let value: Value = serde_json::from_slice(body).map_err(|e| bad(e.to_string()))?;
     let (batch, messages) = match value {
         Value::Array(items) if items.is_empty() => return Err(bad("an empty batch".into())),
@@ -76,12 +75,19 @@ pub fn inspect(rules: &McpRules, rule: &str, body: &[u8]) -> Result<Inspected, R
         let obj = m
             .as_object()
             .ok_or_else(|| bad(format!("a message is {}, not an object", kind(m))))?;
-        let id = obj.get("id").cloned();
-        let (method, tool, verdict) = match obj.get("method") {
+        // Keys by their canonical form: `METHOD` makes a request as surely as `method`.
+        let id = json_keys::get(obj, "id").cloned();
+        let (method, tool, verdict) = match json_keys::get(obj, "method") {
             // A response (to a request the server sent): nothing to match.
-            None => (None, None, Ok(())),
+            None if ["result", "error"]
+                .iter()
+                .any(|k| json_keys::get(obj, k).is_some()) =>
+            {
+                (None, None, Ok(()))
+            }
+            None => return Err(bad("a message has no method, result or error".into())),
             Some(Value::String(method)) => {
-                let (tool, verdict) = judge(rules, method, obj.get("params"));
+                let (tool, verdict) = judge(rules, method, json_keys::get(obj, "params"));
                 if method == "tools/list" && verdict.is_ok() {
                     list_ids.extend(id.clone());
                 }
@@ -102,7 +108,7 @@ pub fn inspect(rules: &McpRules, rule: &str, body: &[u8]) -> Result<Inspected, R
         return Ok(Inspected::Forward { info, list_ids });
     };
     let message = format!("latchkey: rule '{rule}': {first}");
-    let errors: Vec<Value> = verdicts
+    let mut errors: Vec<Value> = verdicts
         .into_iter()
         .filter_map(|(id, why)| {
             // Notifications get no answer (JSON-RPC 2.0 §4.1).
@@ -122,11 +128,15 @@ pub fn inspect(rules: &McpRules, rule: &str, body: &[u8]) -> Result<Inspected, R
             }))
         })
         .collect();
-    let response = answer(rule, batch, errors);
+    let answer = match errors.len() {
+        0 => None,
+        1 if !batch => errors.pop().map(|e| Bytes::from(e.to_string())),
+        _ => Some(Bytes::from(Value::Array(errors).to_string())),
+    };
     Ok(Inspected::Refuse {
         info,
         message,
-        response,
+        answer,
     })
 }
 
@@ -142,20 +152,25 @@ fn judge(
     if method != "tools/call" {
         return (None, Ok(()));
     }
-    let Some(name) = params.and_then(|p| p.get("name")).and_then(Value::as_str) else {
+    let Some(name) = params
+        .and_then(|p| json_keys::field(p, "name"))
+        .and_then(Value::as_str)
+    else {
         return (None, Err("tools/call names no tool (params.name)".into()));
     };
-    let arguments = params.and_then(|p| p.get("arguments"));
+    let arguments = params.and_then(|p| json_keys::field(p, "arguments"));
     if arguments.is_some_and(|a| !a.is_object() && !a.is_null()) {
         return (
             Some(name.to_string()),
             Err(format!("tool '{name}': arguments are not an object")),
         );
     }
-    let verdict = rules.call(name, |arg| match arguments.and_then(|a| a.get(arg)) {
-        None => ArgValue::Absent,
-        Some(Value::String(s)) => ArgValue::Str(s),
-        Some(_) => ArgValue::Other,
+    let verdict = rules.call(name, |arg| {
+        match arguments.and_then(|a| json_keys::field(a, arg)) {
+            None => ArgValue::Absent,
+            Some(Value::String(s)) => ArgValue::Str(s),
+            Some(_) => ArgValue::Other,
+        }
     });
     (Some(name.to_string()), verdict)
 }
@@ -171,19 +186,12 @@ fn kind(v: &Value) -> &'static str {
     }
 }
 
-/// The answer to a refused POST: the errors as one object or a batch, or `202` when only
-/// notifications were refused (nothing to answer).
-fn answer(rule: &str, batch: bool, mut errors: Vec<Value>) -> Response<Body> {
-    let (status, body) = match errors.len() {
-        0 => (StatusCode::ACCEPTED, Bytes::new()),
-        1 if !batch => (
-            StatusCode::OK,
-            Bytes::from(errors.pop().map(|e| e.to_string()).unwrap_or_default()),
-        ),
-        _ => (
-            StatusCode::OK,
-            Bytes::from(Value::Array(errors).to_string()),
-        ),
+/// The HTTP answer to a refused POST: the JSON-RPC errors [`inspect`] built, or `202` when
+/// only notifications were refused (nothing to answer).
+pub fn refused_response(rule: &str, answer: Option<Bytes>) -> Response<Body> {
+    let (status, body) = match answer {
+        None => (StatusCode::ACCEPTED, Bytes::new()),
+        Some(errors) => (StatusCode::OK, errors),
     };
     let mut res = Response::new(body::full(body));
     *res.status_mut() = status;
@@ -203,298 +211,26 @@ fn answer(rule: &str, batch: bool, mut errors: Vec<Value>) -> Response<Body> {
     res
 }
 
-/// Refuses JSON with a key twice in one object, at any depth (escapes undone first).
-fn no_duplicate_keys(bytes: &[u8]) -> Result<(), String> {
-    let mut de = serde_json::Deserializer::from_slice(bytes);
-    Strict.deserialize(&mut de).map_err(|e| e.to_string())?;
-    de.end().map_err(|e| e.to_string())
-}
-
-/// A visitor that walks any JSON value and fails on a duplicated object key.
-#[derive(Clone, Copy)]
-struct Strict;
-
-impl<'de> DeserializeSeed<'de> for Strict {
-    type Value = ();
-    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Strict {
-    type Value = ();
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("JSON")
-    }
-    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_str<E>(self, _: &str) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_unit<E>(self) -> Result<(), E> {
-        Ok(())
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        while seq.next_element_seed(Strict)?.is_some() {}
-        Ok(())
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        let mut seen = HashSet::new();
-        while let Some(key) = map.next_key::<String>()? {
-            if !seen.insert(key.clone()) {
-                return Err(serde::de::Error::custom(format!(
-                    "key {key:?} appears twice in one object"
-                )));
-            }
-            map.next_value_seed(Strict)?;
+/// Method and tool names are the sandbox's text: in the record they are scrubbed of secret
+/// values like the path, then cut to [`MAX_NAME`] characters.
+pub fn for_the_record(mut info: McpInfo, entry: &Entry) -> McpInfo {
+    let clean = |s: &mut String| {
+        // Scrubbed whole first: a cut could leave a secret's prefix the scrubber misses.
+        *s = entry.scrub_text(s);
+        if let Some((i, _)) = s.char_indices().nth(MAX_NAME) {
+            s.truncate(i);
+            s.push('…');
         }
-        Ok(())
-    }
-}
-
-/// The response to a POST that held `tools/list` requests, with their results filtered to the
-/// tools `rules` allows; JSON is held whole, SSE one event at a time (each at most 8 MiB).
-pub fn filter_list(res: Response<Body>, rules: Arc<McpRules>, ids: Vec<Value>) -> Response<Body> {
-    let content_type = res
-        .headers()
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| {
-            v.split(';')
-                .next()
-                .unwrap_or_default()
-                .trim()
-                .to_ascii_lowercase()
-        })
-        .unwrap_or_default();
-    let mode = match content_type.as_str() {
-        "application/json" => Mode::Json,
-        "text/event-stream" => Mode::Sse,
-        _ => return res,
     };
-    // A coding latchkey did not undo hides the tools: the listing is cut off, not passed on.
-    let encoded = res
-        .headers()
-        .get(http::header::CONTENT_ENCODING)
-        .is_some_and(|v| !v.as_bytes().eq_ignore_ascii_case(b"identity"));
-    let (mut parts, inner) = res.into_parts();
-    parts.headers.remove(CONTENT_LENGTH);
-    let filter = ListFilter {
-        inner,
-        mode,
-        rules,
-        ids,
-        buf: BytesMut::new(),
-        scanned: 0,
-        done: false,
-        encoded,
-    };
-    Response::from_parts(parts, filter.boxed())
-}
-
-#[derive(Clone, Copy)]
-enum Mode {
-    Json,
-    Sse,
-}
-
-struct ListFilter {
-    inner: Body,
-    mode: Mode,
-    rules: Arc<McpRules>,
-    ids: Vec<Value>,
-    buf: BytesMut,
-    /// How far `buf` is known to hold no event end: each frame is searched once, not the
-    /// whole buffer again (an 8 MiB event in small frames would be quadratic).
-    scanned: usize,
-    done: bool,
-    /// The body is in a content coding: it cannot be filtered, so it is not sent.
-    encoded: bool,
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("a tools/list response in a content coding cannot be filtered")]
-struct Encoded;
-
-#[derive(Debug, thiserror::Error)]
-#[error("a tools/list response over {MAX_LIST} bytes cannot be filtered")]
-struct TooLarge;
-
-impl ListFilter {
-    /// Removes disallowed tools from every `tools/list` result in `v` (one message or a
-    /// batch) answering one of our ids; whether anything changed.
-    fn filter_value(&self, v: &mut Value) -> bool {
-        let mut changed = false;
-        let mut one = |m: &mut Value| {
-            let ours = m.get("id").is_some_and(|id| self.ids.contains(id));
-            if !ours {
-                return;
-            }
-            if let Some(tools) = m
-                .get_mut("result")
-                .and_then(|r| r.get_mut("tools"))
-                .and_then(Value::as_array_mut)
-            {
-                let before = tools.len();
-                tools.retain(|t| {
-                    t.get("name")
-                        .and_then(Value::as_str)
-                        .is_some_and(|n| self.rules.tool(n).is_ok())
-                });
-                changed |= tools.len() != before;
-            }
-        };
-        match v {
-            Value::Array(items) => items.iter_mut().for_each(&mut one),
-            other => one(other),
+    for call in &mut info.calls {
+        if let Some(m) = call.method.as_mut() {
+            clean(m);
         }
-        changed
-    }
-
-    fn filter_json(&self, bytes: &[u8]) -> Bytes {
-        match serde_json::from_slice::<Value>(bytes) {
-            Ok(mut v) => {
-                if self.filter_value(&mut v) {
-                    Bytes::from(v.to_string())
-                } else {
-                    Bytes::copy_from_slice(bytes)
-                }
-            }
-            _ => Bytes::copy_from_slice(bytes),
+        if let Some(t) = call.tool.as_mut() {
+            clean(t);
         }
     }
-
-    /// One SSE event (its lines, without the blank line that ends it), filtered.
-    fn filter_event(&self, event: &[u8]) -> Bytes {
-        let text = String::from_utf8_lossy(event);
-        let mut data = String::new();
-        let mut others = Vec::new();
-        for line in text.split('\n') {
-            let line = line.strip_suffix('\r').unwrap_or(line);
-            match line.strip_prefix("data:") {
-                Some(d) => {
-                    if !data.is_empty() {
-                        data.push('\n');
-                    }
-                    data.push_str(d.strip_prefix(' ').unwrap_or(d));
-                }
-                None => others.push(line),
-            }
-        }
-        let Ok(mut v) = serde_json::from_str::<Value>(&data) else {
-            return Bytes::copy_from_slice(event);
-        };
-        if !self.filter_value(&mut v) {
-            return Bytes::copy_from_slice(event);
-        }
-        let mut out = String::new();
-        for line in others {
-            out.push_str(line);
-            out.push('\n');
-        }
-        out.push_str("data: ");
-        out.push_str(&v.to_string());
-        Bytes::from(out)
-    }
-
-    /// The next whole SSE event in the buffer, with its terminator, if one has arrived.
-    fn next_event(&mut self) -> Option<Bytes> {
-        // A terminator may straddle the last search's end: back up by its length less one.
-        let from = self.scanned.saturating_sub(3);
-        let Some((at, term)) = find_event_end(&self.buf[from..]) else {
-            self.scanned = self.buf.len();
-            return None;
-        };
-        let end = from + at;
-        self.scanned = 0;
-        let event = self.buf.split_to(end + term);
-        let mut out = BytesMut::from(&self.filter_event(&event[..end])[..]);
-        out.extend_from_slice(&event[end..]);
-        Some(out.freeze())
-    }
-}
-
-/// Where the first event ends: the blank line (`\n\n`, `\r\n\r\n`, `\r\r`) and its length.
-fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
-    let mut i = 0;
-    while i + 1 < buf.len() {
-        if buf[i] == b'\n' && buf[i + 1] == b'\n' {
-            return Some((i, 2));
-        }
-        if buf[i..].starts_with(b"\r\n\r\n") {
-            return Some((i, 4));
-        }
-        i += 1;
-    }
-    None
-}
-
-impl HttpBody for ListFilter {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if self.encoded {
-            return Poll::Ready(Some(Err(Box::new(Encoded))));
-        }
-        loop {
-            if let Mode::Sse = self.mode {
-                if let Some(event) = self.next_event() {
-                    return Poll::Ready(Some(Ok(Frame::data(event))));
-                }
-            }
-            if self.done {
-                if self.buf.is_empty() {
-                    return Poll::Ready(None);
-                }
-                let rest = self.buf.split().freeze();
-                let out = match self.mode {
-                    Mode::Json => self.filter_json(&rest),
-                    Mode::Sse => self.filter_event(&rest),
-                };
-                return Poll::Ready(Some(Ok(Frame::data(out))));
-            }
-            match Pin::new(&mut self.inner).poll_frame(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(None) => self.done = true,
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
-                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                    Ok(data) => {
-                        if self.buf.len() + data.len() > MAX_LIST {
-                            return Poll::Ready(Some(Err(Box::new(TooLarge))));
-                        }
-                        self.buf.extend_from_slice(&data);
-                    }
-                    // Trailers end the body: what is held goes first.
-                    Err(frame) => {
-                        self.done = true;
-                        if !self.buf.is_empty() {
-                            let rest = self.buf.split().freeze();
-                            let out = match self.mode {
-                                Mode::Json => self.filter_json(&rest),
-                                Mode::Sse => self.filter_event(&rest),
-                            };
-                            return Poll::Ready(Some(Ok(Frame::data(out))));
-                        }
-                        return Poll::Ready(Some(Ok(frame)));
-                    }
-                },
-            }
-        }
-    }
+    info
 }
 
 #[cfg(test)]
@@ -519,23 +255,15 @@ mod tests {
     fn refused(body: &str) -> (String, Value) {
         match inspect(&rules(), "gh", body.as_bytes()).expect("parses") {
             Inspected::Refuse {
-                message, response, ..
-            } => {
-                let bytes = futures_body(response);
-                (
-                    message,
-                    serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-                )
-            }
+                message, answer, ..
+            } => (
+                message,
+                answer
+                    .and_then(|a| serde_json::from_slice(&a).ok())
+                    .unwrap_or(Value::Null),
+            ),
             Inspected::Forward { .. } => panic!("forwarded: {body}"),
         }
-    }
-
-    fn futures_body(res: Response<Body>) -> Bytes {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .expect("runtime");
-        rt.block_on(async { res.into_body().collect().await.expect("body").to_bytes() })
     }
 
     #[test]
@@ -605,38 +333,73 @@ mod tests {
     }
 
     #[test]
-    fn tools_list_results_are_filtered_in_json_and_in_sse() {
-        let f = ListFilter {
-            inner: body::empty(),
-            mode: Mode::Sse,
-            rules: Arc::new(rules()),
-            ids: vec![json!(1)],
-            buf: BytesMut::new(),
-            scanned: 0,
-            done: false,
-            encoded: false,
-        };
-        let json = br#"{"jsonrpc":"2.0","id":1,"result":{"tools":[{"name":"search_code"},{"name":"delete_repo"},{"name":"create_issue"}]}}"#;
-        let out: Value = serde_json::from_slice(&f.filter_json(json)).expect("json");
-        assert_eq!(out["result"]["tools"], json!([{"name":"search_code"}]));
-        // Another id is left alone.
-        let other = br#"{"jsonrpc":"2.0","id":2,"result":{"tools":[{"name":"delete_repo"}]}}"#;
-        assert_eq!(&f.filter_json(other)[..], &other[..]);
-        let event = format!("event: message\ndata: {}", String::from_utf8_lossy(json));
-        let out = f.filter_event(event.as_bytes());
-        let text = String::from_utf8_lossy(&out);
-        assert!(text.starts_with("event: message\ndata: "), "{text}");
-        assert!(!text.contains("delete_repo"), "{text}");
-        assert_eq!(find_event_end(b"data: x\n\nrest"), Some((7, 2)));
-        // An event whose blank line arrives split across frames is still found once whole.
-        let mut f = f;
-        f.buf.extend_from_slice(b"data: {\"id\":5}\r\n\r");
-        assert!(f.next_event().is_none());
-        f.buf.extend_from_slice(b"\nevent: next");
-        let event = f.next_event().expect("event");
-        assert_eq!(&event[..], b"data: {\"id\":5}\r\n\r\n");
-        assert_eq!(&f.buf[..], b"event: next");
-        assert!(f.next_event().is_none());
-        assert_eq!(find_event_end(b"data: x\r\n\r\n"), Some((7, 4)));
+    fn ambiguous_keys_at_every_depth_the_rules_read_are_bad_requests() {
+        for body in [
+            // The message's own keys.
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","METHOD":"tools/call"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"id\u0000":2,"method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","Jsonrpc":"1.0","id":1,"method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_issue"},"Params":{"name":"delete_repo"}}"#,
+            // params.name, folded every way a loose parser folds.
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_issue","Name":"delete_repo"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_issue","name\u0000":"delete_repo"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_issue","arguments":{},"argument\u017f":{"repo":"evil/x"}}}"#,
+            // Arguments the globs read, and objects nested in them.
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_issue","arguments":{"repo":"acme/w","Repo":"evil/x"}}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_issue","arguments":{"q":{"k":1,"\u212a":2}}}}"#,
+        ] {
+            let r = inspect(&rules(), "gh", body.as_bytes())
+                .err()
+                .unwrap_or_else(|| panic!("accepted {body}"));
+            assert_eq!(r.reason, Reason::BadRequest, "{body}");
+            assert!(r.message.contains("ambiguous"), "{body}: {}", r.message);
+        }
+    }
+
+    #[test]
+    fn keys_are_read_by_their_canonical_form() {
+        // `METHOD` makes a request: matched, not forwarded as a response.
+        let (m, _) = refused(
+            r#"{"jsonrpc":"2.0","id":1,"METHOD":"tools/call","params":{"name":"delete_repo"}}"#,
+        );
+        assert!(m.contains("tool 'delete_repo' is denied"), "{m}");
+        let (m, _) = refused(
+            r#"{"jsonrpc":"2.0","id":1,"Method":"tools/call","PARAMS":{"NAME":"delete_repo"}}"#,
+        );
+        assert!(m.contains("tool 'delete_repo' is denied"), "{m}");
+        let (m, _) = refused(
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name\u0000":"delete_repo"}}"#,
+        );
+        assert!(m.contains("tool 'delete_repo' is denied"), "{m}");
+        // An argument the glob reads, under another case.
+        let (m, _) = refused(
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_issue","arguments":{"REPO":"evil/x"}}}"#,
+        );
+        assert!(m.contains("argument 'repo'"), "{m}");
+        // A message with no method, result or error is neither request nor response.
+        let r = inspect(&rules(), "gh", br#"{"jsonrpc":"2.0","id":1,"params":{}}"#)
+            .err()
+            .expect("refused");
+        assert_eq!(r.reason, Reason::BadRequest);
+        match inspect(
+            &rules(),
+            "gh",
+            br#"{"jsonrpc":"2.0","ID":7,"METHOD":"tools/list"}"#,
+        ) {
+            Ok(Inspected::Forward { list_ids, .. }) => assert_eq!(list_ids, vec![json!(7)]),
+            _ => panic!("a folded tools/list is forwarded"),
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// Arbitrary bytes never panic the request side, and whatever is forwarded parsed.
+        #[test]
+        fn arbitrary_messages_never_panic(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            if let Ok(Inspected::Forward { .. }) = inspect(&rules(), "gh", &body) {
+                proptest::prop_assert!(serde_json::from_slice::<Value>(&body).is_ok());
+            }
+        }
     }
 }

@@ -30,6 +30,8 @@ mod intercepted;
 pub mod limits;
 mod listener;
 mod mcp;
+mod mcp_list;
+mod mcp_socket;
 mod pins;
 mod pipeline;
 mod reload;

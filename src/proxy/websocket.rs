@@ -44,6 +44,7 @@ use tokio_tungstenite::WebSocketStream;
 use super::body::{self, FinishHook};
 use super::budget::Budget;
 use super::websocket_held::{is_held_over, Held};
+use super::mcp_socket;
 use crate::audit::{Entry, WebSocketInfo};
 use crate::governance::limits::Upload;
 use crate::policy::Policy;
@@ -258,6 +259,8 @@ pub struct Guard {
     /// The `bytes_up` budgets the socket is charged to: each message (and the close) is
     /// reserved before it goes upstream.
     pub upload: Option<Arc<Upload>>,
+    /// The rule's `mcp`: every message is matched as JSON-RPC (`mcp_socket`).
+    pub mcp: Option<mcp_socket::Rules>,
 }
 
 /// Why the relay ended, for the record.
@@ -335,10 +338,11 @@ async fn relay(
         WebSocketStream::from_raw_socket(held(upstream), Role::Client, Some(config)).await;
     let counters = entry.counters();
     let mut used: BTreeSet<String> = BTreeSet::new();
+    let mut mcp = guard.mcp.clone().map(mcp_socket::Socket::new);
     let ended = loop {
         tokio::select! {
             m = sandbox.next() => match m {
-                Some(Ok(m)) => match up_message(m, guard, &mut used).await {
+                Some(Ok(m)) => match mcp_then_up(mcp.as_mut(), m, entry, guard, &mut used).await {
                     Ok(Some(out)) => {
                         if let Err(refusal) = charge_up(guard, &out).await {
                             tracing::warn!(audit.id = %entry.id(), reason = refusal.reason.code(), message = %entry.scrub_text(&refusal.message), "WebSocket message refused");
@@ -362,12 +366,20 @@ async fn relay(
                         let code = close_code_for(refusal.reason);
                         break refuse(&mut sandbox, &mut upstream, refusal.reason, code).await;
                     }
+                    // A refused JSON-RPC call: answered on the socket, nothing goes upstream.
+                    Err(Step::Answer(reply)) => {
+                        if let Some(reply) = reply {
+                            if sandbox.send(reply).await.is_err() {
+                                break gone("sandbox", &mut upstream, None).await;
+                            }
+                        }
+                    }
                 },
                 Some(Err(e)) => break read_failed(e, "sandbox", &mut sandbox, &mut upstream).await,
                 None => break gone("sandbox", &mut upstream, None).await,
             },
             m = upstream.next() => match m {
-                Some(Ok(m)) => match down_message(m, guard, &counters) {
+                Some(Ok(m)) => match mcp_down(mcp.as_mut(), m).and_then(|m| down_message(m, guard, &counters)) {
                     Ok(Some(out)) => {
                         counters.down.fetch_add(payload_len(&out) as u64, Ordering::Relaxed);
                         info.frames_down += 1;
@@ -384,6 +396,8 @@ async fn relay(
                     Err(Step::Refuse(refusal)) => {
                         break refuse(&mut sandbox, &mut upstream, refusal.reason, CloseCode::Error).await;
                     }
+                    // Only the sandbox's messages are answered on their hop.
+                    Err(Step::Answer(_)) => {}
                 },
                 Some(Err(e)) => break read_failed(e, "upstream", &mut sandbox, &mut upstream).await,
                 None => break gone("upstream", &mut sandbox, None).await,
@@ -398,6 +412,9 @@ async fn relay(
             }
         }
     };
+    if let Some(mcp) = mcp {
+        mcp.record(entry);
+    }
     if !used.is_empty() {
         entry.update(|r| {
             for name in used {
@@ -410,10 +427,40 @@ async fn relay(
     ended
 }
 
+/// A message from the sandbox: matched as JSON-RPC first under a rule with `mcp` (a refused
+/// call is [`Step::Answer`]), then [`up_message`].
+async fn mcp_then_up(
+    mcp: Option<&mut mcp_socket::Socket>,
+    m: Message,
+    entry: &Entry,
+    guard: &Guard,
+    used: &mut BTreeSet<String>,
+) -> Result<Option<Message>, Step> {
+    let m = match mcp {
+        None => m,
+        Some(mcp) => match mcp.up(m, entry) {
+            mcp_socket::Up::Forward(m) => m,
+            mcp_socket::Up::Answered(reply) => return Err(Step::Answer(reply)),
+            mcp_socket::Up::Refuse(refusal) => return Err(Step::Refuse(refusal)),
+        },
+    };
+    up_message(m, guard, used).await
+}
+
+/// A message from the upstream, its `tools/list` results filtered under a rule with `mcp`.
+fn mcp_down(mcp: Option<&mut mcp_socket::Socket>, m: Message) -> Result<Message, Step> {
+    match mcp {
+        Some(mcp) => mcp.down(m).map_err(Step::Refuse),
+        None => Ok(m),
+    }
+}
+
 /// What a message means for the relay besides being forwarded.
 enum Step {
     Close(Option<CloseFrame>),
     Refuse(Refusal),
+    /// Not forwarded: answered on this hop instead (`Some`: the answer), as MCP refusals are.
+    Answer(Option<Message>),
 }
 
 /// A message from the sandbox as it goes upstream: checked, placeholders replaced. `None`:

@@ -1,5 +1,5 @@
 //! Wire-level facts both sides of latchkey must agree on: what a host, a path, a hop-by-hop
-//! header, an address range and a size cap mean.
+//! header, an address range, a size cap, an event stream and a JSON key mean.
 //!
 //! `policy` (which decides) and `proxy`/`upstream` (which carry bytes) each depend on this
 //! module, so neither has to depend on the other for a shared definition. It is a leaf: it
@@ -8,5 +8,7 @@
 pub mod cidr;
 pub mod hop;
 pub mod host;
+pub mod json_keys;
 pub mod limits;
 pub mod path;
+pub mod sse;

@@ -10,6 +10,7 @@
         fragmented   -> the same sentence sent in 7-byte fragments (one message)
         big:N        -> N bytes of "x"
         close        -> a close with code 4000, reason "bye <authorization>"
+        a JSON-RPC tools/list request -> a listing of "search_code" and "delete_repository"
         anything     -> "echo:" + the message
       A binary message is echoed as it came.
   ws_echo.py client URL CA PROXY MESSAGES_JSON
@@ -37,6 +38,17 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 def event(**fields):
     print(json.dumps(fields), flush=True)
+
+
+def tools_list_id(message):
+    """The id of a JSON-RPC tools/list request, or None."""
+    try:
+        m = json.loads(message)
+    except ValueError:
+        return None
+    if isinstance(m, dict) and m.get("method") == "tools/list":
+        return m.get("id")
+    return None
 
 
 async def serve_tls(cert, key):
@@ -68,6 +80,11 @@ async def serve_tls(cert, key):
                     await ws.send("x" * int(message[4:]))
                 elif message == "close":
                     await ws.close(4000, "bye " + auth)
+                elif tools_list_id(message) is not None:
+                    tools = [{"name": "search_code"}, {"name": "delete_repository"}]
+                    await ws.send(json.dumps(
+                        {"jsonrpc": "2.0", "id": tools_list_id(message), "result": {"tools": tools}}
+                    ))
                 else:
                     await ws.send("echo:" + message)
         except ConnectionClosed:

@@ -44,6 +44,15 @@ websocket = true
 [rules.inject.headers]
 authorization = "Bearer {{{{secret.key}}}}"
 
+# MCP over a WebSocket: every message is matched as JSON-RPC.
+[[rules]]
+name      = "mcp-ws"
+hosts     = ["api.test"]
+ports     = [{port}]
+paths     = ["/mcp-ws/**"]
+websocket = true
+mcp       = {{ deny_tools = ["delete_*"], args = {{ repo = "acme/*" }} }}
+
 # Plain requests only: an upgrade here is refused.
 [[rules]]
 name  = "plain"
@@ -254,4 +263,121 @@ fn a_message_latchkey_will_not_forward_closes_the_socket_and_the_record_says_why
         assert!(text.len() < 1000, "{e}");
     }
     assert!(!lk.audit_text().contains(OTHER));
+}
+
+/// Under a rule with `mcp` and `websocket = true`, each message is matched like a POST body: a
+/// denied `tools/call` (text or binary) is answered on the socket with a JSON-RPC error and
+/// never reaches the upstream, an allowed one goes through, a `tools/list` answer comes back
+/// filtered, and the socket's record lists every call with its refused flag. A message that is
+/// not JSON-RPC, or holds ambiguous keys, closes the socket (1007, `bad_request`).
+#[test]
+fn mcp_rules_hold_over_websocket_messages() {
+    let (server, lk) = world();
+    let call = |id: u32, tool: &str, repo: &str| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+               "params": {"name": tool, "arguments": {"repo": repo}}})
+        .to_string()
+    };
+    let out = client(
+        &lk,
+        server.port(),
+        "/mcp-ws/v1",
+        json!([
+            call(1, "search_code", "acme/w"),
+            call(2, "delete_repository", "acme/w"),
+            {"binary": call(3, "delete_repository", "acme/w")},
+            call(4, "search_code", "evil/w"),
+            r#"{"jsonrpc":"2.0","id":5,"METHOD":"tools/call","params":{"name":"delete_repository"}}"#,
+            r#"{"jsonrpc":"2.0","id":6,"method":"tools/list"}"#,
+        ]),
+    );
+    let replies = out["replies"].as_array().expect("replies");
+    assert_eq!(replies.len(), 6, "{out}");
+    assert!(
+        replies[0].as_str().is_some_and(|r| r.starts_with("echo:")),
+        "{out}"
+    );
+    for (i, want) in [
+        (1, "tool 'delete_repository' is denied"),
+        (3, "argument 'repo'"),
+        (4, "tool 'delete_repository' is denied"),
+    ] {
+        let v: Value = serde_json::from_str(replies[i].as_str().unwrap_or_default())
+            .unwrap_or_else(|e| panic!("reply {i} is not JSON-RPC ({e}): {out}"));
+        assert_eq!(v["error"]["data"]["reason"], "mcp_not_allowed", "{out}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(want)),
+            "{out}"
+        );
+    }
+    // The binary denied call was answered too (a text message, the JSON-RPC error).
+    assert!(
+        replies[2]
+            .as_str()
+            .is_some_and(|r| r.contains("mcp_not_allowed")),
+        "{out}"
+    );
+    let listing: Value =
+        serde_json::from_str(replies[5].as_str().unwrap_or_default()).expect("listing");
+    assert_eq!(
+        listing["result"]["tools"],
+        json!([{"name": "search_code"}]),
+        "{out}"
+    );
+
+    // The upstream saw the allowed call and the listing request only.
+    let seen: Vec<String> = server
+        .wait_events("message", 2)
+        .into_iter()
+        .map(|e| e["text"].as_str().unwrap_or_default().to_string())
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let all = server.events_of("message");
+    assert_eq!(all.len(), 2, "{all:?}");
+    assert!(
+        seen[0].contains("search_code") && seen[1].contains("tools/list"),
+        "{seen:?}"
+    );
+    assert!(
+        all.iter()
+            .all(|e| !e.to_string().contains("delete_repository")),
+        "{all:?}"
+    );
+
+    let r = record_for(&lk, "/mcp-ws/v1");
+    assert_eq!(r["reason"], "mcp_not_allowed", "{r}");
+    assert_eq!(r["decision"], "deny", "{r}");
+    assert_eq!(r["rule"], "mcp-ws", "{r}");
+    assert_eq!(r["mcp"]["messages"], 6, "{r}");
+    let refused: Vec<bool> = r["mcp"]["calls"]
+        .as_array()
+        .expect("calls")
+        .iter()
+        .map(|c| c["refused"] == true)
+        .collect();
+    assert_eq!(refused, [false, true, true, true, true, false], "{r}");
+    assert_eq!(r["websocket"]["frames_up"], 2, "{r}");
+
+    // Not JSON-RPC, or ambiguous keys: the socket closes before anything leaves.
+    for (path, message) in [
+        ("/mcp-ws/text", "hello"),
+        (
+            "/mcp-ws/ambiguous",
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"search_code","Name":"delete_repository"}}"#,
+        ),
+    ] {
+        let out = client(&lk, server.port(), path, json!([message]));
+        assert_eq!(out["close_code"], 1007, "{path}: {out}");
+        assert_eq!(
+            out["close_reason"], "latchkey: bad_request",
+            "{path}: {out}"
+        );
+        let r = record_for(&lk, path);
+        assert_eq!(r["reason"], "bad_request", "{r}");
+        assert_eq!(r["websocket"]["frames_up"], 0, "{r}");
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(server.events_of("message").len(), 2);
 }

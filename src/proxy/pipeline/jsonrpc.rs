@@ -1,5 +1,6 @@
 //! The mcp phase: under a rule with `mcp`, a POST's JSON-RPC messages are held whole and
-//! matched (`proxy::mcp::inspect`) before anything is sent.
+//! matched (`proxy::mcp::inspect`) before anything is sent. (A WebSocket's messages are
+//! matched by its relay: `proxy::mcp_socket`.)
 //!
 //! A refused message is not a [`Refusal`]: the agent speaks JSON-RPC, so the answer is a
 //! JSON-RPC error (HTTP 200) built by `proxy::mcp`, recorded through the record phase like any
@@ -17,7 +18,7 @@ use super::super::request_body::Inbound;
 use super::super::Proxy;
 use super::decide::{Verdict, WouldDeny};
 use super::{ask, Answer, Ctx};
-use crate::audit::{Entry, McpInfo};
+use crate::audit::Entry;
 use crate::policy::mcp::McpRules;
 use crate::policy::Rule;
 use crate::reason::{Reason, Refusal};
@@ -72,7 +73,7 @@ pub(super) async fn check<'a>(
     }
     match mcp::inspect(rules, &rule.name, bytes).map_err(under)? {
         Inspected::Forward { info, list_ids } => {
-            let info = for_the_record(info, entry);
+            let info = mcp::for_the_record(info, entry);
             entry.update(|r| r.mcp = Some(info));
             // Report-only changes nothing the sandbox sees: the listing is left whole.
             let report = proxy.report_all || rule.report;
@@ -83,9 +84,10 @@ pub(super) async fn check<'a>(
         Inspected::Refuse {
             info,
             message,
-            response,
+            answer,
         } => {
-            let info = for_the_record(info, entry);
+            let response = mcp::refused_response(&rule.name, answer);
+            let info = mcp::for_the_record(info, entry);
             entry.update(|r| r.mcp = Some(info));
             let message = entry.scrub_text(&message);
             if proxy.report_all || rule.report {
@@ -112,28 +114,3 @@ pub(super) async fn check<'a>(
         }
     }
 }
-
-/// Method and tool names are the sandbox's text: in the record they are scrubbed of secret
-/// values like the path, then cut to [`MAX_NAME`] characters.
-fn for_the_record(mut info: McpInfo, entry: &Entry) -> McpInfo {
-    let clean = |s: &mut String| {
-        // Scrubbed whole first: a cut could leave a secret's prefix the scrubber misses.
-        *s = entry.scrub_text(s);
-        if let Some((i, _)) = s.char_indices().nth(MAX_NAME) {
-            s.truncate(i);
-            s.push('…');
-        }
-    };
-    for call in &mut info.calls {
-        if let Some(m) = call.method.as_mut() {
-            clean(m);
-        }
-        if let Some(t) = call.tool.as_mut() {
-            clean(t);
-        }
-    }
-    info
-}
-
-/// Longest method or tool name kept in a record.
-const MAX_NAME: usize = 200;

@@ -335,7 +335,7 @@ async fn phases(
     });
     let mut answer = respond(proxy, &verdict, &target.host, res, plan, upgrade, entry).await?;
     if let Some((rules, ids)) = tools_list {
-        answer.response = super::mcp::filter_list(answer.response, rules, ids);
+        answer.response = super::mcp_list::filter_list(answer.response, rules, ids);
     }
     // capture: a token endpoint's tokens stay here; the sandbox gets their placeholders.
     if let Some(capture) = &rule.capture {
@@ -432,6 +432,11 @@ fn websocket_guard(
         budget: proxy.budget.clone(),
         client: ctx.client.ip(),
         upload: admission.as_ref().and_then(|a| a.upload()),
+        mcp: rule.mcp.as_ref().map(|rules| super::mcp_socket::Rules {
+            rules: rules.clone(),
+            rule: rule.name.clone(),
+            report: proxy.report_all || rule.report,
+        }),
     }
 }
 
