@@ -8,5 +8,6 @@
 pub mod cidr;
 pub mod hop;
 pub mod host;
+pub mod json;
 pub mod limits;
 pub mod path;
