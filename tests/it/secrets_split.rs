@@ -117,7 +117,8 @@ fn a_placeholder_or_secret_split_across_h2_data_frames_never_reaches_an_unbound_
     let authority = format!("other.test:{}", w.port());
     // Past the 64 KiB latchkey holds before dialing: the body streams through the detector.
     let pad = format!("{{\"pad\":\"{}\",\"k\":\"", "p".repeat(100_000));
-    let (ph_a, ph_b) = PLACEHOLDER.split_at(13);
+    // Cut inside the prefix `__LATCHKEY_`: neither frame holds it whole.
+    let (ph_a, ph_b) = PLACEHOLDER.split_at(6);
     let (sk_a, sk_b) = OPENAI.split_at(10);
     let escaped: String = PLACEHOLDER[..2]
         .bytes()
@@ -127,6 +128,24 @@ fn a_placeholder_or_secret_split_across_h2_data_frames_never_reaches_an_unbound_
         (
             "a placeholder across two DATA frames",
             vec![now(format!("{pad}{ph_a}")), now(format!("{ph_b}\"}}"))],
+            "placeholder_not_bound",
+            b"__LATCH",
+        ),
+        (
+            "a placeholder cut after its first 2 bytes, far into a DATA frame",
+            vec![
+                now(format!("{pad}{}", &PLACEHOLDER[..2])),
+                now(format!("{}\"}}", &PLACEHOLDER[2..])),
+            ],
+            "placeholder_not_bound",
+            b"__",
+        ),
+        (
+            "a placeholder cut one byte short of its prefix",
+            vec![
+                now(format!("{pad}{}", &PLACEHOLDER[..10])),
+                now(format!("{}\"}}", &PLACEHOLDER[10..])),
+            ],
             "placeholder_not_bound",
             b"__LATCH",
         ),
@@ -202,16 +221,17 @@ fn a_placeholder_or_secret_split_across_h2_data_frames_never_reaches_an_unbound_
 fn a_placeholder_split_across_curl_upload_chunks_is_refused_h1_chunked_and_h2() {
     let w = world();
     let clean = "c".repeat(300_000);
-    let (a, b) = PLACEHOLDER.split_at(12);
+    let (a, b) = PLACEHOLDER.split_at(4);
     for (i, flag) in ["--http1.1", "--http2"].iter().enumerate() {
         let path = format!("/upload/{i}");
         let mut up = curl_upload(&w.lk, flag, &w.url("other.test", &path));
         up.send(clean.as_bytes());
         wait_upstream(&w.upstream, &path, |r| r.body.len() >= clean.len() - 256);
-        // The placeholder over two writes, far into a chunk: its start must not go on alone.
-        up.send(format!("{}x={a}", "d".repeat(5000)).as_bytes());
+        // The placeholder over two writes, cut inside its prefix, far into a chunk: its start
+        // must not go on alone.
+        up.send(format!("{}x:{a}", "d".repeat(5000)).as_bytes());
         std::thread::sleep(Duration::from_millis(150));
-        up.send(format!("{b}&rest={}the-end", "e".repeat(100_000)).as_bytes());
+        up.send(format!("{b} rest:{}the-end", "e".repeat(100_000)).as_bytes());
         let (status, reason, body) = up.finish();
         w.saw(flag, body.as_bytes());
         assert_eq!(
