@@ -346,11 +346,19 @@ pub async fn apply(
     }
 
     let refused: Arc<OnceLock<BodyRefused>> = Arc::default();
+    let none = BTreeSet::new();
+    // An S3 aws-chunked body's data is checked as S3 stores it, the framing taken out: a value
+    // split across two chunks is whole there.
+    applied.scan_payload(|| {
+        Box::new(PayloadDetector {
+            detector: Detector::new(scrubber.clone(), &binding(rule, &none, &none), host, SCAN_LIMIT),
+            slot: refused.clone(),
+        })
+    });
     let whole_len = body_bytes.len() as u64;
     let body = match rest.take() {
         None => Whole::new(body_bytes, trailers, charge).boxed(),
         Some(rest) => {
-            let none = BTreeSet::new();
             let detector = Detector::new(scrubber, &binding(rule, &none, &none), host, SCAN_LIMIT);
             let stream = Prefixed::new(body_bytes, rest, detector, charge, refused.clone());
             body::count_up(stream, counters.clone())
@@ -380,6 +388,38 @@ pub async fn apply(
         secrets: used,
         refused,
     })
+}
+
+/// The leak detector over the data of an aws-chunked body; a refusal is left in the body's
+/// slot, with its own reason, before the framing aborts the upload.
+struct PayloadDetector {
+    detector: Detector,
+    slot: Arc<OnceLock<BodyRefused>>,
+}
+
+impl PayloadDetector {
+    fn refuse(&self, r: Refusal) -> String {
+        let r = BodyRefused::from(r);
+        let message = r.message.clone();
+        let _ = self.slot.set(r);
+        message
+    }
+}
+
+impl signing::aws_chunked::PayloadScan for PayloadDetector {
+    fn data(&mut self, bytes: &[u8]) -> Result<(), String> {
+        match self.detector.push(bytes::Bytes::copy_from_slice(bytes)) {
+            Ok(_) => Ok(()),
+            Err(r) => Err(self.refuse(r)),
+        }
+    }
+
+    fn end(&mut self) -> Result<(), String> {
+        match self.detector.finish() {
+            Ok(_) => Ok(()),
+            Err(r) => Err(self.refuse(r)),
+        }
+    }
 }
 
 /// Why the request body is in a form the detector cannot read, if it is: a `Content-Encoding`

@@ -43,6 +43,9 @@ pub struct Detector {
     esc_held: Vec<u8>,
     /// The most of a body held whole (for the message when a body placeholder streams).
     whole_limit: usize,
+    /// The end of the output that could be the start of a placeholder: held back until the
+    /// bytes after it show it is not one, so no part of a refused placeholder goes out.
+    prefix_held: Vec<u8>,
 }
 
 impl Detector {
@@ -72,6 +75,7 @@ impl Detector {
             esc_tail: Vec::new(),
             esc_held: Vec::new(),
             whole_limit,
+            prefix_held: Vec::new(),
         }
     }
 
@@ -100,16 +104,59 @@ impl Detector {
         Ok(())
     }
 
-    /// Raw bytes an escaped value may span: the longest variant, escaped byte by byte.
+    /// A placeholder in a streamed body: never replaced there.
+    fn placeholder_refusal(&self) -> Refusal {
+        let why = if self.body_placeholders {
+            format!("placeholder in a request body to host {} that is streamed (over {} MiB, or past latchkey's buffer budget): body placeholders are replaced only in bodies latchkey holds whole", self.host, self.whole_limit / (1024 * 1024))
+        } else {
+            format!(
+                "placeholder in the request body to host {}: rule '{}' does not enable body placeholders",
+                self.host, self.rule
+            )
+        };
+        Refusal::new(Reason::PlaceholderNotBound, why)
+    }
+
+    /// Raw bytes an escaped value or placeholder prefix may span: the longest, escaped byte
+    /// by byte.
     fn escape_window(&self) -> usize {
         match (&self.stream, &self.scrubber) {
-            (Some(_), Some(s)) => s.max_pattern_len().saturating_mul(ESCAPE_RATIO),
+            (Some(_), Some(s)) => s
+                .max_pattern_len()
+                .max(PREFIX.len())
+                .saturating_mul(ESCAPE_RATIO),
             _ => 0,
         }
     }
 
     /// Scans a chunk; returns the bytes that may go upstream now.
     pub fn push(&mut self, chunk: Bytes) -> Result<Bytes, Refusal> {
+        let out = self.push_escaped(chunk)?;
+        Ok(self.hold_prefix(out))
+    }
+
+    /// Holds back the end of `out` that is the start of a placeholder's prefix.
+    fn hold_prefix(&mut self, out: Bytes) -> Bytes {
+        let starts = |all: &[u8]| {
+            (1..PREFIX.len())
+                .rev()
+                .find(|&k| all.ends_with(&PREFIX[..k]))
+                .unwrap_or(0)
+        };
+        if self.prefix_held.is_empty() {
+            let k = starts(&out);
+            self.prefix_held = out[out.len() - k..].to_vec();
+            return out.slice(..out.len() - k);
+        }
+        let mut all = std::mem::take(&mut self.prefix_held);
+        all.extend_from_slice(&out);
+        let k = starts(&all);
+        self.prefix_held = all.split_off(all.len() - k);
+        Bytes::from(all)
+    }
+
+    /// [`Self::push`] before the placeholder hold-back.
+    fn push_escaped(&mut self, chunk: Bytes) -> Result<Bytes, Refusal> {
         let window = self.escape_window();
         if window == 0 {
             return self.push_raw(chunk);
@@ -119,6 +166,10 @@ impl Detector {
         seen.extend_from_slice(&chunk);
         if let Some(s) = self.scrubber.as_deref() {
             for d in decoded_views(&seen) {
+                // An escaped placeholder is one once the upstream parses it.
+                if placeholder::contains(&d) {
+                    return Err(self.placeholder_refusal());
+                }
                 if let Some(r) =
                     secret_refusal(s, &self.bound, Part::Body, &d, &self.host, &self.rule)
                 {
@@ -151,17 +202,15 @@ impl Detector {
         let mut seam = std::mem::take(&mut self.tail);
         seam.extend_from_slice(&chunk[..chunk.len().min(keep)]);
         if placeholder::contains(&seam) || placeholder::contains(&chunk) {
-            let why = if self.body_placeholders {
-                format!("placeholder in a request body to host {} that is streamed (over {} MiB, or past latchkey's buffer budget): body placeholders are replaced only in bodies latchkey holds whole", self.host, self.whole_limit / (1024 * 1024))
-            } else {
-                format!(
-                    "placeholder in the request body to host {}: rule '{}' does not enable body placeholders",
-                    self.host, self.rule
-                )
-            };
-            return Err(Refusal::new(Reason::PlaceholderNotBound, why));
+            return Err(self.placeholder_refusal());
         }
-        self.tail = seam[seam.len().saturating_sub(keep)..].to_vec();
+        // The next seam begins with the last bytes seen: the end of this chunk, or (a chunk
+        // shorter than the prefix) the end of the seam, which holds all of it.
+        self.tail = if chunk.len() >= keep {
+            chunk[chunk.len() - keep..].to_vec()
+        } else {
+            seam[seam.len().saturating_sub(keep)..].to_vec()
+        };
 
         let Some(stream) = self.stream.as_mut() else {
             return Ok(chunk);
@@ -197,7 +246,9 @@ impl Detector {
             stream.finish();
             self.unbound_seen()?;
         }
-        let mut out = std::mem::take(&mut self.esc_held);
+        let mut out = std::mem::take(&mut self.prefix_held);
+        out.extend_from_slice(&self.esc_held);
+        self.esc_held = Vec::new();
         out.extend_from_slice(&self.held);
         self.held = Vec::new();
         Ok(Bytes::from(out))
@@ -216,130 +267,5 @@ impl Detector {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::secrets::scrub::ScrubSecret;
-
-    const SECRET: &[u8] = b"sk-test-OPENAI-4f9a1c7e2b8d";
-
-    fn detector(bound: &[&str]) -> Detector {
-        let scrubber = Arc::new(
-            Scrubber::new(&[ScrubSecret {
-                name: "openai",
-                value: SECRET,
-            }])
-            .expect("scrubber"),
-        );
-        let bound: BTreeSet<String> = bound.iter().map(|s| s.to_string()).collect();
-        let none = BTreeSet::new();
-        let rule = Binding {
-            rule: "report-only",
-            bound: &bound,
-            placeholders: &[],
-            captured: &none,
-            withheld: &none,
-        };
-        Detector::new(Some(scrubber), &rule, "api.test", 8 * 1024 * 1024)
-    }
-
-    /// Feeds `chunks`; returns what went out, or the refusal and what went out before it.
-    fn run(d: &mut Detector, chunks: &[&[u8]]) -> (Vec<u8>, Option<Reason>) {
-        let mut out = Vec::new();
-        for c in chunks {
-            match d.push(Bytes::copy_from_slice(c)) {
-                Ok(b) => out.extend_from_slice(&b),
-                Err(r) => return (out, Some(r.reason)),
-            }
-        }
-        match d.finish() {
-            Ok(b) => out.extend_from_slice(&b),
-            Err(r) => return (out, Some(r.reason)),
-        }
-        (out, None)
-    }
-
-    #[test]
-    fn a_secret_split_across_chunks_is_refused_before_any_of_it_goes_out() {
-        let mut body = b"x".repeat(100);
-        body.extend_from_slice(SECRET);
-        body.extend_from_slice(b"tail");
-        for cut in 1..body.len() {
-            let mut d = detector(&[]);
-            let (out, refused) = run(&mut d, &[&body[..cut], &body[cut..]]);
-            assert_eq!(refused, Some(Reason::SecretValueUnbound), "cut at {cut}");
-            assert!(
-                !out.windows(4).any(|w| w == b"sk-t"),
-                "cut at {cut}: part of the secret went out: {:?}",
-                String::from_utf8_lossy(&out)
-            );
-        }
-    }
-
-    #[test]
-    fn clean_bodies_pass_byte_exact_and_bound_secrets_pass_too() {
-        let body: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
-        let chunks: Vec<&[u8]> = body.chunks(333).collect();
-        let (out, refused) = run(&mut detector(&[]), &chunks);
-        assert_eq!((out, refused), (body.clone(), None));
-
-        let mut with = body.clone();
-        with.splice(2000..2000, SECRET.iter().copied());
-        let chunks: Vec<&[u8]> = with.chunks(97).collect();
-        let (out, refused) = run(&mut detector(&["openai"]), &chunks);
-        assert_eq!(refused, None);
-        assert_eq!(out, with, "a bound secret's bytes pass unchanged");
-    }
-
-    /// A value escaped byte by byte (`%XX`, `\u00XX`, half and half), split at every point:
-    /// refused, and none of its escaped form goes out first.
-    #[test]
-    fn an_escaped_secret_split_across_chunks_is_refused_before_any_of_it_goes_out() {
-        let pct: String = SECRET.iter().map(|b| format!("%{b:02x}")).collect();
-        let uni: String = SECRET.iter().map(|b| format!("\\u{:04X}", b)).collect();
-        let half: String = SECRET[..10]
-            .iter()
-            .map(|&b| (b as char).to_string())
-            .chain(SECRET[10..].iter().map(|b| format!("\\u{b:04x}")))
-            .collect();
-        let qp: String = SECRET.iter().map(|b| format!("={b:02X}")).collect();
-        for escaped in [pct, uni, half, qp] {
-            let mut body = b"{\"a\":\"".to_vec();
-            let start = body.len();
-            body.extend_from_slice(escaped.as_bytes());
-            body.extend_from_slice(b"\"}");
-            for cut in 1..body.len() {
-                let mut d = detector(&[]);
-                let (out, refused) = run(&mut d, &[&body[..cut], &body[cut..]]);
-                assert_eq!(
-                    refused,
-                    Some(Reason::SecretValueUnbound),
-                    "{escaped} cut at {cut}"
-                );
-                assert!(
-                    out.len() <= start,
-                    "{escaped} cut at {cut}: {:?}",
-                    String::from_utf8_lossy(&out)
-                );
-            }
-            let mut d = detector(&["openai"]);
-            let (out, refused) = run(&mut d, &[&body[..20], &body[20..]]);
-            assert_eq!(
-                (out, refused),
-                (body.clone(), None),
-                "bound: passes unchanged"
-            );
-        }
-        // Escapes of ordinary text pass byte-exact, split anywhere.
-        let body = br#"{"k":"caf\u00e9 100%25 \/"}"#.repeat(50);
-        for cut in [1, 7, 100, 500] {
-            let (out, refused) = run(&mut detector(&[]), &[&body[..cut], &body[cut..]]);
-            assert_eq!((out, refused), (body.clone(), None));
-        }
-    }
-
-    #[test]
-    fn placeholders_are_refused_across_a_chunk_boundary() {
-        let (_, refused) = run(&mut detector(&[]), &[b"aaa__LATCH", b"KEY_openai__"]);
-        assert_eq!(refused, Some(Reason::PlaceholderNotBound));
-    }
-}
+#[path = "detector_tests.rs"]
+mod tests;

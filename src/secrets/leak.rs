@@ -325,6 +325,7 @@ impl Checker<'_> {
         self.placeholders(Part::Body, body, &mut names)?;
         self.secrets(Part::Body, body)?;
         for d in decoded_views(body) {
+            self.escaped_placeholders(Part::Body, body, &d)?;
             self.secrets(Part::Body, &d)?;
         }
         if let Some(t) = trailers {
@@ -346,9 +347,29 @@ impl Checker<'_> {
         self.placeholders(Part::WebSocket, message, &mut names)?;
         self.secrets(Part::WebSocket, message)?;
         for d in decoded_views(message) {
+            self.escaped_placeholders(Part::WebSocket, message, &d)?;
             self.secrets(Part::WebSocket, &d)?;
         }
         Ok(names)
+    }
+
+    /// Refuses a placeholder that appears only once `raw` is unescaped (`decoded`): latchkey
+    /// replaces placeholders as written, so an escaped one would reach the upstream, which
+    /// reads it as one.
+    fn escaped_placeholders(&self, part: Part, raw: &[u8], decoded: &[u8]) -> Result<(), Refusal> {
+        if !placeholder::contains(decoded)
+            || placeholder::find(decoded).len() <= placeholder::find(raw).len()
+        {
+            return Ok(());
+        }
+        Err(Refusal::new(
+            Reason::PlaceholderNotBound,
+            format!(
+                "escaped placeholder in the request {} for host {}: latchkey replaces placeholders only as written (not percent-, JSON- or quoted-printable-escaped, nor broken by a line break)",
+                part.as_str(),
+                self.host
+            ),
+        ))
     }
 
     fn placeholders(

@@ -180,8 +180,19 @@ enum State {
     Done,
 }
 
+/// A check of the data an aws-chunked body carries, as S3 stores it (the framing taken out):
+/// a value split across two chunks is whole here. Its error aborts the upload.
+pub trait PayloadScan: Send + Sync {
+    /// The next data bytes, in order.
+    fn data(&mut self, bytes: &[u8]) -> Result<(), String>;
+    /// The last data byte has been seen.
+    fn end(&mut self) -> Result<(), String>;
+}
+
 /// The aws-chunked parser: fed the body as it arrives, it yields the bytes to send on.
 pub struct Framing {
+    /// Sees every data byte before the input holding it is passed on.
+    scan: Option<Box<dyn PayloadScan>>,
     mode: Mode,
     state: State,
     /// The header or trailer line being read (bounded).
@@ -219,6 +230,7 @@ impl std::fmt::Debug for Framing {
 impl Framing {
     pub fn new(mode: Mode, expected: Option<u64>) -> Self {
         Framing {
+            scan: None,
             mode,
             state: State::Header,
             line: Vec::new(),
@@ -234,6 +246,11 @@ impl Framing {
             out: VecDeque::new(),
             pending: Bytes::new(),
         }
+    }
+
+    /// Has `scan` see the data bytes (never the framing) as they are parsed.
+    pub fn scan_payload(&mut self, scan: Box<dyn PayloadScan>) {
+        self.scan = Some(scan);
     }
 
     fn resigning(&self) -> bool {
@@ -337,6 +354,9 @@ impl Framing {
                         ));
                     }
                 }
+                if let Some(scan) = self.scan.as_mut() {
+                    scan.data(&input[..n]).map_err(FramingError)?;
+                }
                 if self.resigning() {
                     self.held.extend_from_slice(&input[..n]);
                 }
@@ -407,6 +427,9 @@ impl Framing {
         self.chunks += 1;
         self.size_text = size_text;
         if len == 0 {
+            if let Some(scan) = self.scan.as_mut() {
+                scan.end().map_err(FramingError)?;
+            }
             if let Some(e) = self.expected {
                 if self.decoded != e {
                     return bad(format!(

@@ -324,3 +324,96 @@ fn debug_shows_no_key_material() {
     let s = format!("{:?}", signer());
     assert!(!s.contains(SEED) && !s.contains("key"), "{s}");
 }
+
+/// Records what a payload scan is shown; refuses once it has seen `refuse_at` data bytes.
+struct Recorder {
+    seen: std::sync::Arc<std::sync::Mutex<(Vec<u8>, usize)>>,
+    refuse_at: usize,
+}
+
+impl PayloadScan for Recorder {
+    fn data(&mut self, bytes: &[u8]) -> Result<(), String> {
+        let mut seen = self.seen.lock().map_err(|e| e.to_string())?;
+        seen.0.extend_from_slice(bytes);
+        if seen.0.len() >= self.refuse_at {
+            return Err("refused by the scan".to_string());
+        }
+        Ok(())
+    }
+    fn end(&mut self) -> Result<(), String> {
+        let mut seen = self.seen.lock().map_err(|e| e.to_string())?;
+        seen.1 += 1;
+        Ok(())
+    }
+}
+
+/// The payload scan sees the data bytes alone, in order, however the chunks and the input are
+/// cut (both forms); the end once; and its refusal aborts the upload before the input holding
+/// the byte it refused goes on.
+#[test]
+fn the_payload_scan_sees_the_data_without_the_framing_and_can_abort() {
+    let chunks: [&[u8]; 4] = [b"sk-test-OP", b"ENAI-4f9a", b"1c7e2b8d", b""];
+    let want: Vec<u8> = chunks.concat();
+    for (mode, sig, tail) in [
+        (Mode::Check, None, "x-amz-checksum-crc32:AAAAAA==\r\n\r\n"),
+        (resign(false), Some(DUMMY), "\r\n"),
+    ] {
+        let input = framed(&chunks, sig, tail);
+        for split in [1, 3, 7, 64, input.len()] {
+            let seen = std::sync::Arc::new(std::sync::Mutex::new((Vec::new(), 0)));
+            let mut f = Framing::new(
+                match &mode {
+                    Mode::Check => Mode::Check,
+                    Mode::Resign { .. } => resign(false),
+                },
+                None,
+            );
+            f.scan_payload(Box::new(Recorder {
+                seen: seen.clone(),
+                refuse_at: usize::MAX,
+            }));
+            for piece in input.chunks(split) {
+                f.feed(Bytes::copy_from_slice(piece));
+                while f.next_out().expect("valid").is_some() {}
+            }
+            f.finish().expect("complete");
+            let seen = seen.lock().expect("seen");
+            assert_eq!((&seen.0, seen.1), (&want, 1), "split {split}");
+        }
+    }
+    // Refused at the second chunk's first byte: what went on before holds no second-chunk byte.
+    let input = framed(&chunks, None, "\r\n");
+    for split in [1, 5, input.len()] {
+        let mut f = Framing::new(Mode::Check, None);
+        f.scan_payload(Box::new(Recorder {
+            seen: std::sync::Arc::default(),
+            refuse_at: chunks[0].len() + 1,
+        }));
+        let mut out = Vec::new();
+        let mut refused = None;
+        'feed: for piece in input.chunks(split) {
+            f.feed(Bytes::copy_from_slice(piece));
+            loop {
+                match f.next_out() {
+                    Ok(Some(b)) => out.extend_from_slice(&b),
+                    Ok(None) => break,
+                    Err(e) => {
+                        refused = Some(e.to_string());
+                        break 'feed;
+                    }
+                }
+            }
+        }
+        assert!(
+            refused
+                .as_deref()
+                .is_some_and(|r| r.contains("refused by the scan")),
+            "split {split}: {refused:?}"
+        );
+        assert!(!contains(&out, b"ENAI"), "split {split}");
+    }
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}

@@ -158,6 +158,14 @@ impl Applied {
             .map_or(0, aws_chunked::Framing::held_at_most)
     }
 
+    /// Has `scan` check the data of an aws-chunked body as it passes (nothing to do for any
+    /// other body, whose bytes are its data).
+    pub fn scan_payload(&mut self, scan: impl FnOnce() -> Box<dyn aws_chunked::PayloadScan>) {
+        if let Some(framing) = self.chunked.as_mut() {
+            framing.scan_payload(scan());
+        }
+    }
+
     /// The body to send: `body` itself, or `body` through the aws-chunked framing. When the
     /// framing is bad the body fails (aborting the upload) and `on_error` hears why, once.
     pub fn body(

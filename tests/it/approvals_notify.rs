@@ -457,3 +457,75 @@ fn a_secret_in_the_request_never_reaches_the_webhook_in_either_format() {
         );
     }
 }
+
+/// What an approver is shown of a body is the body as sent, in the admin API and the webhook
+/// alike: never a parsed and re-serialised reading (which keeps one value of a key sent twice,
+/// rounds numbers, reorders nothing visibly). A JSON body with more than one reading — a key
+/// twice, or two keys a loose parser reads as one (case, trailing NUL), at any depth — is
+/// refused before anyone is asked: no approval, no delivery, nothing upstream.
+#[test]
+fn an_approver_sees_the_body_as_sent_and_an_ambiguous_body_is_refused_before_anyone_is_asked() {
+    let upstream = Upstream::http();
+    let hook = Hook::start(&[200]);
+    let lk = start(upstream.port(), &hook.url(), "json", &[]);
+    let port = upstream.port();
+    let ambiguous = [
+        r#"{"env":"production","env":"staging"}"#,
+        r#"{"deploy":{"target":{"env":"production","ENV":"staging"}}}"#,
+        r#"[{"name":"ok"},{"name":"a","name\u0000":"b"}]"#,
+    ];
+    for body in ambiguous {
+        let request = format!(
+            "POST http://api.prod.test:{port}/v1/deploy HTTP/1.1\r\nHost: api.prod.test:{port}\r\n\
+             Proxy-Authorization: Bearer {AGENT_TOKEN}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let resp = raw_request(lk.addr(), request.as_bytes());
+        assert_eq!(resp.status, 400, "{body}: {resp:#?}");
+        assert_eq!(
+            resp.header("x-latchkey-reason"),
+            Some("bad_request"),
+            "{body}"
+        );
+        let text = resp.text();
+        assert!(
+            text.contains("nobody was asked") && text.contains("more than one reading"),
+            "{body}: {text}"
+        );
+    }
+    let listed = json_body(&admin_get(&lk, "/approvals?state=pending"));
+    assert_eq!(
+        listed["approvals"].as_array().map(Vec::len),
+        Some(0),
+        "an ambiguous body was asked about: {listed:#}"
+    );
+
+    // Spacing, key order and a number no float holds, exactly as sent.
+    let body = "{ \"env\" : \"production\",\n  \"replicas\": 100000000000000000001, \"note\": \"caf\\u00e9\" }";
+    let id = ask(&lk, port, "/v1/deploy", body);
+    let seen = hook.wait_for(1, Duration::from_secs(10), &lk);
+    // Give a stray delivery for a refused body time to show up.
+    thread::sleep(Duration::from_millis(500));
+    let seen_all = hook.deliveries();
+    assert_eq!(
+        seen_all.len(),
+        1,
+        "only the clean body was announced: {seen_all:#?}"
+    );
+    assert_eq!(seen[0].json()["approval"]["preview"], body, "the webhook");
+    let shown = json_body(&admin_get(&lk, &format!("/approvals/{id}")));
+    assert_eq!(shown["preview"], body, "the admin API: {shown:#}");
+    assert!(upstream.received().is_empty(), "nothing went upstream");
+
+    let records = lk.wait_audit(ambiguous.len() + 1);
+    let refused: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["reason"] == "bad_request")
+        .collect();
+    assert_eq!(refused.len(), ambiguous.len(), "{records:#?}");
+    for r in refused {
+        assert_eq!(r["status"], 400, "{r:#}");
+        assert!(r["approval"].is_null(), "{r:#}");
+    }
+}

@@ -85,6 +85,7 @@ mod secrets_plain_http;
 mod secrets_policy;
 mod secrets_redaction;
 mod secrets_rotation;
+mod secrets_split;
 mod secrets_streaming;
 mod shutdown;
 mod socks;

@@ -40,7 +40,11 @@ fn world() -> SecretsWorld {
 
 /// Waits up to 10 s for the upstream to have received a request to `path` whose body so far
 /// satisfies `done`.
-fn wait_upstream(w: &Upstream, path: &str, done: impl Fn(&Received) -> bool) -> Received {
+pub(crate) fn wait_upstream(
+    w: &Upstream,
+    path: &str,
+    done: impl Fn(&Received) -> bool,
+) -> Received {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if let Some(r) = w.received().into_iter().find(|r| r.path == path && done(r)) {
@@ -58,7 +62,7 @@ fn wait_upstream(w: &Upstream, path: &str, done: impl Fn(&Received) -> bool) -> 
 // ---------------------------------------------------------------------------------------------
 // curl uploading from a pipe the test writes, so the test decides when each part is sent
 
-struct Upload {
+pub(crate) struct Upload {
     child: Child,
     stdin: Option<ChildStdin>,
     headers: std::path::PathBuf,
@@ -67,7 +71,7 @@ struct Upload {
 
 /// `curl -T - URL` through latchkey: the body is what the test writes to stdin (chunked over
 /// HTTP/1.1, DATA frames over h2).
-fn curl_upload(lk: &Latchkey, flag: &str, url: &str) -> Upload {
+pub(crate) fn curl_upload(lk: &Latchkey, flag: &str, url: &str) -> Upload {
     let dir = tempfile::Builder::new()
         .prefix("upload")
         .tempdir_in(lk.scratch())
@@ -108,7 +112,7 @@ fn curl_upload(lk: &Latchkey, flag: &str, url: &str) -> Upload {
 
 impl Upload {
     /// Writes `bytes` (ignoring a pipe curl has closed: it may have stopped on the refusal).
-    fn send(&mut self, bytes: &[u8]) {
+    pub(crate) fn send(&mut self, bytes: &[u8]) {
         if let Some(stdin) = self.stdin.as_mut() {
             let _ = stdin.write_all(bytes);
             let _ = stdin.flush();
@@ -116,7 +120,7 @@ impl Upload {
     }
 
     /// Ends the body, waits for curl and returns the status, reason header and body it got.
-    fn finish(mut self) -> (u16, Option<String>, String) {
+    pub(crate) fn finish(mut self) -> (u16, Option<String>, String) {
         self.stdin.take();
         let deadline = Instant::now() + Duration::from_secs(30);
         while self.child.try_wait().expect("poll curl").is_none() {
@@ -240,7 +244,7 @@ fn a_secret_found_mid_stream_aborts_the_upstream_request_and_the_client_gets_the
 // h2 with trailers: a hyper client over TLS through a CONNECT
 
 /// A request body the test feeds frame by frame.
-struct Frames(tokio::sync::mpsc::Receiver<Frame<Bytes>>);
+pub(crate) struct Frames(pub(crate) tokio::sync::mpsc::Receiver<Frame<Bytes>>);
 
 impl http_body::Body for Frames {
     type Data = Bytes;
@@ -254,7 +258,7 @@ impl http_body::Body for Frames {
     }
 }
 
-fn runtime() -> tokio::runtime::Runtime {
+pub(crate) fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -263,7 +267,7 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 /// An h2 connection to `authority` through latchkey.
-async fn h2_through(
+pub(crate) async fn h2_through(
     lk: &Latchkey,
     authority: &str,
 ) -> hyper::client::conn::http2::SendRequest<Frames> {

@@ -41,6 +41,12 @@ struct S3 {
 
 /// moto, and latchkey signing for `s3.test` with the moto user's key (`s3`, us-east-1).
 fn s3_world() -> S3 {
+    s3_world_with("", &[])
+}
+
+/// [`s3_world`] with more policy (`[secrets.*]` the `s3` rule does not bind) and the secret
+/// environment it reads.
+fn s3_world_with(extra: &str, env: &[(&str, &str)]) -> S3 {
     let bench = Bench::new();
     let moto = bench.server("s3_moto.py", &[]);
     let (akid, secret) = keys(&moto);
@@ -58,14 +64,12 @@ name = "s3"
 hosts = ["s3.test"]
 ports = [{port}]
 credential = "s3"
-"#,
+{extra}"#,
         port = moto.port()
     );
-    let w = bench.start_with(
-        &policy,
-        &[("TEST_AWS_SECRET", &secret)],
-        &[("TEST_AWS_AKID", &akid)],
-    );
+    let mut secrets = vec![("TEST_AWS_SECRET", secret.as_str())];
+    secrets.extend_from_slice(env);
+    let w = bench.start_with(&policy, &secrets, &[("TEST_AWS_AKID", &akid)]);
     S3 { w, moto }
 }
 
@@ -549,6 +553,119 @@ fn aws_chunked_bodies_over_http1_and_http2_are_re_signed_or_passed_intact() {
     let records = s.audited(12);
     for r in &records {
         assert_eq!(r["status"], 200, "{r:#}");
+    }
+    s.w.sweep();
+}
+
+/// A secret value the `s3` rule does not bind.
+const LEAK: &str = "sk-test-S3LEAK-7c1d9e2f4a6b";
+
+/// `chunks` in aws-chunked framing (dummy chunk signatures when `signed`), the final chunk, a
+/// CRC32 trailer when `trailer`; returns (data, framed).
+fn framed_chunks(chunks: &[&[u8]], signed: bool, trailer: bool) -> (Vec<u8>, Vec<u8>) {
+    let data = chunks.concat();
+    let dummy = "0".repeat(64);
+    let mut out = Vec::new();
+    for p in chunks.iter().copied().chain([&[][..]]) {
+        match signed {
+            true => out.extend(format!("{:x};chunk-signature={dummy}\r\n", p.len()).bytes()),
+            false => out.extend(format!("{:x}\r\n", p.len()).bytes()),
+        }
+        out.extend_from_slice(p);
+        if !p.is_empty() {
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+    if trailer {
+        let mut crc = flate2::Crc::new();
+        crc.update(&data);
+        let b64 = base64::Engine::encode(
+            &base64::engine::general_purpose::STANDARD,
+            crc.sum().to_be_bytes(),
+        );
+        out.extend(format!("x-amz-checksum-crc32:{b64}\r\n").bytes());
+        if signed {
+            out.extend(format!("x-amz-trailer-signature:{dummy}\r\n").bytes());
+        }
+    }
+    out.extend_from_slice(b"\r\n");
+    (data, out)
+}
+
+/// A secret value or a placeholder cut across two aws-chunked chunks (neither chunk, nor the
+/// framed bytes, holds it whole) is found in the data as S3 stores it: refused with its reason,
+/// and nothing is stored. The checked form and the re-signed one.
+#[test]
+fn a_secret_or_placeholder_split_across_aws_chunks_is_refused_and_nothing_is_stored() {
+    let s = s3_world_with(
+        "\n[secrets.leak]\nsource = \"env:TEST_LEAK\"\n",
+        &[("TEST_LEAK", LEAK)],
+    );
+    let placeholder = "__LATCHKEY_leak__";
+    let cases = [
+        (
+            "leak-1.bin",
+            LEAK,
+            "STREAMING-UNSIGNED-PAYLOAD-TRAILER",
+            false,
+            true,
+            "secret_value_unbound",
+        ),
+        (
+            "leak-2.bin",
+            LEAK,
+            "STREAMING-AWS4-HMAC-SHA256-PAYLOAD",
+            true,
+            false,
+            "secret_value_unbound",
+        ),
+        (
+            "leak-3.bin",
+            placeholder,
+            "STREAMING-UNSIGNED-PAYLOAD-TRAILER",
+            false,
+            true,
+            "placeholder_not_bound",
+        ),
+    ];
+    for (key, needle, form, signed, trailer, reason) in cases {
+        let pad = "p".repeat(1000);
+        let (first, second) = needle.split_at(6);
+        let a = format!("{pad}{first}");
+        let b = format!("{second}{pad}");
+        let (data, framed) = framed_chunks(&[a.as_bytes(), b.as_bytes()], signed, trailer);
+        let file = s.w.bench.path(key);
+        std::fs::write(&file, &framed).expect("write body");
+        let mut args = vec![
+            "--http1.1".to_string(),
+            "-X".into(),
+            "PUT".into(),
+            "-H".into(),
+            format!("X-Amz-Content-SHA256: {form}"),
+            "-H".into(),
+            "Content-Encoding: aws-chunked".into(),
+            "-H".into(),
+            "Content-Type: application/octet-stream".into(),
+            "-H".into(),
+            format!("X-Amz-Decoded-Content-Length: {}", data.len()),
+            "--data-binary".into(),
+            format!("@{}", file.display()),
+        ];
+        if trailer {
+            args.extend(["-H".into(), "X-Amz-Trailer: x-amz-checksum-crc32".into()]);
+        }
+        args.push(format!("{}/{BUCKET}/{key}", s.endpoint()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = s.w.curl(&args);
+        assert_refusal(&out.response, 403, reason);
+        let get = s.boto("get", &[key]);
+        assert_eq!(get["status"], 404, "{key} was stored: {get:#}");
+        assert!(
+            s.requests_for("PUT", key)
+                .iter()
+                .all(|e| e["status"] != 200),
+            "{key}: moto accepted it"
+        );
     }
     s.w.sweep();
 }

@@ -85,6 +85,7 @@ pub(super) async fn ask(
             "the request body was not held",
         )));
     };
+    unambiguous(head, bytes).map_err(under)?;
     let sha = hex(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, bytes).as_ref());
     let full_url = display_url(
         target.scheme,
@@ -348,7 +349,7 @@ fn question(
             .collect(),
         body_bytes: body.len() as u64,
         body_sha256: sha.to_string(),
-        preview: preview(head, body, entry),
+        preview: preview(head, body, |t| entry.scrub_text(t)),
         request_id: entry.id().to_string(),
         policy: policy.digest().to_string(),
         answer: None,
@@ -357,8 +358,9 @@ fn question(
     }
 }
 
-/// The start of a JSON body, compacted and scrubbed; `None` for anything else.
-fn preview(head: &Parts, body: &Bytes, entry: &Entry) -> Option<String> {
+/// Whether an approver is shown a preview of `body`: JSON, by its media type or its first
+/// byte.
+fn json_body(head: &Parts, body: &[u8]) -> bool {
     let json_type = head
         .headers
         .get(http::header::CONTENT_TYPE)
@@ -368,21 +370,53 @@ fn preview(head: &Parts, body: &Bytes, entry: &Entry) -> Option<String> {
         .iter()
         .find(|b| !b.is_ascii_whitespace())
         .is_some_and(|b| matches!(b, b'{' | b'['));
-    if body.is_empty() || !(json_type || starts_json) {
+    !body.is_empty() && (json_type || starts_json)
+}
+
+/// Refuses a JSON body with more than one reading (keys that collide, at any depth) before
+/// anyone is asked about it: an approver shown one value could approve the other.
+fn unambiguous(head: &Parts, body: &[u8]) -> Result<(), Refusal> {
+    if !json_body(head, body) {
+        return Ok(());
+    }
+    match crate::wire::json::ambiguity(body) {
+        None => Ok(()),
+        Some(why) => Err(Refusal::new(
+            Reason::BadRequest,
+            format!("nobody was asked about this request: its JSON body has more than one reading ({why}); an approver could be shown one value and approve another. Send each key once"),
+        )),
+    }
+}
+
+/// The start of a JSON body as sent (never parsed and re-serialised: that would show one
+/// reading of it), scrubbed, bounded, with what a screen would hide made visible; `None` for
+/// anything else.
+fn preview(head: &Parts, body: &[u8], scrub: impl Fn(&str) -> String) -> Option<String> {
+    if !json_body(head, body) {
         return None;
     }
-    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let compact = value.to_string();
-    let mut cut = compact.len().min(PREVIEW_SCAN);
-    while !compact.is_char_boundary(cut) {
-        cut -= 1;
+    let scan = &body[..body.len().min(PREVIEW_SCAN)];
+    let scrubbed = scrub(&String::from_utf8_lossy(scan));
+    let shown = as_sent(&scrubbed, PREVIEW_CHARS);
+    let cut = scrubbed.chars().count() > PREVIEW_CHARS || scan.len() < body.len();
+    Some(if cut { format!("{shown}…") } else { shown })
+}
+
+/// `text`'s first `max` characters, each control, bidirectional or invisible formatting
+/// character written as a `\u{…}` escape (a line feed and a tab stay), so what an approver
+/// reads is what the bytes say.
+fn as_sent(text: &str, max: usize) -> String {
+    let mut out = String::with_capacity(text.len().min(max * 2));
+    for c in text.chars().take(max) {
+        let hidden = (c.is_control() && c != '\n' && c != '\t')
+            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}');
+        if hidden {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        } else {
+            out.push(c);
+        }
     }
-    let scrubbed = entry.scrub_text(&compact[..cut]);
-    let mut shown: String = scrubbed.chars().take(PREVIEW_CHARS).collect();
-    if scrubbed.chars().count() > PREVIEW_CHARS || cut < compact.len() {
-        shown.push('…');
-    }
-    Some(shown)
+    out
 }
 
 /// What a `session` grant is tied to: the identity's token as it is now (so a new token ends
@@ -440,4 +474,70 @@ fn state_down(e: &StateError) -> Refusal {
 /// The `retry-after` for a request still waiting: about when a person may have answered.
 fn retry_after(hold: Duration) -> u64 {
     hold.as_secs().clamp(5, 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(content_type: &str) -> Parts {
+        let (parts, ()) = http::Request::post("https://api.test/deploy")
+            .header(http::header::CONTENT_TYPE, content_type)
+            .body(())
+            .unwrap_or_default()
+            .into_parts();
+        parts
+    }
+
+    fn shown(content_type: &str, body: &str) -> Option<String> {
+        preview(&head(content_type), body.as_bytes(), |t| {
+            t.replace("sk-SECRET-1234", "[REDACTED]")
+        })
+    }
+
+    /// The preview is the body as sent: key order, spacing, escapes and number spellings are
+    /// the sandbox's, not a parser's.
+    #[test]
+    fn the_preview_is_the_body_as_sent_never_a_parsed_reading() {
+        for body in [
+            r#"{"env":"production","env":"staging"}"#,
+            r#"{ "b": 1.0, "a": 100000000000000000001, "s": "A" }"#,
+            "[1, 2]\n",
+            r#"{"broken": "#,
+        ] {
+            assert_eq!(shown("application/json", body).as_deref(), Some(body));
+        }
+        // JSON by its first byte, whatever the media type says; other bodies have none.
+        assert!(shown("text/plain", " {\"a\":1}").is_some());
+        assert_eq!(shown("text/plain", "a=1&a=2"), None);
+        assert_eq!(shown("application/json", ""), None);
+    }
+
+    #[test]
+    fn the_preview_is_scrubbed_bounded_and_shows_hidden_characters() {
+        let body = format!(r#"{{"key":"sk-SECRET-1234","pad":"{}"}}"#, "x".repeat(2000));
+        let p = shown("application/json", &body).unwrap_or_default();
+        assert!(p.starts_with(r#"{"key":"[REDACTED]","pad":"xxx"#), "{p}");
+        assert_eq!(p.chars().count(), PREVIEW_CHARS + 1, "{p}");
+        assert!(p.ends_with('…'));
+        let p = shown("application/json", "{\"a\":\"x\u{202e}y\u{0}z\r\"}").unwrap_or_default();
+        assert_eq!(p, r#"{"a":"x\u{202e}y\u{0}z\u{d}"}"#);
+    }
+
+    #[test]
+    fn an_ambiguous_json_body_is_refused_before_anyone_is_asked() {
+        for body in [
+            r#"{"env":"production","env":"staging"}"#,
+            r#"{"deploy":{"env":"production","Env":"staging"}}"#,
+        ] {
+            let r = unambiguous(&head("application/json"), body.as_bytes()).err();
+            let r = r.unwrap_or_else(|| panic!("{body} passed"));
+            assert_eq!(r.reason, Reason::BadRequest);
+            assert!(r.message.contains("more than one reading"), "{}", r.message);
+        }
+        // By its first byte too; a form body is not JSON.
+        assert!(unambiguous(&head("text/plain"), br#"{"a":1,"a":2}"#).is_err());
+        assert!(unambiguous(&head("application/x-www-form-urlencoded"), b"a=1&a=2").is_ok());
+        assert!(unambiguous(&head("application/json"), br#"{"a":1,"b":{"a":2}}"#).is_ok());
+    }
 }
