@@ -409,6 +409,28 @@ impl Server {
             .context("--state: cannot read the approvals' shared keys")?;
         proxy.set_governance(Arc::new(gov));
         proxy.captured_tokens().attach(store.clone());
+        // Every kept token is in the redaction set before the first connection, and a token
+        // another replica captures joins it as soon as that replica announces it.
+        let redact: Arc<crate::secrets::captured::Redact> = {
+            let p = proxy.clone();
+            Arc::new(move |identity: &str, name: &str, value: &SecretValue| {
+                p.policy().secrets().set_minted(name, identity, value)
+            })
+        };
+        let kept = proxy
+            .captured_tokens()
+            .preload(&*redact)
+            .await
+            .context("--state: cannot read the captured tokens")?;
+        if kept > 0 {
+            tracing::info!(tokens = kept, "captured tokens read from the state store; each is redacted from the first response");
+        }
+        tokio::spawn(
+            proxy
+                .captured_tokens()
+                .clone()
+                .follow(redact, proxy.shutdown_signal()),
+        );
         proxy.set_limiter(crate::governance::limits::Limiter::new(store.clone()));
         // The notification outbox, delivered through the guarded client.
         let worker = {
@@ -553,9 +575,10 @@ fn admin_token(spec: &str) -> anyhow::Result<SecretValue> {
         Some(("env", var)) => std::env::var(var)
             .map_err(|_| anyhow::anyhow!("--admin-token: env var {var} is not set"))?
             .into_bytes(),
-        Some(("file", path)) => {
-            std::fs::read(path).with_context(|| format!("--admin-token: cannot read {path}"))?
-        }
+        // A private file: refused when group or others may read it (`crate::files`).
+        Some(("file", path)) => crate::files::read(Path::new(path), "the admin token file")
+            .context("--admin-token")?
+            .ok_or_else(|| anyhow::anyhow!("--admin-token: {path} does not exist"))?,
         _ => anyhow::bail!("--admin-token takes env:VAR or file:PATH, not the token itself"),
     };
     let text = String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("--admin-token: not UTF-8"))?;

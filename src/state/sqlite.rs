@@ -10,11 +10,13 @@
 //! filtered out of every read and purged every [`PURGE_EVERY`] writes.
 //!
 //! Events are in-process only: handles on the same file in this process share one broadcast.
-//! Depends on nothing else in the crate.
+//!
+//! The file (and its `-wal` and `-shm`) is private ([`crate::files`]: created 0600, refused when
+//! group or others may read it: it holds the key that signs approval links). `serve` opens it
+//! with [`Sqlite::open_owned`], which also takes the one-process lock ([`super::owner`]).
+//! Depends on nothing else in the crate but [`crate::files`].
 
 use std::collections::HashMap;
-use std::fs::{DirBuilder, OpenOptions};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -79,6 +81,8 @@ pub struct Sqlite {
     conn: Arc<Mutex<Connection>>,
     events: broadcast::Sender<Event>,
     writes: AtomicU64,
+    /// The one-process lock, when this handle is `serve`'s.
+    _owner: Option<super::owner::Owner>,
 }
 
 impl std::fmt::Debug for Sqlite {
@@ -90,21 +94,40 @@ impl std::fmt::Debug for Sqlite {
 }
 
 impl Sqlite {
-    /// Opens (creating it 0600, and its parent directory, if missing) the state file at `path`,
-    /// switches it to WAL mode and creates or checks its schema.
+    /// Opens (creating it 0600, and its parent directory 0700, if missing) the state file at
+    /// `path`, switches it to WAL mode and creates or checks its schema. A file group or
+    /// others may read is refused.
     pub async fn open(path: impl AsRef<Path>) -> Result<Self, StateError> {
-        let path = absolute(path.as_ref());
+        Self::open_with(path.as_ref(), false).await
+    }
+
+    /// [`Sqlite::open`] for the serving process: first takes the file's one-process lock, so a
+    /// second `serve` on the same file is refused naming this one ([`super::owner`]).
+    pub async fn open_owned(path: impl AsRef<Path>) -> Result<Self, StateError> {
+        Self::open_with(path.as_ref(), true).await
+    }
+
+    async fn open_with(path: &Path, owned: bool) -> Result<Self, StateError> {
+        let path = absolute(path);
         let describe = format!("sqlite:{}", path.display());
         let store = describe.clone();
-        let opened = tokio::task::spawn_blocking(move || open_file(&path))
-            .await
-            .map_err(|e| backend(&store, format!("opening task failed: {e}")))?;
-        let (conn, path) = opened.map_err(|message| backend(&describe, message))?;
+        let opened = tokio::task::spawn_blocking(move || {
+            let owner = if owned {
+                Some(super::owner::Owner::acquire(&path)?)
+            } else {
+                None
+            };
+            open_file(&path).map(|(conn, path)| (conn, path, owner))
+        })
+        .await
+        .map_err(|e| backend(&store, format!("opening task failed: {e}")))?;
+        let (conn, path, owner) = opened.map_err(|message| backend(&describe, message))?;
         Ok(Sqlite {
             events: events_for(&path),
             describe,
             conn: Arc::new(Mutex::new(conn)),
             writes: AtomicU64::new(0),
+            _owner: owner,
         })
     }
 
@@ -162,18 +185,15 @@ fn open_file(path: &Path) -> Result<(Connection, PathBuf), String> {
                 dir.display()
             ));
         }
-        DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|e| format!("cannot create directory {}: {e}", dir.display()))?;
     }
-    OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    // Created 0600 (its directory 0700) or checked: it holds the approval links' signing key.
+    drop(crate::files::open(path, "the state file").map_err(|e| e.to_string())?);
+    for sidecar in ["-wal", "-shm"] {
+        let mut name = path.as_os_str().to_owned();
+        name.push(sidecar);
+        crate::files::check_if_present(Path::new(&name), "part of the state file")
+            .map_err(|e| e.to_string())?;
+    }
     let path = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
     let mut conn = Connection::open(&path).map_err(|e| format!("cannot open: {e}"))?;
     conn.busy_timeout(BUSY_TIMEOUT)
