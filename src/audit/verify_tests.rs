@@ -363,3 +363,36 @@ fn a_restart_continues_the_chain() {
     assert!(r.intact(), "{r:#?}");
     assert!(r.last_seq > before.chain.map(|c| c.seq), "{r:#?}");
 }
+
+#[test]
+fn a_write_that_lost_only_its_newline_is_ended_and_the_chain_goes_on_from_it() {
+    let log = written(5, Rotation::default());
+    let mut lines = log.lines();
+    let whole = torn_next(&lines, usize::MAX);
+    // torn_next keeps all but the line's last byte and its newline: put the byte back.
+    let whole = format!("{whole}}}");
+    assert!(
+        serde_json::from_str::<serde_json::Value>(&whole).is_ok(),
+        "{whole}"
+    );
+    let mut text = std::fs::read_to_string(log.path()).expect("read");
+    text.push_str(&whole);
+    std::fs::write(log.path(), text).expect("write");
+    let again = Arc::new(
+        AuditLog::open_with(
+            &log.path(),
+            Options {
+                key: Some(log.key.clone()),
+                ..Options::default()
+            },
+        )
+        .expect("open"),
+    );
+    let client: SocketAddr = "127.0.0.1:9".parse().expect("addr");
+    Entry::start(again.clone(), client, "default", "sha256:x").finish();
+    drop(Arc::try_unwrap(again).ok().expect("one handle"));
+    let r = log.verify();
+    assert_eq!(r.verdict, Verdict::Intact, "{r:#?}");
+    lines.push(whole);
+    assert_eq!(log.lines()[..lines.len()], lines[..]);
+}

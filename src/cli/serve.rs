@@ -47,9 +47,11 @@ pub struct Server {
     rules: usize,
     /// `--dns`: latchkey's resolver, bound.
     dns: Option<crate::dns::DnsListener>,
-    /// `--state` (`None`: `state.db` in `state_dir`).
-    state: Option<String>,
-    state_dir: PathBuf,
+    /// `--state`, or `sqlite:` `state.db` beside the audit log.
+    state: String,
+    /// A SQLite state file's one-process lock, taken before anything is written (the audit
+    /// log included), held until the server is dropped.
+    state_lock: Option<crate::state::owner::Owner>,
     /// Where approvers reach the admin API (`--approval-url`, else the admin address).
     approval_url: Option<String>,
     /// `--audit-ship`: the shipper, started once the proxy (and its guarded client) serves.
@@ -184,6 +186,21 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
         !args.body_timeout.is_zero(),
         "--body-timeout must be more than 0s"
     );
+    // One serve per SQLite state file, checked before anything is written: a second one
+    // refused here leaves the first one's audit log untouched.
+    let state = args.state.clone().unwrap_or_else(|| {
+        format!(
+            "sqlite:{}",
+            state_dir(&args.audit).join("state.db").display()
+        )
+    });
+    let state_lock = match state.strip_prefix("sqlite:").filter(|p| !p.is_empty()) {
+        Some(path) => Some(
+            crate::state::owner::Owner::acquire(Path::new(path))
+                .map_err(|e| anyhow::anyhow!("--state {state}: {e}"))?,
+        ),
+        None => None,
+    };
     let (ca, outcome) = CertAuthority::load_or_create(&args.ca_dir)?;
     if outcome == InitOutcome::Created {
         tracing::info!(path = %ca.cert_path().display(), "created a new CA; sandboxes must trust it (latchkey env)");
@@ -246,8 +263,8 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
         digest,
         rules,
         dns,
-        state: args.state.clone(),
-        state_dir: state_dir(&args.audit),
+        state,
+        state_lock,
         approval_url: args.approval_url.clone(),
         ship,
     })
@@ -381,14 +398,14 @@ impl Server {
             rules,
             dns,
             state,
-            state_dir,
+            state_lock,
             approval_url,
             ship,
         } = self;
         // The state store first: a request that needs a person must find it from the first one.
-        let url =
-            state.unwrap_or_else(|| format!("sqlite:{}", state_dir.join("state.db").display()));
-        let store = crate::state::open(&url)
+        // Held (by this binding) until serving ends; the kernel drops it if the process dies.
+        let _state_lock = state_lock;
+        let store = crate::state::open(&state)
             .await
             .context("--state: cannot open the state store")?;
         tracing::info!(state = store.describe(), "state store open");

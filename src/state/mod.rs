@@ -36,9 +36,9 @@ pub mod sqlite;
 pub use self::redis::Redis;
 pub use sqlite::Sqlite;
 
-/// Opens the store `--state` names for the serving process: `sqlite:PATH` (the file is created
-/// if missing, and locked to this process: [`Sqlite::open_owned`]) or `redis://HOST:PORT[/DB]`.
-/// Anything else is a [`StateError::Url`] saying which forms work.
+/// Opens the store `--state` names: `sqlite:PATH` (the file is created if missing; the serving
+/// process takes its lock first, [`owner::Owner`]) or `redis://HOST:PORT[/DB]`. Anything else
+/// is a [`StateError::Url`] saying which forms work.
 pub async fn open(url: &str) -> Result<Arc<dyn StateStore>, StateError> {
     if let Some(path) = url.strip_prefix("sqlite:") {
         if path.is_empty() {
@@ -47,7 +47,7 @@ pub async fn open(url: &str) -> Result<Arc<dyn StateStore>, StateError> {
                 why: "no path after `sqlite:` (expected sqlite:PATH)".to_string(),
             });
         }
-        return Ok(Arc::new(Sqlite::open_owned(path).await?));
+        return Ok(Arc::new(Sqlite::open(path).await?));
     }
     if url.starts_with("redis://") {
         return Ok(Arc::new(Redis::open(url).await?));

@@ -6,8 +6,9 @@
 //! included), so a crash never leaves a stale lock; the holder line it leaves is rewritten by
 //! the next owner. Several replicas share a Redis store instead (README "The state store").
 //!
-//! Only `serve` takes the lock ([`super::open`]): other handles on the file (tests, tools)
-//! use [`super::Sqlite::open`] and share it through SQLite's own locking.
+//! Only `serve` takes the lock, before it writes anything (its audit log included): other
+//! handles on the file (tests, tools) open it with [`super::Sqlite::open`] and share it
+//! through SQLite's own locking.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};

@@ -12,8 +12,8 @@
 //! Events are in-process only: handles on the same file in this process share one broadcast.
 //!
 //! The file (and its `-wal` and `-shm`) is private ([`crate::files`]: created 0600, refused when
-//! group or others may read it: it holds the key that signs approval links). `serve` opens it
-//! with [`Sqlite::open_owned`], which also takes the one-process lock ([`super::owner`]).
+//! group or others may read it: it holds the key that signs approval links). `serve` holds the
+//! file's one-process lock ([`super::owner`]) before it opens it.
 //! Depends on nothing else in the crate but [`crate::files`].
 
 use std::collections::HashMap;
@@ -81,8 +81,6 @@ pub struct Sqlite {
     conn: Arc<Mutex<Connection>>,
     events: broadcast::Sender<Event>,
     writes: AtomicU64,
-    /// The one-process lock, when this handle is `serve`'s.
-    _owner: Option<super::owner::Owner>,
 }
 
 impl std::fmt::Debug for Sqlite {
@@ -98,36 +96,18 @@ impl Sqlite {
     /// `path`, switches it to WAL mode and creates or checks its schema. A file group or
     /// others may read is refused.
     pub async fn open(path: impl AsRef<Path>) -> Result<Self, StateError> {
-        Self::open_with(path.as_ref(), false).await
-    }
-
-    /// [`Sqlite::open`] for the serving process: first takes the file's one-process lock, so a
-    /// second `serve` on the same file is refused naming this one ([`super::owner`]).
-    pub async fn open_owned(path: impl AsRef<Path>) -> Result<Self, StateError> {
-        Self::open_with(path.as_ref(), true).await
-    }
-
-    async fn open_with(path: &Path, owned: bool) -> Result<Self, StateError> {
-        let path = absolute(path);
+        let path = absolute(path.as_ref());
         let describe = format!("sqlite:{}", path.display());
         let store = describe.clone();
-        let opened = tokio::task::spawn_blocking(move || {
-            let owner = if owned {
-                Some(super::owner::Owner::acquire(&path)?)
-            } else {
-                None
-            };
-            open_file(&path).map(|(conn, path)| (conn, path, owner))
-        })
-        .await
-        .map_err(|e| backend(&store, format!("opening task failed: {e}")))?;
-        let (conn, path, owner) = opened.map_err(|message| backend(&describe, message))?;
+        let opened = tokio::task::spawn_blocking(move || open_file(&path))
+            .await
+            .map_err(|e| backend(&store, format!("opening task failed: {e}")))?;
+        let (conn, path) = opened.map_err(|message| backend(&describe, message))?;
         Ok(Sqlite {
             events: events_for(&path),
             describe,
             conn: Arc::new(Mutex::new(conn)),
             writes: AtomicU64::new(0),
-            _owner: owner,
         })
     }
 

@@ -85,6 +85,7 @@ mod secrets_rotation;
 mod secrets_streaming;
 mod shutdown;
 mod socks;
+mod state_files;
 mod state_store;
 mod token_capture;
 mod trust;
