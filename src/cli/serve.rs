@@ -424,6 +424,17 @@ impl Server {
         let gov = crate::governance::Governance::open(store.clone(), public_url)
             .await
             .context("--state: cannot read the approvals' shared keys")?;
+        // The keys governance keeps are kept secrets too: in the redaction set from the start.
+        let policy = proxy.policy();
+        for (i, (name, value)) in gov
+            .kept_secrets()
+            .await
+            .context("--state: cannot read the approvals' shared keys")?
+            .iter()
+            .enumerate()
+        {
+            policy.secrets().set_minted(name, &i.to_string(), value);
+        }
         proxy.set_governance(Arc::new(gov));
         proxy.captured_tokens().attach(store.clone());
         // Every kept token is in the redaction set before the first connection, and a token
