@@ -396,3 +396,34 @@ fn a_write_that_lost_only_its_newline_is_ended_and_the_chain_goes_on_from_it() {
     lines.push(whole);
     assert_eq!(log.lines()[..lines.len()], lines[..]);
 }
+
+proptest::proptest! {
+    /// Any cut of the line that would continue the chain is a torn write; the same cut with
+    /// any byte of its `seq`/`prev` head changed is not (it does not continue the chain).
+    #[test]
+    fn only_a_cut_of_the_next_chained_line_is_a_torn_write(
+        seq in 0u64..1_000_000,
+        body in "[a-z0-9\",:]{0,80}",
+        cut in 1usize..200,
+        flip in 0usize..90,
+    ) {
+        let prev_line = format!("{{\"seq\":{seq},\"prev\":\"{GENESIS}\"}}");
+        let prev_hash = line_hash(prev_line.as_bytes());
+        let mut chain = Chain { seq, last: prev_hash.clone() };
+        let mut buf = Vec::new();
+        chain.append(format!("{{\"x\":\"{body}\"}}").as_bytes(), &mut buf);
+        let line = &buf[..buf.len() - 1];
+        let cut = cut.min(line.len() - 1);
+        let fragment = &line[..cut];
+        let prev = (seq, prev_hash, PathBuf::from("a"), 1usize);
+        proptest::prop_assert!(sealed_torn_write(fragment, Some(&prev), false));
+        let head_len = format!("{{\"seq\":{},\"prev\":\"{}\"", seq + 1, prev.1).len();
+        if flip < head_len.min(cut) {
+            let mut changed = fragment.to_vec();
+            changed[flip] = if changed[flip] == b'0' { b'1' } else { b'0' };
+            proptest::prop_assert!(!sealed_torn_write(&changed, Some(&prev), false));
+        }
+        // Nothing to continue from mid-chain: never a torn write.
+        proptest::prop_assert!(!sealed_torn_write(fragment, None, false));
+    }
+}
