@@ -10,6 +10,7 @@ pub mod admin;
 pub mod audit;
 pub mod cli;
 pub mod dns;
+pub mod files;
 pub mod governance;
 pub mod metrics;
 pub mod policy;

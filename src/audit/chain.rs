@@ -126,6 +126,24 @@ impl Chain {
             (&mut file).take(take).read_to_end(&mut buf)?;
             let torn = buf.last() != Some(&b'\n');
             let at_start = take == len;
+            if torn {
+                // A write that lost only its newline left a whole line: the chain goes on
+                // from it (a prefix of a line is never a whole JSON object).
+                let tail = match buf.iter().rposition(|&b| b == b'\n') {
+                    Some(p) => Some(&buf[p + 1..]),
+                    None if at_start => Some(&buf[..]),
+                    None => None,
+                };
+                if let Some(head) = tail.and_then(|t| serde_json::from_slice::<Head>(t).ok()) {
+                    return Ok(Some(Resumed {
+                        chain: Some(Chain {
+                            seq: head.seq,
+                            last: line_hash(tail.unwrap_or_default()),
+                        }),
+                        torn,
+                    }));
+                }
+            }
             let line = match buf.iter().rposition(|&b| b == b'\n') {
                 Some(end) => match buf[..end].iter().rposition(|&b| b == b'\n') {
                     Some(p) => Some(&buf[p + 1..end]),

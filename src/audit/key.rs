@@ -1,10 +1,9 @@
 //! The audit signing key: an Ed25519 key that signs the log's checkpoints, kept like the CA key
 //! (a PKCS#8 PEM file created exclusively with mode 0600, never overwritten). Its public half,
 //! `ed25519:` + base64, is what `latchkey audit key` prints and `latchkey audit verify --key`
-//! trusts. Depends on nothing else in the crate.
+//! trusts. Read and created through [`crate::files`] (a key group or others can read is
+//! refused); depends on nothing else in the crate.
 
-use std::fs::OpenOptions;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use aws_lc_rs::signature::{self, Ed25519KeyPair, KeyPair, UnparsedPublicKey};
@@ -14,6 +13,8 @@ use base64::Engine;
 pub const KEY_FILE: &str = "latchkey-audit.key";
 const PEM_LABEL: &str = "PRIVATE KEY";
 const PUBLIC_PREFIX: &str = "ed25519:";
+/// What the key file is, in messages.
+const WHAT: &str = "the audit signing key";
 
 /// A problem with the audit signing key, naming the file.
 #[derive(Debug, thiserror::Error)]
@@ -23,15 +24,13 @@ pub enum KeyError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("cannot write the audit signing key {path}: {source}")]
-    Write {
-        path: PathBuf,
-        source: std::io::Error,
-    },
     #[error("{path} is not an Ed25519 private key in PKCS#8 PEM ({what})")]
     Invalid { path: PathBuf, what: &'static str },
     #[error("cannot generate an Ed25519 key")]
     Generate,
+    /// Its mode lets others at it, or it cannot be read or created.
+    #[error(transparent)]
+    Private(#[from] crate::files::PrivateFileError),
     #[error("`{0}` is not an audit public key: expected ed25519: followed by 32 bytes in base64")]
     Public(String),
 }
@@ -60,24 +59,20 @@ impl std::fmt::Debug for SigningKey {
 impl SigningKey {
     /// Loads the key at `path`, creating it (0600, exclusively) when absent.
     pub fn load_or_create(path: &Path) -> Result<(Self, KeyOutcome), KeyError> {
-        match std::fs::read(path) {
-            Ok(bytes) => Ok((Self::from_pem(path, &bytes)?, KeyOutcome::Existing)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        match crate::files::read(path, WHAT)? {
+            Some(bytes) => Ok((Self::from_pem(path, &bytes)?, KeyOutcome::Existing)),
+            None => {
                 let key = Self::create(path)?;
                 Ok((key, KeyOutcome::Created))
             }
-            Err(source) => Err(KeyError::Read {
-                path: path.to_path_buf(),
-                source,
-            }),
         }
     }
 
     /// Loads an existing key.
     pub fn load(path: &Path) -> Result<Self, KeyError> {
-        let bytes = std::fs::read(path).map_err(|source| KeyError::Read {
+        let bytes = crate::files::read(path, WHAT)?.ok_or_else(|| KeyError::Read {
             path: path.to_path_buf(),
-            source,
+            source: std::io::ErrorKind::NotFound.into(),
         })?;
         Self::from_pem(path, &bytes)
     }
@@ -92,20 +87,7 @@ impl SigningKey {
             pem.push('\n');
         }
         pem.push_str(&format!("-----END {PEM_LABEL}-----\n"));
-        let err = |source| KeyError::Write {
-            path: path.to_path_buf(),
-            source,
-        };
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(err)?;
-        }
-        let mut opts = OpenOptions::new();
-        opts.write(true).create_new(true);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
-        let mut f = opts.open(path).map_err(err)?;
-        f.write_all(pem.as_bytes()).map_err(err)?;
-        f.sync_all().map_err(err)?;
+        crate::files::create(path, pem.as_bytes(), WHAT)?;
         Self::from_pkcs8(path, pkcs8.as_ref())
     }
 
@@ -232,7 +214,13 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("bad.key");
         std::fs::write(&path, "hello").expect("write");
+        let err = SigningKey::load(&path).expect_err("loose");
+        assert!(matches!(err, KeyError::Private(_)), "{err}");
+        assert!(err.to_string().contains("chmod 600"), "{err}");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
         let err = SigningKey::load(&path).expect_err("bad");
+        assert!(matches!(err, KeyError::Invalid { .. }), "{err}");
         assert!(err.to_string().contains("bad.key"), "{err}");
         assert!(PublicKey::parse("ed25519:AAAA").is_err());
         assert!(PublicKey::parse("rsa:xyz").is_err());

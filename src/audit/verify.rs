@@ -1,6 +1,13 @@
 //! `latchkey audit verify`: walks the hash chain across a log's files in chain order, checks
 //! every link and every checkpoint's signature with a trusted key, and reports what it finds
 //! (book "Audit": verify). Depends on [`super::chain`] and [`super::key`].
+//!
+//! The [`Verdict`] tells four cases apart, each with its own exit code: `intact`; `torn_write`
+//! (intact, but a write the writer cut short — a full disk — is sealed in it: a partial line
+//! the writer ended with a newline and skipped, its chain going on from the line before, so no
+//! record is lost or hidden); `wrong_key` (the chain holds, but checkpoints are validly signed
+//! by a key other than the trusted one: the wrong `--key`, or a log re-signed elsewhere); and
+//! `tampered` (any other damage).
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -27,8 +34,59 @@ pub enum Kind {
     Reordered,
     /// A file ends in a partial line.
     Truncated,
-    /// A checkpoint whose signature does not verify with the trusted key.
+    /// A checkpoint whose signature does not verify with the trusted key it names, or with
+    /// any key.
     BadSignature,
+    /// A checkpoint validly signed by a key other than the trusted one (not damage by itself:
+    /// the verdict is `wrong_key`).
+    ForeignKey,
+    /// A partial line the writer sealed (a write cut short, then ended with a newline) where
+    /// the chain goes on from the line before it (not damage: the verdict is `torn_write`).
+    TornWrite,
+}
+
+impl Kind {
+    /// Whether this is damage (the verdict `tampered`).
+    pub fn is_damage(self) -> bool {
+        !matches!(self, Kind::ForeignKey | Kind::TornWrite)
+    }
+}
+
+/// What verify concludes, most serious first when several apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Every link and every checkpoint holds.
+    #[default]
+    Intact,
+    /// Intact but for writes the writer cut short and sealed.
+    TornWrite,
+    /// The chain holds, but checkpoints are signed by another key than the trusted one.
+    WrongKey,
+    /// Lines were edited, deleted, reordered or cut off, or a signature is false.
+    Tampered,
+}
+
+impl Verdict {
+    /// The exit code of `latchkey audit verify` (README "Tamper evidence").
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Verdict::Intact => 0,
+            Verdict::Tampered => 1,
+            Verdict::WrongKey => 3,
+            Verdict::TornWrite => 4,
+        }
+    }
+
+    /// The verdict as the text report's first word.
+    pub fn label(self) -> &'static str {
+        match self {
+            Verdict::Intact => "intact",
+            Verdict::TornWrite => "TORN WRITE (sealed; chain intact)",
+            Verdict::WrongKey => "WRONG KEY",
+            Verdict::Tampered => "TAMPERED",
+        }
+    }
 }
 
 /// One problem, where it was found.
@@ -45,6 +103,8 @@ pub struct Problem {
 /// What a verification found.
 #[derive(Debug, Clone, Serialize, Default)]
 pub struct Report {
+    /// What the problems amount to (`intact` when there are none).
+    pub verdict: Verdict,
     /// The files, in the chain order they were read.
     pub files: Vec<PathBuf>,
     pub lines: u64,
@@ -66,8 +126,23 @@ pub struct Report {
 }
 
 impl Report {
+    /// Nothing to report: every link and every checkpoint holds under the trusted key.
     pub fn intact(&self) -> bool {
-        self.problems.is_empty()
+        self.verdict == Verdict::Intact
+    }
+
+    /// The verdict the problems found amount to, the most serious first.
+    fn conclude(&self) -> Verdict {
+        let kinds = || self.problems.iter().map(|p| p.kind);
+        if kinds().any(Kind::is_damage) {
+            Verdict::Tampered
+        } else if kinds().any(|k| k == Kind::ForeignKey) {
+            Verdict::WrongKey
+        } else if kinds().any(|k| k == Kind::TornWrite) {
+            Verdict::TornWrite
+        } else {
+            Verdict::Intact
+        }
     }
 
     fn problem(&mut self, kind: Kind, file: &Path, line: usize, seq: Option<u64>, message: String) {
@@ -193,6 +268,20 @@ pub fn verify(files: &[PathBuf], trusted: &PublicKey) -> Result<Report, VerifyEr
             report.lines += 1;
             let hash = line_hash(line);
             let head: Option<Head> = serde_json::from_slice(line).ok();
+            if head.is_none() && sealed_torn_write(line, prev.as_ref(), report.last_seq.is_none()) {
+                report.problem(
+                    Kind::TornWrite,
+                    file,
+                    n,
+                    None,
+                    format!(
+                        "{}:{n} is a write cut short (a full disk?) that latchkey sealed and skipped: the chain goes on from the line before it",
+                        file.display()
+                    ),
+                );
+                // The chain does not count it: the next line links to the one before.
+                continue;
+            }
             let Some(head) = head else {
                 report.problem(
                     Kind::Edited,
@@ -285,13 +374,9 @@ pub fn verify(files: &[PathBuf], trusted: &PublicKey) -> Result<Report, VerifyEr
                     report.unsigned_tail = 0;
                     last_was_clean_checkpoint = cp.last;
                 } else {
-                    let by = if cp.key == trusted.to_string() {
-                        "the trusted key's signature does not match: the checkpoint or the chain before it was changed".to_string()
-                    } else {
-                        format!("it names the key {}, not the trusted {trusted}", cp.key)
-                    };
+                    let (kind, by) = foreign_or_bad(&cp.key, message.as_bytes(), &cp.sig, trusted);
                     report.problem(
-                        Kind::BadSignature,
+                        kind,
                         file,
                         n,
                         Some(seq),
@@ -310,7 +395,47 @@ pub fn verify(files: &[PathBuf], trusted: &PublicKey) -> Result<Report, VerifyEr
         }
     }
     report.ended_cleanly = last_was_clean_checkpoint;
+    report.verdict = report.conclude();
     Ok(report)
+}
+
+/// Why a checkpoint does not verify under `trusted`: signed by the key it names when that is
+/// another key ([`Kind::ForeignKey`]), else a false signature ([`Kind::BadSignature`]).
+fn foreign_or_bad(named: &str, message: &[u8], sig: &str, trusted: &PublicKey) -> (Kind, String) {
+    if named == trusted.to_string() {
+        return (
+            Kind::BadSignature,
+            "the trusted key's signature does not match: the checkpoint or the chain before it was changed".to_string(),
+        );
+    }
+    match PublicKey::parse(named) {
+        Ok(other) if other.verifies(message, sig) => (
+            Kind::ForeignKey,
+            format!("it is signed by the key {named}, not the trusted {trusted}: verify with --key {named} if that key is yours (`latchkey audit key` where the log was written); if it is not, the log was re-signed"),
+        ),
+        _ => (
+            Kind::BadSignature,
+            format!("it names the key {named}, not the trusted {trusted}, and its signature does not verify under either"),
+        ),
+    }
+}
+
+/// Whether `line` (whole, not a chained record) is a write the writer cut short and sealed: a
+/// prefix of the line that would continue the chain from `prev` (`{"seq":N+1,"prev":"HASH",…`),
+/// or of the first line of a log (`at_start`). What follows it is checked against `prev` as
+/// usual, so a fragment can hide nothing: the chain must go on as if it were not there.
+fn sealed_torn_write(
+    line: &[u8],
+    prev: Option<&(u64, String, PathBuf, usize)>,
+    at_start: bool,
+) -> bool {
+    let head = match prev {
+        Some((seq, hash, _, _)) => format!("{{\"seq\":{},\"prev\":\"{hash}\"", seq + 1),
+        None if at_start => format!("{{\"seq\":1,\"prev\":\"{GENESIS}\""),
+        None => return false,
+    };
+    let head = head.as_bytes();
+    !line.is_empty() && (line.starts_with(head) || head.starts_with(line))
 }
 
 #[cfg(test)]

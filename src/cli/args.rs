@@ -295,12 +295,14 @@ pub struct ServeArgs {
         default_value = "jsonl"
     )]
     pub audit_format: AuditFormat,
-    /// The Ed25519 key that signs the audit log's checkpoints (created 0600 if absent;
-    /// default: CA_DIR/latchkey-audit.key). `latchkey audit key` prints its public half.
+    /// The Ed25519 key that signs the audit log's checkpoints (created 0600 if absent, refused
+    /// if group or others may read it; default: CA_DIR/latchkey-audit.key). `latchkey audit
+    /// key` prints its public half.
     #[arg(long, env = "LATCHKEY_AUDIT_KEY", value_name = "PATH")]
     pub audit_key: Option<PathBuf>,
     /// The AES-256 key that seals captured OAuth tokens in the state store (created 0600 if
-    /// absent; default: CA_DIR/capture.key). Replicas sharing a store share this key.
+    /// absent, refused if group or others may read it; default: CA_DIR/capture.key). Replicas
+    /// sharing a store share this key.
     #[arg(long, env = "LATCHKEY_CAPTURE_KEY", value_name = "PATH")]
     pub capture_key: Option<PathBuf>,
     /// Write a signed checkpoint after this many audit lines...
@@ -382,9 +384,9 @@ pub struct ServeArgs {
     /// Require `Authorization: Bearer TOKEN` on the admin API; TOKEN from `env:VAR` or `file:PATH`.
     #[arg(long, env = "LATCHKEY_ADMIN_TOKEN", value_name = "SOURCE")]
     pub admin_token: Option<String>,
-    /// Where approvals, grants and the notification outbox are kept: `sqlite:PATH`, or
-    /// `redis://HOST:PORT[/DB]` for several replicas sharing them (default: `state.db` beside
-    /// the audit log).
+    /// Where approvals, grants and the notification outbox are kept: `sqlite:PATH` (one serve
+    /// per file: a lock beside it names the holder), or `redis://HOST:PORT[/DB]` for several
+    /// replicas sharing them (default: `state.db` beside the audit log).
     #[arg(long, env = "LATCHKEY_STATE", value_name = "URL")]
     pub state: Option<String>,
     /// The admin API's URL as approvers reach it, for the signed one-click links in

@@ -36,11 +36,8 @@ pub fn run(action: AuditAction) -> anyhow::Result<ExitCode> {
             } else {
                 print!("{}", text(&report, &trusted));
             }
-            Ok(if report.intact() {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::from(1)
-            })
+            // One exit code per verdict (README "Tamper evidence").
+            Ok(ExitCode::from(report.verdict.exit_code()))
         }
         AuditAction::Query(args) => super::audit_query::query(&args),
         AuditAction::Summary(args) => super::audit_query::summary(&args),
@@ -72,18 +69,18 @@ fn text(report: &Report, trusted: &PublicKey) -> String {
     let _ = writeln!(
         out,
         "{}: {} lines in {} files ({span}), {} checkpoints, trusted key {trusted}",
-        if report.intact() {
-            "intact"
-        } else {
-            "TAMPERED"
-        },
+        report.verdict.label(),
         report.lines,
         report.files.len(),
         report.checkpoints
     );
-    if let Some(first) = report.problems.first() {
+    // Damage first: what makes the verdict is what a reviewer reads first.
+    let (damage, notes): (Vec<_>, Vec<_>) =
+        report.problems.iter().partition(|p| p.kind.is_damage());
+    let mut problems = damage.into_iter().chain(notes);
+    if let Some(first) = problems.next() {
         let _ = writeln!(out, "first problem: {}", first.message);
-        for p in report.problems.iter().skip(1) {
+        for p in problems {
             let _ = writeln!(out, "also: {}", p.message);
         }
         if report.more_problems > 0 {

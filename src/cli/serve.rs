@@ -47,9 +47,11 @@ pub struct Server {
     rules: usize,
     /// `--dns`: latchkey's resolver, bound.
     dns: Option<crate::dns::DnsListener>,
-    /// `--state` (`None`: `state.db` in `state_dir`).
-    state: Option<String>,
-    state_dir: PathBuf,
+    /// `--state`, or `sqlite:` `state.db` beside the audit log.
+    state: String,
+    /// A SQLite state file's one-process lock, taken before anything is written (the audit
+    /// log included), held until the server is dropped.
+    state_lock: Option<crate::state::owner::Owner>,
     /// Where approvers reach the admin API (`--approval-url`, else the admin address).
     approval_url: Option<String>,
     /// `--audit-ship`: the shipper, started once the proxy (and its guarded client) serves.
@@ -184,6 +186,21 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
         !args.body_timeout.is_zero(),
         "--body-timeout must be more than 0s"
     );
+    // One serve per SQLite state file, checked before anything is written: a second one
+    // refused here leaves the first one's audit log untouched.
+    let state = args.state.clone().unwrap_or_else(|| {
+        format!(
+            "sqlite:{}",
+            state_dir(&args.audit).join("state.db").display()
+        )
+    });
+    let state_lock = match state.strip_prefix("sqlite:").filter(|p| !p.is_empty()) {
+        Some(path) => Some(
+            crate::state::owner::Owner::acquire(Path::new(path))
+                .map_err(|e| anyhow::anyhow!("--state {state}: {e}"))?,
+        ),
+        None => None,
+    };
     let (ca, outcome) = CertAuthority::load_or_create(&args.ca_dir)?;
     if outcome == InitOutcome::Created {
         tracing::info!(path = %ca.cert_path().display(), "created a new CA; sandboxes must trust it (latchkey env)");
@@ -246,8 +263,8 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
         digest,
         rules,
         dns,
-        state: args.state.clone(),
-        state_dir: state_dir(&args.audit),
+        state,
+        state_lock,
         approval_url: args.approval_url.clone(),
         ship,
     })
@@ -381,14 +398,14 @@ impl Server {
             rules,
             dns,
             state,
-            state_dir,
+            state_lock,
             approval_url,
             ship,
         } = self;
         // The state store first: a request that needs a person must find it from the first one.
-        let url =
-            state.unwrap_or_else(|| format!("sqlite:{}", state_dir.join("state.db").display()));
-        let store = crate::state::open(&url)
+        // Held (by this binding) until serving ends; the kernel drops it if the process dies.
+        let _state_lock = state_lock;
+        let store = crate::state::open(&state)
             .await
             .context("--state: cannot open the state store")?;
         tracing::info!(state = store.describe(), "state store open");
@@ -407,8 +424,41 @@ impl Server {
         let gov = crate::governance::Governance::open(store.clone(), public_url)
             .await
             .context("--state: cannot read the approvals' shared keys")?;
+        // The keys governance keeps are kept secrets too: in the redaction set from the start.
+        let policy = proxy.policy();
+        for (i, (name, value)) in gov
+            .kept_secrets()
+            .await
+            .context("--state: cannot read the approvals' shared keys")?
+            .iter()
+            .enumerate()
+        {
+            policy.secrets().set_minted(name, &i.to_string(), value);
+        }
         proxy.set_governance(Arc::new(gov));
         proxy.captured_tokens().attach(store.clone());
+        // Every kept token is in the redaction set before the first connection, and a token
+        // another replica captures joins it as soon as that replica announces it.
+        let redact: Arc<crate::secrets::captured::Redact> = {
+            let p = proxy.clone();
+            Arc::new(move |identity: &str, name: &str, value: &SecretValue| {
+                p.policy().secrets().set_minted(name, identity, value)
+            })
+        };
+        let kept = proxy
+            .captured_tokens()
+            .preload(&*redact)
+            .await
+            .context("--state: cannot read the captured tokens")?;
+        if kept > 0 {
+            tracing::info!(tokens = kept, "captured tokens read from the state store; each is redacted from the first response");
+        }
+        tokio::spawn(
+            proxy
+                .captured_tokens()
+                .clone()
+                .follow(redact, proxy.shutdown_signal()),
+        );
         proxy.set_limiter(crate::governance::limits::Limiter::new(store.clone()));
         // The notification outbox, delivered through the guarded client.
         let worker = {
@@ -553,9 +603,10 @@ fn admin_token(spec: &str) -> anyhow::Result<SecretValue> {
         Some(("env", var)) => std::env::var(var)
             .map_err(|_| anyhow::anyhow!("--admin-token: env var {var} is not set"))?
             .into_bytes(),
-        Some(("file", path)) => {
-            std::fs::read(path).with_context(|| format!("--admin-token: cannot read {path}"))?
-        }
+        // A private file: refused when group or others may read it (`crate::files`).
+        Some(("file", path)) => crate::files::read(Path::new(path), "the admin token file")
+            .context("--admin-token")?
+            .ok_or_else(|| anyhow::anyhow!("--admin-token: {path} does not exist"))?,
         _ => anyhow::bail!("--admin-token takes env:VAR or file:PATH, not the token itself"),
     };
     let text = String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("--admin-token: not UTF-8"))?;

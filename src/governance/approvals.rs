@@ -133,6 +133,9 @@ impl std::fmt::Debug for HmacKey {
     }
 }
 
+/// The id of the key that keys request fingerprints (a retry matches its approval).
+pub const KEY_FINGERPRINTS: &str = "fingerprints";
+
 /// 32 random bytes kept in the store under `keys`/`id`, made by the first replica that needs
 /// them and read by every other: keys every replica must share (fingerprints, link signatures).
 pub async fn shared_key(store: &dyn StateStore, id: &str) -> Result<[u8; 32], StateError> {
@@ -166,7 +169,7 @@ pub async fn shared_key(store: &dyn StateStore, id: &str) -> Result<[u8; 32], St
 impl Approvals {
     /// Approvals over `store`, with the fingerprint key every replica shares.
     pub async fn open(store: Arc<dyn StateStore>) -> Result<Self, StateError> {
-        let key = shared_key(store.as_ref(), "fingerprints").await?;
+        let key = shared_key(store.as_ref(), KEY_FINGERPRINTS).await?;
         Ok(Self {
             store,
             key: HmacKey(hmac::Key::new(hmac::HMAC_SHA256, &key)),

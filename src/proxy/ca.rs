@@ -54,6 +54,9 @@ pub enum CaError {
     HalfPresent { present: PathBuf, missing: PathBuf },
     #[error("cannot generate certificate: {0}")]
     Generate(String),
+    /// The key file's mode lets others at it, or it cannot be read or created.
+    #[error(transparent)]
+    Private(#[from] crate::files::PrivateFileError),
     #[error("cannot build TLS configuration for {host}: {why}")]
     Tls { host: String, why: String },
 }
@@ -121,7 +124,7 @@ pub fn init(dir: &Path) -> Result<InitOutcome, CaError> {
         }
         (false, false) => {}
     }
-    std::fs::create_dir_all(dir).map_err(|source| CaError::Write {
+    crate::files::create_dir(dir).map_err(|source| CaError::Write {
         path: dir.to_path_buf(),
         source,
     })?;
@@ -134,22 +137,23 @@ pub fn init(dir: &Path) -> Result<InitOutcome, CaError> {
         .self_signed(&key)
         .map_err(|e| CaError::Generate(e.to_string()))?;
     // The key first, created exclusively with 0600, so a crash never leaves a readable key.
-    write_new(&key_path, key.serialize_pem().as_bytes(), 0o600)?;
-    write_new(&cert_path, cert.pem().as_bytes(), 0o644)?;
+    crate::files::create(&key_path, key.serialize_pem().as_bytes(), KEY_WHAT)?;
+    write_cert(&cert_path, cert.pem().as_bytes())?;
     Ok(InitOutcome::Created)
 }
 
-fn write_new(path: &Path, bytes: &[u8], mode: u32) -> Result<(), CaError> {
+/// What the CA key is, in messages.
+const KEY_WHAT: &str = "the CA's private key";
+
+/// Writes the (public) CA certificate, exclusively, mode 0644.
+fn write_cert(path: &Path, bytes: &[u8]) -> Result<(), CaError> {
     let err = |source| CaError::Write {
         path: path.to_path_buf(),
         source,
     };
     let mut opts = OpenOptions::new();
     opts.write(true).create_new(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, mode);
-    #[cfg(not(unix))]
-    let _ = mode;
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o644);
     let mut f = opts.open(path).map_err(err)?;
     f.write_all(bytes).map_err(err)?;
     f.sync_all().map_err(err)
@@ -172,17 +176,16 @@ impl CertAuthority {
                 source,
             })
         };
-        let key_pem = read(&key_path)?;
+        // Refused when its mode lets group or others at it (`crate::files`).
+        let key_pem = crate::files::read(&key_path, KEY_WHAT)?.ok_or_else(|| CaError::Read {
+            path: key_path.clone(),
+            source: std::io::ErrorKind::NotFound.into(),
+        })?;
+        let key_pem = String::from_utf8(key_pem).map_err(|_| CaError::BadKey {
+            path: key_path.clone(),
+            why: "not text".to_string(),
+        })?;
         let cert_pem = read(&cert_path)?;
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            if let Ok(meta) = std::fs::metadata(&key_path) {
-                if meta.permissions().mode() & 0o077 != 0 {
-                    tracing::warn!(path = %key_path.display(), "CA key is readable by group or others; chmod 600 it");
-                }
-            }
-        }
         let key = KeyPair::from_pem(&key_pem).map_err(|e| CaError::BadKey {
             path: key_path.clone(),
             why: e.to_string(),
@@ -344,6 +347,25 @@ mod tests {
                 .mode();
             assert_eq!(mode & 0o777, 0o600);
         }
+    }
+
+    #[test]
+    fn a_ca_key_group_or_others_can_read_is_refused_naming_the_fix() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        init(dir.path()).expect("init");
+        let key = dir.path().join(CA_KEY_FILE);
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        let err = CertAuthority::load(dir.path())
+            .err()
+            .expect("a loose CA key is refused");
+        let text = err.to_string();
+        assert!(
+            text.contains("0644") && text.contains(&format!("chmod 600 {}", key.display())),
+            "{text}"
+        );
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        assert!(CertAuthority::load(dir.path()).is_ok());
     }
 
     #[test]

@@ -6,6 +6,12 @@
 //! survive a restart and are shared by replicas that share the key — and a copy of the store
 //! alone reveals nothing. Every value expires: at its `expires_in`, the capture's `ttl`, or
 //! after [`MAX_LIFETIME`].
+//!
+//! Every kept token is redacted from the first response after a start: `serve` reads them all
+//! from the store before it accepts a connection ([`Captured::preload`]), and then follows the
+//! store ([`Captured::follow`]): a capture announces itself on [`CHANNEL`] (its identity and
+//! name, never the value), so a token one replica captures joins every replica's redaction set
+//! as soon as the event arrives, and a full re-read every [`RESYNC`] covers a lost event.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -28,24 +34,32 @@ pub const MAX_LIFETIME: Duration = Duration::from_secs(30 * 24 * 3600);
 /// The state store namespace of captured tokens.
 const NS: &str = "captured";
 
+/// What a kept token is handed to (identity, name, value): the redaction set.
+pub type Redact = dyn Fn(&str, &str, &SecretValue) + Send + Sync;
+
+/// The event channel a capture is announced on; the message is `identity/name`.
+pub const CHANNEL: &str = "captured";
+
+/// How often a follower re-reads every kept token (a lost event delays redaction by this much
+/// at most).
+pub const RESYNC: Duration = Duration::from_secs(30);
+
 /// The key file's name in latchkey's directory.
 pub const KEY_FILE: &str = "capture.key";
 
 #[derive(Debug, thiserror::Error)]
 pub enum CaptureKeyError {
-    #[error("cannot read the token-capture key {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("cannot write the token-capture key {path}: {source}")]
-    Write {
-        path: String,
-        source: std::io::Error,
-    },
+    #[error("cannot make the token-capture key {path}: no randomness")]
+    Random { path: String },
     #[error("the token-capture key {path} is not 32 bytes")]
     Length { path: String },
+    /// Its mode lets others at it, or it cannot be read or created.
+    #[error(transparent)]
+    Private(#[from] crate::files::PrivateFileError),
 }
+
+/// What the key file is, in messages.
+const WHAT: &str = "the token-capture key";
 
 struct Held {
     value: SecretValue,
@@ -83,32 +97,18 @@ impl Captured {
     /// With the key at `path` (created, mode 0600, if absent): captured tokens may also be
     /// kept, encrypted, in a state store ([`Captured::attach`]).
     pub fn with_key_at(path: &Path) -> Result<Self, CaptureKeyError> {
-        let path = path.to_path_buf();
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            let _ = std::fs::create_dir_all(dir);
-        }
         let shown = path.display().to_string();
-        let bytes = match std::fs::read(&path) {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let mut key = [0u8; 32];
+        let bytes = match crate::files::read(path, WHAT)? {
+            Some(b) => zeroize::Zeroizing::new(b),
+            None => {
+                let mut key = zeroize::Zeroizing::new(vec![0u8; 32]);
                 SystemRandom::new()
                     .fill(&mut key)
-                    .map_err(|_| CaptureKeyError::Write {
+                    .map_err(|_| CaptureKeyError::Random {
                         path: shown.clone(),
-                        source: std::io::Error::other("no randomness"),
                     })?;
-                write_private(&path, &key).map_err(|source| CaptureKeyError::Write {
-                    path: shown.clone(),
-                    source,
-                })?;
-                key.to_vec()
-            }
-            Err(source) => {
-                return Err(CaptureKeyError::Read {
-                    path: shown,
-                    source,
-                })
+                crate::files::create(path, &key, WHAT)?;
+                key
             }
         };
         let key = UnboundKey::new(&AES_256_GCM, &bytes)
@@ -137,12 +137,27 @@ impl Captured {
         if let (Some(store), Some(sealed)) = (self.store.get().cloned(), sealed) {
             let key = id(identity, name);
             let written = store.put(NS, &key, &sealed, Some(lifetime)).await;
-            if let Err(e) = written {
-                tracing::warn!(identity, secret = name, error = %e, "captured token not kept in the state store: it will not survive a restart");
+            match written {
+                // The other replicas read it now (identity and name only, never the value).
+                Ok(()) => {
+                    if let Err(e) = store.publish(CHANNEL, &key).await {
+                        tracing::warn!(identity, secret = name, error = %e, "captured token not announced to other replicas: they redact it after their next re-read");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(identity, secret = name, error = %e, "captured token not kept in the state store: it will not survive a restart");
+                }
             }
         }
+        self.hold(identity, name, Held { value, expires });
+    }
+
+    /// Holds `held` in memory, making room past [`MAX_HELD`] (expired ones first, then the one
+    /// that expires first).
+    fn hold(&self, identity: &str, name: &str, held_value: Held) {
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        if held.len() >= MAX_HELD {
+        let key = (identity.to_string(), name.to_string());
+        if held.len() >= MAX_HELD && !held.contains_key(&key) {
             let now = SystemTime::now();
             held.retain(|_, h| h.expires > now);
             if held.len() >= MAX_HELD {
@@ -155,10 +170,107 @@ impl Captured {
                 }
             }
         }
-        held.insert(
-            (identity.to_string(), name.to_string()),
-            Held { value, expires },
-        );
+        held.insert(key, held_value);
+    }
+
+    /// Reads every unexpired token the state store keeps (at most [`MAX_HELD`]), holds it and
+    /// hands it to `redact` (identity, name, value): at start, before the first connection.
+    /// Returns how many were read. A token that does not open with this key (another
+    /// `--capture-key`) is counted in a warning: it can be neither used nor redacted.
+    pub async fn preload(&self, redact: &Redact) -> Result<usize, crate::state::StateError> {
+        let Some(store) = self.store.get().cloned() else {
+            return Ok(0);
+        };
+        let docs = store.list(NS, MAX_HELD).await?;
+        let (mut read, mut sealed_otherwise) = (0, 0);
+        let now = SystemTime::now();
+        for (key, doc) in docs {
+            let Some((identity, name)) = key.rsplit_once('/') else {
+                continue;
+            };
+            match self.open(identity, name, &doc.doc) {
+                Some((value, expires)) if expires > now => {
+                    redact(identity, name, &value);
+                    self.hold(identity, name, Held { value, expires });
+                    read += 1;
+                }
+                Some(_) => {}
+                None => sealed_otherwise += 1,
+            }
+        }
+        if sealed_otherwise > 0 {
+            tracing::warn!(tokens = sealed_otherwise, store = store.describe(), "captured tokens in the state store do not open with this --capture-key: they can be neither used nor redacted here (replicas must share one capture key)");
+        }
+        Ok(read)
+    }
+
+    /// Reads `identity`/`name` from the store again (another replica captured a new value),
+    /// holds it and hands it to `redact`.
+    async fn reload(&self, key: &str, redact: &Redact) {
+        let (Some(store), Some((identity, name))) = (self.store.get(), key.rsplit_once('/')) else {
+            return;
+        };
+        let doc = match store.get(NS, key).await {
+            Ok(Some(v)) => v.doc,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(identity, secret = name, error = %e, "captured token announced but the state store cannot be read: redacted after the next re-read");
+                return;
+            }
+        };
+        if let Some((value, expires)) = self.open(identity, name, &doc) {
+            if expires > SystemTime::now() {
+                redact(identity, name, &value);
+                self.hold(identity, name, Held { value, expires });
+            }
+        }
+    }
+
+    /// Follows the state store until `stop` turns true (shutdown): each capture announced on [`CHANNEL`] (by any
+    /// replica) is read and handed to `redact`; every [`RESYNC`], and whenever events were
+    /// lost, every kept token is read again ([`Captured::preload`]).
+    pub async fn follow(
+        self: Arc<Self>,
+        redact: Arc<Redact>,
+        mut stop: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let Some(store) = self.store.get().cloned() else {
+            return;
+        };
+        let mut events = store.subscribe();
+        let mut resync = tokio::time::interval(RESYNC);
+        resync.tick().await;
+        loop {
+            if *stop.borrow() {
+                return;
+            }
+            let lost = tokio::select! {
+                changed = stop.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    false
+                }
+                _ = resync.tick() => true,
+                event = events.recv() => match event {
+                    Ok(e) if e.channel == CHANNEL => {
+                        self.reload(&e.message, &*redact).await;
+                        false
+                    }
+                    Ok(_) => false,
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => true,
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                        events = store.subscribe();
+                        true
+                    }
+                },
+            };
+            if lost {
+                if let Err(e) = self.preload(&*redact).await {
+                    tracing::warn!(error = %e, "captured tokens: the state store cannot be re-read; retrying");
+                }
+            }
+        }
     }
 
     /// The token `name` captured for `identity`, if held and not expired (from memory, else
@@ -188,16 +300,14 @@ impl Captured {
         if expires <= SystemTime::now() {
             return None;
         }
-        self.held
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(
-                key,
-                Held {
-                    value: value.clone(),
-                    expires,
-                },
-            );
+        self.hold(
+            identity,
+            name,
+            Held {
+                value: value.clone(),
+                expires,
+            },
+        );
         Some(value)
     }
 
@@ -246,19 +356,6 @@ impl Captured {
 
 fn id(identity: &str, name: &str) -> String {
     format!("{identity}/{name}")
-}
-
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    #[cfg(unix)]
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
-    #[cfg(unix)]
-    options.mode(0o600);
-    let mut f = options.open(path)?;
-    f.write_all(bytes)?;
-    f.sync_all()
 }
 
 #[cfg(test)]

@@ -19,7 +19,9 @@
 //!   Events are a wake-up, never the truth: a waiter re-reads the record after each one and
 //!   also polls, so a lost event only delays it.
 //!
-//! This module depends on nothing else in the crate.
+//! The serving process owns a SQLite file alone ([`owner`]: a lock naming it); replicas share
+//! Redis. This module depends on nothing else in the crate but [`crate::files`] (private file
+//! modes).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -27,14 +29,16 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 mod gcra;
+pub mod owner;
 pub mod redis;
 pub mod sqlite;
 
 pub use self::redis::Redis;
 pub use sqlite::Sqlite;
 
-/// Opens the store `--state` names: `sqlite:PATH` (the file is created if missing) or
-/// `redis://HOST:PORT[/DB]`. Anything else is a [`StateError::Url`] saying which forms work.
+/// Opens the store `--state` names: `sqlite:PATH` (the file is created if missing; the serving
+/// process takes its lock first, [`owner::Owner`]) or `redis://HOST:PORT[/DB]`. Anything else
+/// is a [`StateError::Url`] saying which forms work.
 pub async fn open(url: &str) -> Result<Arc<dyn StateStore>, StateError> {
     if let Some(path) = url.strip_prefix("sqlite:") {
         if path.is_empty() {

@@ -10,11 +10,13 @@
 //! filtered out of every read and purged every [`PURGE_EVERY`] writes.
 //!
 //! Events are in-process only: handles on the same file in this process share one broadcast.
-//! Depends on nothing else in the crate.
+//!
+//! The file (and its `-wal` and `-shm`) is private ([`crate::files`]: created 0600, refused when
+//! group or others may read it: it holds the key that signs approval links). `serve` holds the
+//! file's one-process lock ([`super::owner`]) before it opens it.
+//! Depends on nothing else in the crate but [`crate::files`].
 
 use std::collections::HashMap;
-use std::fs::{DirBuilder, OpenOptions};
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -90,8 +92,9 @@ impl std::fmt::Debug for Sqlite {
 }
 
 impl Sqlite {
-    /// Opens (creating it 0600, and its parent directory, if missing) the state file at `path`,
-    /// switches it to WAL mode and creates or checks its schema.
+    /// Opens (creating it 0600, and its parent directory 0700, if missing) the state file at
+    /// `path`, switches it to WAL mode and creates or checks its schema. A file group or
+    /// others may read is refused.
     pub async fn open(path: impl AsRef<Path>) -> Result<Self, StateError> {
         let path = absolute(path.as_ref());
         let describe = format!("sqlite:{}", path.display());
@@ -162,18 +165,15 @@ fn open_file(path: &Path) -> Result<(Connection, PathBuf), String> {
                 dir.display()
             ));
         }
-        DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(|e| format!("cannot create directory {}: {e}", dir.display()))?;
     }
-    OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(0o600)
-        .open(path)
-        .map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    // Created 0600 (its directory 0700) or checked: it holds the approval links' signing key.
+    drop(crate::files::open(path, "the state file").map_err(|e| e.to_string())?);
+    for sidecar in ["-wal", "-shm"] {
+        let mut name = path.as_os_str().to_owned();
+        name.push(sidecar);
+        crate::files::check_if_present(Path::new(&name), "part of the state file")
+            .map_err(|e| e.to_string())?;
+    }
     let path = path.canonicalize().unwrap_or_else(|_| path.to_path_buf());
     let mut conn = Connection::open(&path).map_err(|e| format!("cannot open: {e}"))?;
     conn.busy_timeout(BUSY_TIMEOUT)

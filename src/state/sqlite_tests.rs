@@ -48,6 +48,7 @@ async fn a_file_that_is_not_a_database_is_an_error_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state.db");
     std::fs::write(&path, vec![b'x'; 4096]).unwrap();
+    private(&path);
     let err = Sqlite::open(&path).await.unwrap_err().to_string();
     assert!(err.contains(&path.display().to_string()), "{err}");
     assert!(err.contains("not a database"), "{err}");
@@ -96,6 +97,47 @@ fn write_v1_file(path: &Path) {
         [],
     )
     .unwrap();
+    drop(conn);
+    private(path);
+}
+
+/// Mode 0600 for a state file made outside latchkey (and its `-wal` and `-shm`, if any).
+fn private(path: &Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let p = format!("{}{suffix}", path.display());
+        if Path::new(&p).exists() {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_state_file_group_or_others_may_read_is_refused_naming_it_and_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.db");
+    drop(Sqlite::open(&path).await.unwrap());
+    for mode in [0o644, 0o640, 0o604, 0o620] {
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+        let err = Sqlite::open(&path).await.unwrap_err().to_string();
+        assert!(
+            err.contains(&format!("{mode:04o}"))
+                && err.contains(&format!("chmod 600 {}", path.display())),
+            "{err}"
+        );
+    }
+    private(&path);
+    // Its WAL holds the same data: a loose one is refused too.
+    let wal = dir.path().join("state.db-wal");
+    std::fs::write(&wal, b"").unwrap();
+    std::fs::set_permissions(&wal, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let err = Sqlite::open(&path).await.unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("chmod 600 {}", wal.display())),
+        "{err}"
+    );
+    private(&path);
+    let store = Sqlite::open(&path).await.unwrap();
+    store.put("ns", "a", b"{}", None).await.unwrap();
 }
 
 fn schema_version(path: &Path) -> i64 {

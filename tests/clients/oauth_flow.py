@@ -12,6 +12,8 @@ latchkey's token capture.
                             with ?format=form.
         GET  /api/me        200 {"user": "ana", "seen": <the Authorization header>} for the
                             access token issued last, else 401.
+        GET  /api/debug     200 {"access", "refresh"}: the tokens issued last, to anyone, also
+                            in an x-debug-token header (a server that leaks what it issued).
       Prints "listening on 127.0.0.1:PORT", then one JSON line per event: {"event": "issued",
       "grant", "access_token", "refresh_token"}, {"event": "refresh", "received"},
       {"event": "api", "auth", "ok"}.
@@ -21,6 +23,8 @@ latchkey's token capture.
       "me2"} (tokens as the client holds them; each "me" is {"status", "body"}).
   oauth_flow.py use BASE CA PROXY ACCESS_TOKEN
       GET /api/me with `Authorization: Bearer ACCESS_TOKEN`; prints {"status", "body"}.
+  oauth_flow.py get BASE CA PROXY PATH
+      GET PATH with no Authorization header; prints {"status", "body", "headers"}.
   oauth_flow.py form-token BASE CA PROXY
       The password grant with requests, asking for a form-encoded answer; prints {"status",
       "body"}.
@@ -94,6 +98,17 @@ class Handler(BaseHTTPRequestHandler):
         self.reply(200, body, form=as_form)
 
     def do_GET(self):
+        if self.path == "/api/debug":
+            with LOCK:
+                body = json.dumps({"access": STATE["access"], "refresh": STATE["refresh"]}).encode()
+                leak = STATE["access"] or ""
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.send_header("x-debug-token", leak)
+            self.end_headers()
+            self.wfile.write(body)
+            return
         if self.path != "/api/me":
             return self.reply(404, {"error": "not_found"})
         auth = self.headers.get("authorization", "")
@@ -150,6 +165,15 @@ def use(base, ca, proxy, token):
     print(json.dumps({"status": r.status_code, "body": r.text}), flush=True)
 
 
+def get(base, ca, proxy, path):
+    import requests
+
+    s = requests.Session()
+    s.trust_env = False
+    r = s.get(base + path, proxies={"https": proxy}, verify=ca, timeout=20)
+    print(json.dumps({"status": r.status_code, "body": r.text, "headers": dict(r.headers)}), flush=True)
+
+
 def form_token(base, ca, proxy):
     import requests
 
@@ -172,10 +196,12 @@ def main():
         client(sys.argv[2], sys.argv[3], sys.argv[4])
     elif sys.argv[1] == "form-token":
         form_token(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif sys.argv[1] == "get":
+        get(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5])
     elif sys.argv[1] == "use":
         use(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5])
     else:
-        sys.exit("usage: oauth_flow.py --tls CERT KEY | client BASE CA PROXY | form-token BASE CA PROXY | use BASE CA PROXY TOKEN")
+        sys.exit("usage: oauth_flow.py --tls CERT KEY | client BASE CA PROXY | form-token BASE CA PROXY | use BASE CA PROXY TOKEN | get BASE CA PROXY PATH")
 
 
 if __name__ == "__main__":

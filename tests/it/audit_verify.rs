@@ -20,18 +20,21 @@ struct Run {
 
 impl Run {
     fn start(args: &[&str]) -> Self {
-        let up = Upstream::http();
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut b = latchkey()
-            .pin("api.test")
-            .audit_to(&dir.path().join("audit.jsonl"))
-            .policy(
-                "main.toml",
-                &format!(
-                    "[[rules]]\nname = \"api\"\nhosts = [\"api.test\"]\nports = [{}]\n",
-                    up.port()
-                ),
-            );
+        let audit = dir.path().join("audit.jsonl");
+        Self::start_at(dir, &audit, args)
+    }
+
+    /// With the audit log at `audit` (under `dir` or not).
+    fn start_at(dir: tempfile::TempDir, audit: &Path, args: &[&str]) -> Self {
+        let up = Upstream::http();
+        let mut b = latchkey().pin("api.test").audit_to(audit).policy(
+            "main.toml",
+            &format!(
+                "[[rules]]\nname = \"api\"\nhosts = [\"api.test\"]\nports = [{}]\n",
+                up.port()
+            ),
+        );
         for a in args {
             b = b.arg(a);
         }
@@ -251,9 +254,30 @@ fn verify_trusts_only_the_key_it_is_given_and_says_which_key_is_missing() {
         other.path().display().to_string(),
     ]);
     let wrong = made.stdout.trim().to_string();
+    // Not tampering: the chain holds and every checkpoint is validly signed, by another key.
+    let out = run.verify(&["--key", &wrong]);
+    assert_eq!(out.code(), Some(3), "{}", out.stdout);
+    assert!(out.stdout.starts_with("WRONG KEY: "), "{}", out.stdout);
+    assert!(out.stdout.contains("not the trusted"), "{}", out.stdout);
+    let json = run.verify(&["--key", &wrong, "--json"]);
+    assert_eq!(json.code(), Some(3));
+    let report: Value = serde_json::from_str(&json.stdout).expect("json report");
+    assert_eq!(report["verdict"], "wrong_key", "{report:#}");
+    assert!(
+        report["problems"]
+            .as_array()
+            .is_some_and(|p| p.iter().all(|p| p["kind"] == "foreign_key")),
+        "{report:#}"
+    );
+    // An edit stays tampering whichever key checks it.
+    let segs = run.segments();
+    let mut l = lines(&segs[0]);
+    let at = l.iter().position(|x| x.contains("/r/0")).expect("a record");
+    l[at] = l[at].replace("/r/0", "/r/X");
+    put(&segs[0], &l);
     let out = run.verify(&["--key", &wrong]);
     assert_eq!(out.code(), Some(1), "{}", out.stdout);
-    assert!(out.stdout.contains("not the trusted"), "{}", out.stdout);
+    assert!(out.stdout.starts_with("TAMPERED: "), "{}", out.stdout);
 
     let out = run_cli([
         "audit".to_string(),
@@ -305,4 +329,103 @@ fn the_log_rotates_by_age_and_old_segments_are_removed_after_their_keep() {
         "{}",
         out.stdout
     );
+}
+
+/// A small tmpfs mounted for one test (needs root, as the namespace tests do), unmounted on
+/// drop: a disk that really fills up.
+struct SmallDisk(PathBuf);
+
+impl SmallDisk {
+    fn mount(at: &Path, size: &str) -> Self {
+        std::fs::create_dir_all(at).expect("mount point");
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .output()
+            .expect("run mount");
+        assert!(
+            out.status.success(),
+            "this test needs root (CAP_SYS_ADMIN) to mount a small tmpfs: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Self(at.to_path_buf())
+    }
+
+    /// Fills the disk with `filler` until a write fails.
+    fn fill(&self, filler: &Path) {
+        let mut f = std::fs::File::create(filler).expect("filler");
+        let chunk = vec![0u8; 4096];
+        while f.write_all(&chunk).is_ok() {}
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+#[test]
+fn a_write_a_full_disk_cut_short_then_sealed_by_latchkey_is_a_torn_write_not_tampering() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let disk = SmallDisk::mount(&dir.path().join("disk"), "256k");
+    let audit = disk.0.join("audit.jsonl");
+    let state = format!("sqlite:{}", dir.path().join("state.db").display());
+    let mut run = Run::start_at(
+        tempfile::tempdir().expect("tempdir"),
+        &audit,
+        &["--state", &state, "--audit-checkpoint-every", "5"],
+    );
+    for i in 0..3 {
+        assert_eq!(run.get(&format!("/before/{i}")), 200);
+    }
+    // The disk fills up: a write is cut short mid-line, and traffic is refused.
+    let filler = disk.0.join("filler");
+    disk.fill(&filler);
+    let refused = (0..100).find(|i| run.get(&format!("/full/{i}")) == 503);
+    assert!(refused.is_some(), "nothing was refused on a full disk");
+    let text = std::fs::read(&audit).expect("audit");
+    assert_ne!(text.last(), Some(&b'\n'), "no write was cut short mid-line");
+
+    // Room again: latchkey seals the partial line and goes on.
+    std::fs::remove_file(&filler).expect("rm filler");
+    let served = (0..50).any(|i| {
+        std::thread::sleep(Duration::from_millis(50));
+        run.get(&format!("/after/{i}")) == 200
+    });
+    assert!(served, "{}", run.lk.stderr_text());
+    run.stop();
+
+    let log = audit.display().to_string();
+    let out = run.verify(&[&log]);
+    assert_eq!(out.code(), Some(4), "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.starts_with("TORN WRITE"), "{}", out.stdout);
+    assert!(out.stdout.contains("write cut short"), "{}", out.stdout);
+    assert!(out.stdout.contains("clean stop"), "{}", out.stdout);
+    let json = run.verify(&["--json", &log]);
+    assert_eq!(json.code(), Some(4));
+    let report: Value = serde_json::from_str(&json.stdout).expect("json report");
+    assert_eq!(report["verdict"], "torn_write", "{report:#}");
+    assert!(
+        report["problems"]
+            .as_array()
+            .is_some_and(|p| !p.is_empty() && p.iter().all(|p| p["kind"] == "torn_write")),
+        "{report:#}"
+    );
+
+    // Real tampering in the same log is still TAMPERED.
+    let mut l = lines(&audit);
+    let at = l
+        .iter()
+        .position(|x| x.contains("/before/1"))
+        .expect("a record");
+    l[at] = l[at].replace("/before/1", "/before/X");
+    put(&audit, &l);
+    let out = run.verify(&[&log]);
+    assert_eq!(out.code(), Some(1), "{}", out.stdout);
+    assert!(out.stdout.starts_with("TAMPERED"), "{}", out.stdout);
+    drop(run);
 }

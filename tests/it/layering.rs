@@ -67,8 +67,15 @@ const RULES: &[Rule] = &[
         only: None,
     },
     Rule {
+        // Private file modes (`files`, itself a leaf) are the one thing it shares.
         name: "state-is-a-leaf",
         module: "state",
+        forbidden: &[],
+        only: Some(&["files"]),
+    },
+    Rule {
+        name: "files-is-a-leaf",
+        module: "files",
         forbidden: &[],
         only: Some(&[]),
     },
@@ -98,6 +105,7 @@ const ENFORCED: &[&str] = &[
     "audit-never-sees-a-secret-store",
     "signing-knows-no-transport",
     "state-is-a-leaf",
+    "files-is-a-leaf",
     "governance-knows-no-proxy",
 ];
 

@@ -89,6 +89,7 @@ mod secrets_split;
 mod secrets_streaming;
 mod shutdown;
 mod socks;
+mod state_files;
 mod state_store;
 mod token_capture;
 mod trust;

@@ -242,3 +242,80 @@ fn captured_tokens_survive_a_restart_only_with_a_state_store() {
     let used = python(&lk, &["use", &base, "__LATCHKEY_idp_access_token__"]);
     assert_eq!(used["status"], 403, "{used}");
 }
+
+/// What `get PATH` (no Authorization header, so no placeholder) showed the sandbox.
+fn leaked(lk: &Latchkey, base: &str) -> Value {
+    let out = python(lk, &["get", base, "/api/debug"]);
+    assert_eq!(out["status"], 200, "{out}");
+    out
+}
+
+fn assert_redacted(out: &Value) {
+    let body: Value = serde_json::from_str(out["body"].as_str().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("debug body ({e}): {out}"));
+    assert_eq!(body["access"], "[REDACTED:idp_access_token]", "{out}");
+    assert_eq!(body["refresh"], "[REDACTED:idp_refresh_token]", "{out}");
+    let header = out["headers"]["x-debug-token"].as_str().unwrap_or_default();
+    assert!(
+        header.contains("REDACTED") && !header.contains("at-"),
+        "{out}"
+    );
+}
+
+/// After a restart with a state store, every kept token is in the redaction set before the
+/// first connection: an upstream that reflects one (body and header) before any request has
+/// used its placeholder shows the sandbox only the redaction mark.
+#[test]
+fn kept_tokens_are_redacted_from_the_first_response_after_a_restart() {
+    let w = world();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = format!("sqlite:{}", dir.path().join("state.db").display());
+    let key = dir.path().join("capture.key");
+    let key = key.to_str().expect("utf-8 path");
+    let base = format!("https://api.test:{}", w.server.port());
+
+    let lk = serve(&w, &["--state", &state, "--capture-key", key]);
+    let form = python(&lk, &["form-token", &base]);
+    assert_eq!(form["status"], 200, "{form}");
+    drop(lk);
+
+    let lk = serve(&w, &["--state", &state, "--capture-key", key]);
+    let out = leaked(&lk, &base);
+    assert_redacted(&out);
+    assert_never_shown(&issued(&w.server), &lk, &out.to_string());
+    // Nothing loaded them lazily: the only request carried no placeholder.
+    let records = lk.audit_records();
+    let api: Vec<&Value> = records.iter().filter(|r| r["rule"] == "api").collect();
+    assert_eq!(api.len(), 1, "{records:#?}");
+    assert!(
+        api[0]["secrets"].as_array().is_none_or(|s| s.is_empty()),
+        "{}",
+        api[0]
+    );
+    assert!(
+        api[0]["redactions"].as_u64().unwrap_or(0) >= 2,
+        "{}",
+        api[0]
+    );
+}
+
+/// Two replicas on one Redis store and one capture key: a token captured through A is
+/// redacted by B, which was already running and never saw the token response.
+#[test]
+fn a_token_captured_by_one_replica_is_redacted_by_the_other() {
+    let redis = crate::support::redis::RedisServer::start();
+    let w = world();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let key = dir.path().join("capture.key");
+    let key = key.to_str().expect("utf-8 path");
+    let state = redis.url();
+    let base = format!("https://api.test:{}", w.server.port());
+    let a = serve(&w, &["--state", &state, "--capture-key", key]);
+    let b = serve(&w, &["--state", &state, "--capture-key", key]);
+
+    let form = python(&a, &["form-token", &base]);
+    assert_eq!(form["status"], 200, "{form}");
+    let out = leaked(&b, &base);
+    assert_redacted(&out);
+    assert_never_shown(&issued(&w.server), &b, &out.to_string());
+}
