@@ -14,9 +14,10 @@
 //!
 //! The gate (`gate`) is the CONNECT gate's own admission and decision plus, for a redirected
 //! connection, the check that its original destination is an address of the name it carries.
-//! Every connection leaves a record: a refused one here (naming where it was going), an
-//! admitted one through the pipeline (one per request) or its tunnel. The identity is the one
-//! the policy's source-address identities give the client (no token can be presented), or
+//! Every connection leaves a record: a refused one here (where it was going in `original_dst`,
+//! no `upstream`: nothing was dialed), an admitted one through the pipeline (one per request,
+//! each with the connection's `original_dst`) or its tunnel. The identity is the one the
+//! policy's source-address identities give the client (no token can be presented), or
 //! `default` when the policy has none. Nothing is dialed for a refused connection; dials go
 //! through `upstream` only (the tunnel, the pipeline's client).
 
@@ -164,8 +165,7 @@ impl Proxy {
         // them), while one dialed straight at a listener of latchkey's is a loop either way.
         if let Some(original) = dest.original {
             if self.is_own(original).await {
-                let mut entry = record(IDENTITY_DEFAULT, false);
-                entry.update(|r| r.upstream = None);
+                let entry = record(IDENTITY_DEFAULT, false);
                 let refusal = Refusal::new(
                     Reason::NotRedirected,
                     format!(
@@ -297,6 +297,7 @@ impl Proxy {
             Ok(Opened::Intercept(ctx)) => {
                 let client = Client::new(stream, Vec::new(), slot);
                 let start = StartHandshake::from_parts(accepted, client);
+                let ctx = ctx.with_original_dst(dest.original);
                 connect::complete(self, Arc::new(ctx), start, entry).await;
             }
             Ok(Opened::Tunnel(mut dialed)) => {
@@ -354,7 +355,9 @@ impl Proxy {
             Ok(host) => {
                 // From here each request leaves its own record, the first one included.
                 entry.dismiss();
-                let ctx = Arc::new(Ctx::pinned_plain(peer, identity, host, dest.port));
+                let ctx = Ctx::pinned_plain(peer, identity, host, dest.port)
+                    .with_original_dst(dest.original);
+                let ctx = Arc::new(ctx);
                 let client = Client::new(stream, seen, slot);
                 intercepted::serve_stream(self, ctx, client, false).await;
             }
@@ -363,8 +366,9 @@ impl Proxy {
 
     /// The record of a captured connection before its requests are known: a connection-level
     /// record like a CONNECT's (the implicit CONNECT to where it was going), or for plain HTTP
-    /// the start of its first request's. A redirected connection's `upstream` names its
-    /// original destination, which is never dialed for a refused connection.
+    /// the start of its first request's. A redirected connection's `original_dst` names where
+    /// the client sent it; `upstream` stays empty until something is dialed (a tunnel), so a
+    /// refused connection's record names no address latchkey contacted.
     fn captured_record(
         &self,
         peer: SocketAddr,
@@ -379,7 +383,7 @@ impl Proxy {
             r.scheme = Some(if plain { "http" } else { "https" }.to_string());
             r.host = Some(dest.host.clone());
             r.port = Some(dest.port);
-            r.upstream = dest.original.map(|d| d.to_string());
+            r.original_dst = dest.original.map(|d| d.to_string());
         });
         entry
     }
