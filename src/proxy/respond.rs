@@ -163,14 +163,19 @@ fn phrase_char(c: char) -> char {
     }
 }
 
-/// `latchkey: denied: …` (or `upstream error: …` after policy allowed the request).
+/// `latchkey: denied: … (reason: CODE)` (or `upstream error: …` after policy allowed the
+/// request). The code ends the sentence because clients that print a refused response's body
+/// (the openai SDK's error for a plain-HTTP refusal) print nothing else of it.
 fn sentence(reason: Reason, message: &str) -> String {
     let prefix = if reason.is_allow() {
         "upstream error"
     } else {
         "denied"
     };
-    format!("latchkey: {prefix}: {message}\n")
+    format!(
+        "latchkey: {prefix}: {message} (reason: {})\n",
+        reason.code()
+    )
 }
 
 /// The headers of every refusal: latchkey's decision, rule and reason, the record's id, a
@@ -232,7 +237,10 @@ mod tests {
         assert!(headers.contains(&"connection: close"));
         assert!(headers.contains(&"retry-after: 1"));
         assert!(headers.contains(&"x-latchkey-rule: none"));
-        assert_eq!(body_text, "latchkey: denied: too many\n");
+        assert_eq!(
+            body_text,
+            "latchkey: denied: too many (reason: too_many_connections)\n"
+        );
         let length = format!("content-length: {}", body_text.len());
         assert!(headers.contains(&length.as_str()));
     }
@@ -249,7 +257,7 @@ mod tests {
         assert!(!h.contains_key(http::header::RETRY_AFTER));
         assert_eq!(
             sentence(Reason::UpstreamTimeout, "slow"),
-            "latchkey: upstream error: slow\n"
+            "latchkey: upstream error: slow (reason: upstream_timeout)\n"
         );
     }
 

@@ -220,7 +220,8 @@ fn clients_that_ignore_proxy_settings_reach_allowed_hosts_through_the_transparen
         &record,
         json!({"method": "GET", "scheme": "https", "host": "up.test", "port": 443,
                "decision": "allow", "rule": "upstream", "reason": "allowed", "status": 200,
-               "upstream": format!("{UPSTREAM_IP}:443")}),
+               "upstream": format!("{UPSTREAM_IP}:443"),
+               "original_dst": format!("{UPSTREAM_IP}:443")}),
     );
     from_sandbox(&record);
 
@@ -238,7 +239,8 @@ fn clients_that_ignore_proxy_settings_reach_allowed_hosts_through_the_transparen
     assert_record(
         &record,
         json!({"method": "GET", "scheme": "http", "host": "up.test", "port": 80,
-               "reason": "allowed", "status": 200, "upstream": format!("{UPSTREAM_IP}:80")}),
+               "reason": "allowed", "status": 200, "upstream": format!("{UPSTREAM_IP}:80"),
+               "original_dst": format!("{UPSTREAM_IP}:80")}),
     );
 
     // A raw socket doing HTTP/1.1 by hand, two requests on one connection: the second names
@@ -261,7 +263,7 @@ fn clients_that_ignore_proxy_settings_reach_allowed_hosts_through_the_transparen
     assert_record(
         &record_with(&lk, json!({"path": "/other"})),
         json!({"host": "up.test", "decision": "deny", "reason": "host_mismatch",
-               "status": 403, "upstream": null}),
+               "status": 403, "upstream": null, "original_dst": format!("{UPSTREAM_IP}:80")}),
     );
 
     // git, by name from the sandbox's /etc/hosts: the echo is no git server (git reads its
@@ -333,7 +335,7 @@ fn hosts_no_rule_allows_are_refused_on_the_transparent_listener_and_never_dialed
         tls_record,
         json!({"method": "CONNECT", "scheme": "https", "host": "evil.test", "port": 443,
                "decision": "deny", "rule": null, "reason": "no_rule", "status": null,
-               "upstream": format!("{UPSTREAM_IP}:443")}),
+               "upstream": null, "original_dst": format!("{UPSTREAM_IP}:443")}),
     );
     let http_record = records
         .iter()
@@ -343,7 +345,7 @@ fn hosts_no_rule_allows_are_refused_on_the_transparent_listener_and_never_dialed
         http_record,
         json!({"method": "GET", "scheme": "http", "host": "evil.test", "path": "/x",
                "decision": "deny", "reason": "no_rule", "status": 403,
-               "upstream": format!("{UPSTREAM_IP}:80")}),
+               "upstream": null, "original_dst": format!("{UPSTREAM_IP}:80")}),
     );
     from_sandbox(http_record);
 }
@@ -403,7 +405,8 @@ fn an_allowed_name_sent_to_another_address_is_refused_and_a_tunnel_gets_the_hell
     assert_record(
         &record_with(&lk, json!({"reason": "tunnel"})),
         json!({"method": "CONNECT", "host": "tun.test", "port": 443, "decision": "allow",
-               "rule": "raw", "upstream": format!("{UPSTREAM_IP}:443")}),
+               "rule": "raw", "upstream": format!("{UPSTREAM_IP}:443"),
+               "original_dst": format!("{UPSTREAM_IP}:443")}),
     );
 
     // The same names, sent to OTHER_IP: intercepted, tunnelled and plain-HTTP rules alike.
@@ -424,9 +427,11 @@ fn an_allowed_name_sent_to_another_address_is_refused_and_a_tunnel_gets_the_hell
             &lk,
             json!({"host": name, "port": port, "reason": "destination_mismatch"}),
         );
+        // Where the client sent it, and that latchkey contacted nothing.
         assert_record(
             &record,
-            json!({"decision": "deny", "upstream": format!("{OTHER_IP}:{port}")}),
+            json!({"decision": "deny", "upstream": null,
+                   "original_dst": format!("{OTHER_IP}:{port}")}),
         );
     }
     assert_eq!(
@@ -451,7 +456,7 @@ fn tls_without_sni_ssh_and_connections_not_redirected_are_refused_and_audited() 
     assert_record(
         &record_with(&lk, json!({"reason": "no_sni"})),
         json!({"method": "CONNECT", "host": UPSTREAM_IP, "port": 443, "decision": "deny",
-               "status": null, "upstream": format!("{UPSTREAM_IP}:443")}),
+               "status": null, "upstream": null, "original_dst": format!("{UPSTREAM_IP}:443")}),
     );
 
     // An SSH client speaks first; it is neither TLS nor HTTP.
@@ -464,7 +469,7 @@ fn tls_without_sni_ssh_and_connections_not_redirected_are_refused_and_audited() 
     assert_record(
         &record_with(&lk, json!({"reason": "not_tls"})),
         json!({"host": UPSTREAM_IP, "port": 22, "decision": "deny", "status": null,
-               "upstream": format!("{UPSTREAM_IP}:22")}),
+               "upstream": null, "original_dst": format!("{UPSTREAM_IP}:22")}),
     );
 
     // Straight to the transparent port: nothing redirected it, so it has no destination.
@@ -481,7 +486,8 @@ fn tls_without_sni_ssh_and_connections_not_redirected_are_refused_and_audited() 
     assert_record(
         &record_with(&lk, json!({"reason": "not_redirected"})),
         json!({"host": PROXY_IP, "port": TRANSPARENT_PORT, "decision": "deny",
-               "upstream": null}),
+               "upstream": null,
+               "original_dst": format!("{PROXY_IP}:{TRANSPARENT_PORT}")}),
     );
     assert_eq!(ssh.connections() + tls.connections(), 0);
     lk.wait_audit(3);
