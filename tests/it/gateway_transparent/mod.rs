@@ -348,6 +348,22 @@ fn hosts_no_rule_allows_are_refused_on_the_transparent_listener_and_never_dialed
                "upstream": null, "original_dst": format!("{UPSTREAM_IP}:80")}),
     );
     from_sandbox(http_record);
+
+    // A client with no proxy support at all reads the reason in the status line.
+    let request = "GET /y HTTP/1.1\r\nHost: evil.test\r\nConnection: close\r\n\r\n";
+    let out = python_in(&gw.sandbox, RAW_CLIENT, &[UPSTREAM_IP, "80", request]);
+    assert!(
+        out.stdout.starts_with(
+            "HTTP/1.1 403 Forbidden (latchkey: no_rule - no rule allows GET http://evil.test/y"
+        ),
+        "{out:#?}"
+    );
+    assert_record(
+        &record_with(&lk, json!({"path": "/y"})),
+        json!({"reason": "no_rule", "upstream": null,
+               "original_dst": format!("{UPSTREAM_IP}:80")}),
+    );
+    assert_eq!(plain.connections(), 0, "a denied host was dialed");
 }
 
 #[test]
