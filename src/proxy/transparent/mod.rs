@@ -7,7 +7,8 @@
 //! --http-listen   DNS-routed to latchkey: plain HTTP, upstream port 80 ─────────────────┤
 //!   caps, identity, first bytes (deadline, cap) ◀───────────────────────────────────────┘
 //!     ├─ TLS: whole ClientHello, SNI ─▶ gate ─┬─ intercept (connect::complete)
-//!     │                                       └─ tunnel (the hello replayed as sent)
+//!     │                                       ├─ tunnel (the hello replayed as sent)
+//!     │                                       └─ refused: a fatal TLS alert, closed
 //!     ├─ HTTP/1: first head, Host ─▶ gate ─▶ intercepted::serve_stream (the pipeline)
 //!     └─ anything else: refused, closed
 //! ```
@@ -279,6 +280,7 @@ impl Proxy {
                     dest.host, dest.port
                 ),
             );
+            alert(&mut stream, why.0).await;
             return connect::not_intercepted(&self, entry, &dest.host, why);
         };
         let ctx = Ctx::proxy_hop(peer, None).identified(&identity);
@@ -293,7 +295,10 @@ impl Proxy {
         )
         .await;
         match gated {
-            Err(refusal) => dropped(entry, &refusal),
+            Err(refusal) => {
+                alert(&mut stream, refusal.reason).await;
+                dropped(entry, &refusal);
+            }
             Ok(Opened::Intercept(ctx)) => {
                 let client = Client::new(stream, Vec::new(), slot);
                 let start = StartHandshake::from_parts(accepted, client);
@@ -436,6 +441,32 @@ async fn refuse(mut stream: TcpStream, entry: Entry, refusal: &Refusal, answer: 
     .await;
 }
 
+/// Ends a refused TLS connection whose whole ClientHello was read with a fatal TLS alert, in
+/// plaintext before any ServerHello (RFC 8446 6.2): no text can travel there, but a client
+/// prints the alert (`tlsv1 alert access denied`), which tells a refusal from a network failure.
+/// `access_denied` for what policy, the destination check or the address guard refused,
+/// `internal_error` when latchkey cannot serve (audit log, state store), `handshake_failure`
+/// otherwise (no SNI). The record says why.
+async fn alert(stream: &mut TcpStream, reason: Reason) {
+    let record = alert_record(reason);
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        let _ = stream.write_all(&record).await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
+}
+
+/// The alert record [`alert`] sends: type 21, legacy version TLS 1.2, length 2, level fatal (2),
+/// and the description for `reason`.
+fn alert_record(reason: Reason) -> [u8; 7] {
+    let description = match reason.status() {
+        http::StatusCode::FORBIDDEN | http::StatusCode::PROXY_AUTHENTICATION_REQUIRED => 49,
+        s if s.is_server_error() => 80,
+        _ => 40,
+    };
+    [21, 3, 3, 0, 2, 2, description]
+}
+
 /// Records a captured connection refused without an answer, and says so on the log.
 fn dropped(mut entry: Entry, refusal: &Refusal) {
     entry.outcome(refusal.reason, refusal.rule.as_deref(), None);
@@ -443,4 +474,34 @@ fn dropped(mut entry: Entry, refusal: &Refusal) {
     let reason = refusal.reason.code();
     tracing::info!(audit.id = %entry.id(), reason, message, "captured connection refused");
     entry.finish();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_tls_client_gets_the_alert_that_names_the_kind_of_refusal() {
+        const ACCESS_DENIED: u8 = 49;
+        const INTERNAL_ERROR: u8 = 80;
+        const HANDSHAKE_FAILURE: u8 = 40;
+        for (reason, description) in [
+            (Reason::NoRule, ACCESS_DENIED),
+            (Reason::IdentityNotAllowed, ACCESS_DENIED),
+            (Reason::DestinationMismatch, ACCESS_DENIED),
+            (Reason::NonPublicAddress, ACCESS_DENIED),
+            (Reason::SecretValueUnbound, ACCESS_DENIED),
+            (Reason::ProxyAuthRequired, ACCESS_DENIED),
+            (Reason::AuditUnavailable, INTERNAL_ERROR),
+            (Reason::UpstreamUnreachable, INTERNAL_ERROR),
+            (Reason::NoSni, HANDSHAKE_FAILURE),
+            (Reason::MissingPort, HANDSHAKE_FAILURE),
+        ] {
+            assert_eq!(
+                alert_record(reason),
+                [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, description],
+                "{reason}"
+            );
+        }
+    }
 }

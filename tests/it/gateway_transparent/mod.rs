@@ -303,7 +303,8 @@ fn hosts_no_rule_allows_are_refused_on_the_transparent_listener_and_never_dialed
     let (plain, tls) = upstreams(&gw, &ca);
     let lk = transparent(&gw, &ca, &[]);
 
-    // TLS: the SNI is decided before any certificate; the handshake is cut.
+    // TLS: the SNI is decided before any certificate; the handshake ends with an alert that
+    // tells the client it was refused, not lost.
     let out = direct_curl(
         &gw,
         &lk,
@@ -312,6 +313,7 @@ fn hosts_no_rule_allows_are_refused_on_the_transparent_listener_and_never_dialed
     );
     assert_ne!(out.exit, Some(0), "{out:#?}");
     assert_eq!(out.response.status, 0, "{out:#?}");
+    assert!(out.stderr.contains("alert access denied"), "{out:#?}");
     // Plain HTTP: the usual refusal.
     let out = direct_curl(
         &gw,
@@ -438,6 +440,7 @@ fn an_allowed_name_sent_to_another_address_is_refused_and_a_tunnel_gets_the_hell
         } else {
             assert_ne!(out.exit, Some(0), "{url}: {out:#?}");
             assert_eq!(out.response.status, 0, "{out:#?}");
+            assert!(out.stderr.contains("alert access denied"), "{out:#?}");
         }
         let record = record_with(
             &lk,
@@ -469,6 +472,7 @@ fn tls_without_sni_ssh_and_connections_not_redirected_are_refused_and_audited() 
 
     let out = python_in(&gw.sandbox, NO_SNI_CLIENT, &[UPSTREAM_IP, "443"]);
     assert!(out.stdout.starts_with("refused:"), "{out:#?}");
+    assert!(out.stdout.contains("ALERT_HANDSHAKE_FAILURE"), "{out:#?}");
     assert_record(
         &record_with(&lk, json!({"reason": "no_sni"})),
         json!({"method": "CONNECT", "host": UPSTREAM_IP, "port": 443, "decision": "deny",
