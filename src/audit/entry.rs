@@ -90,6 +90,7 @@ impl Entry {
                 captured: Vec::new(),
                 status: None,
                 upstream: None,
+                original_dst: None,
                 bytes_up: 0,
                 bytes_down: 0,
                 duration_ms: 0,

@@ -15,15 +15,19 @@
 //! An approval's answer (`method = "APPROVAL"`) is HTTP Activity "Other" about the request it
 //! answered; a method OCSF does not enumerate is activity Other, named by the method, which is
 //! also `unmapped.method`. Profiles used: `host` (`actor`), `security_control` (`action`, `disposition`,
-//! `firewall_rule`, `policy`) and, on HTTP Activity carrying a trace id, `trace`; each event
-//! lists them in `metadata.profiles`.
+//! `firewall_rule`, `policy`), on HTTP Activity carrying a trace id `trace`, and on a redirected
+//! connection's events `network_proxy` (`proxy_endpoint`); each event lists them in
+//! `metadata.profiles`.
 //!
 //! The mapping, field by field: `time` is `ts` in epoch milliseconds, `start_time`/`end_time`/
 //! `duration` come from `duration_ms` (outcomes only); `metadata.uid` is the record's `id` (its
 //! decision record's event adds `.decision`, so every event's uid is its own) and
 //! `metadata.correlation_uid` the `id` alone, linking a request's two events; `actor.user` is the
 //! identity (`actor.session.uid` the sandbox's session) and `metadata.labels` its labels as
-//! `key=value`; `src_endpoint` is the client, `dst_endpoint` the host and the address dialed;
+//! `key=value`; `src_endpoint` is the client, `dst_endpoint` the host and the address dialed
+//! (`upstream`: no address when nothing was dialed); on a connection the firewall redirected
+//! to latchkey, `proxy_endpoint` is latchkey as the client reached it, at the address the client
+//! sent it to (`original_dst`: where it was going, which latchkey may never have contacted);
 //! `http_request.url` the target (query values redacted, as in the record); `http_response.code`
 //! the status once known; `traffic.bytes_out`/`bytes_in` the bytes up/down. `action`
 //! (Allowed/Denied) and `disposition` (Allowed, Blocked, or Detected for a request report-only
@@ -160,6 +164,10 @@ struct Event<'a> {
     src_endpoint: Option<Endpoint<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     dst_endpoint: Option<Endpoint<'a>>,
+    /// Profile `network_proxy`: latchkey, at the address a redirected client sent its
+    /// connection to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    proxy_endpoint: Option<Endpoint<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     http_request: Option<HttpRequest<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -398,6 +406,18 @@ fn destination(r: &Record) -> Option<Endpoint<'_>> {
     })
 }
 
+/// latchkey as a redirected client reached it: a transparent interception answers at the
+/// address the client sent the connection to (the record's `original_dst`).
+fn interception(r: &Record) -> Option<Endpoint<'_>> {
+    let original = r.original_dst.as_deref()?.parse::<SocketAddr>().ok()?;
+    Some(Endpoint {
+        name: Some("latchkey"),
+        ip: Some(original.ip().to_string()),
+        port: Some(original.port()),
+        ..Endpoint::default()
+    })
+}
+
 fn default_port(scheme: &str) -> Option<u16> {
     match scheme {
         "https" => Some(443),
@@ -553,6 +573,10 @@ fn event(r: &Record) -> Event<'_> {
     if trace.is_some() {
         profiles.push("trace");
     }
+    let proxy_endpoint = interception(r).filter(|_| class != Class::Dns);
+    if proxy_endpoint.is_some() {
+        profiles.push("network_proxy");
+    }
     let url = (class == Class::Http).then(|| url_of(r)).flatten();
     let message = message(r, url.as_ref());
     let standard = http_activity(method).0 != 99;
@@ -620,6 +644,7 @@ fn event(r: &Record) -> Event<'_> {
             Class::Dns => None,
             _ => destination(r),
         },
+        proxy_endpoint,
         http_request,
         http_response: r
             .status

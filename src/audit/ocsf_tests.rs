@@ -30,6 +30,7 @@ fn full() -> Record {
         captured: Vec::new(),
         status: Some(200),
         upstream: Some("93.184.216.34:8443".into()),
+        original_dst: Some("93.184.216.35:8443".into()),
         bytes_up: 120,
         bytes_down: 3400,
         duration_ms: 42,
@@ -90,6 +91,7 @@ fn refused_connect() -> Record {
     r.secrets = Vec::new();
     r.status = Some(403);
     r.upstream = None;
+    r.original_dst = None;
     r.usage = None;
     r.approval = None;
     r.limits = Vec::new();
@@ -183,7 +185,10 @@ fn an_allowed_get_is_http_activity_get_with_its_request_response_and_traffic() {
     assert_eq!(m["uid"], "0123456789abcdef");
     assert_eq!(m["correlation_uid"], "0123456789abcdef");
     assert_eq!(m["log_name"], "audit");
-    assert_eq!(m["profiles"], json!(["host", "security_control", "trace"]));
+    assert_eq!(
+        m["profiles"],
+        json!(["host", "security_control", "trace", "network_proxy"])
+    );
     assert_eq!(m["labels"], json!(["env=ci", "owner=team-a"]));
     assert_eq!(
         e["trace"],
@@ -488,6 +493,38 @@ fn urls_use_default_ports_brackets_and_keep_a_path_without_a_host() {
     assert_eq!(event_of(&r)["src_endpoint"], json!({"name": "unix:/run/x"}));
 }
 
+#[test]
+fn a_refused_redirected_connection_names_where_it_went_apart_from_what_was_dialed() {
+    // Refused: nothing dialed, so the destination has the name and port and no address; the
+    // address the client sent it to is latchkey's own end of the connection, the proxy.
+    let mut r = refused_connect();
+    r.status = None;
+    r.original_dst = Some("198.51.100.7:443".into());
+    let e = event_of(&r);
+    assert_eq!(
+        e["dst_endpoint"],
+        json!({"hostname": "api.example.com", "port": 443})
+    );
+    assert_eq!(
+        e["proxy_endpoint"],
+        json!({"name": "latchkey", "ip": "198.51.100.7", "port": 443})
+    );
+    assert_eq!(
+        e["metadata"]["profiles"],
+        json!(["host", "security_control", "network_proxy"])
+    );
+    // Allowed and dialed: the destination's address is the one dialed, the original stays apart.
+    r.decision = "allow";
+    r.reason = "tunnel";
+    r.upstream = Some("192.0.2.10:443".into());
+    let e = event_of(&r);
+    assert_eq!(e["dst_endpoint"]["ip"], "192.0.2.10");
+    assert_eq!(e["proxy_endpoint"]["ip"], "198.51.100.7");
+    // No original destination (the proxy hop, SOCKS5, DNS-routed): no proxy endpoint.
+    let e = event_of(&refused_connect());
+    assert!(e.get("proxy_endpoint").is_none(), "{e:#}");
+}
+
 /// Where each field of the record is found in its event. A field added to [`Record`] without a
 /// place here fails the test below: decide where it goes in OCSF first.
 fn placed(key: &str, event: &Value) -> Option<Value> {
@@ -512,6 +549,10 @@ fn placed(key: &str, event: &Value) -> Option<Value> {
         "upstream" => {
             let d = at("/dst_endpoint")?;
             json!(format!("{}:{}", d["ip"].as_str()?, d["port"]))
+        }
+        "original_dst" => {
+            let p = at("/proxy_endpoint")?;
+            json!(format!("{}:{}", p["ip"].as_str()?, p["port"]))
         }
         "bytes_up" => at("/traffic/bytes_out")?,
         "bytes_down" => at("/traffic/bytes_in")?,

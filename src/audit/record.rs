@@ -38,7 +38,14 @@ pub struct Record {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub captured: Vec<String>,
     pub status: Option<u16>,
+    /// The `ip:port` latchkey dialed for this request; `None` when it dialed nothing (every
+    /// refusal before the dial). Never an address latchkey did not connect to.
     pub upstream: Option<String>,
+    /// On a connection the firewall redirected to `serve --transparent`: the `ip:port` the
+    /// client sent it to. Where the client was going, not what latchkey contacted (that is
+    /// `upstream`, absent from a refused connection's record). Absent from every other record.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub original_dst: Option<String>,
     pub bytes_up: u64,
     pub bytes_down: u64,
     pub duration_ms: u64,

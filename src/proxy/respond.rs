@@ -4,9 +4,16 @@
 //! the proxy hop's identify step, and the connection-level answers hyper cannot give (over the
 //! connection caps, a stalled header block). [`refuse`] builds the `http::Response`;
 //! [`refuse_raw`] writes the same status, headers and sentence as HTTP/1.1 bytes for a socket
-//! hyper does not (or no longer) serve. Both take their head from [`head`], so the two can never
-//! disagree on a header. It depends on `audit`, `reason` and `upstream`'s body type, nothing that
-//! decides.
+//! hyper does not (or no longer) serve. Both take their head from [`head`] and their HTTP/1
+//! status line's reason phrase from [`reason_phrase`], so the two can never disagree on a header
+//! or on what a client prints. It depends on `audit`, `reason` and `upstream`'s body type,
+//! nothing that decides.
+//!
+//! The reason phrase is where the reason reaches a person: most clients discard the headers and
+//! body of a refused CONNECT and print only the status line (`curl: (56) CONNECT tunnel failed,
+//! response 403`), so an HTTP/1 refusal reads `403 Forbidden (latchkey: no_rule - no rule allows
+//! api.example.com:443; see latchkey explain)`. HTTP/2 has no reason phrase: there the headers
+//! and body carry it alone.
 
 use http::header::{HeaderValue, CACHE_CONTROL, CONTENT_TYPE};
 use http::{HeaderMap, Response};
@@ -23,6 +30,10 @@ pub const ID_HEADER: &str = "x-latchkey-id";
 /// On a request that waits for (or was refused by) a person: the approval's id.
 pub const APPROVAL_HEADER: &str = "x-latchkey-approval";
 
+/// The longest reason phrase latchkey writes, in bytes: room for the status's own phrase, the
+/// code and a sentence, well under what any client buffers for a status line.
+pub const PHRASE_MAX: usize = 200;
+
 /// A refusal or failure: status from the reason, decision/rule/reason headers, and a plain-text
 /// sentence. `message` must never contain a secret value: callers build it from names, hosts
 /// and paths only.
@@ -30,6 +41,10 @@ pub fn refuse(reason: Reason, rule: Option<&str>, message: &str, id: &str) -> Re
     let mut res = Response::new(body::full(sentence(reason, message)));
     *res.status_mut() = reason.status();
     *res.headers_mut() = head(reason, rule, id);
+    // Written by hyper's HTTP/1 server in place of the canonical phrase; HTTP/2 ignores it.
+    if let Ok(phrase) = hyper::ext::ReasonPhrase::try_from(reason_phrase(reason, message)) {
+        res.extensions_mut().insert(phrase);
+    }
     res
 }
 
@@ -38,11 +53,10 @@ pub fn refuse(reason: Reason, rule: Option<&str>, message: &str, id: &str) -> Re
 /// header block that stalled).
 pub fn refuse_raw(reason: Reason, message: &str, id: &str) -> Vec<u8> {
     let text = sentence(reason, message);
-    let status = reason.status();
     let mut out = format!(
         "HTTP/1.1 {} {}\r\nconnection: close\r\n",
-        status.as_u16(),
-        status.canonical_reason().unwrap_or_default()
+        reason.status().as_u16(),
+        reason_phrase(reason, message)
     )
     .into_bytes();
     for (name, value) in &head(reason, None, id) {
@@ -105,14 +119,63 @@ pub fn recorded(mut entry: Entry, reason: Reason) {
     entry.finish();
 }
 
-/// `latchkey: denied: …` (or `upstream error: …` after policy allowed the request).
+/// The reason phrase of a refusal's HTTP/1 status line: the status's own phrase, then
+/// latchkey's code and `message`, e.g. `Forbidden (latchkey: no_rule - no rule allows
+/// api.example.com:443; see latchkey explain)`; the hint only on a policy denial, the one kind
+/// `explain` answers.
+///
+/// `message` must already be scrubbed (as [`refused`] does): the phrase carries nothing the
+/// body does not. It is made fit for a status line (RFC 9112 allows HTAB, SP, visible ASCII and
+/// obs-text; latchkey writes no obs-text, which clients decode differently): a line break or
+/// other control character becomes a space, an em or en dash `-`, any other non-ASCII
+/// character `?`. At most [`PHRASE_MAX`] bytes: the sentence is cut (marked `...`), never the
+/// status phrase, the code or the closing parenthesis.
+pub fn reason_phrase(reason: Reason, message: &str) -> String {
+    let status = reason.status().canonical_reason().unwrap_or("Error");
+    let code = reason.code();
+    let hint = if reason.is_policy_denial() {
+        "; see latchkey explain"
+    } else {
+        ""
+    };
+    let frame = status.len() + " (latchkey: ".len() + code.len() + " - ".len() + hint.len() + 1;
+    let room = PHRASE_MAX.saturating_sub(frame);
+    let mut text: String = message.trim().chars().map(phrase_char).collect();
+    if text.len() > room {
+        // Every character is ASCII now, so any byte index is a boundary.
+        text.truncate(room.saturating_sub(3));
+        text.push_str("...");
+    }
+    if text.is_empty() {
+        format!("{status} (latchkey: {code}{hint})")
+    } else {
+        format!("{status} (latchkey: {code} - {text}{hint})")
+    }
+}
+
+/// One character of a message as it may stand in a status line: see [`reason_phrase`].
+fn phrase_char(c: char) -> char {
+    match c {
+        ' ' | '\t' | '!'..='~' => c,
+        '\u{2012}'..='\u{2015}' | '\u{2212}' => '-',
+        c if c.is_whitespace() || c.is_control() => ' ',
+        _ => '?',
+    }
+}
+
+/// `latchkey: denied: … (reason: CODE)` (or `upstream error: …` after policy allowed the
+/// request). The code ends the sentence because clients that print a refused response's body
+/// (the openai SDK's error for a plain-HTTP refusal) print nothing else of it.
 fn sentence(reason: Reason, message: &str) -> String {
     let prefix = if reason.is_allow() {
         "upstream error"
     } else {
         "denied"
     };
-    format!("latchkey: {prefix}: {message}\n")
+    format!(
+        "latchkey: {prefix}: {message} (reason: {})\n",
+        reason.code()
+    )
 }
 
 /// The headers of every refusal: latchkey's decision, rule and reason, the record's id, a
@@ -161,7 +224,10 @@ mod tests {
         let text = String::from_utf8(raw).expect("ascii");
         let (head_text, body_text) = text.split_once("\r\n\r\n").expect("a head");
         let mut lines = head_text.lines();
-        assert_eq!(lines.next(), Some("HTTP/1.1 503 Service Unavailable"));
+        assert_eq!(
+            lines.next(),
+            Some("HTTP/1.1 503 Service Unavailable (latchkey: too_many_connections - too many)")
+        );
         let headers: Vec<&str> = lines.collect();
         let res = refuse(Reason::TooManyConnections, None, "too many", "id-1");
         for (name, value) in res.headers() {
@@ -171,7 +237,10 @@ mod tests {
         assert!(headers.contains(&"connection: close"));
         assert!(headers.contains(&"retry-after: 1"));
         assert!(headers.contains(&"x-latchkey-rule: none"));
-        assert_eq!(body_text, "latchkey: denied: too many\n");
+        assert_eq!(
+            body_text,
+            "latchkey: denied: too many (reason: too_many_connections)\n"
+        );
         let length = format!("content-length: {}", body_text.len());
         assert!(headers.contains(&length.as_str()));
     }
@@ -188,7 +257,73 @@ mod tests {
         assert!(!h.contains_key(http::header::RETRY_AFTER));
         assert_eq!(
             sentence(Reason::UpstreamTimeout, "slow"),
-            "latchkey: upstream error: slow\n"
+            "latchkey: upstream error: slow (reason: upstream_timeout)\n"
         );
+    }
+
+    #[test]
+    fn a_policy_denial_names_its_code_and_sentence_in_the_status_line_and_points_to_explain() {
+        let message = "no rule allows api.example.com:443";
+        let res = refuse(Reason::NoRule, None, message, "id-3");
+        let phrase = res
+            .extensions()
+            .get::<hyper::ext::ReasonPhrase>()
+            .expect("a reason phrase");
+        assert_eq!(
+            phrase.as_bytes(),
+            b"Forbidden (latchkey: no_rule - no rule allows api.example.com:443; see latchkey explain)"
+        );
+        let raw = String::from_utf8(refuse_raw(Reason::NoRule, message, "id-3")).expect("ascii");
+        let status_line = raw.lines().next().expect("a status line");
+        assert_eq!(
+            status_line.as_bytes(),
+            [b"HTTP/1.1 403 ".as_slice(), phrase.as_bytes()].concat(),
+            "the raw answer and hyper's say the same"
+        );
+        // Not a policy denial: explain cannot say more, so the phrase does not send anyone there.
+        assert_eq!(
+            reason_phrase(Reason::UpstreamTimeout, "api.example.com did not answer"),
+            "Gateway Timeout (latchkey: upstream_timeout - api.example.com did not answer)"
+        );
+        assert_eq!(
+            reason_phrase(Reason::TooBusy, "  "),
+            "Service Unavailable (latchkey: too_busy)"
+        );
+    }
+
+    #[test]
+    fn a_phrase_holds_no_line_break_no_non_ascii_and_is_cut_before_its_code_is() {
+        let message = format!(
+            "first\r\nHTTP/1.1 200 OK\r\nx: y \u{2014} caf\u{e9}\u{0}{}",
+            "z".repeat(400)
+        );
+        let phrase = reason_phrase(Reason::PathNotAllowed, &message);
+        assert!(phrase.len() <= PHRASE_MAX, "{} bytes", phrase.len());
+        assert!(
+            phrase.starts_with(
+                "Forbidden (latchkey: path_not_allowed - first  HTTP/1.1 200 OK  x: y - caf? "
+            ),
+            "{phrase}"
+        );
+        assert!(phrase.ends_with("...; see latchkey explain)"), "{phrase}");
+        assert!(hyper::ext::ReasonPhrase::try_from(phrase.as_bytes()).is_ok());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn every_phrase_is_a_bounded_status_line_phrase_with_its_code(
+            message in proptest::prelude::any::<String>(),
+            i in 0..Reason::ALL.len(),
+        ) {
+            let reason = Reason::ALL[i];
+            let phrase = reason_phrase(reason, &message);
+            proptest::prop_assert!(phrase.len() <= PHRASE_MAX);
+            proptest::prop_assert!(phrase
+                .bytes()
+                .all(|b| b == b'\t' || b == b' ' || (0x21..=0x7e).contains(&b)));
+            let code = format!("(latchkey: {}", reason.code());
+            proptest::prop_assert!(phrase.contains(&code));
+            proptest::prop_assert!(phrase.ends_with(')'));
+        }
     }
 }

@@ -27,9 +27,10 @@
 //! CLIENT; start `ts`, end `ts + duration_ms`; status ERROR for a denial or a 5xx (message: the
 //! reason). Attributes: HTTP semantic conventions (`http.request.method`, `url.full`,
 //! `url.scheme`, `server.address`, `server.port`, `http.response.status_code`,
-//! `client.address`, `client.port`, `network.peer.address`, `network.peer.port`, `error.type`),
-//! latchkey's own (`latchkey.decision`, `.reason`, `.rule`, `.identity`, `.audit.id`,
-//! `.secrets` — names —, `.policy`, `.session`, `.step`, `.attempt`, `.labels.KEY`, ...), and on
+//! `client.address`, `client.port`, `network.peer.address`, `network.peer.port` — the address
+//! dialed, only when one was —, `error.type`), latchkey's own (`latchkey.decision`, `.reason`,
+//! `.rule`, `.identity`, `.audit.id`, `.secrets` — names —, `.policy`, `.session`, `.step`,
+//! `.attempt`, `.labels.KEY`, `.original_dst` — where a redirected client was going —, ...), and on
 //! a model-provider call the GenAI conventions (`gen_ai.system` and `gen_ai.provider.name`: the
 //! provider, `gen_ai.request.model`, `gen_ai.usage.input_tokens`, `gen_ai.usage.output_tokens`).
 //! Resource: `service.name = latchkey`, `service.version`. DNS queries and approval answers are
@@ -683,6 +684,10 @@ pub fn span_of(r: &Record) -> Span {
                 .collect(),
         }),
     ));
+    if let Some(d) = &r.original_dst {
+        // Where a redirected client was going; `network.peer.*` is only what was dialed.
+        a.push(kv("latchkey.original_dst", string(d)));
+    }
     a.push(kv("latchkey.policy", string(&r.policy)));
     a.push(kv("latchkey.bytes_up", int(r.bytes_up)));
     a.push(kv("latchkey.bytes_down", int(r.bytes_down)));

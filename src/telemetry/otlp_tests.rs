@@ -34,6 +34,7 @@ fn record() -> Record {
         captured: Vec::new(),
         status: Some(200),
         upstream: Some("192.0.2.10:443".into()),
+        original_dst: None,
         bytes_up: 100,
         bytes_down: 2000,
         duration_ms: 250,
@@ -186,6 +187,38 @@ fn denials_and_server_errors_are_errors_and_other_statuses_are_not() {
         s.status.as_ref().map(|s| s.code),
         Some(status::StatusCode::Unset as i32)
     );
+}
+
+#[test]
+fn a_refused_redirected_connection_names_where_it_went_and_no_peer() {
+    let mut r = record();
+    r.decision = "deny";
+    r.reason = "no_rule";
+    r.method = Some("CONNECT".into());
+    r.upstream = None;
+    r.original_dst = Some("198.51.100.7:443".into());
+    let s = span_of(&r);
+    assert_eq!(
+        str_attr(&s, "latchkey.original_dst"),
+        Some("198.51.100.7:443")
+    );
+    assert_eq!(
+        str_attr(&s, "network.peer.address"),
+        None,
+        "nothing was dialed"
+    );
+    // Allowed: the address dialed is the peer, the original destination stays apart.
+    r.decision = "allow";
+    r.reason = "allowed";
+    r.upstream = Some("192.0.2.10:443".into());
+    let s = span_of(&r);
+    assert_eq!(str_attr(&s, "network.peer.address"), Some("192.0.2.10"));
+    assert_eq!(
+        str_attr(&s, "latchkey.original_dst"),
+        Some("198.51.100.7:443")
+    );
+    let plain = span_of(&record());
+    assert_eq!(str_attr(&plain, "latchkey.original_dst"), None);
 }
 
 #[test]

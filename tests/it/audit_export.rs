@@ -424,8 +424,9 @@ fn ocsf_dns_queries_to_latchkeys_resolver_are_valid_dns_activity() {
 
 /// A request record of every shape latchkey writes — decision and outcome, every field filled
 /// (trace, labels, usage, limits, approval, session), report-only, an unknown method, an
-/// approval's answer, an allowed tunnel to an IPv6 upstream, a refused CONNECT, a connection that
-/// never became a request, a request too broken to have a target, DNS answered and unanswered —
+/// approval's answer, an allowed tunnel to an IPv6 upstream, a refused CONNECT, redirected
+/// connections refused and allowed, a connection that never became a request, a request too
+/// broken to have a target, DNS answered and unanswered —
 /// written by the audit log itself in OCSF, and every event valid.
 #[test]
 fn every_kind_of_record_the_log_writes_is_a_valid_ocsf_event() {
@@ -450,6 +451,7 @@ fn every_kind_of_record_the_log_writes_is_a_valid_ocsf_event() {
         captured: Vec::new(),
         status: Some(200),
         upstream: Some("192.0.2.10:443".into()),
+        original_dst: None,
         bytes_up: 100,
         bytes_down: 2000,
         duration_ms: 250,
@@ -537,6 +539,21 @@ fn every_kind_of_record_the_log_writes_is_a_valid_ocsf_event() {
             r.rule = None;
             r.status = Some(403);
             r.upstream = None;
+        }),
+        // A redirected connection refused (nothing dialed) and one allowed (IPv6).
+        with(&|r| {
+            r.method = Some("CONNECT".into());
+            r.path = None;
+            r.decision = "deny";
+            r.reason = "destination_mismatch";
+            r.rule = None;
+            r.status = None;
+            r.upstream = None;
+            r.original_dst = Some("198.51.100.7:443".into());
+        }),
+        with(&|r| {
+            r.upstream = Some("[2001:db8::1]:443".into());
+            r.original_dst = Some("[2001:db8::1]:443".into());
         }),
         with(&|r| {
             r.method = None;

@@ -77,6 +77,9 @@ fn the_schema_check_rejects_wrong_values() {
         ("redactions", json!(null)),
         ("status", json!(42)),
         ("upstream", json!("somewhere")),
+        ("original_dst", json!("somewhere")),
+        ("original_dst", json!(null)),
+        ("original_dst", json!(443)),
         ("bytes_down", json!(-1)),
         ("policy", json!("md5:abc")),
         ("would_deny", json!("false")),
@@ -89,6 +92,28 @@ fn the_schema_check_rejects_wrong_values() {
         assert!(
             check_record(&record).is_err(),
             "{field} = {value} passed the schema check"
+        );
+    }
+}
+
+#[test]
+fn upstream_is_only_what_was_dialed_and_a_redirected_destination_has_its_own_field() {
+    let mut redirected = valid();
+    redirected["original_dst"] = json!("198.51.100.7:443");
+    check_record(&redirected).expect("an allowed redirected request");
+    // Refused before any dial: where the client was going is original_dst, never upstream.
+    for reason in ["no_rule", "destination_mismatch", "no_sni", "not_tls"] {
+        let mut refused = redirected.clone();
+        refused["decision"] = json!("deny");
+        refused["reason"] = json!(reason);
+        refused["rule"] = Value::Null;
+        refused["status"] = Value::Null;
+        refused["upstream"] = Value::Null;
+        check_record(&refused).expect("a refused redirected connection");
+        refused["upstream"] = json!("198.51.100.7:443");
+        assert!(
+            check_record(&refused).is_err(),
+            "a {reason} refusal naming an upstream passed"
         );
     }
 }

@@ -67,6 +67,7 @@ mod policy_repo_example;
 mod policy_roundtrip;
 mod presets;
 mod readme_snippets;
+mod refusal_reason;
 mod reload_admin;
 mod report_only;
 mod request_adversarial;

@@ -323,6 +323,7 @@ pub(super) fn prefill(r: &mut Record, ctx: &Ctx, head: &Parts) {
         .path_and_query()
         .map(|pq| redact_query(pq.as_str()))
         .or_else(|| Some(uri.path().to_string()));
+    r.original_dst = ctx.original_dst.map(|d| d.to_string());
 }
 
 /// Reads the correlation the sandbox sent (session, step, trace context) with the record's

@@ -72,6 +72,9 @@ pub struct Ctx {
     pub pinned_scheme: Scheme,
     /// Raw request heads on this HTTP/1 connection, to catch framing hyper normalises away.
     pub heads: Option<Arc<HeadSniff>>,
+    /// On a connection the firewall redirected to `--transparent`: the address the client sent
+    /// it to, for each request's record (`original_dst`).
+    pub original_dst: Option<SocketAddr>,
 }
 
 impl Ctx {
@@ -84,6 +87,7 @@ impl Ctx {
             pinned: None,
             pinned_scheme: Scheme::Https,
             heads,
+            original_dst: None,
         }
     }
 
@@ -96,6 +100,7 @@ impl Ctx {
             pinned: Some((host, port)),
             pinned_scheme: Scheme::Https,
             heads: None,
+            original_dst: None,
         }
     }
 
@@ -121,6 +126,15 @@ impl Ctx {
     #[must_use]
     pub fn with_heads(self, heads: Option<Arc<HeadSniff>>) -> Self {
         Self { heads, ..self }
+    }
+
+    /// This context on a redirected connection whose original destination was `original_dst`.
+    #[must_use]
+    pub fn with_original_dst(self, original_dst: Option<SocketAddr>) -> Self {
+        Self {
+            original_dst,
+            ..self
+        }
     }
 }
 

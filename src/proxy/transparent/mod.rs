@@ -7,16 +7,18 @@
 //! --http-listen   DNS-routed to latchkey: plain HTTP, upstream port 80 ─────────────────┤
 //!   caps, identity, first bytes (deadline, cap) ◀───────────────────────────────────────┘
 //!     ├─ TLS: whole ClientHello, SNI ─▶ gate ─┬─ intercept (connect::complete)
-//!     │                                       └─ tunnel (the hello replayed as sent)
+//!     │                                       ├─ tunnel (the hello replayed as sent)
+//!     │                                       └─ refused: a fatal TLS alert, closed
 //!     ├─ HTTP/1: first head, Host ─▶ gate ─▶ intercepted::serve_stream (the pipeline)
 //!     └─ anything else: refused, closed
 //! ```
 //!
 //! The gate (`gate`) is the CONNECT gate's own admission and decision plus, for a redirected
 //! connection, the check that its original destination is an address of the name it carries.
-//! Every connection leaves a record: a refused one here (naming where it was going), an
-//! admitted one through the pipeline (one per request) or its tunnel. The identity is the one
-//! the policy's source-address identities give the client (no token can be presented), or
+//! Every connection leaves a record: a refused one here (where it was going in `original_dst`,
+//! no `upstream`: nothing was dialed), an admitted one through the pipeline (one per request,
+//! each with the connection's `original_dst`) or its tunnel. The identity is the one the
+//! policy's source-address identities give the client (no token can be presented), or
 //! `default` when the policy has none. Nothing is dialed for a refused connection; dials go
 //! through `upstream` only (the tunnel, the pipeline's client).
 
@@ -164,8 +166,7 @@ impl Proxy {
         // them), while one dialed straight at a listener of latchkey's is a loop either way.
         if let Some(original) = dest.original {
             if self.is_own(original).await {
-                let mut entry = record(IDENTITY_DEFAULT, false);
-                entry.update(|r| r.upstream = None);
+                let entry = record(IDENTITY_DEFAULT, false);
                 let refusal = Refusal::new(
                     Reason::NotRedirected,
                     format!(
@@ -279,6 +280,7 @@ impl Proxy {
                     dest.host, dest.port
                 ),
             );
+            alert(&mut stream, why.0).await;
             return connect::not_intercepted(&self, entry, &dest.host, why);
         };
         let ctx = Ctx::proxy_hop(peer, None).identified(&identity);
@@ -293,10 +295,14 @@ impl Proxy {
         )
         .await;
         match gated {
-            Err(refusal) => dropped(entry, &refusal),
+            Err(refusal) => {
+                alert(&mut stream, refusal.reason).await;
+                dropped(entry, &refusal);
+            }
             Ok(Opened::Intercept(ctx)) => {
                 let client = Client::new(stream, Vec::new(), slot);
                 let start = StartHandshake::from_parts(accepted, client);
+                let ctx = ctx.with_original_dst(dest.original);
                 connect::complete(self, Arc::new(ctx), start, entry).await;
             }
             Ok(Opened::Tunnel(mut dialed)) => {
@@ -354,7 +360,9 @@ impl Proxy {
             Ok(host) => {
                 // From here each request leaves its own record, the first one included.
                 entry.dismiss();
-                let ctx = Arc::new(Ctx::pinned_plain(peer, identity, host, dest.port));
+                let ctx = Ctx::pinned_plain(peer, identity, host, dest.port)
+                    .with_original_dst(dest.original);
+                let ctx = Arc::new(ctx);
                 let client = Client::new(stream, seen, slot);
                 intercepted::serve_stream(self, ctx, client, false).await;
             }
@@ -363,8 +371,9 @@ impl Proxy {
 
     /// The record of a captured connection before its requests are known: a connection-level
     /// record like a CONNECT's (the implicit CONNECT to where it was going), or for plain HTTP
-    /// the start of its first request's. A redirected connection's `upstream` names its
-    /// original destination, which is never dialed for a refused connection.
+    /// the start of its first request's. A redirected connection's `original_dst` names where
+    /// the client sent it; `upstream` stays empty until something is dialed (a tunnel), so a
+    /// refused connection's record names no address latchkey contacted.
     fn captured_record(
         &self,
         peer: SocketAddr,
@@ -379,7 +388,7 @@ impl Proxy {
             r.scheme = Some(if plain { "http" } else { "https" }.to_string());
             r.host = Some(dest.host.clone());
             r.port = Some(dest.port);
-            r.upstream = dest.original.map(|d| d.to_string());
+            r.original_dst = dest.original.map(|d| d.to_string());
         });
         entry
     }
@@ -432,6 +441,32 @@ async fn refuse(mut stream: TcpStream, entry: Entry, refusal: &Refusal, answer: 
     .await;
 }
 
+/// Ends a refused TLS connection whose whole ClientHello was read with a fatal TLS alert, in
+/// plaintext before any ServerHello (RFC 8446 6.2): no text can travel there, but a client
+/// prints the alert (`tlsv1 alert access denied`), which tells a refusal from a network failure.
+/// `access_denied` for what policy, the destination check or the address guard refused,
+/// `internal_error` when latchkey cannot serve (audit log, state store), `handshake_failure`
+/// otherwise (no SNI). The record says why.
+async fn alert(stream: &mut TcpStream, reason: Reason) {
+    let record = alert_record(reason);
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        let _ = stream.write_all(&record).await;
+        let _ = stream.shutdown().await;
+    })
+    .await;
+}
+
+/// The alert record [`alert`] sends: type 21, legacy version TLS 1.2, length 2, level fatal (2),
+/// and the description for `reason`.
+fn alert_record(reason: Reason) -> [u8; 7] {
+    let description = match reason.status() {
+        http::StatusCode::FORBIDDEN | http::StatusCode::PROXY_AUTHENTICATION_REQUIRED => 49,
+        s if s.is_server_error() => 80,
+        _ => 40,
+    };
+    [21, 3, 3, 0, 2, 2, description]
+}
+
 /// Records a captured connection refused without an answer, and says so on the log.
 fn dropped(mut entry: Entry, refusal: &Refusal) {
     entry.outcome(refusal.reason, refusal.rule.as_deref(), None);
@@ -439,4 +474,34 @@ fn dropped(mut entry: Entry, refusal: &Refusal) {
     let reason = refusal.reason.code();
     tracing::info!(audit.id = %entry.id(), reason, message, "captured connection refused");
     entry.finish();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_tls_client_gets_the_alert_that_names_the_kind_of_refusal() {
+        const ACCESS_DENIED: u8 = 49;
+        const INTERNAL_ERROR: u8 = 80;
+        const HANDSHAKE_FAILURE: u8 = 40;
+        for (reason, description) in [
+            (Reason::NoRule, ACCESS_DENIED),
+            (Reason::IdentityNotAllowed, ACCESS_DENIED),
+            (Reason::DestinationMismatch, ACCESS_DENIED),
+            (Reason::NonPublicAddress, ACCESS_DENIED),
+            (Reason::SecretValueUnbound, ACCESS_DENIED),
+            (Reason::ProxyAuthRequired, ACCESS_DENIED),
+            (Reason::AuditUnavailable, INTERNAL_ERROR),
+            (Reason::UpstreamUnreachable, INTERNAL_ERROR),
+            (Reason::NoSni, HANDSHAKE_FAILURE),
+            (Reason::MissingPort, HANDSHAKE_FAILURE),
+        ] {
+            assert_eq!(
+                alert_record(reason),
+                [0x15, 0x03, 0x03, 0x00, 0x02, 0x02, description],
+                "{reason}"
+            );
+        }
+    }
 }

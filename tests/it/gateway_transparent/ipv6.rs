@@ -103,7 +103,8 @@ fn ipv6_connections_are_redirected_and_checked_like_ipv4_on_a_dual_stack_listene
         assert_record(
             &record,
             json!({"host": "up6.test", "port": port, "reason": "allowed",
-                   "upstream": format!("[{UPSTREAM_IP6}]:{port}")}),
+                   "upstream": format!("[{UPSTREAM_IP6}]:{port}"),
+                   "original_dst": format!("[{UPSTREAM_IP6}]:{port}")}),
         );
         assert!(
             record["client"]
@@ -119,8 +120,8 @@ fn ipv6_connections_are_redirected_and_checked_like_ipv4_on_a_dual_stack_listene
     assert_ne!(out.exit, Some(0), "{out:#?}");
     assert_record(
         &record_with(&lk, json!({"reason": "destination_mismatch"})),
-        json!({"method": "CONNECT", "host": "up.test", "port": 443,
-               "upstream": format!("[{UPSTREAM_IP6}]:443")}),
+        json!({"method": "CONNECT", "host": "up.test", "port": 443, "upstream": null,
+               "original_dst": format!("[{UPSTREAM_IP6}]:443")}),
     );
     assert_eq!(tls6.connections(), 1, "the spoofed destination was dialed");
 

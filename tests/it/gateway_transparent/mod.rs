@@ -220,7 +220,8 @@ fn clients_that_ignore_proxy_settings_reach_allowed_hosts_through_the_transparen
         &record,
         json!({"method": "GET", "scheme": "https", "host": "up.test", "port": 443,
                "decision": "allow", "rule": "upstream", "reason": "allowed", "status": 200,
-               "upstream": format!("{UPSTREAM_IP}:443")}),
+               "upstream": format!("{UPSTREAM_IP}:443"),
+               "original_dst": format!("{UPSTREAM_IP}:443")}),
     );
     from_sandbox(&record);
 
@@ -238,7 +239,8 @@ fn clients_that_ignore_proxy_settings_reach_allowed_hosts_through_the_transparen
     assert_record(
         &record,
         json!({"method": "GET", "scheme": "http", "host": "up.test", "port": 80,
-               "reason": "allowed", "status": 200, "upstream": format!("{UPSTREAM_IP}:80")}),
+               "reason": "allowed", "status": 200, "upstream": format!("{UPSTREAM_IP}:80"),
+               "original_dst": format!("{UPSTREAM_IP}:80")}),
     );
 
     // A raw socket doing HTTP/1.1 by hand, two requests on one connection: the second names
@@ -261,7 +263,7 @@ fn clients_that_ignore_proxy_settings_reach_allowed_hosts_through_the_transparen
     assert_record(
         &record_with(&lk, json!({"path": "/other"})),
         json!({"host": "up.test", "decision": "deny", "reason": "host_mismatch",
-               "status": 403, "upstream": null}),
+               "status": 403, "upstream": null, "original_dst": format!("{UPSTREAM_IP}:80")}),
     );
 
     // git, by name from the sandbox's /etc/hosts: the echo is no git server (git reads its
@@ -301,7 +303,8 @@ fn hosts_no_rule_allows_are_refused_on_the_transparent_listener_and_never_dialed
     let (plain, tls) = upstreams(&gw, &ca);
     let lk = transparent(&gw, &ca, &[]);
 
-    // TLS: the SNI is decided before any certificate; the handshake is cut.
+    // TLS: the SNI is decided before any certificate; the handshake ends with an alert that
+    // tells the client it was refused, not lost.
     let out = direct_curl(
         &gw,
         &lk,
@@ -310,6 +313,7 @@ fn hosts_no_rule_allows_are_refused_on_the_transparent_listener_and_never_dialed
     );
     assert_ne!(out.exit, Some(0), "{out:#?}");
     assert_eq!(out.response.status, 0, "{out:#?}");
+    assert!(out.stderr.contains("alert access denied"), "{out:#?}");
     // Plain HTTP: the usual refusal.
     let out = direct_curl(
         &gw,
@@ -333,7 +337,7 @@ fn hosts_no_rule_allows_are_refused_on_the_transparent_listener_and_never_dialed
         tls_record,
         json!({"method": "CONNECT", "scheme": "https", "host": "evil.test", "port": 443,
                "decision": "deny", "rule": null, "reason": "no_rule", "status": null,
-               "upstream": format!("{UPSTREAM_IP}:443")}),
+               "upstream": null, "original_dst": format!("{UPSTREAM_IP}:443")}),
     );
     let http_record = records
         .iter()
@@ -343,9 +347,25 @@ fn hosts_no_rule_allows_are_refused_on_the_transparent_listener_and_never_dialed
         http_record,
         json!({"method": "GET", "scheme": "http", "host": "evil.test", "path": "/x",
                "decision": "deny", "reason": "no_rule", "status": 403,
-               "upstream": format!("{UPSTREAM_IP}:80")}),
+               "upstream": null, "original_dst": format!("{UPSTREAM_IP}:80")}),
     );
     from_sandbox(http_record);
+
+    // A client with no proxy support at all reads the reason in the status line.
+    let request = "GET /y HTTP/1.1\r\nHost: evil.test\r\nConnection: close\r\n\r\n";
+    let out = python_in(&gw.sandbox, RAW_CLIENT, &[UPSTREAM_IP, "80", request]);
+    assert!(
+        out.stdout.starts_with(
+            "HTTP/1.1 403 Forbidden (latchkey: no_rule - no rule allows GET http://evil.test/y"
+        ),
+        "{out:#?}"
+    );
+    assert_record(
+        &record_with(&lk, json!({"path": "/y"})),
+        json!({"reason": "no_rule", "upstream": null,
+               "original_dst": format!("{UPSTREAM_IP}:80")}),
+    );
+    assert_eq!(plain.connections(), 0, "a denied host was dialed");
 }
 
 #[test]
@@ -403,7 +423,8 @@ fn an_allowed_name_sent_to_another_address_is_refused_and_a_tunnel_gets_the_hell
     assert_record(
         &record_with(&lk, json!({"reason": "tunnel"})),
         json!({"method": "CONNECT", "host": "tun.test", "port": 443, "decision": "allow",
-               "rule": "raw", "upstream": format!("{UPSTREAM_IP}:443")}),
+               "rule": "raw", "upstream": format!("{UPSTREAM_IP}:443"),
+               "original_dst": format!("{UPSTREAM_IP}:443")}),
     );
 
     // The same names, sent to OTHER_IP: intercepted, tunnelled and plain-HTTP rules alike.
@@ -419,14 +440,17 @@ fn an_allowed_name_sent_to_another_address_is_refused_and_a_tunnel_gets_the_hell
         } else {
             assert_ne!(out.exit, Some(0), "{url}: {out:#?}");
             assert_eq!(out.response.status, 0, "{out:#?}");
+            assert!(out.stderr.contains("alert access denied"), "{out:#?}");
         }
         let record = record_with(
             &lk,
             json!({"host": name, "port": port, "reason": "destination_mismatch"}),
         );
+        // Where the client sent it, and that latchkey contacted nothing.
         assert_record(
             &record,
-            json!({"decision": "deny", "upstream": format!("{OTHER_IP}:{port}")}),
+            json!({"decision": "deny", "upstream": null,
+                   "original_dst": format!("{OTHER_IP}:{port}")}),
         );
     }
     assert_eq!(
@@ -448,10 +472,11 @@ fn tls_without_sni_ssh_and_connections_not_redirected_are_refused_and_audited() 
 
     let out = python_in(&gw.sandbox, NO_SNI_CLIENT, &[UPSTREAM_IP, "443"]);
     assert!(out.stdout.starts_with("refused:"), "{out:#?}");
+    assert!(out.stdout.contains("ALERT_HANDSHAKE_FAILURE"), "{out:#?}");
     assert_record(
         &record_with(&lk, json!({"reason": "no_sni"})),
         json!({"method": "CONNECT", "host": UPSTREAM_IP, "port": 443, "decision": "deny",
-               "status": null, "upstream": format!("{UPSTREAM_IP}:443")}),
+               "status": null, "upstream": null, "original_dst": format!("{UPSTREAM_IP}:443")}),
     );
 
     // An SSH client speaks first; it is neither TLS nor HTTP.
@@ -464,7 +489,7 @@ fn tls_without_sni_ssh_and_connections_not_redirected_are_refused_and_audited() 
     assert_record(
         &record_with(&lk, json!({"reason": "not_tls"})),
         json!({"host": UPSTREAM_IP, "port": 22, "decision": "deny", "status": null,
-               "upstream": format!("{UPSTREAM_IP}:22")}),
+               "upstream": null, "original_dst": format!("{UPSTREAM_IP}:22")}),
     );
 
     // Straight to the transparent port: nothing redirected it, so it has no destination.
@@ -481,7 +506,8 @@ fn tls_without_sni_ssh_and_connections_not_redirected_are_refused_and_audited() 
     assert_record(
         &record_with(&lk, json!({"reason": "not_redirected"})),
         json!({"host": PROXY_IP, "port": TRANSPARENT_PORT, "decision": "deny",
-               "upstream": null}),
+               "upstream": null,
+               "original_dst": format!("{PROXY_IP}:{TRANSPARENT_PORT}")}),
     );
     assert_eq!(ssh.connections() + tls.connections(), 0);
     lk.wait_audit(3);

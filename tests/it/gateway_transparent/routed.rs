@@ -76,4 +76,8 @@ fn dns_routed_listeners_take_the_host_from_sni_and_host() {
         json!({"method": "GET", "host": "evil.test", "port": 80, "reason": "no_rule",
                "status": 403, "upstream": null}),
     );
+    // The client connected to latchkey itself: there is no redirected destination to name.
+    for record in &records {
+        assert!(record.get("original_dst").is_none(), "{record:#}");
+    }
 }

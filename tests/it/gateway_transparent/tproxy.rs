@@ -113,7 +113,8 @@ fn tproxyd_connections_reach_allowed_hosts_and_the_gate_refuses_the_rest() {
         &record,
         json!({"method": "GET", "scheme": "https", "host": "up.test", "port": 443,
                "decision": "allow", "rule": "upstream", "reason": "allowed", "status": 200,
-               "upstream": format!("{UPSTREAM_IP}:443")}),
+               "upstream": format!("{UPSTREAM_IP}:443"),
+               "original_dst": format!("{UPSTREAM_IP}:443")}),
     );
     from_sandbox(&record);
     let out = direct_curl(
@@ -143,7 +144,7 @@ fn tproxyd_connections_reach_allowed_hosts_and_the_gate_refuses_the_rest() {
     assert_record(
         &record_with(&lk, json!({"host": "evil.test", "port": 443})),
         json!({"method": "CONNECT", "decision": "deny", "reason": "no_rule", "status": null,
-               "upstream": format!("{UPSTREAM_IP}:443")}),
+               "upstream": null, "original_dst": format!("{UPSTREAM_IP}:443")}),
     );
     let out = direct_curl(
         &gw,
@@ -154,7 +155,8 @@ fn tproxyd_connections_reach_allowed_hosts_and_the_gate_refuses_the_rest() {
     assert_denial(out.ok(), 403, Some("none"), "no_rule");
     assert_record(
         &record_with(&lk, json!({"path": "/tp-x"})),
-        json!({"host": "evil.test", "decision": "deny", "reason": "no_rule", "status": 403}),
+        json!({"host": "evil.test", "decision": "deny", "reason": "no_rule", "status": 403,
+               "upstream": null, "original_dst": format!("{UPSTREAM_IP}:80")}),
     );
 
     // An allowed name sent to another address: the tproxy'd local address is that address,
@@ -175,7 +177,8 @@ fn tproxyd_connections_reach_allowed_hosts_and_the_gate_refuses_the_rest() {
                 &lk,
                 json!({"host": "up.test", "port": port, "reason": "destination_mismatch"}),
             ),
-            json!({"decision": "deny", "upstream": format!("{OTHER_IP}:{port}")}),
+            json!({"decision": "deny", "upstream": null,
+                   "original_dst": format!("{OTHER_IP}:{port}")}),
         );
     }
 
@@ -441,8 +444,8 @@ fn one_dual_stack_tproxy_listener_takes_ipv6_and_ipv4_from_gateway_setup_tproxy(
     assert_ne!(out.exit, Some(0), "{out:#?}");
     assert_record(
         &record_with(&lk, json!({"reason": "destination_mismatch"})),
-        json!({"method": "CONNECT", "host": "up.test", "port": 443,
-               "upstream": format!("[{UPSTREAM_IP6}]:443")}),
+        json!({"method": "CONNECT", "host": "up.test", "port": 443, "upstream": null,
+               "original_dst": format!("[{UPSTREAM_IP6}]:443")}),
     );
     // IPv4 on the same listener.
     let out = direct_curl(&gw, &lk, ("up.test", 80, UPSTREAM_IP), "http://up.test/tp4");

@@ -224,6 +224,23 @@ fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
+/// Reasons decided before latchkey dials anything: their refusals have no `upstream`.
+const REFUSED_BEFORE_DIAL: &[&str] = &[
+    "no_rule",
+    "port_not_allowed",
+    "method_not_allowed",
+    "path_not_allowed",
+    "identity_not_allowed",
+    "proxy_auth_required",
+    "host_mismatch",
+    "sni_mismatch",
+    "not_tls",
+    "no_sni",
+    "destination_mismatch",
+    "not_redirected",
+    "too_many_connections",
+];
+
 /// Checks one audit record against the schema; `Err` names the first problem.
 pub fn check_record(record: &Value) -> Result<(), String> {
     let obj = record
@@ -353,6 +370,25 @@ pub fn check_record(record: &Value) -> Result<(), String> {
                 .map_err(|e| format!("upstream {s:?} is not ip:port: {e}"))?;
         }
         other => return Err(format!("upstream is {other}")),
+    }
+    // `upstream` is only an address latchkey dialed: a refusal decided before any dial names
+    // none (a redirected connection's destination is `original_dst`).
+    if get("decision")? == "deny"
+        && REFUSED_BEFORE_DIAL.contains(&reason)
+        && !get("upstream")?.is_null()
+    {
+        return Err(format!(
+            "a {reason} refusal dialed nothing, yet upstream is {}",
+            get("upstream")?
+        ));
+    }
+    match obj.get("original_dst") {
+        None => {}
+        Some(Value::String(s)) => {
+            s.parse::<SocketAddr>()
+                .map_err(|e| format!("original_dst {s:?} is not ip:port: {e}"))?;
+        }
+        Some(other) => return Err(format!("original_dst is {other} (absent, or ip:port)")),
     }
     count("bytes_up")?;
     count("bytes_down")?;
