@@ -23,6 +23,22 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// The command line as the binary, `completions` and `man` show it: clap's definitions with
+/// `serve`'s flags arranged under headings ([`super::serve_help`]).
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command().mut_subcommand("serve", super::serve_help::arrange)
+}
+
+/// `--format` of the commands that print either a report for people or JSON for programs.
+// Plain comments on the variants: doc comments would change `--help`'s "possible values" line.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputFormat {
+    // Lines for people.
+    Text,
+    // One JSON document.
+    Json,
+}
+
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the proxy.
@@ -34,7 +50,6 @@ pub enum Command {
         #[arg(long, env = "LATCHKEY_POLICIES", default_value = "policies")]
         policies: PathBuf,
         /// `json`: one object {ok, errors, warnings, rules, files, policy} for CI annotations.
-        /// (Its variable is not LATCHKEY_FORMAT, which `env --format` reads.)
         #[arg(
             long,
             env = "LATCHKEY_CHECK_FORMAT",
@@ -55,15 +70,26 @@ pub enum Command {
         #[arg(long, env = "LATCHKEY_TESTS")]
         tests: Option<PathBuf>,
     },
-    /// Show what policy decides for one request, and why.
+    /// Show what policy decides for one request (METHOD defaults to GET), and why.
+    #[command(
+        override_usage = "latchkey explain [OPTIONS] [METHOD] <URL>\n       latchkey explain [OPTIONS] --reach <IDENTITY>"
+    )]
     Explain {
         #[arg(long, env = "LATCHKEY_POLICIES", default_value = "policies")]
         policies: PathBuf,
         /// The sandbox identity asking (identities come with policy [identities]).
         #[arg(long, env = "LATCHKEY_IDENTITY", default_value = "default")]
         identity: String,
-        /// Print JSON instead of text. (Its variable names the command, as check's does.)
-        #[arg(long, env = "LATCHKEY_EXPLAIN_JSON")]
+        /// `text`, or `json` for programs.
+        #[arg(
+            long,
+            env = "LATCHKEY_EXPLAIN_FORMAT",
+            value_enum,
+            default_value = "text"
+        )]
+        format: OutputFormat,
+        /// The same as --format json (an older spelling).
+        #[arg(long, env = "LATCHKEY_EXPLAIN_JSON", hide = true)]
         json: bool,
         /// Instead of deciding a request: list everything IDENTITY could reach under the
         /// policy, one item per line, and the `reach` digest its audit records carry.
@@ -71,15 +97,17 @@ pub enum Command {
             long,
             env = "LATCHKEY_EXPLAIN_REACH",
             value_name = "IDENTITY",
-            conflicts_with_all = ["method", "url"]
+            conflicts_with = "request"
         )]
         reach: Option<String>,
-        /// HTTP method, e.g. GET.
-        #[arg(required_unless_present = "reach")]
-        method: Option<String>,
-        /// Absolute URL, e.g. https://api.github.com/repos.
-        #[arg(required_unless_present = "reach")]
-        url: Option<String>,
+        /// `[METHOD] URL`: the HTTP method (default GET) and the absolute URL, e.g. `POST
+        /// https://api.github.com/repos`.
+        #[arg(
+            value_name = "REQUEST",
+            num_args = 1..=2,
+            required_unless_present = "reach"
+        )]
+        request: Vec<String>,
     },
     /// Manage latchkey's certificate authority.
     Ca {
@@ -144,6 +172,17 @@ pub enum Command {
     /// Propose least-privilege rules covering the traffic in audit logs (recorded under `serve
     /// --mode report`), with a policy test file pinning each; never a secret binding.
     Learn(super::learn::LearnArgs),
+    /// Print a shell completion script, from the same definitions as `--help`: `source <(latchkey
+    /// completions bash)`, or write it where the shell loads completions from.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff) of latchkey or of one command: `latchkey man serve | man -l -`.
+    Man {
+        /// The command (and subcommand) whose page to print, e.g. `serve` or `audit query`.
+        command: Vec<String>,
+    },
 }
 
 /// `--audit-format`.
@@ -188,8 +227,16 @@ pub enum AuditAction {
         /// The local key file whose public half is trusted without --key.
         #[arg(long, env = "LATCHKEY_AUDIT_KEY", value_name = "PATH")]
         audit_key: Option<PathBuf>,
-        /// Print the report as JSON.
-        #[arg(long, env = "LATCHKEY_VERIFY_JSON")]
+        /// `text`, or `json` for programs.
+        #[arg(
+            long,
+            env = "LATCHKEY_VERIFY_FORMAT",
+            value_enum,
+            default_value = "text"
+        )]
+        format: OutputFormat,
+        /// The same as --format json (an older spelling).
+        #[arg(long, env = "LATCHKEY_VERIFY_JSON", hide = true)]
         json: bool,
     },
     /// Print the records that match every filter given, as JSON lines or a table.
@@ -261,6 +308,11 @@ pub enum CaAction {
 
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
+    /// A TOML file of serve's flags, one key per flag as typed without the dashes (`listen =
+    /// "127.0.0.1:3128"`, `resolve = ["api.test=10.0.0.1"]`, `audit-sync = true`). A flag on
+    /// the command line, then its variable, wins over the file; an unknown key is an error.
+    #[arg(long, env = "LATCHKEY_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Directory of *.toml policy files [default: policies]. When not given and ./policies does
     /// not exist, it is created holding the commented example policy (and its policy tests).
     #[arg(long, env = "LATCHKEY_POLICIES")]
@@ -268,7 +320,8 @@ pub struct ServeArgs {
     /// Address the proxy listens on (port 0 picks a free port).
     #[arg(long, env = "LATCHKEY_LISTEN", default_value = "127.0.0.1:3128")]
     pub listen: SocketAddr,
-    /// Directory holding latchkey's CA; created with a new CA if absent.
+    /// Directory holding latchkey's CA; created with a new CA if absent (only `serve` and `ca
+    /// init` create one).
     #[arg(long, env = "LATCHKEY_CA_DIR", default_value = "certs")]
     pub ca_dir: PathBuf,
     /// Audit log (JSON lines, appended, hash-chained); `-` for stdout.
@@ -334,8 +387,10 @@ pub struct ServeArgs {
         default_value = "x-latchkey-session"
     )]
     pub session_header: String,
-    /// Extra PEM bundle trusted for upstream TLS, besides the webpki roots.
-    #[arg(long, env = "LATCHKEY_UPSTREAM_CA")]
+    /// Extra PEM bundle trusted for upstream TLS, besides the webpki roots: the CA of an
+    /// upstream on this machine or an internal network (`502 upstream_tls` ... `UnknownIssuer`
+    /// without it).
+    #[arg(long, env = "LATCHKEY_UPSTREAM_CA", value_name = "PEM")]
     pub upstream_ca: Option<PathBuf>,
     /// Open a non-public address range for every rule, e.g. 10.1.2.0/24 (repeatable). Cloud
     /// metadata opens only with its exact address (169.254.169.254/32).
@@ -346,7 +401,8 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub allow_private: Vec<String>,
-    /// Pin a host name to an address, like curl's --resolve (repeatable).
+    /// Pin a host name to an address, like curl's --resolve (repeatable): a name only this
+    /// machine knows, or a test name for a local upstream.
     #[arg(
         long = "resolve",
         env = "LATCHKEY_RESOLVE",

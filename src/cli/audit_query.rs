@@ -61,7 +61,8 @@ pub struct QueryArgs {
     /// no outcome followed), `decision`, `outcome`, or `any` (every record).
     #[arg(long, value_enum, default_value = "request")]
     pub phase: PhaseArg,
-    /// `table` (aligned columns) or `jsonl` (the matching lines exactly as stored).
+    /// `table` (aligned columns) or `json` (the matching lines exactly as stored, one JSON
+    /// object a line).
     #[arg(
         long,
         env = "LATCHKEY_QUERY_FORMAT",
@@ -117,6 +118,8 @@ pub enum PhaseArg {
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QueryFormat {
     Table,
+    // JSON lines, exactly as stored (`jsonl`: an older spelling).
+    #[value(name = "json", alias = "jsonl")]
     Jsonl,
 }
 

@@ -17,6 +17,7 @@ use std::time::Duration;
 use anyhow::Context;
 
 use super::args::{DnsAnswer, Mode, ServeArgs};
+use super::given::flag;
 use crate::policy::{self, Policy};
 use crate::proxy::limits::Limits;
 use crate::proxy::transparent::{tproxy, Capture};
@@ -88,7 +89,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();
     if let Some(n) = args.workers {
-        anyhow::ensure!(n > 0, "--workers must be at least 1");
+        anyhow::ensure!(n > 0, "{} must be at least 1", flag("workers"));
         builder.worker_threads(n);
     }
     let runtime = builder.build().context("cannot start the async runtime")?;
@@ -115,26 +116,28 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
         ..UpstreamConfig::default()
     };
     for spec in &args.resolve {
-        let (host, ip) = parse_resolve(spec).map_err(anyhow::Error::msg)?;
+        let (host, ip) = parse_resolve(spec)
+            .map_err(|e| anyhow::Error::msg(e.replacen("--resolve", &flag("resolve"), 1)))?;
         upstream.resolve.insert(host, ip);
     }
     for cidr in &args.allow_private {
-        let c = Cidr::parse(cidr).map_err(|e| anyhow::anyhow!("--allow-private {cidr:?}: {e}"))?;
+        let c = Cidr::parse(cidr)
+            .map_err(|e| anyhow::anyhow!("{} {cidr:?}: {e}", flag("allow_private")))?;
         upstream.allow_private.push(c);
     }
     // Bind before building the proxy, so the guard knows latchkey's real address (port 0 too).
     let listener = std::net::TcpListener::bind(args.listen)
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
+        .with_context(|| format!("cannot listen on {} {}", flag("listen"), args.listen))?;
     listener.set_nonblocking(true)?;
     upstream.own.push(listener.local_addr()?);
     let admin_listener = match args.admin.as_str() {
         "off" => None,
         addr => {
-            let addr: SocketAddr = addr
-                .parse()
-                .map_err(|_| anyhow::anyhow!("--admin {addr:?}: expected ADDR:PORT or off"))?;
+            let addr: SocketAddr = addr.parse().map_err(|_| {
+                anyhow::anyhow!("{} {addr:?}: expected ADDR:PORT or off", flag("admin"))
+            })?;
             let l = std::net::TcpListener::bind(addr)
-                .with_context(|| format!("cannot listen on --admin {addr}"))?;
+                .with_context(|| format!("cannot listen on {} {addr}", flag("admin")))?;
             l.set_nonblocking(true)?;
             // The admin API is never reachable through the proxy itself.
             upstream.own.push(l.local_addr()?);
@@ -390,7 +393,7 @@ impl Server {
             state.unwrap_or_else(|| format!("sqlite:{}", state_dir.join("state.db").display()));
         let store = crate::state::open(&url)
             .await
-            .context("--state: cannot open the state store")?;
+            .with_context(|| format!("{}: cannot open the state store", flag("state")))?;
         tracing::info!(state = store.describe(), "state store open");
         eprintln!("latchkey: state in {}", store.describe());
         let admin_url = admin
@@ -400,7 +403,7 @@ impl Server {
         let public_url = match approval_url.or(admin_url) {
             Some(u) => Some(
                 url::Url::parse(&u)
-                    .with_context(|| format!("--approval-url {u:?} is not a URL"))?,
+                    .with_context(|| format!("{} {u:?} is not a URL", flag("approval_url")))?,
             ),
             None => None,
         };
@@ -549,19 +552,20 @@ pub fn read_token(spec: &str) -> anyhow::Result<String> {
 }
 
 fn admin_token(spec: &str) -> anyhow::Result<SecretValue> {
+    let name = flag("admin_token");
     let bytes = match spec.split_once(':') {
         Some(("env", var)) => std::env::var(var)
-            .map_err(|_| anyhow::anyhow!("--admin-token: env var {var} is not set"))?
+            .map_err(|_| anyhow::anyhow!("{name}: env var {var} is not set"))?
             .into_bytes(),
         Some(("file", path)) => {
-            std::fs::read(path).with_context(|| format!("--admin-token: cannot read {path}"))?
+            std::fs::read(path).with_context(|| format!("{name}: cannot read {path}"))?
         }
-        _ => anyhow::bail!("--admin-token takes env:VAR or file:PATH, not the token itself"),
+        _ => anyhow::bail!("{name} takes env:VAR or file:PATH, not the token itself"),
     };
-    let text = String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("--admin-token: not UTF-8"))?;
+    let text = String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("{name}: not UTF-8"))?;
     let token = text.trim();
     if token.len() < 16 {
-        anyhow::bail!("--admin-token: the token must be at least 16 characters");
+        anyhow::bail!("{name}: the token must be at least 16 characters");
     }
     Ok(SecretValue::new(token.as_bytes().to_vec()))
 }

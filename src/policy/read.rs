@@ -442,6 +442,17 @@ fn value_json(v: &Value) -> Result<serde_json::Value, String> {
     })
 }
 
+/// `; did you mean "NAME"?` when one of `known` is close enough to `name` to be its typo, else
+/// nothing: the tail of every "unknown secret/rule/credential/identity..." message, in policy
+/// files, case files and on the command line alike.
+pub fn did_you_mean<'k>(name: &str, known: impl IntoIterator<Item = &'k str>) -> String {
+    let known: Vec<&str> = known.into_iter().filter(|k| *k != name).collect();
+    match closest(name, &known) {
+        Some(k) => format!("; did you mean {k:?}?"),
+        None => String::new(),
+    }
+}
+
 /// The known key closest to a misspelt one, if it is close enough to be a typo.
 fn closest<'k>(key: &str, known: &[&'k str]) -> Option<&'k str> {
     let limit = (key.chars().count() / 3).clamp(1, 3);
