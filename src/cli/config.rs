@@ -113,7 +113,7 @@ pub fn read(
         if ok {
             out.push(Set {
                 id,
-                label: format!("{} {key}", at(key_span)),
+                label: format!("{}: {key}", at(key_span)),
                 args,
             });
         }

@@ -36,8 +36,8 @@ pub struct LearnArgs {
     /// Where the case file pinning them goes [default: POLICIES/tests/learned.toml].
     #[arg(long, env = "LATCHKEY_LEARN_TESTS", value_name = "FILE")]
     pub tests: Option<PathBuf>,
-    /// Only requests that arrived at or after T: RFC 3339 or a duration ago (`7d`). Read from
-    /// no variable, as `audit query --since` (the README lists such flags by name).
+    /// Only requests that arrived at or after T: RFC 3339 or a duration ago (`7d`).
+    // Read from no variable, as `audit query --since`: a filter is asked on the command line.
     #[arg(long, value_name = "T", value_parser = super::audit_query::instant)]
     pub since: Option<SystemTime>,
     /// Only this identity's requests (repeatable).

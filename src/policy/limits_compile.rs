@@ -359,9 +359,9 @@ impl FileCx<'_> {
                 None => self.error(
                     n.span(),
                     format!(
-                        "{at}: unknown limit {name:?}{}; {}",
-                        super::did_you_mean(name, known.declared.keys().map(String::as_str)),
-                        known.list()
+                        "{at}: unknown limit {name:?}; {}{}",
+                        known.list(),
+                        super::did_you_mean(name, known.declared.keys().map(String::as_str))
                     ),
                 ),
                 Some(_) if out.iter().any(|o| o == name) => self.error(

@@ -446,6 +446,10 @@ fn value_json(v: &Value) -> Result<serde_json::Value, String> {
 /// nothing: the tail of every "unknown secret/rule/credential/identity..." message, in policy
 /// files, case files and on the command line alike.
 pub fn did_you_mean<'k>(name: &str, known: impl IntoIterator<Item = &'k str>) -> String {
+    // One edit away from a one- or two-letter name is any other short name: no guess.
+    if name.chars().count() < 3 {
+        return String::new();
+    }
     let known: Vec<&str> = known.into_iter().filter(|k| *k != name).collect();
     match closest(name, &known) {
         Some(k) => format!("; did you mean {k:?}?"),

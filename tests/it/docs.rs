@@ -221,10 +221,24 @@ fn help_block<'a>(text: &'a str, title: &str) -> Vec<&'a str> {
         .collect()
 }
 
-/// Every long flag of one command, with its variable.
+/// The titles of a help text's flag blocks: `Options:` and each `help_heading` (`serve`'s
+/// `Listeners:`, `Audit:`, ...), not `Usage:`, `Commands:` or `Arguments:`.
+fn flag_headings(help_text: &str) -> Vec<&str> {
+    help_text
+        .lines()
+        .filter(|l| !l.starts_with(' ') && l.ends_with(':'))
+        .filter(|l| !["Usage:", "Commands:", "Arguments:"].contains(l))
+        .collect()
+}
+
+/// Every long flag of one command, under every heading, with its variable.
 fn flags(help_text: &str) -> Vec<Flag> {
     let mut blocks: Vec<String> = Vec::new();
-    for line in help_block(help_text, "Options:") {
+    let lines: Vec<&str> = flag_headings(help_text)
+        .into_iter()
+        .flat_map(|title| help_block(help_text, title))
+        .collect();
+    for line in lines {
         let indent = line.len() - line.trim_start().len();
         if line.trim_start().starts_with('-') && indent <= 6 {
             blocks.push(String::new());
