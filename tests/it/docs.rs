@@ -539,3 +539,44 @@ fn the_readme_layout_names_every_top_level_directory_and_source_module_and_nothi
         "README.md's Layout does not name {unnamed:?}"
     );
 }
+
+/// Every text file of the repository outside `target/` and `.git/` (its path, its text).
+fn repo_texts(dir: &Path, out: &mut Vec<(PathBuf, String)>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name();
+        if name == "target" || name == ".git" {
+            continue;
+        }
+        if path.is_dir() {
+            repo_texts(&path, out);
+        } else if let Ok(text) = std::fs::read_to_string(&path) {
+            out.push((path, text));
+        }
+    }
+}
+
+#[test]
+fn every_cargo_install_the_docs_and_scripts_run_is_locked() {
+    let mut files = Vec::new();
+    repo_texts(&repo(), &mut files);
+    let mut unlocked = Vec::new();
+    for (path, text) in &files {
+        if path.extension().is_some_and(|e| e == "rs") {
+            continue;
+        }
+        for (i, line) in text.lines().enumerate() {
+            if line.contains("cargo install") && !line.contains("--locked") {
+                unlocked.push(format!("{}:{}: {}", path.display(), i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        unlocked.is_empty(),
+        "`cargo install` without --locked builds dependencies at versions CI never tested:\n{}",
+        unlocked.join("\n")
+    );
+}
