@@ -133,8 +133,11 @@ fn host_pattern(v: &str) -> Result<HostPattern, read::ReadError> {
     HostPattern::parse(v)
 }
 
-fn reason_code(v: &str) -> Result<&'static str, read::ReadError> {
-    read::parse_reason(v)
+fn reason_code(v: &str) -> Result<&'static str, String> {
+    read::parse_reason(v).map_err(|e| {
+        let codes = crate::reason::Reason::ALL.map(|r| r.code());
+        format!("{e}{}", crate::policy::did_you_mean(v, codes))
+    })
 }
 
 pub(crate) fn instant(v: &str) -> Result<SystemTime, read::ReadError> {

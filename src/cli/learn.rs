@@ -140,8 +140,10 @@ pub fn run(args: &LearnArgs) -> anyhow::Result<ExitCode> {
         };
         if !known {
             anyhow::bail!(
-                "--identity {name:?}: the policy in {} does not define it (it defines: {})",
+                "{} {name:?}: the policy in {} does not define it{} (it defines: {})",
+                super::given::flag("identity"),
                 args.policies.display(),
+                crate::policy::did_you_mean(name, identities.iter().map(String::as_str)),
                 if identities.is_empty() {
                     DEFAULT_IDENTITY.to_string()
                 } else {

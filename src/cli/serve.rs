@@ -127,7 +127,7 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
     }
     // Bind before building the proxy, so the guard knows latchkey's real address (port 0 too).
     let listener = std::net::TcpListener::bind(args.listen)
-        .with_context(|| format!("cannot listen on {} {}", flag("listen"), args.listen))?;
+        .with_context(|| format!("cannot listen on {} ({})", args.listen, flag("listen")))?;
     listener.set_nonblocking(true)?;
     upstream.own.push(listener.local_addr()?);
     let admin_listener = match args.admin.as_str() {

@@ -401,3 +401,22 @@ fn machine_output_is_format_json_everywhere_and_old_spellings_still_work() {
         out.stdout
     );
 }
+
+#[test]
+fn a_misspelt_reason_code_gets_a_guess() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let log = dir.path().join("audit.jsonl");
+    std::fs::write(&log, "").expect("log");
+    let out = run_cli([
+        "audit".as_ref(),
+        "query".as_ref(),
+        log.as_os_str(),
+        "--reason".as_ref(),
+        "method_not_alowed".as_ref(),
+    ]);
+    assert_eq!(out.code(), Some(2), "{out:#?}");
+    assert!(
+        out.stderr.contains("did you mean \"method_not_allowed\"?"),
+        "{out:#?}"
+    );
+}
