@@ -23,14 +23,14 @@ const TABLE: &[(&str, &str, &str, bool)] = &[
     (
         "config",
         POLICY,
-        "Read serve's flags from a TOML file (a flag or variable wins)",
+        "Read serve's flags from a TOML file",
         true,
     ),
     ("policies", POLICY, "Directory of *.toml policy files", true),
     (
         "mode",
         POLICY,
-        "`enforce`, or `report`: let denials through, audited",
+        "`enforce`, or `report`: denials pass, audited",
         true,
     ),
     ("listen", LISTENERS, "Address the proxy listens on", true),
@@ -38,7 +38,7 @@ const TABLE: &[(&str, &str, &str, bool)] = &[
     (
         "admin_token",
         LISTENERS,
-        "Bearer token the admin API requires (env:VAR or file:PATH)",
+        "Admin API bearer token (env:VAR or file:PATH)",
         true,
     ),
     (
@@ -50,7 +50,7 @@ const TABLE: &[(&str, &str, &str, bool)] = &[
     (
         "ca_dir",
         TLS,
-        "Directory holding latchkey's CA (created if absent)",
+        "Directory of latchkey's CA (created if absent)",
         true,
     ),
     (
@@ -62,13 +62,13 @@ const TABLE: &[(&str, &str, &str, bool)] = &[
     (
         "resolve",
         TLS,
-        "Pin a host name to an address, like curl's --resolve",
+        "Pin a host name to an address (HOST=IP)",
         true,
     ),
     (
         "allow_private",
         TLS,
-        "Open a non-public address range (a local upstream)",
+        "Open a private address range (local upstreams)",
         true,
     ),
     (
@@ -154,7 +154,7 @@ const TABLE: &[(&str, &str, &str, bool)] = &[
     (
         "state",
         STATE,
-        "State store for approvals and grants (sqlite:PATH, redis://...)",
+        "Approvals state store (sqlite:PATH, redis://...)",
         true,
     ),
     (
@@ -291,8 +291,7 @@ pub fn arrange(serve: Command) -> Command {
         .collect();
     let mut serve = serve
         .after_help(format!(
-            "{shown} of {total} flags shown: `latchkey serve --help` shows all of them, each with its \
-             default and variable"
+            "{shown} of {total} flags shown; `latchkey serve --help` shows all"
         ))
         .after_long_help(
             "Every flag also reads its variable and, with --config FILE, a key of the same name \

@@ -13,10 +13,10 @@ fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// `latchkey ARGS` at 100 columns with no `LATCHKEY_*` variable, plus `env`.
+/// `latchkey ARGS` at 80 columns with no `LATCHKEY_*` variable, plus `env`.
 fn cli(args: &[&str], env: &[(&str, &str)]) -> CliOutput {
     let mut cmd = Command::new(BIN);
-    cmd.args(args).env_clear().env("COLUMNS", "100");
+    cmd.args(args).env_clear().env("COLUMNS", "80");
     if let Some(path) = std::env::var_os("PATH") {
         cmd.env("PATH", path);
     }
