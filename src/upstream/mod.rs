@@ -69,7 +69,7 @@ pub enum UpstreamError {
         addr: SocketAddr,
         source: std::io::Error,
     },
-    #[error("connecting to {host} at {addr} timed out")]
+    #[error("connecting to {host} at {addr} timed out (latchkey serve --connect-timeout)")]
     ConnectTimeout { host: String, addr: SocketAddr },
     #[error("TLS with upstream {host} failed: {source}{}", tls_hint(source))]
     Tls {
