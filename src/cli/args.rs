@@ -44,8 +44,10 @@ pub enum Command {
     /// Run the proxy.
     // Boxed: ServeArgs is far larger than the other variants (clippy::large_enum_variant).
     Serve(Box<ServeArgs>),
-    /// Validate policy files; print every problem as file:line:col: message, and warnings
-    /// about risky constructs as file:line:col: warning: message.
+    /// Validate policy files: every problem at file:line:col.
+    ///
+    /// Prints every problem as file:line:col: message, and warnings about risky constructs as
+    /// file:line:col: warning: message.
     Check {
         #[arg(long, env = "LATCHKEY_POLICIES", default_value = "policies")]
         policies: PathBuf,
@@ -61,8 +63,9 @@ pub enum Command {
         #[arg(long, env = "LATCHKEY_NO_SECRETS")]
         no_secrets: bool,
     },
-    /// Run the policy test cases (DIR/tests/*.toml by default) against the policy; exit 1 on
-    /// any failure. Secret values are never read.
+    /// Run the policy test cases against the policy.
+    ///
+    /// Runs DIR/tests/*.toml (by default); exit 1 on any failure. Secret values are never read.
     Test {
         #[arg(long, env = "LATCHKEY_POLICIES", default_value = "policies")]
         policies: PathBuf,
@@ -70,7 +73,9 @@ pub enum Command {
         #[arg(long, env = "LATCHKEY_TESTS")]
         tests: Option<PathBuf>,
     },
-    /// Show what policy decides for one request (METHOD defaults to GET), and why.
+    /// Show what policy decides for a request ([METHOD] URL), and why.
+    ///
+    /// METHOD defaults to GET.
     #[command(
         override_usage = "latchkey explain [OPTIONS] [METHOD] <URL>\n       latchkey explain [OPTIONS] --reach <IDENTITY>"
     )]
@@ -114,9 +119,11 @@ pub enum Command {
         #[command(subcommand)]
         action: CaAction,
     },
-    /// Show allow, inject, redact and deny working, offline: a local HTTPS echo upstream, a
-    /// demo policy and secret, and `latchkey serve` on them; prints each curl command and what
-    /// it showed, checks every outcome, then stays up for the commands to be pasted.
+    /// Show allow, inject, redact and deny working, offline.
+    ///
+    /// A local HTTPS echo upstream, a demo policy and secret, and `latchkey serve` on them;
+    /// prints each curl command and what it showed, checks every outcome, then stays up for the
+    /// commands to be pasted.
     Demo {
         /// Keep the demo's files (policy, CA, audit log, log) here; default: a temp directory,
         /// removed on exit.
@@ -129,7 +136,10 @@ pub enum Command {
         #[arg(long, env = "LATCHKEY_DEMO_ONCE")]
         once: bool,
     },
-    /// Print the environment a sandbox needs (proxy variables and a trust bundle).
+    /// Print the environment a sandbox needs (proxies, trust bundle).
+    ///
+    /// The proxy variables and a trust bundle (system roots plus latchkey's CA) for every common
+    /// client. Reads the CA `serve` or `ca init` made in --ca-dir; never creates one.
     Env {
         /// The proxy URL the sandbox reaches latchkey at.
         #[arg(long, env = "LATCHKEY_PROXY", default_value = "http://127.0.0.1:3128")]
@@ -151,34 +161,47 @@ pub enum Command {
         #[arg(long, env = "LATCHKEY_ROOT", default_value = "/", requires = "install")]
         root: PathBuf,
     },
-    /// Print the nftables rules that make latchkey a sandbox's only route (TCP 80/443 to
-    /// `serve --transparent`, DNS to `serve --dns`, everything else dropped, IPv4 and IPv6), in
-    /// the table `inet latchkey`; `--apply` loads them, `--remove` deletes the table.
+    /// Print or apply nftables rules routing a sandbox via latchkey.
+    ///
+    /// TCP 80/443 to `serve --transparent`, DNS to `serve --dns`, everything else dropped, IPv4
+    /// and IPv6, in the table `inet latchkey`; `--apply` loads them, `--remove` deletes the
+    /// table.
     GatewaySetup(GatewaySetupArgs),
-    /// Answer requests waiting for a person, through a running latchkey's admin API: list,
-    /// show, approve, deny, and export standing grants as policy rules.
+    /// Answer requests waiting for a person, via the admin API.
+    ///
+    /// Through a running latchkey's admin API: list, show, approve, deny, and export standing
+    /// grants as policy rules.
     Approvals(super::approvals::ApprovalsArgs),
-    /// Read and check the audit log: print the signing key, verify the chain and checkpoints,
-    /// query records, summarise them per identity.
+    /// Read and check the audit log (key, verify, query, summary).
+    ///
+    /// Print the signing key, verify the chain and checkpoints, query records, summarise them
+    /// per identity.
     Audit {
         #[command(subcommand)]
         action: AuditAction,
     },
-    /// Show what a policy change means, per identity: hosts, ports, methods and paths newly
-    /// reachable or no longer reachable (each with an example request), secrets and
-    /// credentials newly bound to a host, tunnel, report-only and allow_private changes. Exit
-    /// 0 when nothing widened, 3 when the change widens reach.
+    /// Show what a policy change allows or no longer allows.
+    ///
+    /// Hosts, ports, methods and paths newly reachable or no longer reachable (each with an
+    /// example request), secrets and credentials newly bound to a host, tunnel, report-only and
+    /// allow_private changes. Exit 0 when nothing widened, 3 when the change widens reach.
     Diff(super::diff::DiffArgs),
-    /// Propose least-privilege rules covering the traffic in audit logs (recorded under `serve
-    /// --mode report`), with a policy test file pinning each; never a secret binding.
+    /// Propose least-privilege rules from the traffic in audit logs.
+    ///
+    /// Covers the traffic recorded (under `serve --mode report`), with a policy test file
+    /// pinning each rule; never a secret binding.
     Learn(super::learn::LearnArgs),
-    /// Print a shell completion script, from the same definitions as `--help`: `source <(latchkey
-    /// completions bash)`, or write it where the shell loads completions from.
+    /// Print a shell completion script.
+    ///
+    /// Generated from the same definitions as `--help`: `source <(latchkey completions bash)`,
+    /// or write it where the shell loads completions from.
     Completions {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
-    /// Print the man page (roff) of latchkey or of one command: `latchkey man serve | man -l -`.
+    /// Print the man page of latchkey or of one command.
+    ///
+    /// roff on stdout: `latchkey man serve | man -l -`, `latchkey man > latchkey.1`.
     Man {
         /// The command (and subcommand) whose page to print, e.g. `serve` or `audit query`.
         command: Vec<String>,

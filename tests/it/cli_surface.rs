@@ -420,3 +420,30 @@ fn a_misspelt_reason_code_gets_a_guess() {
         "{out:#?}"
     );
 }
+
+#[test]
+fn the_top_level_short_help_is_one_line_a_command() {
+    let out = cli(&["-h"], &[]);
+    assert_eq!(out.code(), Some(0), "{out:#?}");
+    let commands: Vec<&str> = out
+        .stdout
+        .lines()
+        .skip_while(|l| *l != "Commands:")
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .collect();
+    assert!(commands.len() >= 15, "{}", out.stdout);
+    for line in &commands {
+        assert!(
+            line.starts_with("  ") && !line.starts_with("   "),
+            "a wrapped summary: {line:?}\n{}",
+            out.stdout
+        );
+    }
+    let long = cli(&["diff", "--help"], &[]);
+    assert!(
+        long.stdout.contains("Exit 0 when nothing widened"),
+        "--help keeps the details: {}",
+        long.stdout
+    );
+}
