@@ -3,8 +3,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 use latchkey::cli::{self, error_text, Cli, Command};
 use latchkey::policy::SecretLoading;
 
@@ -14,7 +12,17 @@ use latchkey::policy::SecretLoading;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let args = Cli::parse();
+    let args: Cli = match cli::given::parse(std::env::args_os()) {
+        Ok(args) => args,
+        Err(cli::given::ParseError::Clap(e)) => e.exit(),
+        Err(cli::given::ParseError::Config(problems)) => {
+            for p in problems {
+                eprintln!("{p}");
+            }
+            eprintln!("latchkey: error: the --config file does not load; nothing started");
+            return ExitCode::from(2);
+        }
+    };
     init_logging();
     match run(args) {
         Ok(code) => code,
@@ -53,24 +61,27 @@ fn run(args: Cli) -> anyhow::Result<ExitCode> {
         Command::Test { policies, tests } => Ok(cli::policy::test(&policies, tests.as_deref())),
         Command::Explain {
             policies,
+            format,
             json,
             reach: Some(identity),
             ..
-        } => Ok(cli::policy::explain_reach(&policies, &identity, json)),
+        } => Ok(cli::policy::explain_reach(
+            &policies,
+            &identity,
+            json || format == cli::args::OutputFormat::Json,
+        )),
         Command::Explain {
             policies,
             identity,
+            format,
             json,
             reach: None,
-            method,
-            url,
-        } => match (method, url) {
-            (Some(method), Some(url)) => {
-                cli::policy::explain(&policies, Some(&identity), json, &method, &url)
-            }
-            // clap requires both without --reach.
-            _ => anyhow::bail!("explain needs METHOD and URL (or --reach IDENTITY)"),
-        },
+            request,
+        } => {
+            let (method, url) = cli::policy::method_and_url(&request)?;
+            let json = json || format == cli::args::OutputFormat::Json;
+            cli::policy::explain(&policies, Some(&identity), json, method, url)
+        }
         Command::Ca { action } => cli::ca::run(action),
         Command::Demo { dir, listen, once } => {
             let passed = cli::demo::run(cli::demo::Options { dir, listen, once })?;
@@ -99,5 +110,7 @@ fn run(args: Cli) -> anyhow::Result<ExitCode> {
         Command::Audit { action } => cli::audit::run(action),
         Command::Diff(args) => cli::diff::run(&args),
         Command::Learn(args) => cli::learn::run(&args),
+        Command::Completions { shell } => cli::generate::completions(shell),
+        Command::Man { command } => cli::generate::man(&command),
     }
 }

@@ -49,10 +49,18 @@ pub enum ApprovalsAction {
     /// List approvals (newest first).
     List {
         /// pending (default), approved, denied, expired or all.
-        #[arg(long, env = "LATCHKEY_LIST_STATE", default_value = "pending")]
-        state: String,
-        /// Print the JSON the admin API returned.
-        #[arg(long, env = "LATCHKEY_LIST_JSON")]
+        #[arg(
+            long,
+            env = "LATCHKEY_LIST_STATUS",
+            default_value = "pending",
+            alias = "state"
+        )]
+        status: String,
+        /// `text`, or `json`: the JSON the admin API returned.
+        #[arg(long, env = "LATCHKEY_LIST_FORMAT", value_enum, default_value = "text")]
+        format: super::args::OutputFormat,
+        /// The same as --format json (an older spelling).
+        #[arg(long, env = "LATCHKEY_LIST_JSON", hide = true)]
         json: bool,
     },
     /// Show one approval, as JSON.
@@ -102,9 +110,14 @@ async fn run_async(args: ApprovalsArgs) -> anyhow::Result<std::process::ExitCode
     let admin = Admin::new(&args.admin, args.admin_token.as_deref())?;
     let mut out = std::io::stdout().lock();
     match args.action {
-        ApprovalsAction::List { state, json } => {
+        ApprovalsAction::List {
+            status,
+            format,
+            json,
+        } => {
+            let json = json || format == super::args::OutputFormat::Json;
             let v = admin
-                .get(&format!("/approvals?state={}", enc(&state)))
+                .get(&format!("/approvals?state={}", enc(&status)))
                 .await?;
             if json {
                 writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
@@ -112,7 +125,7 @@ async fn run_async(args: ApprovalsArgs) -> anyhow::Result<std::process::ExitCode
                 let list: Vec<Approval> = serde_json::from_value(v["approvals"].clone())
                     .context("the admin API's approval list is not in the expected form")?;
                 if list.is_empty() {
-                    writeln!(out, "no {state} approvals")?;
+                    writeln!(out, "no {status} approvals")?;
                 }
                 for a in list {
                     writeln!(
@@ -188,19 +201,27 @@ struct Admin {
 }
 
 impl Admin {
+    /// `url` is `http://HOST:PORT`, or `HOST:PORT` as `serve --admin` takes it.
     fn new(url: &str, token: Option<&str>) -> anyhow::Result<Self> {
-        let parsed =
-            url::Url::parse(url).with_context(|| format!("--admin {url:?} is not a URL"))?;
+        let flag = super::given::flag("admin");
+        let full = if url.contains("://") {
+            url.to_string()
+        } else {
+            format!("http://{url}")
+        };
+        let parsed = url::Url::parse(&full).with_context(|| {
+            format!("{flag} {url:?} is not a URL (give http://HOST:PORT or HOST:PORT, as serve --admin)")
+        })?;
         anyhow::ensure!(
             parsed.scheme() == "http",
-            "--admin {url}: only http:// is supported (the admin listener speaks plain HTTP; run this where it is reachable)"
+            "{flag} {url}: only http:// is supported (the admin listener speaks plain HTTP; run this where it is reachable)"
         );
         let addrs = parsed
             .socket_addrs(|| Some(80))
-            .with_context(|| format!("--admin {url}: cannot resolve its host"))?;
+            .with_context(|| format!("{flag} {url}: cannot resolve its host"))?;
         let addr = *addrs
             .first()
-            .ok_or_else(|| anyhow::anyhow!("--admin {url}: its host has no address"))?;
+            .ok_or_else(|| anyhow::anyhow!("{flag} {url}: its host has no address"))?;
         let token = token.map(super::serve::read_token).transpose()?;
         Ok(Self {
             addr,
@@ -234,7 +255,13 @@ impl Admin {
         let run = async {
             let tcp = tokio::net::TcpStream::connect(self.addr)
                 .await
-                .with_context(|| format!("cannot reach the admin API at {}", self.addr))?;
+                .with_context(|| {
+                    format!(
+                        "cannot reach the admin API at {} ({}: is `latchkey serve` running with --admin there?)",
+                        self.addr,
+                        super::given::flag("admin")
+                    )
+                })?;
             let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
             tokio::spawn(conn);
             let mut req = http::Request::builder()

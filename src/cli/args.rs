@@ -23,18 +23,35 @@ pub struct Cli {
     pub command: Command,
 }
 
+/// The command line as the binary, `completions` and `man` show it: clap's definitions with
+/// `serve`'s flags arranged under headings ([`super::serve_help`]).
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command().mut_subcommand("serve", super::serve_help::arrange)
+}
+
+/// `--format` of the commands that print either a report for people or JSON for programs.
+// Plain comments on the variants: doc comments would change `--help`'s "possible values" line.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OutputFormat {
+    // Lines for people.
+    Text,
+    // One JSON document.
+    Json,
+}
+
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Run the proxy.
     // Boxed: ServeArgs is far larger than the other variants (clippy::large_enum_variant).
     Serve(Box<ServeArgs>),
-    /// Validate policy files; print every problem as file:line:col: message, and warnings
-    /// about risky constructs as file:line:col: warning: message.
+    /// Validate policy files: every problem at file:line:col.
+    ///
+    /// Prints every problem as file:line:col: message, and warnings about risky constructs as
+    /// file:line:col: warning: message.
     Check {
         #[arg(long, env = "LATCHKEY_POLICIES", default_value = "policies")]
         policies: PathBuf,
         /// `json`: one object {ok, errors, warnings, rules, files, policy} for CI annotations.
-        /// (Its variable is not LATCHKEY_FORMAT, which `env --format` reads.)
         #[arg(
             long,
             env = "LATCHKEY_CHECK_FORMAT",
@@ -46,8 +63,9 @@ pub enum Command {
         #[arg(long, env = "LATCHKEY_NO_SECRETS")]
         no_secrets: bool,
     },
-    /// Run the policy test cases (DIR/tests/*.toml by default) against the policy; exit 1 on
-    /// any failure. Secret values are never read.
+    /// Run the policy test cases against the policy.
+    ///
+    /// Runs DIR/tests/*.toml (by default); exit 1 on any failure. Secret values are never read.
     Test {
         #[arg(long, env = "LATCHKEY_POLICIES", default_value = "policies")]
         policies: PathBuf,
@@ -55,15 +73,28 @@ pub enum Command {
         #[arg(long, env = "LATCHKEY_TESTS")]
         tests: Option<PathBuf>,
     },
-    /// Show what policy decides for one request, and why.
+    /// Show what policy decides for a request ([METHOD] URL), and why.
+    ///
+    /// METHOD defaults to GET.
+    #[command(
+        override_usage = "latchkey explain [OPTIONS] [METHOD] <URL>\n       latchkey explain [OPTIONS] --reach <IDENTITY>"
+    )]
     Explain {
         #[arg(long, env = "LATCHKEY_POLICIES", default_value = "policies")]
         policies: PathBuf,
         /// The sandbox identity asking (identities come with policy [identities]).
         #[arg(long, env = "LATCHKEY_IDENTITY", default_value = "default")]
         identity: String,
-        /// Print JSON instead of text. (Its variable names the command, as check's does.)
-        #[arg(long, env = "LATCHKEY_EXPLAIN_JSON")]
+        /// `text`, or `json` for programs.
+        #[arg(
+            long,
+            env = "LATCHKEY_EXPLAIN_FORMAT",
+            value_enum,
+            default_value = "text"
+        )]
+        format: OutputFormat,
+        /// The same as --format json (an older spelling).
+        #[arg(long, env = "LATCHKEY_EXPLAIN_JSON", hide = true)]
         json: bool,
         /// Instead of deciding a request: list everything IDENTITY could reach under the
         /// policy, one item per line, and the `reach` digest its audit records carry.
@@ -71,24 +102,28 @@ pub enum Command {
             long,
             env = "LATCHKEY_EXPLAIN_REACH",
             value_name = "IDENTITY",
-            conflicts_with_all = ["method", "url"]
+            conflicts_with = "request"
         )]
         reach: Option<String>,
-        /// HTTP method, e.g. GET.
-        #[arg(required_unless_present = "reach")]
-        method: Option<String>,
-        /// Absolute URL, e.g. https://api.github.com/repos.
-        #[arg(required_unless_present = "reach")]
-        url: Option<String>,
+        /// `[METHOD] URL`: the HTTP method (default GET) and the absolute URL, e.g. `POST
+        /// https://api.github.com/repos`.
+        #[arg(
+            value_name = "REQUEST",
+            num_args = 1..=2,
+            required_unless_present = "reach"
+        )]
+        request: Vec<String>,
     },
     /// Manage latchkey's certificate authority.
     Ca {
         #[command(subcommand)]
         action: CaAction,
     },
-    /// Show allow, inject, redact and deny working, offline: a local HTTPS echo upstream, a
-    /// demo policy and secret, and `latchkey serve` on them; prints each curl command and what
-    /// it showed, checks every outcome, then stays up for the commands to be pasted.
+    /// Show allow, inject, redact and deny working, offline.
+    ///
+    /// A local HTTPS echo upstream, a demo policy and secret, and `latchkey serve` on them;
+    /// prints each curl command and what it showed, checks every outcome, then stays up for the
+    /// commands to be pasted.
     Demo {
         /// Keep the demo's files (policy, CA, audit log, log) here; default: a temp directory,
         /// removed on exit.
@@ -101,7 +136,10 @@ pub enum Command {
         #[arg(long, env = "LATCHKEY_DEMO_ONCE")]
         once: bool,
     },
-    /// Print the environment a sandbox needs (proxy variables and a trust bundle).
+    /// Print the environment a sandbox needs (proxies, trust bundle).
+    ///
+    /// The proxy variables and a trust bundle (system roots plus latchkey's CA) for every common
+    /// client. Reads the CA `serve` or `ca init` made in --ca-dir; never creates one.
     Env {
         /// The proxy URL the sandbox reaches latchkey at.
         #[arg(long, env = "LATCHKEY_PROXY", default_value = "http://127.0.0.1:3128")]
@@ -123,27 +161,51 @@ pub enum Command {
         #[arg(long, env = "LATCHKEY_ROOT", default_value = "/", requires = "install")]
         root: PathBuf,
     },
-    /// Print the nftables rules that make latchkey a sandbox's only route (TCP 80/443 to
-    /// `serve --transparent`, DNS to `serve --dns`, everything else dropped, IPv4 and IPv6), in
-    /// the table `inet latchkey`; `--apply` loads them, `--remove` deletes the table.
+    /// Print or apply nftables rules routing a sandbox via latchkey.
+    ///
+    /// TCP 80/443 to `serve --transparent`, DNS to `serve --dns`, everything else dropped, IPv4
+    /// and IPv6, in the table `inet latchkey`; `--apply` loads them, `--remove` deletes the
+    /// table.
     GatewaySetup(GatewaySetupArgs),
-    /// Answer requests waiting for a person, through a running latchkey's admin API: list,
-    /// show, approve, deny, and export standing grants as policy rules.
+    /// Answer requests waiting for a person, via the admin API.
+    ///
+    /// Through a running latchkey's admin API: list, show, approve, deny, and export standing
+    /// grants as policy rules.
     Approvals(super::approvals::ApprovalsArgs),
-    /// Read and check the audit log: print the signing key, verify the chain and checkpoints,
-    /// query records, summarise them per identity.
+    /// Read and check the audit log (key, verify, query, summary).
+    ///
+    /// Print the signing key, verify the chain and checkpoints, query records, summarise them
+    /// per identity.
     Audit {
         #[command(subcommand)]
         action: AuditAction,
     },
-    /// Show what a policy change means, per identity: hosts, ports, methods and paths newly
-    /// reachable or no longer reachable (each with an example request), secrets and
-    /// credentials newly bound to a host, tunnel, report-only and allow_private changes. Exit
-    /// 0 when nothing widened, 3 when the change widens reach.
+    /// Show what a policy change allows or no longer allows.
+    ///
+    /// Hosts, ports, methods and paths newly reachable or no longer reachable (each with an
+    /// example request), secrets and credentials newly bound to a host, tunnel, report-only and
+    /// allow_private changes. Exit 0 when nothing widened, 3 when the change widens reach.
     Diff(super::diff::DiffArgs),
-    /// Propose least-privilege rules covering the traffic in audit logs (recorded under `serve
-    /// --mode report`), with a policy test file pinning each; never a secret binding.
+    /// Propose least-privilege rules from the traffic in audit logs.
+    ///
+    /// Covers the traffic recorded (under `serve --mode report`), with a policy test file
+    /// pinning each rule; never a secret binding.
     Learn(super::learn::LearnArgs),
+    /// Print a shell completion script.
+    ///
+    /// Generated from the same definitions as `--help`: `source <(latchkey completions bash)`,
+    /// or write it where the shell loads completions from.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page of latchkey or of one command.
+    ///
+    /// roff on stdout: `latchkey man serve | man -l -`, `latchkey man > latchkey.1`.
+    Man {
+        /// The command (and subcommand) whose page to print, e.g. `serve` or `audit query`.
+        command: Vec<String>,
+    },
 }
 
 /// `--audit-format`.
@@ -188,8 +250,16 @@ pub enum AuditAction {
         /// The local key file whose public half is trusted without --key.
         #[arg(long, env = "LATCHKEY_AUDIT_KEY", value_name = "PATH")]
         audit_key: Option<PathBuf>,
-        /// Print the report as JSON.
-        #[arg(long, env = "LATCHKEY_VERIFY_JSON")]
+        /// `text`, or `json` for programs.
+        #[arg(
+            long,
+            env = "LATCHKEY_VERIFY_FORMAT",
+            value_enum,
+            default_value = "text"
+        )]
+        format: OutputFormat,
+        /// The same as --format json (an older spelling).
+        #[arg(long, env = "LATCHKEY_VERIFY_JSON", hide = true)]
         json: bool,
     },
     /// Print the records that match every filter given, as JSON lines or a table.
@@ -261,6 +331,11 @@ pub enum CaAction {
 
 #[derive(clap::Args, Debug)]
 pub struct ServeArgs {
+    /// A TOML file of serve's flags, one key per flag as typed without the dashes (`listen =
+    /// "127.0.0.1:3128"`, `resolve = ["api.test=10.0.0.1"]`, `audit-sync = true`). A flag on
+    /// the command line, then its variable, wins over the file; an unknown key is an error.
+    #[arg(long, env = "LATCHKEY_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Directory of *.toml policy files [default: policies]. When not given and ./policies does
     /// not exist, it is created holding the commented example policy (and its policy tests).
     #[arg(long, env = "LATCHKEY_POLICIES")]
@@ -268,7 +343,8 @@ pub struct ServeArgs {
     /// Address the proxy listens on (port 0 picks a free port).
     #[arg(long, env = "LATCHKEY_LISTEN", default_value = "127.0.0.1:3128")]
     pub listen: SocketAddr,
-    /// Directory holding latchkey's CA; created with a new CA if absent.
+    /// Directory holding latchkey's CA; created with a new CA if absent (only `serve` and `ca
+    /// init` create one).
     #[arg(long, env = "LATCHKEY_CA_DIR", default_value = "certs")]
     pub ca_dir: PathBuf,
     /// Audit log (JSON lines, appended, hash-chained); `-` for stdout.
@@ -336,8 +412,10 @@ pub struct ServeArgs {
         default_value = "x-latchkey-session"
     )]
     pub session_header: String,
-    /// Extra PEM bundle trusted for upstream TLS, besides the webpki roots.
-    #[arg(long, env = "LATCHKEY_UPSTREAM_CA")]
+    /// Extra PEM bundle trusted for upstream TLS, besides the webpki roots: the CA of an
+    /// upstream on this machine or an internal network (`502 upstream_tls` ... `UnknownIssuer`
+    /// without it).
+    #[arg(long, env = "LATCHKEY_UPSTREAM_CA", value_name = "PEM")]
     pub upstream_ca: Option<PathBuf>,
     /// Open a non-public address range for every rule, e.g. 10.1.2.0/24 (repeatable). Cloud
     /// metadata opens only with its exact address (169.254.169.254/32).
@@ -348,7 +426,8 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub allow_private: Vec<String>,
-    /// Pin a host name to an address, like curl's --resolve (repeatable).
+    /// Pin a host name to an address, like curl's --resolve (repeatable): a name only this
+    /// machine knows, or a test name for a local upstream.
     #[arg(
         long = "resolve",
         env = "LATCHKEY_RESOLVE",

@@ -17,8 +17,10 @@ pub fn run(action: AuditAction) -> anyhow::Result<ExitCode> {
             key,
             ca_dir,
             audit_key,
+            format,
             json,
         } => {
+            let json = json || format == super::args::OutputFormat::Json;
             let trusted = match key {
                 Some(k) => PublicKey::parse(&k)?,
                 None => {

@@ -61,7 +61,8 @@ pub struct QueryArgs {
     /// no outcome followed), `decision`, `outcome`, or `any` (every record).
     #[arg(long, value_enum, default_value = "request")]
     pub phase: PhaseArg,
-    /// `table` (aligned columns) or `jsonl` (the matching lines exactly as stored).
+    /// `table` (aligned columns) or `json` (the matching lines exactly as stored, one JSON
+    /// object a line).
     #[arg(
         long,
         env = "LATCHKEY_QUERY_FORMAT",
@@ -117,6 +118,8 @@ pub enum PhaseArg {
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QueryFormat {
     Table,
+    // JSON lines, exactly as stored (`jsonl`: an older spelling).
+    #[value(name = "json", alias = "jsonl")]
     Jsonl,
 }
 
@@ -130,8 +133,11 @@ fn host_pattern(v: &str) -> Result<HostPattern, read::ReadError> {
     HostPattern::parse(v)
 }
 
-fn reason_code(v: &str) -> Result<&'static str, read::ReadError> {
-    read::parse_reason(v)
+fn reason_code(v: &str) -> Result<&'static str, String> {
+    read::parse_reason(v).map_err(|e| {
+        let codes = crate::reason::Reason::ALL.map(|r| r.code());
+        format!("{e}{}", crate::policy::did_you_mean(v, codes))
+    })
 }
 
 pub(crate) fn instant(v: &str) -> Result<SystemTime, read::ReadError> {

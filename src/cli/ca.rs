@@ -1,6 +1,7 @@
 //! `latchkey ca init`, `show` and `install`: create latchkey's CA once, print it, and add it to a
 //! system trust store (`cli::trust`).
 
+use std::path::Path;
 use std::process::ExitCode;
 
 use super::args::CaAction;
@@ -27,15 +28,14 @@ pub fn run(action: CaAction) -> anyhow::Result<ExitCode> {
         }
         CaAction::Install { ca_dir, root } => {
             // The certificate only: an image that trusts latchkey never holds its key.
-            let cert = ca_dir.join(crate::proxy::ca::CA_CERT_FILE);
-            let pem = std::fs::read_to_string(&cert)
-                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", cert.display()))?;
+            let pem = existing_cert(&ca_dir)?;
             let done = super::trust::install(&pem, &root)?;
             for line in install_report(&done, &root) {
                 println!("{line}");
             }
         }
         CaAction::Show { ca_dir } => {
+            existing_cert(&ca_dir)?;
             let ca = CertAuthority::load(&ca_dir)?;
             println!("certificate: {}", ca.cert_path().display());
             println!("sha256:      {}", ca.fingerprint());
@@ -43,6 +43,42 @@ pub fn run(action: CaAction) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The CA certificate (PEM) in `ca_dir`, for a command that needs the CA latchkey serves with
+/// and must never make one (`env`, `ca show`, `ca install`): only `serve` and `ca init` create a
+/// CA. A missing one is an error naming the directory looked in (and the flag or variable that
+/// chose it), how to create one there, and how to point at another.
+pub fn existing_cert(ca_dir: &Path) -> anyhow::Result<String> {
+    let cert = ca_dir.join(crate::proxy::ca::CA_CERT_FILE);
+    match std::fs::read_to_string(&cert) {
+        Ok(pem) => Ok(pem),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let shown = ca_dir.display().to_string();
+            let absolute = std::path::absolute(ca_dir)
+                .map(|a| a.display().to_string())
+                .unwrap_or_else(|_| shown.clone());
+            let looked = if absolute == shown {
+                shown.clone()
+            } else {
+                format!("{shown} ({absolute})")
+            };
+            let flag = super::given::flag("ca_dir");
+            let chosen = if flag == "--ca-dir" {
+                String::new()
+            } else {
+                format!(", chosen by {flag}")
+            };
+            anyhow::bail!(
+                "no latchkey CA in {looked}{chosen}: {} does not exist. Point at the CA your \
+                 `latchkey serve` uses with --ca-dir DIR (or LATCHKEY_CA_DIR), or create one \
+                 here with `latchkey ca init --ca-dir {shown}` (`latchkey serve --ca-dir \
+                 {shown}` creates it too)",
+                crate::proxy::ca::CA_CERT_FILE
+            )
+        }
+        Err(e) => Err(anyhow::anyhow!("cannot read {}: {e}", cert.display())),
+    }
 }
 
 /// What an install did, one line each (`ca install` prints them, `env --install` sends them to

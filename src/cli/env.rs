@@ -67,7 +67,8 @@ pub enum EnvError {
     Trust(#[from] super::trust::TrustError),
 }
 
-/// `latchkey env`: loads (or creates) the CA, writes the bundle next to it and prints the
+/// `latchkey env`: reads the CA certificate `serve` made (never creating one: a fresh CA would
+/// be one no running latchkey signs with), writes the bundle next to it and prints the
 /// variables in `format`.
 pub fn run(
     proxy_url: &str,
@@ -76,11 +77,11 @@ pub fn run(
     no_proxy: &str,
     install: Option<&Path>,
 ) -> anyhow::Result<std::process::ExitCode> {
-    let (ca, _) = crate::proxy::CertAuthority::load_or_create(ca_dir)?;
-    let vars = variables(proxy_url, ca_dir, ca.cert_pem(), no_proxy)?;
+    let cert_pem = super::ca::existing_cert(ca_dir)?;
+    let vars = variables(proxy_url, ca_dir, &cert_pem, no_proxy)?;
     // The system store first: a failed install must not leave half the output evaluated.
     if let Some(root) = install {
-        let done = super::trust::install(ca.cert_pem(), root)?;
+        let done = super::trust::install(&cert_pem, root)?;
         for line in super::ca::install_report(&done, root) {
             eprintln!("latchkey: {line}");
         }
@@ -95,7 +96,9 @@ pub fn run(
 pub const DEFAULT_NO_PROXY: &str = "localhost,127.0.0.1,::1";
 
 /// Writes the combined bundle and returns the variables, in a stable order. `no_proxy` is the
-/// `NO_PROXY`/`no_proxy` list; empty leaves both out, so every request goes through latchkey.
+/// `NO_PROXY`/`no_proxy` list; empty gives both the empty value, which [`render`] prints as an
+/// unset (shell) or an empty value, so every request goes through latchkey, even after an
+/// earlier `eval` set them.
 pub fn variables(
     proxy_url: &str,
     ca_dir: &Path,
@@ -140,10 +143,8 @@ pub fn variables(
         ("http_proxy".to_string(), proxy_url.to_string()),
         ("https_proxy".to_string(), proxy_url.to_string()),
     ];
-    if !no_proxy.is_empty() {
-        vars.push(("NO_PROXY".to_string(), no_proxy.to_string()));
-        vars.push(("no_proxy".to_string(), no_proxy.to_string()));
-    }
+    vars.push(("NO_PROXY".to_string(), no_proxy.to_string()));
+    vars.push(("no_proxy".to_string(), no_proxy.to_string()));
     vars.push(("SSL_CERT_DIR".to_string(), ca_dir.display().to_string()));
     vars.extend(BUNDLE_VARS.iter().map(|v| (v.to_string(), bundle.clone())));
     let truststore = super::trust::write_truststore(&ca_dir, ca_pem, system.as_deref())?;
@@ -167,11 +168,18 @@ fn no_proxy_comment(list: &str) -> String {
     )
 }
 
+/// The two variables an empty `--no-proxy` clears.
+fn is_no_proxy(name: &str) -> bool {
+    name.eq_ignore_ascii_case("no_proxy")
+}
+
 /// Renders variables in a format. The shell and dotenv formats say in a comment which hosts
-/// `NO_PROXY` keeps away from latchkey; JSON has no comments and stays plain.
+/// `NO_PROXY` keeps away from latchkey; JSON has no comments and stays plain. An empty
+/// `NO_PROXY` is `unset NO_PROXY no_proxy` in the shell format (an `eval` clears what an
+/// earlier one set) and an empty value in dotenv and JSON (which cannot unset).
 pub fn render(vars: &[(String, String)], format: Format) -> String {
     let line = |k: &str, v: &str, text: String| -> String {
-        if k == "NO_PROXY" {
+        if k == "NO_PROXY" && !v.is_empty() {
             no_proxy_comment(v) + &text
         } else {
             text
@@ -180,7 +188,11 @@ pub fn render(vars: &[(String, String)], format: Format) -> String {
     match format {
         Format::Shell => vars
             .iter()
-            .map(|(k, v)| line(k, v, format!("export {k}='{}'\n", v.replace('\'', "'\\''"))))
+            .map(|(k, v)| match (is_no_proxy(k), v.is_empty()) {
+                (true, true) if k == "NO_PROXY" => "unset NO_PROXY no_proxy\n".to_string(),
+                (true, true) => String::new(),
+                _ => line(k, v, format!("export {k}='{}'\n", v.replace('\'', "'\\''"))),
+            })
             .collect(),
         Format::Dotenv => vars
             .iter()
@@ -278,13 +290,26 @@ mod tests {
     }
 
     #[test]
-    fn an_empty_no_proxy_list_leaves_both_variables_and_the_comment_out() {
+    fn an_empty_no_proxy_list_unsets_both_variables_in_every_format() {
         let vars = vars_with("").expect("vars");
+        let shell = render(&vars, Format::Shell);
+        assert!(!shell.contains('#'), "{shell}");
+        let unsets: Vec<&str> = shell
+            .lines()
+            .filter(|l| l.contains("no_proxy") || l.contains("NO_PROXY"))
+            .collect();
+        assert_eq!(unsets, vec!["unset NO_PROXY no_proxy"], "{shell}");
+        let dotenv = render(&vars, Format::Dotenv);
         assert!(
-            !vars.iter().any(|(k, _)| k.eq_ignore_ascii_case("no_proxy")),
-            "{vars:?}"
+            dotenv.lines().any(|l| l == "NO_PROXY=") && dotenv.lines().any(|l| l == "no_proxy="),
+            "{dotenv}"
         );
-        assert!(!render(&vars, Format::Shell).contains('#'));
+        let json: serde_json::Value =
+            serde_json::from_str(&render(&vars, Format::Json)).expect("JSON");
+        assert_eq!(
+            (&json["NO_PROXY"], &json["no_proxy"]),
+            (&"".into(), &"".into())
+        );
     }
 
     #[test]

@@ -10,8 +10,9 @@ use std::time::SystemTime;
 use anyhow::Context;
 
 use crate::audit::read::{Filter, Item, Line, Reader, Requests, Rows};
+use crate::policy::ask::UNKNOWN;
 use crate::policy::cases::{load_cases_dir, parse_cases, run_case};
-use crate::policy::explain::explain;
+use crate::policy::explain::{explain, Verdict};
 use crate::policy::identity::DEFAULT_IDENTITY;
 use crate::policy::learn::{self, Caps, LearnedCase, Learner, Seen};
 use crate::policy::{LoadError, Policy, PolicySources, Scheme, SecretLoading};
@@ -35,8 +36,8 @@ pub struct LearnArgs {
     /// Where the case file pinning them goes [default: POLICIES/tests/learned.toml].
     #[arg(long, env = "LATCHKEY_LEARN_TESTS", value_name = "FILE")]
     pub tests: Option<PathBuf>,
-    /// Only requests that arrived at or after T: RFC 3339 or a duration ago (`7d`). Read from
-    /// no variable, as `audit query --since` (the README lists such flags by name).
+    /// Only requests that arrived at or after T: RFC 3339 or a duration ago (`7d`).
+    // Read from no variable, as `audit query --since`: a filter is asked on the command line.
     #[arg(long, value_name = "T", value_parser = super::audit_query::instant)]
     pub since: Option<SystemTime>,
     /// Only this identity's requests (repeatable).
@@ -139,8 +140,10 @@ pub fn run(args: &LearnArgs) -> anyhow::Result<ExitCode> {
         };
         if !known {
             anyhow::bail!(
-                "--identity {name:?}: the policy in {} does not define it (it defines: {})",
+                "{} {name:?}: the policy in {} does not define it{} (it defines: {})",
+                super::given::flag("identity"),
                 args.policies.display(),
+                crate::policy::did_you_mean(name, identities.iter().map(String::as_str)),
                 if identities.is_empty() {
                     DEFAULT_IDENTITY.to_string()
                 } else {
@@ -185,6 +188,7 @@ pub fn run(args: &LearnArgs) -> anyhow::Result<ExitCode> {
                     learner.add(seen);
                 }
                 Err(Skip::AlreadyAllowed) => tally.already_allowed += 1,
+                Err(Skip::Asked) => tally.asked += 1,
                 Err(Skip::Filtered) => tally.filtered += 1,
                 Err(Skip::NotLearnable) => tally.not_learnable += 1,
                 Err(Skip::UnknownIdentity(name)) => {
@@ -290,8 +294,11 @@ pub fn run(args: &LearnArgs) -> anyhow::Result<ExitCode> {
                     e.decision.as_str(),
                     e.message
                 ),
-                (false, false, _) => cases.push(c),
-                (false, true, _) => {}
+                // Just outside the learned rule: pinned when the policy denies it. One that
+                // goes to a person instead (`[ask] unknown`) or that another rule allows is
+                // not a deny to pin.
+                (false, false, _) if e.decision == Verdict::Deny => cases.push(c),
+                (false, _, _) => {}
             }
         }
     }
@@ -395,6 +402,8 @@ fn identity_suffix(identity: &str) -> String {
 enum Skip {
     /// The policy allows it already (and --all was not given).
     AlreadyAllowed,
+    /// A rule with `ask` decides it: each such request goes to a person.
+    Asked,
     /// --identity or the record kind leaves it out.
     Filtered,
     /// Refused for a reason a rule cannot change (secrets, address guard, framing…), or a
@@ -410,6 +419,7 @@ struct Tally {
     rows: u64,
     learned: u64,
     already_allowed: u64,
+    asked: u64,
     filtered: u64,
     not_learnable: u64,
     damaged: u64,
@@ -420,12 +430,13 @@ impl Tally {
     fn report(&self, files: &[PathBuf]) {
         let names: Vec<String> = files.iter().map(|f| f.display().to_string()).collect();
         eprintln!(
-            "latchkey: read {} request{} from {}: {} to learn, {} already allowed (--all learns them too), {} filtered out, {} not learnable (refused for a reason no rule changes, or a path no glob pins)",
+            "latchkey: read {} request{} from {}: {} to learn, {} already allowed (--all learns them too), {} decided by a rule that asks a person (never learned as an allow), {} filtered out, {} not learnable (refused for a reason no rule changes, or a path no glob pins)",
             self.rows,
             if self.rows == 1 { "" } else { "s" },
             names.join(", "),
             self.learned,
             self.already_allowed,
+            self.asked,
             self.filtered,
             self.not_learnable
         );
@@ -514,15 +525,31 @@ fn learnable(
     if !defined {
         return Err(Skip::UnknownIdentity(identity));
     }
-    if !args.all {
-        if let Some(policy) = policy {
-            let url = if port == scheme.default_port() {
-                format!("{}://{host}{path}", scheme.as_str())
-            } else {
-                format!("{}://{host}:{port}{path}", scheme.as_str())
-            };
-            if explain(policy, Some(&identity), method, &url).is_ok_and(|e| e.allowed()) {
-                return Err(Skip::AlreadyAllowed);
+    // What the policy decides now, whatever the record says (it was written under the policy
+    // of its day): a rule is learned only where one can change that decision, so the learned
+    // policy always allows what was learned (the self-check below).
+    if let Some(policy) = policy {
+        let url = if port == scheme.default_port() {
+            format!("{}://{host}{path}", scheme.as_str())
+        } else {
+            format!("{}://{host}:{port}{path}", scheme.as_str())
+        };
+        let now = explain(policy, Some(&identity), method, &url).map_err(|_| Skip::NotLearnable)?;
+        match now.decision {
+            Verdict::Allow if args.all => {}
+            Verdict::Allow => return Err(Skip::AlreadyAllowed),
+            // A rule with `ask` decides it: a person answers each time (an approved request is
+            // in the log as allowed); learn never turns that question into an allow.
+            Verdict::Ask if now.ask.as_ref().is_none_or(|a| a.rule != UNKNOWN) => {
+                return Err(Skip::Asked)
+            }
+            // `[ask] unknown = true` asks because no rule allows it: a learned rule does.
+            Verdict::Ask => {}
+            Verdict::Deny => {
+                let reason = Reason::ALL.into_iter().find(|r| r.code() == now.reason);
+                if !reason.is_some_and(Reason::is_policy_denial) {
+                    return Err(Skip::NotLearnable);
+                }
             }
         }
     }
@@ -737,3 +764,7 @@ fn load_failed(dir: &Path, e: LoadError) -> ExitCode {
     );
     ExitCode::from(1)
 }
+
+#[cfg(test)]
+#[path = "learn_tests.rs"]
+mod tests;

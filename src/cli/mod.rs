@@ -13,13 +13,17 @@ pub mod args;
 pub mod audit;
 pub mod audit_query;
 pub mod ca;
+mod config;
 pub mod demo;
 pub mod diff;
 pub mod env;
 pub mod gateway_setup;
+pub mod generate;
+pub mod given;
 pub mod learn;
 pub mod policy;
 pub mod serve;
+mod serve_help;
 pub mod trust;
 
 pub use args::{AuditAction, CaAction, Cli, Command, GatewaySetupArgs, Mode, ServeArgs};

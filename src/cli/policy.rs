@@ -241,6 +241,20 @@ pub fn test(policies: &Path, tests: Option<&Path>) -> ExitCode {
     }
 }
 
+/// `explain`'s words: `URL` (the method is GET) or `METHOD URL`.
+pub fn method_and_url(words: &[String]) -> anyhow::Result<(&str, &str)> {
+    match words {
+        [url] if url.contains("://") => Ok(("GET", url.as_str())),
+        [method, url] => Ok((method.as_str(), url.as_str())),
+        _ => anyhow::bail!(
+            "explain {:?}: give the request as [METHOD] URL with an absolute URL, e.g. \
+             `latchkey explain https://api.github.com/zen` (METHOD defaults to GET) or \
+             `latchkey explain POST https://api.github.com/repos`",
+            words.join(" ")
+        ),
+    }
+}
+
 /// `latchkey explain`: the decision for one request, the rule, why every other candidate rule
 /// did not decide it, and the secrets and headers that would apply (names only). Exit 0 on
 /// allow, 1 on deny or ask (a request that waits for a person is not allowed yet; the JSON's

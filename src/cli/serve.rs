@@ -17,6 +17,7 @@ use std::time::Duration;
 use anyhow::Context;
 
 use super::args::{DnsAnswer, Mode, ServeArgs};
+use super::given::flag;
 use crate::policy::{self, Policy};
 use crate::proxy::limits::Limits;
 use crate::proxy::transparent::{tproxy, Capture};
@@ -90,7 +91,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();
     if let Some(n) = args.workers {
-        anyhow::ensure!(n > 0, "--workers must be at least 1");
+        anyhow::ensure!(n > 0, "{} must be at least 1", flag("workers"));
         builder.worker_threads(n);
     }
     let runtime = builder.build().context("cannot start the async runtime")?;
@@ -117,26 +118,28 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
         ..UpstreamConfig::default()
     };
     for spec in &args.resolve {
-        let (host, ip) = parse_resolve(spec).map_err(anyhow::Error::msg)?;
+        let (host, ip) = parse_resolve(spec)
+            .map_err(|e| anyhow::Error::msg(e.replacen("--resolve", &flag("resolve"), 1)))?;
         upstream.resolve.insert(host, ip);
     }
     for cidr in &args.allow_private {
-        let c = Cidr::parse(cidr).map_err(|e| anyhow::anyhow!("--allow-private {cidr:?}: {e}"))?;
+        let c = Cidr::parse(cidr)
+            .map_err(|e| anyhow::anyhow!("{} {cidr:?}: {e}", flag("allow_private")))?;
         upstream.allow_private.push(c);
     }
     // Bind before building the proxy, so the guard knows latchkey's real address (port 0 too).
     let listener = std::net::TcpListener::bind(args.listen)
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
+        .with_context(|| format!("cannot listen on {} ({})", args.listen, flag("listen")))?;
     listener.set_nonblocking(true)?;
     upstream.own.push(listener.local_addr()?);
     let admin_listener = match args.admin.as_str() {
         "off" => None,
         addr => {
-            let addr: SocketAddr = addr
-                .parse()
-                .map_err(|_| anyhow::anyhow!("--admin {addr:?}: expected ADDR:PORT or off"))?;
+            let addr: SocketAddr = addr.parse().map_err(|_| {
+                anyhow::anyhow!("{} {addr:?}: expected ADDR:PORT or off", flag("admin"))
+            })?;
             let l = std::net::TcpListener::bind(addr)
-                .with_context(|| format!("cannot listen on --admin {addr}"))?;
+                .with_context(|| format!("cannot listen on {} {addr}", flag("admin")))?;
             l.set_nonblocking(true)?;
             // The admin API is never reachable through the proxy itself.
             upstream.own.push(l.local_addr()?);
@@ -407,7 +410,7 @@ impl Server {
         let _state_lock = state_lock;
         let store = crate::state::open(&state)
             .await
-            .context("--state: cannot open the state store")?;
+            .with_context(|| format!("{}: cannot open the state store", flag("state")))?;
         tracing::info!(state = store.describe(), "state store open");
         eprintln!("latchkey: state in {}", store.describe());
         let admin_url = admin
@@ -417,7 +420,7 @@ impl Server {
         let public_url = match approval_url.or(admin_url) {
             Some(u) => Some(
                 url::Url::parse(&u)
-                    .with_context(|| format!("--approval-url {u:?} is not a URL"))?,
+                    .with_context(|| format!("{} {u:?} is not a URL", flag("approval_url")))?,
             ),
             None => None,
         };
@@ -599,20 +602,21 @@ pub fn read_token(spec: &str) -> anyhow::Result<String> {
 }
 
 fn admin_token(spec: &str) -> anyhow::Result<SecretValue> {
+    let name = flag("admin_token");
     let bytes = match spec.split_once(':') {
         Some(("env", var)) => std::env::var(var)
-            .map_err(|_| anyhow::anyhow!("--admin-token: env var {var} is not set"))?
+            .map_err(|_| anyhow::anyhow!("{name}: env var {var} is not set"))?
             .into_bytes(),
         // A private file: refused when group or others may read it (`crate::files`).
         Some(("file", path)) => crate::files::read(Path::new(path), "the admin token file")
-            .context("--admin-token")?
-            .ok_or_else(|| anyhow::anyhow!("--admin-token: {path} does not exist"))?,
-        _ => anyhow::bail!("--admin-token takes env:VAR or file:PATH, not the token itself"),
+            .context(name)?
+            .ok_or_else(|| anyhow::anyhow!("{name}: {path} does not exist"))?,
+        _ => anyhow::bail!("{name} takes env:VAR or file:PATH, not the token itself"),
     };
-    let text = String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("--admin-token: not UTF-8"))?;
+    let text = String::from_utf8(bytes).map_err(|_| anyhow::anyhow!("{name}: not UTF-8"))?;
     let token = text.trim();
     if token.len() < 16 {
-        anyhow::bail!("--admin-token: the token must be at least 16 characters");
+        anyhow::bail!("{name}: the token must be at least 16 characters");
     }
     Ok(SecretValue::new(token.as_bytes().to_vec()))
 }

@@ -397,7 +397,10 @@ impl FileCx<'_> {
                 };
                 self.error(
                     n.span(),
-                    format!("{field}[{i}]: unknown notifier {name:?}: declare [notify.{name}] with a url ({known})"),
+                    format!(
+                        "{field}[{i}]: unknown notifier {name:?}{}: declare [notify.{name}] with a url ({known})",
+                        super::did_you_mean(name, notifiers.iter().map(String::as_str))
+                    ),
                 );
             } else if out.contains(name) {
                 self.error(

@@ -311,7 +311,8 @@ fn validate(
         } else {
             match rule {
                 None => Some(format!(
-                    "unknown rule {name:?} (\"unknown\" names [ask] unknown = true)"
+                    "unknown rule {name:?}{} (\"unknown\" names [ask] unknown = true)",
+                    super::did_you_mean(name, policy.rules().iter().map(|r| r.name.as_str()))
                 )),
                 Some(rule) if rule.ask.is_none() => Some(format!("rule {name:?} has no ask")),
                 Some(_) => None,
@@ -339,7 +340,15 @@ fn validate(
         if !policy.rules().iter().any(|rule| &rule.name == r.get_ref()) {
             cx.error(
                 r.span(),
-                format!("{}: unknown rule {:?}", at("rule"), r.get_ref()),
+                format!(
+                    "{}: unknown rule {:?}{}",
+                    at("rule"),
+                    r.get_ref(),
+                    super::did_you_mean(
+                        r.get_ref(),
+                        policy.rules().iter().map(|r| r.name.as_str())
+                    )
+                ),
             );
         }
     }
@@ -364,7 +373,12 @@ fn validate(
         } else if policy.credential(c.get_ref()).is_none() {
             cx.error(
                 c.span(),
-                format!("{}: unknown credential {:?}", at("credential"), c.get_ref()),
+                format!(
+                    "{}: unknown credential {:?}{}",
+                    at("credential"),
+                    c.get_ref(),
+                    super::did_you_mean(c.get_ref(), policy.credentials().map(|c| c.name.as_str()))
+                ),
             );
         }
     }
@@ -378,9 +392,13 @@ fn validate(
             cx.error(
                 l.span(),
                 format!(
-                    "{}: unknown limit {:?}",
+                    "{}: unknown limit {:?}{}",
                     at(&format!("limits[{i}]")),
-                    l.get_ref()
+                    l.get_ref(),
+                    super::did_you_mean(
+                        l.get_ref(),
+                        policy.limits().iter().map(|l| l.name.as_str())
+                    )
                 ),
             );
         }
@@ -514,8 +532,12 @@ pub fn run_case(policy: &Policy, case: &Case) -> CaseResult {
             } else {
                 e.secrets.join(", ")
             };
+            let hints: String = missing
+                .iter()
+                .map(|m| super::did_you_mean(m, e.secrets.iter().map(String::as_str)))
+                .collect();
             failures.push(format!(
-                "expected secret(s) {} bound, {} binds {bound}",
+                "expected secret(s) {} bound, {} binds {bound}{hints}",
                 Names(&missing),
                 got_rule(&e)
             ));

@@ -425,7 +425,14 @@ pub fn compile_sources_with(
                         } else {
                             cx.error(
                                 r.span(),
-                                format!("{field}.rules[{i}]: unknown rule {:?}", r.get_ref()),
+                                format!(
+                                    "{field}.rules[{i}]: unknown rule {:?}{}",
+                                    r.get_ref(),
+                                    super::did_you_mean(
+                                        r.get_ref(),
+                                        names.keys().map(String::as_str)
+                                    )
+                                ),
                             );
                         }
                     }
@@ -679,7 +686,7 @@ impl Report for FileCx<'_> {
 }
 
 /// 1-based line and column (in characters) of a byte offset.
-pub(super) fn line_col(text: &str, offset: usize) -> (usize, usize) {
+pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let offset = offset.min(text.len());
     let before = text.get(..offset).unwrap_or(text);
     // Counted in chunks of u8 lanes, which vectorises: a 1,000-rule file asks for a location

@@ -201,7 +201,11 @@ impl Explanation {
 pub enum ExplainError {
     #[error("unknown identity {name:?}: the policy defines no identities, so every request is \"default\"")]
     NoIdentities { name: String },
-    #[error("unknown identity {name:?}; the policy defines: {}", .known.join(", "))]
+    #[error(
+        "unknown identity {name:?}{}; the policy defines: {}",
+        super::did_you_mean(name, known.iter().map(String::as_str)),
+        .known.join(", ")
+    )]
     UnknownIdentity { name: String, known: Vec<String> },
     #[error("invalid method {0:?}")]
     InvalidMethod(String),

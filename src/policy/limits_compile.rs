@@ -358,7 +358,11 @@ impl FileCx<'_> {
             match known.declared.get(name) {
                 None => self.error(
                     n.span(),
-                    format!("{at}: unknown limit {name:?}; {}", known.list()),
+                    format!(
+                        "{at}: unknown limit {name:?}; {}{}",
+                        known.list(),
+                        super::did_you_mean(name, known.declared.keys().map(String::as_str))
+                    ),
                 ),
                 Some(_) if out.iter().any(|o| o == name) => self.error(
                     n.span(),

@@ -53,9 +53,11 @@ pub use compile::{
 // Re-exported: callers that match requests against policy normalise hosts the same way.
 pub use crate::wire::host::{display_authority, normalize_host, HostError};
 pub use ask::{Ask, AskPolicy, Asking, Notifier, NotifyFormat, Scope};
+pub use compile::line_col;
 pub use identity::{Identity, DEFAULT_IDENTITY};
 pub use limits::{Limit, Measure, Per, Period, Price, PriceTable};
 pub use reach::{Ceiling, Reach};
+pub use read::did_you_mean;
 pub use schemes::Schemes;
 
 use crate::reason::Reason;

@@ -442,6 +442,21 @@ fn value_json(v: &Value) -> Result<serde_json::Value, String> {
     })
 }
 
+/// `; did you mean "NAME"?` when one of `known` is close enough to `name` to be its typo, else
+/// nothing: the tail of every "unknown secret/rule/credential/identity..." message, in policy
+/// files, case files and on the command line alike.
+pub fn did_you_mean<'k>(name: &str, known: impl IntoIterator<Item = &'k str>) -> String {
+    // One edit away from a one- or two-letter name is any other short name: no guess.
+    if name.chars().count() < 3 {
+        return String::new();
+    }
+    let known: Vec<&str> = known.into_iter().filter(|k| *k != name).collect();
+    match closest(name, &known) {
+        Some(k) => format!("; did you mean {k:?}?"),
+        None => String::new(),
+    }
+}
+
 /// The known key closest to a misspelt one, if it is close enough to be a typo.
 pub(super) fn closest<'k>(key: &str, known: &[&'k str]) -> Option<&'k str> {
     let limit = (key.chars().count() / 3).clamp(1, 3);

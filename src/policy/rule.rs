@@ -266,7 +266,10 @@ impl FileCx<'_> {
                         if !secrets.contains(name) {
                             cx.error(
                                 v.span(),
-                                format!("{field}: unknown secret {name:?}: declare [secrets.{name}] with a source"),
+                                format!(
+                                    "{field}: unknown secret {name:?}: declare [secrets.{name}] with a source{}",
+                                    super::did_you_mean(name, secrets.iter().map(String::as_str))
+                                ),
                             );
                             ok = false;
                         }
@@ -365,10 +368,11 @@ impl FileCx<'_> {
                     self.error(
                         s.span(),
                         format!(
-                            "{}: unknown secret {:?}: declare [secrets.{}] with a source",
+                            "{}: unknown secret {:?}: declare [secrets.{}] with a source{}",
                             at(&format!("secrets[{i}]")),
                             s.get_ref(),
-                            s.get_ref()
+                            s.get_ref(),
+                            super::did_you_mean(s.get_ref(), secrets.iter().map(String::as_str))
                         ),
                     );
                 }
@@ -445,10 +449,11 @@ impl FileCx<'_> {
                 self.error(
                     c.span(),
                     format!(
-                        "{}: unknown credential {:?}: declare [credentials.{}]",
+                        "{}: unknown credential {:?}: declare [credentials.{}]{}",
                         at("credential"),
                         c.get_ref(),
-                        c.get_ref()
+                        c.get_ref(),
+                        super::did_you_mean(c.get_ref(), credentials.iter().map(String::as_str))
                     ),
                 );
                 None

@@ -49,12 +49,12 @@ pub type Client = hyper_util::client::legacy::Client<Connector, Body>;
 /// Why an upstream connection could not be made. Messages name the host, never a secret.
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
-    #[error("cannot resolve {host}: {source}")]
+    #[error("cannot resolve {host}: {source}; {}", resolve_hint(host))]
     Resolve {
         host: String,
         source: std::io::Error,
     },
-    #[error("{host} resolved to no address")]
+    #[error("{host} resolved to no address; {}", resolve_hint(host))]
     NoAddress { host: String },
     #[error("{host}: {refused}")]
     Refused {
@@ -69,9 +69,9 @@ pub enum UpstreamError {
         addr: SocketAddr,
         source: std::io::Error,
     },
-    #[error("connecting to {host} at {addr} timed out")]
+    #[error("connecting to {host} at {addr} timed out (latchkey serve --connect-timeout)")]
     ConnectTimeout { host: String, addr: SocketAddr },
-    #[error("TLS with upstream {host} failed: {source}")]
+    #[error("TLS with upstream {host} failed: {source}{}", tls_hint(source))]
     Tls {
         host: String,
         source: std::io::Error,
@@ -91,6 +91,24 @@ impl UpstreamError {
             UpstreamError::Refused { .. } => Reason::NonPublicAddress,
             _ => Reason::UpstreamUnreachable,
         }
+    }
+}
+
+/// The flag that fixes a name latchkey cannot resolve (a server on this machine or an internal
+/// name): said in the refusal, so the sandbox's 502 and latchkey's log both name it.
+fn resolve_hint(host: &str) -> String {
+    format!("if the name is one only this machine knows (a local or internal server), pin it with `latchkey serve --resolve {host}=ADDR`")
+}
+
+/// The flag that fixes an upstream certificate no public root signs: `--upstream-ca`. Other
+/// TLS failures get no hint (the flag would not fix them).
+fn tls_hint(source: &std::io::Error) -> &'static str {
+    let text = source.to_string();
+    if text.contains("UnknownIssuer") || text.contains("unknown issuer") {
+        "; if the upstream's certificate is signed by your own CA (a local or internal server), \
+         trust that CA with `latchkey serve --upstream-ca PEM`"
+    } else {
+        ""
     }
 }
 

@@ -291,23 +291,112 @@ fn env_says_in_a_comment_that_no_proxy_sends_loopback_around_latchkey() {
 }
 
 #[test]
-fn env_no_proxy_empty_removes_both_variables_in_every_format() {
+fn env_no_proxy_empty_unsets_both_variables_in_every_format() {
     for format in ["shell", "dotenv", "json"] {
         for (args, extra) in [
             (vec!["--no-proxy", "", "--format", format], vec![]),
             (vec!["--format", format], vec![("LATCHKEY_NO_PROXY", "")]),
         ] {
             let text = env_output(&args, &extra);
-            assert!(
-                no_proxy_lines(&text).is_empty(),
-                "{format} {args:?} {extra:?}: NO_PROXY should be gone:\n{text}"
-            );
-            assert!(text.contains("HTTPS_PROXY"), "{text}");
-            if format == "json" {
-                serde_json::from_str::<Value>(text.trim()).expect("env JSON stays valid");
+            let lines = no_proxy_lines(&text);
+            match format {
+                "shell" => assert_eq!(
+                    lines,
+                    ["unset NO_PROXY no_proxy"],
+                    "{args:?} {extra:?}:\n{text}"
+                ),
+                "dotenv" => assert_eq!(
+                    lines,
+                    ["NO_PROXY=", "no_proxy="],
+                    "{args:?} {extra:?}:\n{text}"
+                ),
+                _ => {
+                    let v: Value = serde_json::from_str(text.trim()).expect("env JSON stays valid");
+                    assert_eq!(
+                        (&v["NO_PROXY"], &v["no_proxy"]),
+                        (&json!(""), &json!("")),
+                        "{v:#}"
+                    );
+                }
             }
+            assert!(text.contains("HTTPS_PROXY"), "{text}");
         }
     }
+}
+
+#[test]
+fn eval_of_env_with_an_empty_no_proxy_clears_what_an_earlier_eval_set() {
+    let first = env_output(&[], &[]);
+    let second = env_output(&["--no-proxy", ""], &[]);
+    let script = format!(
+        "{first}\n[ -n \"$NO_PROXY\" ] || exit 3\n{second}\necho \"NO_PROXY=${{NO_PROXY-unset}} no_proxy=${{no_proxy-unset}}\""
+    );
+    let mut cmd = Command::new("sh");
+    cmd.arg("-c").arg(script);
+    let out = wait_with_timeout(&mut cmd, Duration::from_secs(20));
+    assert_eq!(out.code(), Some(0), "{out:#?}");
+    assert_eq!(
+        out.stdout.trim(),
+        "NO_PROXY=unset no_proxy=unset",
+        "{out:#?}"
+    );
+}
+
+#[test]
+fn env_without_a_ca_fails_naming_where_it_looked_and_how_to_make_or_point_at_one() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let missing = dir.path().join("nonexistent").join("x");
+    let out = run_cli(["env".as_ref(), "--ca-dir".as_ref(), missing.as_os_str()]);
+    assert_eq!(out.code(), Some(1), "{out:#?}");
+    assert!(out.stdout.is_empty(), "nothing to eval: {out:#?}");
+    let shown = missing.display().to_string();
+    for needle in [
+        format!("no latchkey CA in {shown}"),
+        format!("latchkey ca init --ca-dir {shown}"),
+        format!("latchkey serve --ca-dir {shown}"),
+        "--ca-dir DIR (or LATCHKEY_CA_DIR)".to_string(),
+    ] {
+        assert!(out.stderr.contains(&needle), "{needle:?} not in {out:#?}");
+    }
+    assert!(
+        !dir.path().join("nonexistent").exists(),
+        "env must create nothing where no CA is"
+    );
+
+    // A relative directory from the environment: the absolute path and the variable named.
+    let mut cmd = Command::new(crate::support::latchkey::BIN);
+    cmd.arg("env").current_dir(dir.path());
+    for var in SCRUBBED_ENV {
+        cmd.env_remove(var);
+    }
+    cmd.env("LATCHKEY_CA_DIR", "certs");
+    let out = wait_with_timeout(&mut cmd, Duration::from_secs(20));
+    assert_eq!(out.code(), Some(1), "{out:#?}");
+    let absolute = dir.path().join("certs").display().to_string();
+    assert!(
+        out.stderr.contains(&format!(
+            "no latchkey CA in certs ({absolute}), chosen by LATCHKEY_CA_DIR"
+        )),
+        "{out:#?}"
+    );
+    assert!(!dir.path().join("certs").exists(), "{out:#?}");
+
+    // `ca show` and `ca install` need the CA too, and say the same.
+    for action in ["show", "install"] {
+        let out = run_cli([
+            "ca".as_ref(),
+            action.as_ref(),
+            "--ca-dir".as_ref(),
+            missing.as_os_str(),
+        ]);
+        assert_eq!(out.code(), Some(1), "{out:#?}");
+        assert!(
+            out.stderr
+                .contains(&format!("latchkey ca init --ca-dir {shown}")),
+            "{out:#?}"
+        );
+    }
+    assert!(!dir.path().join("nonexistent").exists());
 }
 
 #[test]
@@ -335,6 +424,7 @@ fn env_no_proxy_list_replaces_the_default() {
 #[test]
 fn env_no_proxy_with_a_line_break_is_refused_naming_the_flag() {
     let dir = tempfile::tempdir().expect("temp dir");
+    ca_init(&dir.path().join("ca"));
     let out = run_cli([
         "env".as_ref(),
         "--ca-dir".as_ref(),

@@ -157,6 +157,8 @@ fn check_serve_flags(where_: &str, args: &[String], known: &BTreeSet<String>) ->
 fn env_rendered(proxy: &str, ca_dir: &str) -> BTreeMap<String, String> {
     let scratch = tempfile::tempdir().expect("temp CA dir");
     let real = scratch.path().canonicalize().expect("canonical temp dir");
+    let init = run_cli(["ca", "init", "--ca-dir", &real.display().to_string()]);
+    assert_eq!(init.code(), Some(0), "latchkey ca init: {}", init.stderr);
     let out = run_cli([
         "env",
         "--format",

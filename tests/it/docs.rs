@@ -230,10 +230,24 @@ fn help_block<'a>(text: &'a str, title: &str) -> Vec<&'a str> {
         .collect()
 }
 
-/// Every long flag of one command, with its variable.
+/// The titles of a help text's flag blocks: `Options:` and each `help_heading` (`serve`'s
+/// `Listeners:`, `Audit:`, ...), not `Usage:`, `Commands:` or `Arguments:`.
+fn flag_headings(help_text: &str) -> Vec<&str> {
+    help_text
+        .lines()
+        .filter(|l| !l.starts_with(' ') && l.ends_with(':'))
+        .filter(|l| !["Usage:", "Commands:", "Arguments:"].contains(l))
+        .collect()
+}
+
+/// Every long flag of one command, under every heading, with its variable.
 fn flags(help_text: &str) -> Vec<Flag> {
     let mut blocks: Vec<String> = Vec::new();
-    for line in help_block(help_text, "Options:") {
+    let lines: Vec<&str> = flag_headings(help_text)
+        .into_iter()
+        .flat_map(|title| help_block(help_text, title))
+        .collect();
+    for line in lines {
         let indent = line.len() - line.trim_start().len();
         if line.trim_start().starts_with('-') && indent <= 6 {
             blocks.push(String::new());
@@ -528,4 +542,45 @@ fn the_layout_chapter_names_every_top_level_directory_and_source_module_and_noth
         .filter(|e| !named.iter().any(|n| n.starts_with(e.as_str())))
         .collect();
     assert!(unnamed.is_empty(), "{LAYOUT} does not name {unnamed:?}");
+}
+
+/// Every text file of the repository outside `target/` and `.git/` (its path, its text).
+fn repo_texts(dir: &Path, out: &mut Vec<(PathBuf, String)>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name();
+        if name == "target" || name == ".git" {
+            continue;
+        }
+        if path.is_dir() {
+            repo_texts(&path, out);
+        } else if let Ok(text) = std::fs::read_to_string(&path) {
+            out.push((path, text));
+        }
+    }
+}
+
+#[test]
+fn every_cargo_install_the_docs_and_scripts_run_is_locked() {
+    let mut files = Vec::new();
+    repo_texts(&repo(), &mut files);
+    let mut unlocked = Vec::new();
+    for (path, text) in &files {
+        if path.extension().is_some_and(|e| e == "rs") {
+            continue;
+        }
+        for (i, line) in text.lines().enumerate() {
+            if line.contains("cargo install") && !line.contains("--locked") {
+                unlocked.push(format!("{}:{}: {}", path.display(), i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        unlocked.is_empty(),
+        "`cargo install` without --locked builds dependencies at versions CI never tested:\n{}",
+        unlocked.join("\n")
+    );
 }

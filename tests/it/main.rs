@@ -23,6 +23,7 @@ mod audit_sink;
 mod audit_verify;
 mod bad_input;
 mod ca_and_env;
+mod cli_surface;
 mod connect_gate;
 mod credentials_github;
 mod credentials_jwt;

@@ -364,6 +364,10 @@ fn an_upstream_that_never_answers_gets_504_after_the_response_timeout() {
     assert_eq!(resp.header("x-latchkey-rule"), Some("api"));
     assert!(resp.text().contains("api.test"), "{resp:#?}");
     assert!(
+        resp.text().contains("--response-timeout"),
+        "the flag that lifts it: {resp:#?}"
+    );
+    assert!(
         elapsed >= Duration::from_millis(900) && elapsed < Duration::from_secs(5),
         "504 after {elapsed:?}, expected about 1 s"
     );
@@ -420,6 +424,10 @@ fn an_upstream_that_never_accepts_gets_504_after_the_connect_timeout() {
     assert_eq!(resp.status, 504, "{resp:#?}");
     assert_eq!(resp.header("x-latchkey-reason"), Some("upstream_timeout"));
     assert!(resp.text().contains("10.200.2.9:8080"), "{resp:#?}");
+    assert!(
+        resp.text().contains("--connect-timeout"),
+        "the flag that lifts it: {resp:#?}"
+    );
     assert!(
         elapsed < Duration::from_secs(5),
         "504 after {elapsed:?}, expected about 1 s"

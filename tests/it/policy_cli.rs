@@ -471,3 +471,114 @@ fn serve_refuses_to_start_and_prints_one_of_every_problem() {
         .collect();
     assert_every_error(&dir, &found, &out.stderr);
 }
+
+/// Every place a policy names a secret, credential, rule or limit, each misspelt by one letter.
+const MISSPELT: &str = r#"
+[secrets.openai]
+source = "env:LATCHKEY_FIXTURE_OPENAI"
+
+[credentials.github-app]
+kind = "jwt"
+alg = "HS256"
+key = "env:LATCHKEY_FIXTURE_OPENAI"
+
+[limits.per-agent]
+requests = "10/min"
+
+[[rules]]
+name = "openai"
+hosts = ["api.openai.test"]
+secrets = ["opnai"]
+limits = ["per-agnt"]
+[rules.inject.headers]
+authorization = "Bearer {{secret.openia}}"
+
+[[rules]]
+name = "gh"
+hosts = ["api.github.test"]
+credential = "github-ap"
+
+[identities.ci]
+token = "env:LATCHKEY_FIXTURE_OPENAI"
+rules = ["opena"]
+"#;
+
+#[test]
+fn a_misspelt_name_gets_a_did_you_mean_wherever_the_policy_refers_to_it() {
+    let dir = policy_dir(&[("main.toml", MISSPELT)]);
+    let out = run_cli([
+        "check".as_ref(),
+        "--no-secrets".as_ref(),
+        "--policies".as_ref(),
+        dir.path().as_os_str(),
+    ]);
+    assert_eq!(out.code(), Some(1), "{out:#?}");
+    for (line, text) in [
+        (16, "rules[0].secrets[0]: unknown secret \"opnai\": declare [secrets.opnai] with a source; did you mean \"openai\"?"),
+        (17, "rules[0].limits[0]: unknown limit \"per-agnt\"; declared: per-agent; did you mean \"per-agent\"?"),
+        (19, "unknown secret \"openia\": declare [secrets.openia] with a source; did you mean \"openai\"?"),
+        (24, "rules[1].credential: unknown credential \"github-ap\": declare [credentials.github-ap]; did you mean \"github-app\"?"),
+        (28, "identities.ci.rules[0]: unknown rule \"opena\"; did you mean \"openai\"?"),
+    ] {
+        assert!(
+            out.stderr
+                .lines()
+                .any(|l| l.contains(&format!("main.toml:{line}:")) && l.contains(text)),
+            "line {line}: {text:?} not in:\n{}",
+            out.stderr
+        );
+    }
+    // A name nothing is close to gets no guess.
+    let far = MISSPELT.replace("rules = [\"opena\"]", "rules = [\"zzzzzz\"]");
+    let dir = policy_dir(&[("main.toml", &far)]);
+    let out = run_cli([
+        "check".as_ref(),
+        "--no-secrets".as_ref(),
+        "--policies".as_ref(),
+        dir.path().as_os_str(),
+    ]);
+    let line = out
+        .stderr
+        .lines()
+        .find(|l| l.contains("unknown rule \"zzzzzz\""))
+        .unwrap_or_else(|| panic!("{out:#?}"));
+    assert!(!line.contains("did you mean"), "{line}");
+}
+
+#[test]
+fn explain_with_only_a_url_asks_about_a_get_and_a_misspelt_identity_gets_a_guess() {
+    let out = explain(&["--format", "json", "https://api.test/v1/x"]);
+    assert_eq!(out.code(), Some(0), "{out:#?}");
+    let v: Value = serde_json::from_str(out.stdout.trim()).expect("JSON");
+    assert_eq!(
+        (&v["method"], &v["decision"]),
+        (&"GET".into(), &"allow".into()),
+        "{v:#}"
+    );
+
+    let out = explain(&["api.test/v1/x"]);
+    assert_eq!(out.code(), Some(1), "{out:#?}");
+    assert!(
+        out.stderr.contains("[METHOD] URL") && out.stderr.contains("METHOD defaults to GET"),
+        "{out:#?}"
+    );
+
+    let dir = policy_dir(&[(
+        "main.toml",
+        "[[rules]]\nname = \"api\"\nhosts = [\"api.test\"]\n[identities.ci-agent]\ntoken = \"env:T\"\nrules = [\"api\"]\n",
+    )]);
+    let out = run_cli([
+        "explain".as_ref(),
+        "--policies".as_ref(),
+        dir.path().as_os_str(),
+        "--identity".as_ref(),
+        "ci-agnet".as_ref(),
+        "https://api.test/".as_ref(),
+    ]);
+    assert_ne!(out.code(), Some(0), "{out:#?}");
+    assert!(
+        out.stderr
+            .contains("unknown identity \"ci-agnet\"; did you mean \"ci-agent\"?"),
+        "{out:#?}"
+    );
+}

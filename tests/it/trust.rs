@@ -36,6 +36,17 @@ public class Single {
 /// JVM settings a developer's shell may carry, which would change what the JVM trusts.
 const JAVA_ENV: &[&str] = &["JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS"];
 
+/// `latchkey ca init --ca-dir DIR`: `env` reads the CA `serve` or `ca init` made, never makes one.
+fn ca_init(ca_dir: &Path) {
+    let out = run_cli([
+        "ca".as_ref(),
+        "init".as_ref(),
+        "--ca-dir".as_ref(),
+        ca_dir.as_os_str(),
+    ]);
+    assert_eq!(out.code(), Some(0), "{out:#?}");
+}
+
 fn env_json(proxy: &str, ca_dir: &Path) -> serde_json::Map<String, Value> {
     let out = run_cli([
         "env".as_ref(),
@@ -139,6 +150,7 @@ fn a_jvm_trusts_latchkey_through_java_tool_options_and_fails_without_it() {
 #[test]
 fn deno_cert_names_the_bundle_every_pem_variable_names() {
     let dir = tempfile::tempdir().expect("temp dir");
+    ca_init(&dir.path().join("ca"));
     let vars = env_json("http://127.0.0.1:3128", &dir.path().join("ca"));
     let bundle = vars
         .get("SSL_CERT_FILE")
@@ -213,6 +225,7 @@ fn env_install_adds_the_ca_to_an_image_root_and_keeps_its_stdout_shell_lines() {
     let root = dir.path().join("debian");
     std::fs::create_dir_all(root.join("etc")).expect("etc");
     std::fs::write(root.join("etc/os-release"), "ID=debian\n").expect("os-release");
+    ca_init(&ca_dir);
     let out = run_cli([
         "env".as_ref(),
         "--ca-dir".as_ref(),

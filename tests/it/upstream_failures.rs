@@ -60,10 +60,70 @@ fn an_upstream_certificate_latchkey_does_not_trust_is_refused_with_upstream_tls(
     let resp = out.ok();
     assert_eq!(resp.status, 502, "{resp:#?}");
     assert_eq!(resp.header("x-latchkey-reason"), Some("upstream_tls"));
+    // The flag that fixes it is named, in the sandbox's answer and in latchkey's log.
+    let hint = "trust that CA with `latchkey serve --upstream-ca PEM`";
+    assert!(
+        resp.text().contains("UnknownIssuer") && resp.text().contains(hint),
+        "{resp:#?}"
+    );
+    assert!(
+        lk.wait_stderr_contains(hint, std::time::Duration::from_secs(5)),
+        "{}",
+        lk.stderr_text()
+    );
 
     let records = lk.wait_audit(1);
     assert_record(
         &records[0],
         json!({"decision": "allow", "rule": "api", "reason": "upstream_tls", "status": 502}),
+    );
+}
+
+#[test]
+fn a_name_latchkey_cannot_resolve_gets_a_502_naming_the_resolve_flag() {
+    // `.invalid` never resolves (RFC 6761), and nothing pins it.
+    let lk = latchkey()
+        .policy(
+            "main.toml",
+            "[[rules]]\nname = \"local\"\nhosts = [\"svc.latchkey.invalid\"]\nports = [8080]\n",
+        )
+        .run();
+    let out = curl(&lk)
+        .args(["http://svc.latchkey.invalid:8080/x".to_string()])
+        .run();
+    let resp = out.ok();
+    assert_eq!(resp.status, 502, "{resp:#?}");
+    assert_eq!(
+        resp.header("x-latchkey-reason"),
+        Some("upstream_unreachable")
+    );
+    assert!(
+        resp.text()
+            .contains("pin it with `latchkey serve --resolve svc.latchkey.invalid=ADDR`"),
+        "{resp:#?}"
+    );
+}
+
+#[test]
+fn a_refused_loopback_address_names_the_allow_private_flag() {
+    let upstream = Upstream::http();
+    let port = upstream.port();
+    let lk = latchkey()
+        .policy(
+            "main.toml",
+            &format!("[[rules]]\nname = \"local\"\nhosts = [\"local.test\"]\nports = [{port}]\n"),
+        )
+        .guarded()
+        .resolve("local.test", "127.0.0.1")
+        .run();
+    let out = curl(&lk)
+        .args([format!("http://local.test:{port}/x")])
+        .run();
+    let resp = out.ok();
+    assert_eq!(resp.status, 403, "{resp:#?}");
+    assert_eq!(resp.header("x-latchkey-reason"), Some("non_public_address"));
+    assert!(
+        resp.text().contains("--allow-private 127.0.0.1/32"),
+        "{resp:#?}"
     );
 }

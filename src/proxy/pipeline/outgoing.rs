@@ -251,7 +251,7 @@ pub(super) async fn send(
             return Err(Refusal::new(
                 Reason::UpstreamTimeout,
                 format!(
-                    "{} did not answer within {}s",
+                    "{} did not answer within {}s (latchkey serve --response-timeout)",
                     target.host,
                     proxy.response_timeout.as_secs()
                 ),
