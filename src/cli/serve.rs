@@ -609,7 +609,7 @@ fn admin_token(spec: &str) -> anyhow::Result<SecretValue> {
             .into_bytes(),
         // A private file: refused when group or others may read it (`crate::files`).
         Some(("file", path)) => crate::files::read(Path::new(path), "the admin token file")
-            .context(name)?
+            .with_context(|| name.clone())?
             .ok_or_else(|| anyhow::anyhow!("{name}: {path} does not exist"))?,
         _ => anyhow::bail!("{name} takes env:VAR or file:PATH, not the token itself"),
     };
