@@ -351,7 +351,12 @@ pub async fn apply(
     // split across two chunks is whole there.
     applied.scan_payload(|| {
         Box::new(PayloadDetector {
-            detector: Detector::new(scrubber.clone(), &binding(rule, &none, &none), host, SCAN_LIMIT),
+            detector: Detector::new(
+                scrubber.clone(),
+                &binding(rule, &none, &none),
+                host,
+                SCAN_LIMIT,
+            ),
             slot: refused.clone(),
         })
     });

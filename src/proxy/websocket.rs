@@ -43,8 +43,8 @@ use tokio_tungstenite::WebSocketStream;
 
 use super::body::{self, FinishHook};
 use super::budget::Budget;
-use super::websocket_held::{is_held_over, Held};
 use super::mcp_socket;
+use super::websocket_held::{is_held_over, Held};
 use crate::audit::{Entry, WebSocketInfo};
 use crate::governance::limits::Upload;
 use crate::policy::Policy;
