@@ -8,7 +8,6 @@
 pub mod cidr;
 pub mod hop;
 pub mod host;
-pub mod json;
 pub mod json_keys;
 pub mod limits;
 pub mod path;

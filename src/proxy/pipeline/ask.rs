@@ -379,7 +379,7 @@ fn unambiguous(head: &Parts, body: &[u8]) -> Result<(), Refusal> {
     if !json_body(head, body) {
         return Ok(());
     }
-    match crate::wire::json::ambiguity(body) {
+    match crate::wire::json_keys::ambiguity(body) {
         None => Ok(()),
         Some(why) => Err(Refusal::new(
             Reason::BadRequest,
