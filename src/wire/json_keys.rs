@@ -93,11 +93,15 @@ impl fmt::Display for Collision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (a, b) = (quoted(&self.first), quoted(&self.second));
         if self.first == self.second {
-            write!(f, "key {a} appears twice in the object at {}", self.at)
+            write!(
+                f,
+                "ambiguous: key {a} appears twice in the object at {}",
+                self.at
+            )
         } else {
             write!(
                 f,
-                "keys {a} and {b} in the object at {} are one key to parsers that ignore case or a trailing NUL",
+                "ambiguous: keys {a} and {b} in the object at {} are one key to parsers that ignore case or a trailing NUL",
                 self.at
             )
         }
