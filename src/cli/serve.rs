@@ -427,17 +427,10 @@ impl Server {
         let gov = crate::governance::Governance::open(store.clone(), public_url)
             .await
             .context("--state: cannot read the approvals' shared keys")?;
-        // The keys governance keeps are kept secrets too: in the redaction set from the start.
-        let policy = proxy.policy();
-        for (i, (name, value)) in gov
-            .kept_secrets()
-            .await
-            .context("--state: cannot read the approvals' shared keys")?
-            .iter()
-            .enumerate()
-        {
-            policy.secrets().set_minted(name, &i.to_string(), value);
-        }
+        // The keys governance keeps (approval links, fingerprints) never leave latchkey: no
+        // upstream can reflect them, so they are not in the redaction set (each secret there
+        // makes every scrubbed stream hold back tails that could begin it: a bidirectional
+        // stream such as gRPC ping-pong would wait on them).
         proxy.set_governance(Arc::new(gov));
         proxy.captured_tokens().attach(store.clone());
         // Every kept token is in the redaction set before the first connection, and a token

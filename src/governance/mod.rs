@@ -45,30 +45,6 @@ impl Governance {
         })
     }
 
-    /// The secrets governance keeps in the state store across restarts — the keys that sign
-    /// one-click approval links and key request fingerprints — by name, each as stored (hex)
-    /// and raw: `serve` puts them in the redaction set at start, like every kept secret.
-    pub async fn kept_secrets(
-        &self,
-    ) -> Result<Vec<(&'static str, crate::secrets::SecretValue)>, crate::state::StateError> {
-        let mut out = Vec::new();
-        for (name, id) in [
-            ("latchkey_approval_links_key", links::KEY_LINKS),
-            (
-                "latchkey_approval_fingerprints_key",
-                approvals::KEY_FINGERPRINTS,
-            ),
-        ] {
-            let key = approvals::shared_key(self.store().as_ref(), id).await?;
-            out.push((
-                name,
-                crate::secrets::SecretValue::new(approvals::hex(&key).into_bytes()),
-            ));
-            out.push((name, crate::secrets::SecretValue::new(key.to_vec())));
-        }
-        Ok(out)
-    }
-
     pub fn store(&self) -> &Arc<dyn StateStore> {
         self.approvals.store()
     }
