@@ -223,7 +223,7 @@ pub fn lint(policy: &Policy, sources: &[(&Path, &str)]) -> Vec<Warning> {
     };
 
     for rule in policy.rules() {
-        let Some(secrets) = credentials_of(rule) else {
+        let Some(secrets) = rule.brokered() else {
             continue;
         };
         let wildcards: Vec<String> = rule
@@ -661,26 +661,6 @@ fn covers(policy: &Policy, earlier: &Rule, later: &Rule) -> bool {
         (Some(wide), Some(narrow)) => narrow.globs.iter().all(|g| wide.globs.contains(g)),
     };
     ports && methods && paths
-}
-
-/// What a rule sends upstream that the sandbox does not hold — `secret(s) "a", "b"` and/or
-/// `credential "gh"` — or `None` when it binds nothing.
-fn credentials_of(rule: &Rule) -> Option<String> {
-    // `bound` also holds a credential's internal key names; those are named as the credential.
-    let secrets: Vec<String> = rule
-        .bound
-        .iter()
-        .filter(|n| !n.starts_with("credential:"))
-        .map(|n| format!("{n:?}"))
-        .collect();
-    let mut parts = Vec::new();
-    if !secrets.is_empty() {
-        parts.push(format!("secret(s) {}", secrets.join(", ")));
-    }
-    if let Some(c) = &rule.credential {
-        parts.push(format!("credential {c:?}"));
-    }
-    (!parts.is_empty()).then(|| parts.join(" and "))
 }
 
 #[cfg(test)]
