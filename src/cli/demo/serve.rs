@@ -90,6 +90,7 @@ impl Serve {
             }
         }
         #[cfg(target_os = "linux")]
+        #[allow(unsafe_code)] // the workspace denies unsafe code; this is its one block
         // SAFETY: the closure runs in the forked child before exec and makes one prctl system
         // call, which allocates nothing and takes no lock (async-signal-safe).
         unsafe {

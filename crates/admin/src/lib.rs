@@ -1,0 +1,333 @@
+//! The admin API, on its own listener (`--admin`, loopback by default). The address guard
+//! refuses it as one of latchkey's own addresses, so a sandbox can never reach it through the
+//! proxy.
+//!
+//! - `GET /healthz`: the process is up. `GET /readyz`: serving (503 while shutting down or
+//!   while the audit log cannot be written).
+//! - `GET /status`: policy digest, files, rules, identities, last reload, uptime, connections,
+//!   and with `--audit-ship` how far shipping lags (`audit_ship`).
+//! - `GET /metrics`: Prometheus text format.
+//! - `POST /reload`: reload the policy now (422 with the errors if invalid; the old one stays).
+//! - `GET /explain?method=GET&url=...&identity=...`: the decision for one request, as JSON.
+//! - `GET /approvals`, `GET|POST /approvals/ID`, `GET /grants`: requests waiting for a person,
+//!   and the answers (`approvals`).
+//! - `GET /limits`: the `[limits]` in force and every counter charged, with its use now.
+//!
+//! With `--admin-token`, every endpoint but `/healthz` and `/readyz` needs
+//! `Authorization: Bearer TOKEN` (compared in constant time).
+
+// The crates this one uses, under the module names the code knows them by.
+use latchkey_audit as audit;
+use latchkey_governance as governance;
+use latchkey_policy as policy;
+use latchkey_proxy as proxy;
+use latchkey_secrets as secrets;
+use latchkey_ship as ship;
+use latchkey_wire::reason;
+
+mod approvals;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{header, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+
+use crate::proxy::Proxy;
+use crate::secrets::SecretValue;
+use crate::ship::Shipper;
+
+type Body = Full<Bytes>;
+
+fn respond(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Body> {
+    let mut res = Response::new(Full::new(body.into()));
+    *res.status_mut() = status;
+    if let Ok(v) = header::HeaderValue::from_str(content_type) {
+        res.headers_mut().insert(header::CONTENT_TYPE, v);
+    }
+    res.headers_mut().insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
+    res
+}
+
+fn json(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
+    let mut text = value.to_string();
+    text.push('\n');
+    respond(status, "application/json", text)
+}
+
+/// Serves the admin API for the life of the process; `ship` is the audit shipper when
+/// `--audit-ship` is on.
+pub async fn serve(
+    proxy: Arc<Proxy>,
+    listener: TcpListener,
+    token: Option<SecretValue>,
+    ship: Option<Arc<Shipper>>,
+) {
+    let token = Arc::new(token);
+    // Keeps serving while the proxy drains, so /readyz can say 503; the process exit ends it.
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(error = %e, "admin accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let proxy = proxy.clone();
+        let token = token.clone();
+        let ship = ship.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| {
+                let proxy = proxy.clone();
+                let token = token.clone();
+                let ship = ship.clone();
+                async move {
+                    Ok::<_, Infallible>(
+                        route(&proxy, ship.as_deref(), token.as_ref().as_ref(), peer, req).await,
+                    )
+                }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(std::time::Duration::from_secs(10))
+                .serve_connection(TokioIo::new(stream), service);
+            if let Err(e) = conn.await {
+                tracing::debug!(client.addr = %peer, error = %e, "admin connection error");
+            }
+        });
+    }
+}
+
+fn authorized(token: Option<&SecretValue>, req: &Request<Incoming>) -> bool {
+    let Some(token) = token else {
+        return true;
+    };
+    req.headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|presented| token.ct_eq(presented.trim().as_bytes()))
+}
+
+async fn route(
+    proxy: &Arc<Proxy>,
+    ship: Option<&Shipper>,
+    token: Option<&SecretValue>,
+    peer: std::net::SocketAddr,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    match (req.method(), path.as_str()) {
+        (&Method::GET, "/healthz") => respond(StatusCode::OK, "text/plain", "ok\n"),
+        (&Method::GET, "/readyz") => {
+            if proxy.is_shutting_down() {
+                respond(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    "shutting down\n",
+                )
+            } else if !proxy.audit().is_healthy() {
+                respond(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "text/plain",
+                    "audit log cannot be written\n",
+                )
+            } else {
+                respond(StatusCode::OK, "text/plain", "ready\n")
+            }
+        }
+        // A signed link carries its own credential (its HMAC): no admin token.
+        (_, p) if approvals::is_link(p) => approvals::link(proxy, peer, req).await,
+        _ if !authorized(token, &req) => {
+            let mut res = respond(
+                StatusCode::UNAUTHORIZED,
+                "text/plain",
+                "admin token required\n",
+            );
+            res.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer realm=\"latchkey-admin\""),
+            );
+            res
+        }
+        (&Method::GET, "/metrics") => {
+            if let Some(ship) = ship {
+                // The spool read now, so the lag gauges are as of this scrape.
+                let _ = ship.pending();
+            }
+            respond(
+                StatusCode::OK,
+                "text/plain; version=0.0.4; charset=utf-8",
+                proxy.metrics().render(&proxy.gauges()),
+            )
+        }
+        (&Method::GET, "/status") => json(StatusCode::OK, &status(proxy, ship).await),
+        (&Method::POST, "/reload") => {
+            // Drain any body; the reload takes no input.
+            let _ = req.into_body().collect().await;
+            match proxy.reload("POST /reload").await {
+                Ok(changed) => json(
+                    StatusCode::OK,
+                    &serde_json::json!({"changed": changed, "policy": proxy.policy().digest()}),
+                ),
+                Err(e) => json(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    &serde_json::json!({
+                        "error": e,
+                        "policy": proxy.policy().digest(),
+                        "note": "the policy in force was kept",
+                    }),
+                ),
+            }
+        }
+        (&Method::GET, "/explain") => explain(proxy, req.uri().query().unwrap_or_default()),
+        (&Method::GET, "/limits") => json(StatusCode::OK, &limits(proxy).await),
+        (_, p) if p == "/approvals" || p == "/grants" || p.starts_with("/approvals/") => {
+            match approvals::route(proxy, peer, req).await {
+                Some(res) => res,
+                None => respond(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
+            }
+        }
+        (_, "/healthz" | "/readyz" | "/metrics" | "/status" | "/reload" | "/explain" | "/limits") => respond(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "method not allowed\n",
+        ),
+        _ => respond(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "not found: try /status, /metrics, /reload, /explain, /limits, /approvals, /grants, /healthz, /readyz\n",
+        ),
+    }
+}
+
+/// `GET /limits`: every `[limits.NAME]` in force and each counter charged, with its use now
+/// (read again from a shared store).
+async fn limits(proxy: &Proxy) -> serde_json::Value {
+    let policy = proxy.policy();
+    let declared: Vec<serde_json::Value> = policy
+        .limits()
+        .iter()
+        .map(|l| {
+            serde_json::json!({
+                "name": l.name,
+                "per": l.per.as_str(),
+                "summary": l.summary(),
+                "on_store_error": match l.on_store_error {
+                    crate::policy::limits::OnStoreError::Deny => "deny",
+                    crate::policy::limits::OnStoreError::Allow => "allow",
+                },
+            })
+        })
+        .collect();
+    let (store, embedded, counters) = match proxy.limiter() {
+        Some(l) => (
+            Some(l.store().to_string()),
+            Some(l.embedded()),
+            l.current().await,
+        ),
+        None => (None, None, Vec::new()),
+    };
+    serde_json::json!({
+        "store": store,
+        "embedded": embedded,
+        "prices": {
+            "source": policy.prices().source,
+            "date": policy.prices().date,
+            "models": policy.prices().len(),
+            "overridden": policy.prices().overridden(),
+        },
+        "limits": declared,
+        "counters": counters,
+    })
+}
+
+async fn status(proxy: &Proxy, ship: Option<&Shipper>) -> serde_json::Value {
+    let state = match proxy.governance() {
+        Some(g) => {
+            let outbox = g
+                .store()
+                .queue_len(crate::governance::record::QUEUE_NOTIFY)
+                .await;
+            serde_json::json!({
+                "store": g.store().describe(),
+                "notifications_queued": outbox.as_ref().ok(),
+                "error": outbox.err().map(|e| e.to_string()),
+            })
+        }
+        None => serde_json::Value::Null,
+    };
+    let mut v = status_of(proxy, ship);
+    v["state"] = state;
+    v
+}
+
+fn status_of(proxy: &Proxy, ship: Option<&Shipper>) -> serde_json::Value {
+    let policy = proxy.policy();
+    let gauges = proxy.gauges();
+    let reload = proxy.reload_state();
+    serde_json::json!({
+        "policy": {
+            "digest": policy.digest(),
+            "files": policy.files().iter().map(|f| f.display().to_string()).collect::<Vec<_>>(),
+            "rules": policy.rules().len(),
+            "identities": policy.identities().iter().map(|i| i.name.clone()).collect::<Vec<_>>(),
+            "secrets": policy.secrets().names().map(str::to_string).filter(|n| !n.starts_with("identity:")).collect::<Vec<_>>(),
+        },
+        "reload": reload,
+        "uptime_seconds": gauges.uptime_seconds,
+        "connections_active": gauges.connections_active,
+        "shutting_down": proxy.is_shutting_down(),
+        "audit": {
+            "healthy": proxy.audit().is_healthy(),
+            "written": proxy.audit().written(),
+            "failed": proxy.audit().failed(),
+        },
+        // Off the box: pending segments and bytes, the oldest one's age, the last error.
+        "audit_ship": ship.map(|s| s.status()),
+    })
+}
+
+fn explain(proxy: &Proxy, query: &str) -> Response<Body> {
+    let mut method = None;
+    let mut url = None;
+    let mut identity = None;
+    // A form-encoded query (`+` is a space), as browsers and `curl --data-urlencode -G` send it.
+    for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+        match &*k {
+            "method" => method = Some(v.into_owned()),
+            "url" => url = Some(v.into_owned()),
+            "identity" => identity = Some(v.into_owned()),
+            _ => {}
+        }
+    }
+    let (Some(method), Some(url)) = (method, url) else {
+        return json(
+            StatusCode::BAD_REQUEST,
+            &serde_json::json!({"error": "give method and url, e.g. /explain?method=GET&url=https://api.github.com/zen"}),
+        );
+    };
+    let policy = proxy.policy();
+    match crate::policy::explain::explain(&policy, identity.as_deref(), &method, &url) {
+        Ok(e) => match serde_json::to_value(&e) {
+            Ok(v) => json(StatusCode::OK, &v),
+            Err(err) => json(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &serde_json::json!({"error": err.to_string()}),
+            ),
+        },
+        Err(err) => json(
+            StatusCode::BAD_REQUEST,
+            &serde_json::json!({"error": err.to_string()}),
+        ),
+    }
+}

@@ -1,0 +1,331 @@
+//! The writer's tests: fail-closed health, batching without loss across threads, back-pressure
+//! that never holds a runtime thread, and the headroom bound.
+
+use super::*;
+use crate::reason::Reason;
+use crate::Entry;
+use std::net::SocketAddr;
+use std::time::Instant;
+
+/// A sink that fails while `broken` is set, and keeps what it was given otherwise.
+#[derive(Clone, Default)]
+struct Flaky {
+    broken: Arc<AtomicBool>,
+    got: Arc<Mutex<Vec<u8>>>,
+    writes: Arc<AtomicU64>,
+}
+
+impl Write for Flaky {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.broken.load(Ordering::SeqCst) {
+            return Err(std::io::Error::other("No space left on device"));
+        }
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        self.got.lock().expect("lock").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn record(log: &Arc<AuditLog>, n: u16) {
+    let client: SocketAddr = "127.0.0.1:9".parse().expect("addr");
+    let mut e = Entry::start(log.clone(), client, "default", "sha256:x");
+    e.outcome(Reason::Allowed, Some("r"), Some(n));
+    e.finish();
+}
+
+#[test]
+fn a_failing_sink_turns_the_log_unhealthy_and_a_later_success_heals_it() {
+    let sink = Flaky::default();
+    let log = Arc::new(AuditLog::with_sink(Box::new(sink.clone())).expect("log"));
+    assert!(log.is_healthy());
+    record(&log, 200);
+    assert!(log.flush(Duration::from_secs(5)));
+    assert!(log.is_healthy());
+    assert_eq!(log.written(), 1);
+
+    sink.broken.store(true, Ordering::SeqCst);
+    record(&log, 201);
+    assert!(log.flush(Duration::from_secs(5)));
+    assert!(
+        !log.is_healthy(),
+        "a failed write must turn the log unhealthy"
+    );
+    assert_eq!(log.failed(), 1);
+    assert_eq!(log.metrics().audit_write_errors.load(Ordering::Relaxed), 1);
+
+    sink.broken.store(false, Ordering::SeqCst);
+    record(&log, 202);
+    assert!(log.flush(Duration::from_secs(5)));
+    assert!(log.is_healthy(), "a successful write heals the log");
+    let text = String::from_utf8(sink.got.lock().expect("lock").clone()).expect("utf8");
+    let statuses: Vec<u64> = text
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).expect("json")["status"]
+                .as_u64()
+                .expect("status")
+        })
+        .collect();
+    assert_eq!(statuses, vec![200, 202]);
+}
+
+#[test]
+fn records_from_many_threads_are_whole_lines_batched_and_none_is_lost() {
+    let sink = Flaky::default();
+    let log = Arc::new(AuditLog::with_sink(Box::new(sink.clone())).expect("log"));
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                for i in 0..2_000u16 {
+                    record(&log, t * 2_000 + i);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("join");
+    }
+    // Dropping the last handle drains the queue.
+    let log = Arc::try_unwrap(log).ok().expect("sole owner");
+    drop(log);
+    let text = String::from_utf8(sink.got.lock().expect("lock").clone()).expect("utf8");
+    let mut seen = std::collections::HashSet::new();
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).expect("whole JSON line");
+        assert!(seen.insert(v["status"].as_u64().expect("status")));
+        assert!(v["ts"].as_str().expect("ts").ends_with('Z'));
+    }
+    assert_eq!(seen.len(), 16_000);
+    assert!(
+        sink.writes.load(Ordering::SeqCst) < 16_000,
+        "records are appended in batches"
+    );
+}
+
+/// A sink that blocks every write until opened (a disk that has stalled).
+#[derive(Clone, Default)]
+struct Stalled {
+    open: Arc<(Mutex<bool>, Condvar)>,
+    entered: Arc<AtomicU64>,
+    got: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Stalled {
+    fn open(&self) {
+        *self.open.0.lock().expect("lock") = true;
+        self.open.1.notify_all();
+    }
+
+    fn wait_entered(&self) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while self.entered.load(Ordering::SeqCst) == 0 {
+            assert!(
+                Instant::now() < deadline,
+                "the writer never reached the sink"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    fn statuses(&self) -> Vec<u64> {
+        let text = String::from_utf8(self.got.lock().expect("lock").clone()).expect("utf8");
+        let mut v: Vec<u64> = text
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).expect("json")["status"]
+                    .as_u64()
+                    .expect("status")
+            })
+            .collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+impl Write for Stalled {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.entered.fetch_add(1, Ordering::SeqCst);
+        let (open, cv) = &*self.open;
+        let mut g = open.lock().expect("lock");
+        while !*g {
+            g = cv.wait(g).expect("wait");
+        }
+        self.got.lock().expect("lock").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_request_waiting_for_room_leaves_a_current_thread_runtime_free_and_loses_nothing() {
+    const CAP: usize = 8;
+    let sink = Stalled::default();
+    let log = Arc::new(AuditLog::with_sink_and_capacity(Box::new(sink.clone()), CAP).expect("log"));
+    // The writer takes the first record and stalls in the sink; the queue then fills.
+    record(&log, 0);
+    sink.wait_entered();
+    for i in 1..=CAP as u16 {
+        record(&log, i);
+    }
+    assert_eq!(log.queued(), CAP);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let waiter = tokio::spawn({
+            let log = log.clone();
+            async move {
+                log.room().await;
+                record(&log, 100);
+            }
+        });
+        // Another task on the same (only) thread keeps running while the first waits.
+        let ticks = Arc::new(AtomicU64::new(0));
+        let ticker = tokio::spawn({
+            let ticks = ticks.clone();
+            async move {
+                for _ in 0..20 {
+                    ticks.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
+        });
+        tokio::time::timeout(Duration::from_secs(5), ticker)
+            .await
+            .expect("the other task was starved")
+            .expect("ticker");
+        assert_eq!(ticks.load(Ordering::SeqCst), 20);
+        assert!(
+            !waiter.is_finished(),
+            "room() returned while the queue was full"
+        );
+        assert_eq!(log.metrics().audit_queue_waits.load(Ordering::Relaxed), 1);
+        // A record written from a Drop while the queue is full (a request admitted before
+        // it filled) goes into the headroom without blocking this thread.
+        record(&log, 9);
+        assert_eq!(log.queued(), CAP + 1);
+        sink.open();
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("the waiting request never got room")
+            .expect("waiter");
+    });
+    assert!(log.flush(Duration::from_secs(5)));
+    let mut want: Vec<u64> = (0..=9).collect();
+    want.push(100);
+    assert_eq!(sink.statuses(), want, "every record written, none lost");
+}
+
+#[test]
+fn a_writer_past_the_headroom_waits_for_the_sink_and_loses_nothing() {
+    const CAP: usize = 4;
+    let sink = Stalled::default();
+    let log = Arc::new(AuditLog::with_sink_and_capacity(Box::new(sink.clone()), CAP).expect("log"));
+    record(&log, 0);
+    sink.wait_entered();
+    let writer = std::thread::spawn({
+        let log = log.clone();
+        move || {
+            for i in 1..=(3 * CAP) as u16 {
+                record(&log, i);
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while log.queued() < 2 * CAP {
+        assert!(
+            Instant::now() < deadline,
+            "queue never reached the headroom"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(log.queued(), 2 * CAP, "a record went past the headroom");
+    assert!(!writer.is_finished());
+    sink.open();
+    writer.join().expect("join");
+    assert!(log.flush(Duration::from_secs(5)));
+    assert_eq!(sink.statuses(), (0..=(3 * CAP) as u64).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn a_commit_is_answered_only_once_its_line_is_written_and_false_when_it_cannot_be() {
+    let sink = Stalled::default();
+    let log = Arc::new(AuditLog::with_sink(Box::new(sink.clone())).expect("log"));
+    let client: SocketAddr = "127.0.0.1:9".parse().expect("addr");
+    let mut e = Entry::start(log.clone(), client, "default", "sha256:x");
+    e.outcome(Reason::Allowed, Some("r"), None);
+    let mut commit = Box::pin(e.commit_decision());
+    // The sink is stalled: the commit must not be answered yet.
+    let early = tokio::time::timeout(Duration::from_millis(200), commit.as_mut()).await;
+    assert!(
+        early.is_err(),
+        "a commit answered before its line was written"
+    );
+    sink.wait_entered();
+    sink.open();
+    assert!(commit.await, "the commit is answered true once written");
+    drop(e);
+    assert!(log.flush(Duration::from_secs(5)));
+    let text = String::from_utf8(sink.got.lock().expect("lock").clone()).expect("utf8");
+    let phases: Vec<String> = text
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).expect("json")["phase"]
+                .as_str()
+                .expect("phase")
+                .to_string()
+        })
+        .collect();
+    assert_eq!(phases, ["decision", "outcome"]);
+
+    let broken = Flaky::default();
+    broken.broken.store(true, Ordering::SeqCst);
+    let log = Arc::new(AuditLog::with_sink(Box::new(broken.clone())).expect("log"));
+    let mut e = Entry::start(log.clone(), client, "default", "sha256:x");
+    assert!(
+        !e.commit_decision().await,
+        "a commit that failed is answered false"
+    );
+    e.dismiss();
+}
+
+#[test]
+fn commits_that_arrive_together_share_one_write() {
+    let sink = Flaky::default();
+    let log = Arc::new(AuditLog::with_sink(Box::new(sink.clone())).expect("log"));
+    let client: SocketAddr = "127.0.0.1:9".parse().expect("addr");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let tasks: Vec<_> = (0..200)
+            .map(|_| {
+                let log = log.clone();
+                tokio::spawn(async move {
+                    let mut e = Entry::start(log, client, "default", "sha256:x");
+                    let ok = e.commit_decision().await;
+                    e.dismiss();
+                    ok
+                })
+            })
+            .collect();
+        for t in tasks {
+            assert!(t.await.expect("task"));
+        }
+    });
+    assert_eq!(log.written(), 200);
+    assert!(
+        sink.writes.load(Ordering::SeqCst) < 200,
+        "{} writes for 200 commits: no grouping",
+        sink.writes.load(Ordering::SeqCst)
+    );
+}

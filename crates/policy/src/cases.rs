@@ -1,0 +1,797 @@
+//! Policy test cases: `policies/tests/*.toml` files that pin what a policy decides, run by
+//! `latchkey test` in CI like any other test suite.
+//!
+//! ```toml
+//! [[cases]]
+//! name = "read the zen of GitHub"        # optional; defaults to "METHOD URL"
+//! identity = "ci-agent"                  # optional
+//! method = "GET"
+//! url = "https://api.github.com/zen"
+//! headers = { "x-foo" = "bar" }          # optional, informational for now
+//! expect = "allow"                       # allow | deny | ask (waits for a person)
+//! rule = "github-read"                   # optional: the deciding (or, on deny, closest) rule
+//! ask_rule = "prod-writes"               # optional (ask only): the rule asking, or "unknown"
+//! reason = "method_not_allowed"          # optional: the reason code
+//! secrets = ["openai"]                   # optional (allow only): bound by the deciding rule
+//! credential = "gh"                      # optional (allow only): the credential it uses
+//! limits = ["openai-budget"]             # optional: exactly the limits charged, in order
+//! ```
+//!
+//! A case file is validated as strictly as a policy file (unknown keys, unknown rules, reasons
+//! and identities, malformed URLs are errors at `file:line:col`). A case runs through
+//! [`super::explain::explain`]: pure evaluation, no network, no secret value.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use toml::Spanned;
+
+use super::compile::line_col;
+use super::explain::{explain, ExplainError, Explanation, Verdict};
+use super::read::Fields;
+use super::schema::Report;
+use super::{Policy, PolicyError};
+use crate::reason::Reason;
+
+/// A case file as read: each case that read without a problem, with its index in the file.
+#[derive(Debug)]
+struct RawCaseFile {
+    cases: Vec<(usize, Spanned<RawCase>)>,
+}
+
+#[derive(Debug)]
+struct RawCase {
+    name: Option<Spanned<String>>,
+    identity: Option<Spanned<String>>,
+    method: Spanned<String>,
+    url: Spanned<String>,
+    headers: BTreeMap<Spanned<String>, Spanned<String>>,
+    expect: Spanned<String>,
+    rule: Option<Spanned<String>>,
+    reason: Option<Spanned<String>>,
+    secrets: Option<Spanned<Vec<Spanned<String>>>>,
+    credential: Option<Spanned<String>>,
+    ask_rule: Option<Spanned<String>>,
+    limits: Option<Spanned<Vec<Spanned<String>>>>,
+}
+
+/// One validated case.
+#[derive(Clone, Debug)]
+pub struct Case {
+    /// `name`, or `METHOD URL`.
+    pub name: String,
+    pub file: PathBuf,
+    pub line: usize,
+    pub col: usize,
+    pub identity: Option<String>,
+    pub method: String,
+    pub url: String,
+    /// Request headers (informational for now: decisions do not depend on headers).
+    pub headers: BTreeMap<String, String>,
+    pub expect: Verdict,
+    pub rule: Option<String>,
+    pub reason: Option<Reason>,
+    pub secrets: Option<Vec<String>>,
+    /// The credential the deciding rule must use.
+    pub credential: Option<String>,
+    /// `expect = "ask"` only: the rule that asks, or `unknown`.
+    pub ask_rule: Option<String>,
+    /// Exactly the limits the request is charged to, in the order they are checked (`[]`:
+    /// none; a denied request is charged to none).
+    pub limits: Option<Vec<String>>,
+}
+
+impl Case {
+    /// `file:line:col` of the case, for reports.
+    pub fn location(&self) -> String {
+        format!("{}:{}:{}", self.file.display(), self.line, self.col)
+    }
+}
+
+/// A case run: the explanation it got and every expectation that did not hold.
+#[derive(Debug)]
+pub struct CaseResult {
+    pub case: Case,
+    /// `None` only if the request could not be evaluated (see `failures`).
+    pub explanation: Option<Explanation>,
+    /// Empty: the case passed.
+    pub failures: Vec<String>,
+}
+
+impl CaseResult {
+    pub fn passed(&self) -> bool {
+        self.failures.is_empty()
+    }
+}
+
+/// Why a test directory could not be read at all.
+#[derive(Debug, thiserror::Error)]
+pub enum CasesError {
+    #[error("cannot read test directory {dir}: {source}")]
+    Dir {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("no *.toml test files in {0}: write one (see policies/tests/example.toml)")]
+    Empty(PathBuf),
+}
+
+/// The cases of every `*.toml` file in `dir` (sorted by name), plus every problem in files
+/// that are invalid. A file with any problem contributes no case.
+pub fn load_cases_dir(
+    dir: &Path,
+    policy: &Policy,
+) -> Result<(Vec<Case>, Vec<PolicyError>), CasesError> {
+    let paths = super::toml_files(dir).map_err(|source| CasesError::Dir {
+        dir: dir.to_path_buf(),
+        source,
+    })?;
+    if paths.is_empty() {
+        return Err(CasesError::Empty(dir.to_path_buf()));
+    }
+    let mut cases = Vec::new();
+    let mut errors = Vec::new();
+    for path in paths {
+        match std::fs::read_to_string(&path) {
+            Ok(text) => match parse_cases(&path, &text, policy) {
+                Ok(mut more) => cases.append(&mut more),
+                Err(mut more) => errors.append(&mut more),
+            },
+            Err(e) => errors.push(PolicyError {
+                file: path,
+                line: 1,
+                col: 1,
+                message: format!("cannot read file: {e}"),
+            }),
+        }
+    }
+    Ok((cases, errors))
+}
+
+struct Cx<'a> {
+    file: &'a Path,
+    text: &'a str,
+    errors: Vec<PolicyError>,
+}
+
+impl Report for Cx<'_> {
+    fn error(&mut self, span: Range<usize>, message: String) {
+        Cx::error(self, span, message);
+    }
+
+    fn count(&self) -> usize {
+        self.errors.len()
+    }
+}
+
+/// The keys a case takes, for unknown-key reports and did-you-mean hints.
+const CASE_KEYS: &[&str] = &[
+    "name",
+    "identity",
+    "method",
+    "url",
+    "headers",
+    "expect",
+    "rule",
+    "reason",
+    "secrets",
+    "credential",
+    "ask_rule",
+    "limits",
+];
+
+/// Reads a case file key by key (the policy files' reader): an unknown key or a wrong type is
+/// reported where it sits, and every other case is still read and checked.
+fn read_case_file(table: &toml_edit::Table, cx: &mut Cx<'_>) -> RawCaseFile {
+    let root = Fields::new(table, 0..0, String::new(), &["cases"], cx);
+    let mut cases = Vec::new();
+    for (index, entry) in root
+        .table_list_of("cases", CASE_KEYS, cx)
+        .into_iter()
+        .enumerate()
+    {
+        let Ok(f) = entry else { continue };
+        let method = f.required(cx, "method", |f, r, k| f.string(r, k));
+        let url = f.required(cx, "url", |f, r, k| f.string(r, k));
+        let expect = f.required(cx, "expect", |f, r, k| f.string(r, k));
+        // Without these three there is nothing to check the rest against; with them, the
+        // case's own checks still run (and report) even beside an unknown key. A file with any
+        // problem runs none of its cases.
+        let (Some(method), Some(url), Some(expect)) = (method, url, expect) else {
+            continue;
+        };
+        let case = RawCase {
+            name: f.string(cx, "name"),
+            identity: f.string(cx, "identity"),
+            method,
+            url,
+            headers: f
+                .string_map(cx, "headers")
+                .map(|m| m.into_inner().into_iter().collect())
+                .unwrap_or_default(),
+            expect,
+            rule: f.string(cx, "rule"),
+            reason: f.string(cx, "reason"),
+            secrets: f.strings(cx, "secrets"),
+            credential: f.string(cx, "credential"),
+            ask_rule: f.string(cx, "ask_rule"),
+            limits: f.strings(cx, "limits"),
+        };
+        cases.push((index, Spanned::new(f.span.clone(), case)));
+    }
+    RawCaseFile { cases }
+}
+
+impl Cx<'_> {
+    fn error(&mut self, span: Range<usize>, message: String) {
+        let (line, col) = line_col(self.text, span.start);
+        self.errors.push(PolicyError {
+            file: self.file.to_path_buf(),
+            line,
+            col,
+            message,
+        });
+    }
+}
+
+/// Parses and validates one case file against `policy`: every problem, located.
+pub fn parse_cases(
+    file: &Path,
+    text: &str,
+    policy: &Policy,
+) -> Result<Vec<Case>, Vec<PolicyError>> {
+    let mut cx = Cx {
+        file,
+        text,
+        errors: Vec::new(),
+    };
+    let doc = match super::schema::parse(text) {
+        Ok(doc) => doc,
+        Err((span, message)) => {
+            cx.error(span, message);
+            return Err(cx.errors);
+        }
+    };
+    let raw = read_case_file(doc.as_table(), &mut cx);
+    if raw.cases.is_empty() && cx.errors.is_empty() {
+        cx.error(
+            0..0,
+            "no [[cases]] in this file: add at least one case (method, url, expect)".to_string(),
+        );
+    }
+    let mut cases = Vec::new();
+    for (i, raw_case) in raw.cases {
+        let span = raw_case.span();
+        if let Some(case) = validate(&mut cx, i, span, raw_case.into_inner(), policy) {
+            cases.push(case);
+        }
+    }
+    if cx.errors.is_empty() {
+        Ok(cases)
+    } else {
+        // Reported as found; shown in file order, like `check`.
+        cx.errors.sort_by_key(|e| (e.line, e.col));
+        Err(cx.errors)
+    }
+}
+
+fn validate(
+    cx: &mut Cx<'_>,
+    index: usize,
+    span: Range<usize>,
+    raw: RawCase,
+    policy: &Policy,
+) -> Option<Case> {
+    let before = cx.errors.len();
+    let at = |field: &str| format!("cases[{index}].{field}");
+    let expect = match raw.expect.get_ref().as_str() {
+        "allow" => Some(Verdict::Allow),
+        "deny" => Some(Verdict::Deny),
+        "ask" => Some(Verdict::Ask),
+        other => {
+            cx.error(
+                raw.expect.span(),
+                format!(
+                    "{}: {other:?} is not \"allow\", \"deny\" or \"ask\"",
+                    at("expect")
+                ),
+            );
+            None
+        }
+    };
+    if let Some(r) = &raw.ask_rule {
+        let name = r.get_ref();
+        let rule = policy.rules().iter().find(|rule| &rule.name == name);
+        let why = if expect.is_some_and(|e| e != Verdict::Ask) {
+            Some("only a case with expect = \"ask\" has an asking rule".to_string())
+        } else if name == super::ask::UNKNOWN {
+            None
+        } else {
+            match rule {
+                None => Some(format!(
+                    "unknown rule {name:?}{} (\"unknown\" names [ask] unknown = true)",
+                    super::did_you_mean(name, policy.rules().iter().map(|r| r.name.as_str()))
+                )),
+                Some(rule) if rule.ask.is_none() => Some(format!("rule {name:?} has no ask")),
+                Some(_) => None,
+            }
+        };
+        if let Some(why) = why {
+            cx.error(r.span(), format!("{}: {why}", at("ask_rule")));
+        }
+    }
+    let reason = raw.reason.as_ref().and_then(|r| {
+        let found = Reason::ALL.iter().copied().find(|c| c.code() == r.get_ref());
+        if found.is_none() {
+            cx.error(
+                r.span(),
+                format!(
+                    "{}: unknown reason code {:?}; policy decisions use allowed, tunnel, no_rule, port_not_allowed, method_not_allowed, path_not_allowed, identity_not_allowed, scheme_not_allowed, credential_needs_tls, proxy_auth_required, userinfo_in_url, ambiguous_path",
+                    at("reason"),
+                    r.get_ref()
+                ),
+            );
+        }
+        found
+    });
+    if let Some(r) = &raw.rule {
+        if !policy.rules().iter().any(|rule| &rule.name == r.get_ref()) {
+            cx.error(
+                r.span(),
+                format!(
+                    "{}: unknown rule {:?}{}",
+                    at("rule"),
+                    r.get_ref(),
+                    super::did_you_mean(
+                        r.get_ref(),
+                        policy.rules().iter().map(|r| r.name.as_str())
+                    )
+                ),
+            );
+        }
+    }
+    if let (Some(s), Some(Verdict::Deny)) = (&raw.secrets, expect) {
+        cx.error(
+            s.span(),
+            format!(
+                "{}: a denied request binds no secret; remove secrets or expect = \"allow\"",
+                at("secrets")
+            ),
+        );
+    }
+    if let Some(c) = &raw.credential {
+        if expect == Some(Verdict::Deny) {
+            cx.error(
+                c.span(),
+                format!(
+                    "{}: a denied request uses no credential; remove credential or expect = \"allow\"",
+                    at("credential")
+                ),
+            );
+        } else if policy.credential(c.get_ref()).is_none() {
+            cx.error(
+                c.span(),
+                format!(
+                    "{}: unknown credential {:?}{}",
+                    at("credential"),
+                    c.get_ref(),
+                    super::did_you_mean(c.get_ref(), policy.credentials().map(|c| c.name.as_str()))
+                ),
+            );
+        }
+    }
+    for (i, l) in raw
+        .limits
+        .iter()
+        .flat_map(|l| l.get_ref().iter())
+        .enumerate()
+    {
+        if policy.limit(l.get_ref()).is_none() {
+            cx.error(
+                l.span(),
+                format!(
+                    "{}: unknown limit {:?}{}",
+                    at(&format!("limits[{i}]")),
+                    l.get_ref(),
+                    super::did_you_mean(
+                        l.get_ref(),
+                        policy.limits().iter().map(|l| l.name.as_str())
+                    )
+                ),
+            );
+        }
+    }
+    let mut headers = BTreeMap::new();
+    for (k, v) in &raw.headers {
+        if http::HeaderName::from_bytes(k.get_ref().as_bytes()).is_err() {
+            cx.error(
+                k.span(),
+                format!(
+                    "{}: invalid header name {:?}",
+                    at(&format!("headers.{}", k.get_ref())),
+                    k.get_ref()
+                ),
+            );
+        } else {
+            headers.insert(k.get_ref().clone(), v.get_ref().clone());
+        }
+    }
+    // Evaluate once to validate identity, method and URL where they are written.
+    let identity = raw.identity.as_ref().map(|i| i.get_ref().as_str());
+    match explain(policy, identity, raw.method.get_ref(), raw.url.get_ref()) {
+        Ok(_) => {}
+        Err(e) => {
+            let (span, field) = match &e {
+                ExplainError::NoIdentities { .. } | ExplainError::UnknownIdentity { .. } => (
+                    raw.identity.as_ref().map_or(span.clone(), |i| i.span()),
+                    "identity",
+                ),
+                ExplainError::InvalidMethod(_) => (raw.method.span(), "method"),
+                ExplainError::InvalidUrl { .. } => (raw.url.span(), "url"),
+            };
+            cx.error(span, format!("{}: {e}", at(field)));
+        }
+    }
+    if cx.errors.len() > before {
+        return None;
+    }
+    let (line, col) = line_col(cx.text, span.start);
+    let method = raw.method.into_inner();
+    let url = raw.url.into_inner();
+    Some(Case {
+        name: raw
+            .name
+            .map(|n| n.into_inner())
+            .unwrap_or_else(|| format!("{method} {url}")),
+        file: cx.file.to_path_buf(),
+        line,
+        col,
+        identity: raw.identity.map(|i| i.into_inner()),
+        method,
+        url,
+        headers,
+        expect: expect?,
+        rule: raw.rule.map(|r| r.into_inner()),
+        reason,
+        secrets: raw
+            .secrets
+            .map(|s| s.into_inner().into_iter().map(|n| n.into_inner()).collect()),
+        credential: raw.credential.map(|c| c.into_inner()),
+        ask_rule: raw.ask_rule.map(|r| r.into_inner()),
+        limits: raw
+            .limits
+            .map(|l| l.into_inner().into_iter().map(|n| n.into_inner()).collect()),
+    })
+}
+
+/// Runs one case against `policy`.
+pub fn run_case(policy: &Policy, case: &Case) -> CaseResult {
+    let e = match explain(policy, case.identity.as_deref(), &case.method, &case.url) {
+        Ok(e) => e,
+        Err(err) => {
+            return CaseResult {
+                case: case.clone(),
+                explanation: None,
+                failures: vec![format!("cannot evaluate: {err}")],
+            }
+        }
+    };
+    let mut failures = Vec::new();
+    let got_rule = |e: &Explanation| match &e.rule {
+        Some(r) => format!("rule '{r}'"),
+        None => "no rule".to_string(),
+    };
+    if e.decision != case.expect {
+        let want = case.expect.as_str();
+        failures.push(match (e.decision, &e.ask) {
+            (Verdict::Ask, Some(ask)) => format!(
+                "expected {want}, got ask: asks a person ({}) ({}: {})",
+                ask.summary(),
+                e.reason,
+                e.message
+            ),
+            (Verdict::Allow, _) => format!(
+                "expected {want}, got allow ({}: {})",
+                got_rule(&e),
+                e.message
+            ),
+            _ => format!("expected {want}, got deny ({}: {})", e.reason, e.message),
+        });
+    }
+    if let Some(want) = &case.ask_rule {
+        let got = e.ask.as_ref().map(|a| a.rule.as_str());
+        if got != Some(want.as_str()) {
+            failures.push(match got {
+                Some(got) => format!("expected ask_rule '{want}', rule '{got}' asks"),
+                None => format!("expected ask_rule '{want}', nobody is asked"),
+            });
+        }
+    }
+    if let Some(want) = &case.rule {
+        if e.rule.as_deref() != Some(want.as_str()) {
+            failures.push(format!("expected rule '{want}', got {}", got_rule(&e)));
+        }
+    }
+    if let Some(want) = case.reason {
+        if want.code() != e.reason {
+            failures.push(format!(
+                "expected reason {}, got {} ({})",
+                want.code(),
+                e.reason,
+                e.message
+            ));
+        }
+    }
+    if let Some(want) = &case.secrets {
+        let missing: Vec<&String> = want.iter().filter(|s| !e.secrets.contains(s)).collect();
+        if !missing.is_empty() {
+            let bound = if e.secrets.is_empty() {
+                "none".to_string()
+            } else {
+                e.secrets.join(", ")
+            };
+            let hints: String = missing
+                .iter()
+                .map(|m| super::did_you_mean(m, e.secrets.iter().map(String::as_str)))
+                .collect();
+            failures.push(format!(
+                "expected secret(s) {} bound, {} binds {bound}{hints}",
+                Names(&missing),
+                got_rule(&e)
+            ));
+        }
+    }
+    if let Some(want) = &case.credential {
+        if e.credential.as_deref() != Some(want.as_str()) {
+            failures.push(format!(
+                "expected credential '{want}', {} uses {}",
+                got_rule(&e),
+                e.credential.as_deref().unwrap_or("none")
+            ));
+        }
+    }
+    if let Some(want) = &case.limits {
+        let got: Vec<&str> = e.limits.iter().map(|l| l.name.as_str()).collect();
+        if got != *want {
+            let say = |v: &[&str]| {
+                if v.is_empty() {
+                    "none".to_string()
+                } else {
+                    v.join(", ")
+                }
+            };
+            let want: Vec<&str> = want.iter().map(String::as_str).collect();
+            failures.push(format!(
+                "expected limits {}, {} charges {}",
+                say(&want),
+                got_rule(&e),
+                say(&got)
+            ));
+        }
+    }
+    CaseResult {
+        case: case.clone(),
+        explanation: Some(e),
+        failures,
+    }
+}
+
+struct Names<'a>(&'a [&'a String]);
+
+impl fmt::Display for Names<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.0.iter().map(|s| s.as_str()).collect();
+        f.write_str(&names.join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{compile_sources_with, SecretLoading};
+
+    const POLICY: &str = r#"
+[secrets.k]
+source = "env:LATCHKEY_CASES_TEST_UNSET"
+
+[[rules]]
+name = "read"
+hosts = ["api.test"]
+methods = ["GET"]
+[rules.inject.headers]
+authorization = "Bearer {{secret.k}}"
+"#;
+
+    fn policy() -> Policy {
+        compile_sources_with(&[(Path::new("p.toml"), POLICY)], SecretLoading::Skip)
+            .unwrap_or_else(|e| panic!("{e:?}"))
+    }
+
+    fn run(text: &str) -> Vec<CaseResult> {
+        let p = policy();
+        let cases = parse_cases(Path::new("t.toml"), text, &p).unwrap_or_else(|e| panic!("{e:?}"));
+        cases.iter().map(|c| run_case(&p, c)).collect()
+    }
+
+    fn errors(text: &str) -> Vec<String> {
+        match parse_cases(Path::new("t.toml"), text, &policy()) {
+            Ok(c) => panic!("expected errors, parsed {c:?}"),
+            Err(e) => e.iter().map(|e| e.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn cases_that_hold_pass_and_name_defaults_to_method_and_url() {
+        let r = run(
+            "[[cases]]\nmethod = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"allow\"\nrule = \"read\"\nsecrets = [\"k\"]\n\n[[cases]]\nname = \"no writes\"\nmethod = \"POST\"\nurl = \"https://api.test/\"\nexpect = \"deny\"\nrule = \"read\"\nreason = \"method_not_allowed\"\n",
+        );
+        assert!(r.iter().all(CaseResult::passed), "{r:#?}");
+        assert_eq!(r[0].case.name, "GET https://api.test/");
+        assert_eq!(r[1].case.name, "no writes");
+    }
+
+    #[test]
+    fn every_expectation_that_does_not_hold_is_a_failure() {
+        let r = run(
+            "[[cases]]\nmethod = \"POST\"\nurl = \"https://api.test/\"\nexpect = \"allow\"\nreason = \"path_not_allowed\"\n",
+        );
+        assert_eq!(r[0].failures.len(), 2, "{:?}", r[0].failures);
+        assert!(r[0].failures[0].starts_with("expected allow, got deny (method_not_allowed: "));
+        let r =
+            run("[[cases]]\nmethod = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"deny\"\n");
+        assert!(r[0].failures[0].starts_with("expected deny, got allow (rule 'read'"));
+        let r = run(
+            "[[cases]]\nmethod = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"allow\"\nsecrets = [\"other\"]\n",
+        );
+        assert_eq!(
+            r[0].failures,
+            vec!["expected secret(s) other bound, rule 'read' binds k"]
+        );
+    }
+
+    #[test]
+    fn a_credential_expectation_names_the_credential_the_rule_uses() {
+        let text = format!(
+            "{POLICY}\n[credentials.gh]\nkind = \"github_app\"\napp_id = \"1\"\ninstallation_id = \"2\"\nprivate_key = \"file:/x.pem\"\n[[rules]]\nname = \"gh\"\nhosts = [\"gh.test\"]\nmethods = [\"GET\"]\ncredential = \"gh\"\n"
+        );
+        let p = compile_sources_with(&[(Path::new("p.toml"), &text)], SecretLoading::Skip)
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        let cases = parse_cases(
+            Path::new("t.toml"),
+            "[[cases]]\nmethod = \"GET\"\nurl = \"https://gh.test/\"\nexpect = \"allow\"\ncredential = \"gh\"\n[[cases]]\nmethod = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"allow\"\ncredential = \"gh\"\n",
+            &p,
+        )
+        .unwrap_or_else(|e| panic!("{e:?}"));
+        let r: Vec<CaseResult> = cases.iter().map(|c| run_case(&p, c)).collect();
+        assert!(r[0].passed(), "{:?}", r[0].failures);
+        assert_eq!(
+            r[1].failures,
+            vec!["expected credential 'gh', rule 'read' uses none"]
+        );
+        let e = parse_cases(
+            Path::new("t.toml"),
+            "[[cases]]\nmethod = \"GET\"\nurl = \"https://gh.test/\"\nexpect = \"allow\"\ncredential = \"nope\"\n",
+            &p,
+        )
+        .err()
+        .unwrap_or_default();
+        assert!(
+            e[0].to_string()
+                .starts_with("t.toml:5:14: cases[0].credential: unknown credential"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn a_limits_expectation_is_the_exact_list_charged_in_order() {
+        let text = format!(
+            "{POLICY}\n[limits.a]\nrequests = \"1/s\"\n[limits.b]\nconcurrency = 1\n[[rules]]\nname = \"metered\"\nhosts = [\"m.test\"]\nlimits = [\"b\", \"a\"]\n"
+        );
+        let p = compile_sources_with(&[(Path::new("p.toml"), &text)], SecretLoading::Skip)
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        let cases = parse_cases(
+            Path::new("t.toml"),
+            "[[cases]]\nmethod = \"GET\"\nurl = \"https://m.test/\"\nexpect = \"allow\"\nlimits = [\"b\", \"a\"]\n[[cases]]\nmethod = \"GET\"\nurl = \"https://m.test/\"\nexpect = \"allow\"\nlimits = [\"a\", \"b\"]\n[[cases]]\nmethod = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"allow\"\nlimits = []\n[[cases]]\nmethod = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"allow\"\nlimits = [\"a\"]\n",
+            &p,
+        )
+        .unwrap_or_else(|e| panic!("{e:?}"));
+        let r: Vec<CaseResult> = cases.iter().map(|c| run_case(&p, c)).collect();
+        assert!(r[0].passed(), "{:?}", r[0].failures);
+        assert_eq!(
+            r[1].failures,
+            vec!["expected limits a, b, rule 'metered' charges b, a"]
+        );
+        assert!(r[2].passed(), "{:?}", r[2].failures);
+        assert_eq!(
+            r[3].failures,
+            vec!["expected limits a, rule 'read' charges none"]
+        );
+        let e = parse_cases(
+            Path::new("t.toml"),
+            "[[cases]]\nmethod = \"GET\"\nurl = \"https://m.test/\"\nexpect = \"allow\"\nlimits = [\"a\", \"zz\"]\n",
+            &p,
+        )
+        .err()
+        .unwrap_or_default();
+        assert_eq!(
+            e.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
+            ["t.toml:5:16: cases[0].limits[1]: unknown limit \"zz\""]
+        );
+    }
+
+    #[test]
+    fn a_malformed_case_file_reports_every_problem_with_line_and_column() {
+        let e = errors(
+            "[[cases]]\nmethod = \"GET\"\nurl = \"api.test\"\nexpect = \"maybe\"\nrule = \"nope\"\nreason = \"nope\"\n",
+        );
+        assert_eq!(e.len(), 4, "{e:?}");
+        assert!(
+            e.iter()
+                .any(|m| m.starts_with("t.toml:4:10: cases[0].expect")),
+            "{e:?}"
+        );
+        assert!(
+            e.iter().any(|m| m.starts_with("t.toml:5:8: cases[0].rule")),
+            "{e:?}"
+        );
+        assert!(
+            e.iter()
+                .any(|m| m.starts_with("t.toml:6:10: cases[0].reason")),
+            "{e:?}"
+        );
+        assert!(
+            e.iter().any(|m| m.starts_with("t.toml:3:7: cases[0].url")),
+            "{e:?}"
+        );
+        let e = errors("[[cases]]\nmethod = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"allow\"\ncolour = \"blue\"\n");
+        assert_eq!(e.len(), 1, "{e:?}");
+        assert!(
+            e[0].starts_with("t.toml:5:1: cases[0]: unknown key `colour`; known keys:"),
+            "{e:?}"
+        );
+        // An unknown key hides nothing: the same case's other problems and every other case's
+        // are reported too, in file order, each at its line and column, with a did-you-mean.
+        let e = errors(
+            "[[cases]]\nmethd = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"maybe\"\n\n\
+             [[cases]]\nmethod = 7\nurl = \"https://api.test/\"\nexpect = \"allow\"\n\n\
+             [[cases]]\nmethod = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"deny\"\nreason = \"nope\"\n",
+        );
+        assert_eq!(
+            e,
+            [
+                "t.toml:1:1: cases[0]: missing key `method`",
+                "t.toml:2:1: cases[0]: unknown key `methd`; did you mean `method`?",
+                "t.toml:7:10: cases[1].method: expected a string, found an integer",
+            ]
+            .iter()
+            .map(|s| s.to_string())
+            .chain(
+                e.iter()
+                    .filter(|m| m.starts_with("t.toml:15:10: cases[2].reason"))
+                    .cloned()
+            )
+            .collect::<Vec<_>>(),
+            "{e:?}"
+        );
+        assert_eq!(e.len(), 4, "{e:?}");
+        // An unknown key beside a bad `expect` in the same case: both reported.
+        let e = errors(
+            "[[cases]]\nmethod = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"maybe\"\nrul = \"x\"\n",
+        );
+        assert_eq!(e.len(), 2, "{e:?}");
+        assert!(e[0].starts_with("t.toml:4:10: cases[0].expect"), "{e:?}");
+        assert!(
+            e[1].starts_with("t.toml:5:1: cases[0]: unknown key `rul`; did you mean `rule`?"),
+            "{e:?}"
+        );
+        let e = errors("cases = \"x\"\n");
+        assert!(
+            e[0].starts_with("t.toml:1:9: cases: expected a list of tables, found a string; write each case as [[cases]]"),
+            "{e:?}"
+        );
+        let e = errors("");
+        assert!(e[0].contains("no [[cases]]"), "{e:?}");
+    }
+}

@@ -1,0 +1,676 @@
+//! `explain`: what policy decides for one request, why, and why every other candidate rule did
+//! not decide it. Used by `latchkey explain`, `latchkey test` and (later) the admin API.
+//!
+//! The decision is the proxy's own, step for step: an unidentified client when identities are
+//! configured is refused, a URL with userinfo is refused, an `https` URL first passes the CONNECT
+//! gate ([`Policy::decide_connect`]), a path with dot segments or encoded slashes is refused, then
+//! [`Policy::decide`]. A decision [`Policy::asks`] about is the verdict `ask`, with its terms.
+//! Secrets and injected headers are listed by name only; values are never read (an explanation
+//! works on a policy loaded without them).
+//!
+//! ```text
+//! let e = explain(&policy, None, "POST", "https://api.github.com/zen")?;
+//! assert_eq!(e.decision, Verdict::Deny);
+//! assert_eq!(e.reason, "method_not_allowed");
+//! ```
+
+use http::{Method, Uri};
+use serde::Serialize;
+
+use super::identity::{Identity, DEFAULT_IDENTITY};
+use super::{display_url, normalize_host, ConnectDecision, Policy, Rule, Scheme, Target};
+use crate::reason::Reason;
+
+/// Allow, deny or ask a person, as printed and serialised.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    Allow,
+    Deny,
+    /// The request waits for a person ([`Policy::asks`]): an allow under a rule with `ask`, or
+    /// a policy denial under `[ask] unknown = true`.
+    Ask,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Allow => "allow",
+            Verdict::Deny => "deny",
+            Verdict::Ask => "ask",
+        }
+    }
+}
+
+/// Why and on what terms a request asks a person (the `ask` of an [`Explanation`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AskExplained {
+    /// The rule with `ask`, or `unknown` (`[ask] unknown = true`).
+    pub rule: String,
+    /// How long the request is held (`0s`: not held).
+    pub hold: String,
+    /// What an approver may grant; the first is the default.
+    pub scopes: Vec<String>,
+    pub message: Option<String>,
+    /// The notifiers told, resolved (a rule naming none tells every `[notify.*]`).
+    pub notify: Vec<String>,
+}
+
+impl AskExplained {
+    /// `rule 'prod-writes'; hold 30s; scopes once, 1h` (or `[ask] unknown = true; …`), for the
+    /// text output and test failures.
+    pub fn summary(&self) -> String {
+        let why = if self.rule == super::ask::UNKNOWN {
+            "[ask] unknown = true".to_string()
+        } else {
+            format!("rule '{}'", self.rule)
+        };
+        let notify = if self.notify.is_empty() {
+            "no notifier".to_string()
+        } else {
+            format!("notifies {}", self.notify.join(", "))
+        };
+        format!(
+            "{why}; hold {}; scopes {}; {notify}",
+            self.hold,
+            self.scopes.join(", ")
+        )
+    }
+}
+
+/// One limit an allowed request is charged to (the `limits` of an [`Explanation`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LimitExplained {
+    pub name: String,
+    /// Whose requests share its counters: identity, rule, credential or global.
+    pub per: &'static str,
+    /// Each measure it sets and its terms: `"requests": "100/min"`, `"spend": "20 USD/day"`.
+    pub measures: std::collections::BTreeMap<&'static str, String>,
+    /// What a request gets when the state store cannot answer: deny or allow.
+    pub on_store_error: &'static str,
+    /// [`crate::Limit::summary`], for the text output.
+    pub summary: String,
+}
+
+/// The first check a candidate rule failed, or `Matched`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The identity asking may not use this rule.
+    Identity,
+    /// The rule does not allow this port.
+    Port,
+    /// A `tunnel = true` rule: it relays CONNECT bytes and never allows a request it can see.
+    Tunnel,
+    /// The rule does not allow this method.
+    Method,
+    /// No path glob of the rule matches.
+    Path,
+    /// A WebSocket handshake under a rule without `websocket = true`.
+    WebSocket,
+    /// The rule does not cover the scheme latchkey would send the request with: a rule that
+    /// brokers a credential covers `https` only (`credential_needs_tls`), or its `schemes`
+    /// leave it out.
+    Scheme,
+    /// Every check passed.
+    Matched,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Identity => "identity",
+            Outcome::Port => "port",
+            Outcome::Tunnel => "tunnel",
+            Outcome::Method => "method",
+            Outcome::Path => "path",
+            Outcome::WebSocket => "websocket",
+            Outcome::Scheme => "scheme",
+            Outcome::Matched => "matched",
+        }
+    }
+}
+
+/// One rule whose host patterns match the request's host, in decision order.
+#[derive(Clone, Debug, Serialize)]
+pub struct Candidate {
+    pub rule: String,
+    /// `file:line` of the rule.
+    pub origin: String,
+    pub outcome: Outcome,
+    /// Whether this rule is the one that decided the request (the allowing rule, or the one a
+    /// denial names).
+    pub decides: bool,
+    /// What the rule allows for the failed check, e.g. `allows only GET, HEAD`.
+    pub detail: String,
+}
+
+/// Everything `explain` says about one request. Serialisable as is for `--json` and the admin
+/// API; names only, never a secret value.
+#[derive(Clone, Debug, Serialize)]
+pub struct Explanation {
+    pub decision: Verdict,
+    /// Set when the decision is `ask`: on what terms a person is asked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ask: Option<AskExplained>,
+    /// The stable reason code ([`Reason::code`]).
+    pub reason: &'static str,
+    /// The allowing rule, or on deny the rule that came closest.
+    pub rule: Option<String>,
+    pub rule_origin: Option<String>,
+    /// The rule's `description`.
+    pub description: Option<String>,
+    /// The sentence the deny body and logs carry.
+    pub message: String,
+    /// The identity asked about (`default` when the policy defines none).
+    pub identity: String,
+    pub method: String,
+    /// The normalised URL policy saw (default port omitted, no query).
+    pub url: String,
+    /// Every rule whose host patterns match the host, in decision order.
+    pub candidates: Vec<Candidate>,
+    /// Secrets the allowing rule binds (injects or lists), by name.
+    pub secrets: Vec<String>,
+    /// The credential that signs or authenticates the allowed request (`credential = "NAME"`).
+    pub credential: Option<String>,
+    /// That credential's kind (`aws_sigv4`, `github_app`, …).
+    pub credential_kind: Option<String>,
+    /// What the allowing rule sets: header names, `?param` for query parameters.
+    pub injected: Vec<String>,
+    /// The same list as `injected`, under the name the first release printed.
+    pub injected_headers: Vec<String>,
+    /// The limits the allowed request is charged to, in the order they are checked: the
+    /// rule's, the identity's, then its credential's, each once.
+    pub limits: Vec<LimitExplained>,
+    /// The denial would be let through and audited `would_deny = true`, because the rule it
+    /// names is in `mode = "report"` (`serve --mode report` does this for every denial).
+    pub report_only: bool,
+    /// Digest of the policy set that decided.
+    pub policy: String,
+}
+
+impl Explanation {
+    /// Allowed outright: not denied, and nobody needs to be asked.
+    pub fn allowed(&self) -> bool {
+        self.decision == Verdict::Allow
+    }
+}
+
+/// A request `explain` cannot evaluate. Messages name the input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExplainError {
+    #[error("unknown identity {name:?}: the policy defines no identities, so every request is \"default\"")]
+    NoIdentities { name: String },
+    #[error(
+        "unknown identity {name:?}{}; the policy defines: {}",
+        super::did_you_mean(name, known.iter().map(String::as_str)),
+        .known.join(", ")
+    )]
+    UnknownIdentity { name: String, known: Vec<String> },
+    #[error("invalid method {0:?}")]
+    InvalidMethod(String),
+    #[error("invalid URL {url:?}: {why}")]
+    InvalidUrl { url: String, why: String },
+}
+
+/// Explains what `policy` decides for `method url` asked by `identity` (`None` or `"default"`:
+/// no identity; refused when the policy defines identities, as the proxy refuses it).
+pub fn explain(
+    policy: &Policy,
+    identity: Option<&str>,
+    method: &str,
+    url: &str,
+) -> Result<Explanation, ExplainError> {
+    let asked = identity.filter(|n| *n != DEFAULT_IDENTITY);
+    let ident: Option<&Identity> = match asked {
+        None => None,
+        Some(name) if policy.identities().is_empty() => {
+            return Err(ExplainError::NoIdentities {
+                name: name.to_string(),
+            })
+        }
+        Some(name) => Some(
+            policy
+                .identity(name)
+                .ok_or_else(|| ExplainError::UnknownIdentity {
+                    name: name.to_string(),
+                    known: policy.identities().iter().map(|i| i.name.clone()).collect(),
+                })?,
+        ),
+    };
+    let unidentified = ident.is_none() && !policy.identities().is_empty();
+    let method_text = method;
+    let method = Method::from_bytes(method.as_bytes())
+        .map_err(|_| ExplainError::InvalidMethod(method.to_string()))?;
+    let bad_url = |why: &str| ExplainError::InvalidUrl {
+        url: url.to_string(),
+        why: why.to_string(),
+    };
+    let uri: Uri = url
+        .parse()
+        .map_err(|e: http::uri::InvalidUri| bad_url(&e.to_string()))?;
+    // `ws://` and `wss://` explain the WebSocket handshake: a GET over http or https asking to
+    // upgrade, which only a rule with `websocket = true` allows.
+    let (scheme, websocket) = match uri.scheme_str() {
+        Some("http") => (Scheme::Http, false),
+        Some("https") => (Scheme::Https, false),
+        Some("ws") => (Scheme::Http, true),
+        Some("wss") => (Scheme::Https, true),
+        _ => {
+            return Err(bad_url(
+                "use an absolute http://, https://, ws:// or wss:// URL",
+            ))
+        }
+    };
+    let authority = uri.authority().ok_or_else(|| bad_url("no host"))?;
+    let host = normalize_host(authority.host()).map_err(|e| bad_url(&e.to_string()))?;
+    let port = authority.port_u16().unwrap_or(scheme.default_port());
+    let path = if uri.path().is_empty() {
+        "/"
+    } else {
+        uri.path()
+    };
+    let shown = display_url(scheme, &host, port, path);
+
+    let target = Target {
+        identity: ident,
+        scheme,
+        host: &host,
+        port,
+        method: &method,
+        path,
+        websocket,
+    };
+    let (reason, rule, message): (Reason, Option<&Rule>, String) = if unidentified {
+        let known: Vec<&str> = policy
+            .identities()
+            .iter()
+            .map(|i| i.name.as_str())
+            .collect();
+        (
+            Reason::ProxyAuthRequired,
+            None,
+            format!(
+                "the policy defines identities ({}) and this client has none: latchkey refuses it (407); explain with --identity NAME",
+                known.join(", ")
+            ),
+        )
+    } else if authority.as_str().contains('@') {
+        (
+            Reason::UserinfoInUrl,
+            None,
+            format!("URL {url:?} carries userinfo ('@'): latchkey refuses such requests"),
+        )
+    } else {
+        let connect = (scheme == Scheme::Https).then(|| policy.decide_connect(&host, port, ident));
+        match connect {
+            Some(ConnectDecision::Tunnel(rule)) => (
+                Reason::Tunnel,
+                Some(rule),
+                format!(
+                    "rule '{}' relays CONNECT {} as a raw tunnel (no interception)",
+                    rule.name,
+                    super::display_authority(&host, port)
+                ),
+            ),
+            Some(ConnectDecision::Deny(d)) => (d.reason, d.rule, d.message),
+            _ if crate::wire::path::is_ambiguous_path(path) => (
+                Reason::AmbiguousPath,
+                None,
+                match crate::wire::path::ambiguity(path) {
+                    Some(why) => format!("path {path:?} {why}"),
+                    None => format!("path {path:?} is ambiguous"),
+                },
+            ),
+            _ => {
+                let d = policy.decide_explained(&target);
+                // The proxy refuses `;` parameters and `//` under the rule that allowed a request
+                // when that rule restricts paths; say so here too.
+                let rule_check = d.rule.filter(|_| d.reason.is_allow()).map(|r| {
+                    (
+                        r,
+                        crate::wire::path::check_rule_path(path, r.paths.is_some()),
+                    )
+                });
+                match rule_check {
+                    Some((r, Err(why))) => (
+                        Reason::AmbiguousPath,
+                        Some(r),
+                        format!("path {path:?} {why}"),
+                    ),
+                    _ => (d.reason, d.rule, d.message),
+                }
+            }
+        }
+    };
+    let allowed = reason.is_allow();
+    let decided = super::Decision {
+        reason,
+        rule,
+        message: String::new(),
+    };
+    let ask = policy.asks(&decided).map(|a| AskExplained {
+        rule: a.rule_name().to_string(),
+        hold: humantime::format_duration(a.terms.hold).to_string(),
+        scopes: a.terms.scopes.iter().map(|s| s.to_string()).collect(),
+        message: a.terms.message.clone(),
+        notify: policy
+            .notifiers_for(a.terms)
+            .map(|n| n.name.clone())
+            .collect(),
+    });
+
+    let candidates = policy
+        .candidates(&host)
+        .map(|r| {
+            let (outcome, detail) = check(r, &target);
+            Candidate {
+                rule: r.name.clone(),
+                origin: r.origin.to_string(),
+                outcome,
+                decides: rule.is_some_and(|d| std::ptr::eq(d, r)),
+                detail,
+            }
+        })
+        .collect();
+
+    let deciding = rule.filter(|_| allowed);
+    let injected: Vec<String> = deciding
+        .map(|r| {
+            let mut v: Vec<String> = r
+                .inject_headers
+                .iter()
+                .map(|(n, _)| n.to_string())
+                .collect();
+            v.extend(r.inject_query.iter().map(|(k, _)| format!("?{k}")));
+            if r.inject_basic.is_some() {
+                v.push("authorization (basic)".to_string());
+            }
+            v
+        })
+        .unwrap_or_default();
+    // `bound` also holds a credential's internal key names; they are reported as the credential.
+    let secrets = deciding
+        .map(|r| {
+            r.bound
+                .iter()
+                .filter(|n| !n.starts_with("credential:"))
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
+    let credential = deciding.and_then(|r| r.credential.clone());
+    let limits = deciding
+        .map(|r| {
+            policy
+                .limits_for(r, ident)
+                .into_iter()
+                .map(|l| LimitExplained {
+                    name: l.name.clone(),
+                    per: l.per.as_str(),
+                    measures: l
+                        .terms()
+                        .into_iter()
+                        .map(|(m, t)| (m.as_str(), t))
+                        .collect(),
+                    on_store_error: l.on_store_error.as_str(),
+                    summary: l.summary(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let credential_kind = credential
+        .as_deref()
+        .and_then(|c| policy.credential(c))
+        .map(|c| c.kind.label().to_string());
+
+    Ok(Explanation {
+        decision: match (&ask, allowed) {
+            (Some(_), _) => Verdict::Ask,
+            (None, true) => Verdict::Allow,
+            (None, false) => Verdict::Deny,
+        },
+        ask,
+        reason: reason.code(),
+        rule: rule.map(|r| r.name.clone()),
+        rule_origin: rule.map(|r| r.origin.to_string()),
+        description: rule.and_then(|r| r.description.clone()),
+        message,
+        identity: ident
+            .map_or(DEFAULT_IDENTITY, |i| i.name.as_str())
+            .to_string(),
+        method: method_text.to_string(),
+        url: shown,
+        candidates,
+        secrets,
+        credential,
+        credential_kind,
+        injected_headers: injected.clone(),
+        injected,
+        limits,
+        report_only: !allowed && reason.is_policy_denial() && rule.is_some_and(|r| r.report),
+        policy: policy.digest().to_string(),
+    })
+}
+
+/// The first check `rule` fails for `t`, in the order [`Policy::decide`] checks them.
+fn check(rule: &Rule, t: &Target<'_>) -> (Outcome, String) {
+    if t.identity.is_some_and(|i| !i.rules.allows(&rule.name)) {
+        let who = t.identity.map_or(DEFAULT_IDENTITY, |i| i.name.as_str());
+        return (
+            Outcome::Identity,
+            format!("identity '{who}' may not use this rule"),
+        );
+    }
+    if !rule.port_matches(t.scheme, t.port) {
+        return (
+            Outcome::Port,
+            format!("allows port(s) {}", super::join(rule.ports_for(t.scheme))),
+        );
+    }
+    if rule.tunnel {
+        let detail = if t.scheme == Scheme::Https {
+            "relays CONNECT as a raw tunnel; it allows no request latchkey can see"
+        } else {
+            "relays CONNECT tunnels only; it never allows a plain http request"
+        };
+        return (Outcome::Tunnel, detail.to_string());
+    }
+    if !rule.method_matches(t.method) {
+        return (
+            Outcome::Method,
+            format!("allows only {}", super::join(rule.methods.iter().flatten())),
+        );
+    }
+    if !rule.path_matches(t.path) {
+        return (
+            Outcome::Path,
+            format!(
+                "allows only paths {}",
+                super::join(rule.paths.iter().flat_map(|p| p.globs.iter()))
+            ),
+        );
+    }
+    if t.websocket && !rule.websocket {
+        return (
+            Outcome::WebSocket,
+            "does not allow WebSocket upgrades (websocket = true allows them)".to_string(),
+        );
+    }
+    if !rule.schemes.allows(t.scheme) {
+        let detail = match rule.scheme_refusal(t.scheme) {
+            Reason::CredentialNeedsTls => format!(
+                "brokers {}, so it applies only to requests sent over TLS (https); a credential never travels in cleartext unless the rule sets dangerously_allow_cleartext = true",
+                rule.brokered().unwrap_or_default()
+            ),
+            _ => format!("covers only schemes {}", rule.schemes.listed()),
+        };
+        return (Outcome::Scheme, detail);
+    }
+    (Outcome::Matched, String::new())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{compile_sources_with, SecretLoading};
+    use std::path::Path;
+
+    const POLICY: &str = r#"
+[secrets.k]
+source = "env:LATCHKEY_EXPLAIN_TEST_UNSET"
+
+[[rules]]
+name = "read"
+hosts = ["api.corp.test"]
+methods = ["GET"]
+paths = ["/v1/**"]
+[rules.inject.headers]
+authorization = "Bearer {{secret.k}}"
+
+[[rules]]
+name = "write"
+hosts = ["api.corp.test"]
+methods = ["POST"]
+
+[[rules]]
+name = "alt-port"
+hosts = ["*.corp.test"]
+ports = [8443]
+"#;
+
+    fn policy(text: &str) -> Policy {
+        compile_sources_with(&[(Path::new("p.toml"), text)], SecretLoading::Skip)
+            .unwrap_or_else(|e| panic!("{e:?}"))
+    }
+
+    fn outcomes(e: &Explanation) -> Vec<(&str, Outcome, bool)> {
+        e.candidates
+            .iter()
+            .map(|c| (c.rule.as_str(), c.outcome, c.decides))
+            .collect()
+    }
+
+    #[test]
+    fn an_allowed_request_names_its_rule_secrets_and_headers_and_every_candidate() {
+        let p = policy(POLICY);
+        let e = explain(&p, None, "GET", "https://api.corp.test/v1/x?q=1").expect("explains");
+        assert_eq!(e.decision, Verdict::Allow);
+        assert_eq!(e.rule.as_deref(), Some("read"));
+        assert_eq!(e.secrets, vec!["k"]);
+        assert_eq!(e.injected, vec!["authorization"]);
+        assert_eq!(e.url, "https://api.corp.test/v1/x");
+        assert_eq!(
+            outcomes(&e),
+            vec![
+                ("read", Outcome::Matched, true),
+                ("write", Outcome::Method, false),
+                ("alt-port", Outcome::Port, false),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_denied_request_says_why_each_candidate_failed_and_binds_nothing() {
+        let p = policy(POLICY);
+        let e = explain(&p, None, "DELETE", "https://api.corp.test/v1/x").expect("explains");
+        assert_eq!(e.decision, Verdict::Deny);
+        assert_eq!(e.reason, "method_not_allowed");
+        assert!(e.secrets.is_empty() && e.injected.is_empty());
+        assert_eq!(e.candidates[0].detail, "allows only GET");
+        let e = explain(&p, None, "GET", "https://api.corp.test/v2").expect("explains");
+        assert_eq!(e.reason, "path_not_allowed", "read comes closest: {e:?}");
+        assert_eq!(e.candidates[0].outcome, Outcome::Path);
+    }
+
+    #[test]
+    fn a_host_no_rule_names_has_no_candidates() {
+        let p = policy(POLICY);
+        let e = explain(&p, None, "GET", "http://other.example/").expect("explains");
+        assert_eq!(e.reason, "no_rule");
+        assert!(e.candidates.is_empty());
+    }
+
+    #[test]
+    fn identities_gate_rules_and_an_unidentified_client_is_refused() {
+        let text = format!(
+            "{POLICY}\n[identities.ci]\nsources = [\"10.0.0.0/24\"]\nrules = [\"write\"]\n"
+        );
+        let p = policy(&text);
+        let e = explain(&p, Some("ci"), "GET", "https://api.corp.test/v1/x").expect("explains");
+        assert_eq!(e.reason, "method_not_allowed");
+        assert_eq!(e.candidates[0].outcome, Outcome::Identity);
+        assert_eq!(e.identity, "ci");
+        let e = explain(&p, None, "GET", "https://api.corp.test/v1/x").expect("explains");
+        assert_eq!(e.reason, "proxy_auth_required");
+        assert!(matches!(
+            explain(&p, Some("nobody"), "GET", "https://api.corp.test/"),
+            Err(ExplainError::UnknownIdentity { .. })
+        ));
+    }
+
+    #[test]
+    fn bad_input_is_an_error_and_odd_urls_are_refused_like_the_proxy_does() {
+        let p = policy(POLICY);
+        assert!(matches!(
+            explain(&p, None, "G ET", "https://api.corp.test/"),
+            Err(ExplainError::InvalidMethod(_))
+        ));
+        assert!(matches!(
+            explain(&p, None, "GET", "ftp://api.corp.test/"),
+            Err(ExplainError::InvalidUrl { .. })
+        ));
+        assert!(matches!(
+            explain(&p, Some("ci"), "GET", "https://api.corp.test/"),
+            Err(ExplainError::NoIdentities { .. })
+        ));
+        let e = explain(&p, None, "GET", "https://u:p@api.corp.test/v1/x").expect("explains");
+        assert_eq!(e.reason, "userinfo_in_url");
+        let e = explain(&p, None, "GET", "https://api.corp.test/v1/../admin").expect("explains");
+        assert_eq!(e.reason, "ambiguous_path");
+    }
+
+    #[test]
+    fn a_credential_is_named_with_its_kind_and_its_key_material_is_not_listed_as_secrets() {
+        let text = format!(
+            "{POLICY}\n[credentials.gh]\nkind = \"github_app\"\napp_id = \"1\"\ninstallation_id = \"2\"\nprivate_key = \"file:/nonexistent/gh.pem\"\n\n[[rules]]\nname = \"gh\"\nhosts = [\"api.gh.example\"]\nmethods = [\"GET\"]\ncredential = \"gh\"\n"
+        );
+        let p = policy(&text);
+        let e = explain(&p, None, "GET", "https://api.gh.example/zen").expect("explains");
+        assert_eq!(e.rule.as_deref(), Some("gh"));
+        assert_eq!(e.credential.as_deref(), Some("gh"));
+        assert_eq!(e.credential_kind.as_deref(), Some("github_app"));
+        assert!(e.secrets.is_empty(), "{:?}", e.secrets);
+    }
+
+    #[test]
+    fn an_allowed_request_lists_the_limits_it_is_charged_to_in_order_and_a_denied_one_none() {
+        let text = format!(
+            "{POLICY}\n[limits.rate]\nrequests = \"10/min\"\n[limits.budget]\nper = \"global\"\nspend = \"2.5 USD/day\"\nllm_tokens = \"1M/day\"\n[[rules]]\nname = \"llm\"\nhosts = [\"llm.test\"]\nlimits = [\"rate\", \"budget\"]\n"
+        );
+        let p = policy(&text);
+        let e = explain(&p, None, "POST", "https://llm.test/v1/chat").expect("explains");
+        let names: Vec<&str> = e.limits.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(names, ["rate", "budget"]);
+        assert_eq!(e.limits[1].per, "global");
+        assert_eq!(e.limits[1].measures["spend"], "2.5 USD/day");
+        assert_eq!(e.limits[1].measures["llm_tokens"], "1000000/day");
+        let v = serde_json::to_value(&e).expect("serialises");
+        assert_eq!(v["limits"][0]["measures"]["requests"], "10/min");
+        assert_eq!(v["limits"][0]["on_store_error"], "deny");
+        let e = explain(&p, None, "GET", "https://llm.test:8443/").expect("explains");
+        assert!(!e.allowed());
+        assert!(e.limits.is_empty());
+    }
+
+    #[test]
+    fn explanations_serialise_with_stable_field_names() {
+        let p = policy(POLICY);
+        let e = explain(&p, None, "GET", "https://api.corp.test/v1/x").expect("explains");
+        let v = serde_json::to_value(&e).expect("serialises");
+        assert_eq!(v["decision"], "allow");
+        assert_eq!(v["reason"], "allowed");
+        assert_eq!(v["candidates"][1]["outcome"], "method");
+        assert_eq!(v["policy"], p.digest());
+    }
+}
