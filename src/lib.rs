@@ -16,6 +16,7 @@ pub use latchkey_governance as governance;
 pub use latchkey_metrics as metrics;
 pub use latchkey_policy as policy;
 pub use latchkey_proxy as proxy;
+pub use latchkey_review as review;
 pub use latchkey_secrets as secrets;
 pub use latchkey_ship as ship;
 pub use latchkey_signing as signing;

@@ -1,12 +1,12 @@
 //! `latchkey diff OLD NEW` and `latchkey diff --git REV1..REV2`: what a policy change means, as
-//! [`crate::policy::diff`] computes it, printed as text, markdown (a change request comment) or
+//! [`crate::review::diff`] computes it, printed as text, markdown (a change request comment) or
 //! JSON. Exit 0 when nothing widened, 3 when the change widens reach, 1 when a side does not load.
 
 use std::path::{Component, Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-use crate::policy::diff::{diff, Decided, Diff, Direction};
 use crate::policy::{LoadError, Policy, PolicySources, SecretLoading};
+use crate::review::diff::{diff, Decided, Diff, Direction};
 
 /// `latchkey diff` flags.
 #[derive(clap::Args, Debug)]

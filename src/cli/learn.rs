@@ -1,5 +1,5 @@
 //! `latchkey learn`: least-privilege rules proposed from audit logs, as
-//! [`crate::policy::learn`] generalises them, written as a policy file with a comment per rule
+//! [`crate::review::learn`] generalises them, written as a policy file with a comment per rule
 //! and a `tests/` case file that pins each rule.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -11,12 +11,12 @@ use anyhow::Context;
 
 use crate::audit::read::{Filter, Item, Line, Reader, Requests, Rows};
 use crate::policy::ask::UNKNOWN;
-use crate::policy::cases::{load_cases_dir, parse_cases, run_case};
-use crate::policy::explain::{explain, Verdict};
 use crate::policy::identity::DEFAULT_IDENTITY;
-use crate::policy::learn::{self, Caps, LearnedCase, Learner, Seen};
 use crate::policy::{LoadError, Policy, PolicySources, Scheme, SecretLoading};
 use crate::reason::Reason;
+use crate::review::cases::{load_cases_dir, parse_cases, run_case};
+use crate::review::explain::{explain, Verdict};
+use crate::review::learn::{self, Caps, LearnedCase, Learner, Seen};
 
 /// `latchkey learn` flags.
 #[derive(clap::Args, Debug)]

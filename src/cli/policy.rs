@@ -14,10 +14,10 @@ use std::process::ExitCode;
 
 use serde_json::json;
 
-use crate::policy::cases::{load_cases_dir, run_case};
-use crate::policy::explain::{explain as explain_request, Explanation, Outcome};
-use crate::policy::lint::lint;
 use crate::policy::{LoadError, Policy, PolicySources, SecretLoading};
+use crate::review::cases::{load_cases_dir, run_case};
+use crate::review::explain::{explain as explain_request, Explanation, Outcome};
+use crate::review::lint::lint;
 
 /// How `check` prints its findings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]

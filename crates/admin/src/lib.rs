@@ -21,6 +21,7 @@ use latchkey_audit as audit;
 use latchkey_governance as governance;
 use latchkey_policy as policy;
 use latchkey_proxy as proxy;
+use latchkey_review as review;
 use latchkey_secrets as secrets;
 use latchkey_ship as ship;
 use latchkey_wire::reason;
@@ -317,7 +318,7 @@ fn explain(proxy: &Proxy, query: &str) -> Response<Body> {
         );
     };
     let policy = proxy.policy();
-    match crate::policy::explain::explain(&policy, identity.as_deref(), &method, &url) {
+    match crate::review::explain::explain(&policy, identity.as_deref(), &method, &url) {
         Ok(e) => match serde_json::to_value(&e) {
             Ok(v) => json(StatusCode::OK, &v),
             Err(err) => json(

@@ -703,6 +703,6 @@ pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
 }
 
 #[cfg(test)]
-pub(super) fn compile_one(text: &str) -> Result<Policy, Vec<PolicyError>> {
+pub(crate) fn compile_one(text: &str) -> Result<Policy, Vec<PolicyError>> {
     compile_sources(&[(Path::new("test.toml"), text)])
 }

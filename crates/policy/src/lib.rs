@@ -24,23 +24,18 @@ use latchkey_wire::reason;
 
 pub mod ask;
 mod ask_compile;
-pub mod cases;
-mod compile;
+pub mod compile;
 mod credential;
-pub mod diff;
-pub mod explain;
 pub mod identity;
-pub mod learn;
 pub mod limits;
 mod limits_compile;
-pub mod lint;
 pub mod mcp;
 mod names;
 mod prices;
 pub mod reach;
-mod read;
-mod rule;
-mod schema;
+pub mod read;
+pub mod rule;
+pub mod schema;
 pub mod schemes;
 
 use std::collections::HashMap;
@@ -72,7 +67,7 @@ use crate::secrets::{SecretStore, Template};
 use crate::wire::cidr::Cidr;
 
 /// The `*.toml` files directly in `dir`, sorted by name (not recursive: `tests/` holds cases).
-pub(crate) fn toml_files(dir: &std::path::Path) -> std::io::Result<Vec<PathBuf>> {
+pub fn toml_files(dir: &std::path::Path) -> std::io::Result<Vec<PathBuf>> {
     let mut paths = Vec::new();
     for entry in std::fs::read_dir(dir)? {
         let path = entry?.path();
@@ -240,20 +235,20 @@ impl PathMatcher {
 }
 
 impl Rule {
-    fn port_matches(&self, scheme: Scheme, port: u16) -> bool {
+    pub fn port_matches(&self, scheme: Scheme, port: u16) -> bool {
         match &self.ports {
             Some(ports) => ports.contains(&port),
             None => port == scheme.default_port(),
         }
     }
 
-    fn method_matches(&self, method: &Method) -> bool {
+    pub fn method_matches(&self, method: &Method) -> bool {
         self.methods
             .as_ref()
             .is_none_or(|ms| ms.iter().any(|m| m == method))
     }
 
-    fn path_matches(&self, path: &str) -> bool {
+    pub fn path_matches(&self, path: &str) -> bool {
         self.paths.as_ref().is_none_or(|p| p.is_match(path))
     }
 
@@ -538,7 +533,10 @@ impl Policy {
     }
 
     /// Candidate rules for a host, in decision order.
-    fn candidates<'s, 'h>(&'s self, host: &'h str) -> impl Iterator<Item = &'s Rule> + use<'s, 'h> {
+    pub fn candidates<'s, 'h>(
+        &'s self,
+        host: &'h str,
+    ) -> impl Iterator<Item = &'s Rule> + use<'s, 'h> {
         let exact = self.exact.get(host).into_iter().flatten();
         // Longest wildcard suffix first: for a.b.example.com try b.example.com, then
         // example.com, then com. A wildcard never matches its own apex.
@@ -776,7 +774,7 @@ impl Policy {
     }
 }
 
-fn join<T: std::fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
+pub fn join<T: std::fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
     items
         .into_iter()
         .map(|i| i.to_string())

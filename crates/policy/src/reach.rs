@@ -19,7 +19,6 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::ask::{Ask, AskPolicy};
-use super::explain::ExplainError;
 use super::identity::{Identity, RuleSet, DEFAULT_IDENTITY};
 use super::{Policy, Rule, Scheme};
 use crate::signing::Credential;
@@ -41,6 +40,24 @@ pub struct Reach {
     pub reach: String,
     /// The listing, sorted, one fact per item.
     pub items: Vec<String>,
+}
+
+/// A request or identity the review tools (`reach`, `explain`, `test`) cannot evaluate.
+/// Messages name the input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExplainError {
+    #[error("unknown identity {name:?}: the policy defines no identities, so every request is \"default\"")]
+    NoIdentities { name: String },
+    #[error(
+        "unknown identity {name:?}{}; the policy defines: {}",
+        super::did_you_mean(name, known.iter().map(String::as_str)),
+        .known.join(", ")
+    )]
+    UnknownIdentity { name: String, known: Vec<String> },
+    #[error("invalid method {0:?}")]
+    InvalidMethod(String),
+    #[error("invalid URL {url:?}: {why}")]
+    InvalidUrl { url: String, why: String },
 }
 
 /// The reach of `identity` under `policy`: `default` when the policy defines no identities,
@@ -244,7 +261,7 @@ fn terms(ask: &Ask) -> String {
 mod tests;
 
 /// A rule's `mcp` table in one line, for reach and diff.
-pub(crate) fn mcp_summary(m: &super::mcp::McpRules) -> String {
+pub fn mcp_summary(m: &super::mcp::McpRules) -> String {
     let list =
         |g: Option<&super::mcp::NameGlobs>| g.map_or("*".to_string(), |g| g.globs.join(", "));
     let mut out = format!(

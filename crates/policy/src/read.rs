@@ -15,9 +15,9 @@ use super::schema::{
 pub(super) type Named<'a> = (Spanned<String>, Result<Fields<'a>, Range<usize>>);
 
 /// A table of the document (a `[header]` table or an inline one), read key by key.
-pub(super) struct Fields<'a> {
+pub struct Fields<'a> {
     table: &'a dyn TableLike,
-    pub(super) span: Range<usize>,
+    pub span: Range<usize>,
     /// `rules[0]`, `secrets.openai`; empty at the top level.
     path: String,
     /// False when a key was unknown.
@@ -26,7 +26,7 @@ pub(super) struct Fields<'a> {
 
 impl<'a> Fields<'a> {
     /// Reports every key of `table` not in `known`, at the key, with the closest known key.
-    pub(super) fn new(
+    pub fn new(
         table: &'a dyn TableLike,
         span: Range<usize>,
         path: String,
@@ -85,7 +85,7 @@ impl<'a> Fields<'a> {
     }
 
     /// Like a reader, but a missing key is an error at the table.
-    pub(super) fn required<T>(
+    pub fn required<T>(
         &self,
         r: &mut dyn Report,
         key: &str,
@@ -120,7 +120,7 @@ impl<'a> Fields<'a> {
         }
     }
 
-    pub(super) fn string(&self, r: &mut dyn Report, key: &str) -> Option<Spanned<String>> {
+    pub fn string(&self, r: &mut dyn Report, key: &str) -> Option<Spanned<String>> {
         self.scalar(r, key, STRING, |v| v.as_str().map(str::to_string))
     }
 
@@ -175,11 +175,7 @@ impl<'a> Fields<'a> {
         Some(Spanned::new(span, out))
     }
 
-    pub(super) fn strings(
-        &self,
-        r: &mut dyn Report,
-        key: &str,
-    ) -> Option<Spanned<Vec<Spanned<String>>>> {
+    pub fn strings(&self, r: &mut dyn Report, key: &str) -> Option<Spanned<Vec<Spanned<String>>>> {
         self.list(r, key, STRING, |v| v.as_str().map(str::to_string))
     }
 
@@ -204,7 +200,7 @@ impl<'a> Fields<'a> {
     }
 
     /// A table of strings (`[rules.inject.headers]`); wrongly typed values are left out.
-    pub(super) fn string_map(&self, r: &mut dyn Report, key: &str) -> Option<Spanned<StringMap>> {
+    pub fn string_map(&self, r: &mut dyn Report, key: &str) -> Option<Spanned<StringMap>> {
         let (span, item) = self.get(key)?;
         let Some(table) = item.as_table_like() else {
             r.error(span, mismatch(&self.at(key), "a table of strings", item));
@@ -302,7 +298,7 @@ impl<'a> Fields<'a> {
     }
 
     /// A list of tables (`[[key]]` or `key = [{ ... }]`) whose entries take the keys `known`.
-    pub(super) fn table_list_of(
+    pub fn table_list_of(
         &self,
         key: &str,
         known: &[&str],

@@ -832,7 +832,7 @@ fn parse_host_pattern(raw: &str) -> Result<HostPattern, String> {
 
 /// A rule's path glob as the matcher builds it: `*` stays within a segment, `**` crosses `/`,
 /// `\` escapes. `diff` rebuilds globs with this, so both read a glob the same way.
-pub(super) fn path_glob(text: &str) -> Result<globset::Glob, globset::Error> {
+pub fn path_glob(text: &str) -> Result<globset::Glob, globset::Error> {
     GlobBuilder::new(text)
         .literal_separator(true)
         .backslash_escape(true)

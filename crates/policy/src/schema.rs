@@ -14,7 +14,7 @@ use toml::Spanned;
 use super::read::Fields;
 
 /// Where the readers send each problem they find.
-pub(super) trait Report {
+pub trait Report {
     fn error(&mut self, span: Range<usize>, message: String);
     /// Problems reported so far, to tell whether an entry added any.
     fn count(&self) -> usize;
@@ -367,7 +367,7 @@ pub(super) const CREDENTIAL_KEYS: &[&str] = &[
 ];
 
 /// Parses one file's text into a spanned document; a syntax error stops this file only.
-pub(super) fn parse(text: &str) -> Result<toml_edit::ImDocument<&str>, (Range<usize>, String)> {
+pub fn parse(text: &str) -> Result<toml_edit::ImDocument<&str>, (Range<usize>, String)> {
     toml_edit::ImDocument::parse(text).map_err(|e| {
         // toml leaves the message empty for some errors (a control character in a comment);
         // never report an empty problem.
@@ -497,7 +497,7 @@ fn read_notify(t: &Fields<'_>, r: &mut dyn Report) -> RawNotify {
 
 /// Reads a file whose problems do not matter here (it compiled, or the caller reports them
 /// elsewhere); `None` if it does not parse.
-pub(super) fn read_lenient(text: &str) -> Option<RawPolicyFile> {
+pub fn read_lenient(text: &str) -> Option<RawPolicyFile> {
     struct Discard(usize);
     impl Report for Discard {
         fn error(&mut self, _: Range<usize>, _: String) {

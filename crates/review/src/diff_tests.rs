@@ -8,7 +8,7 @@ use std::path::Path;
 use proptest::prelude::*;
 
 use super::*;
-use crate::{compile_sources_with, SecretLoading};
+use crate::policy::{compile_sources_with, SecretLoading};
 
 fn compile(text: &str) -> Policy {
     compile_sources_with(&[(Path::new("p.toml"), text)], SecretLoading::Skip)

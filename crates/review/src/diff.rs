@@ -18,7 +18,7 @@
 //!   `dangerously_allow_cleartext` (credentials in cleartext: a widening), where
 //!   placeholders are replaced, headers kept, `ask` — are compared as sets per identity.
 //!
-//! Every example request shown is then decided by [`super::explain::explain`] on both policies,
+//! Every example request shown is then decided by [`crate::explain::explain`] on both policies,
 //! exactly as `latchkey explain` and the proxy decide it; a difference no real request shows
 //! (a path the proxy refuses as ambiguous, say) is not reported. Pure: no IO, no secret value.
 
@@ -31,10 +31,10 @@ use regex_automata::util::start;
 use regex_automata::{nfa::thompson, util::syntax, Anchored, MatchKind};
 use serde::Serialize;
 
-use super::explain::{explain, Explanation, Verdict};
-use super::identity::{RuleSet, DEFAULT_IDENTITY};
-use super::rule::path_glob;
-use super::{display_url, ConnectDecision, HostPattern, Policy, Rule, Scheme};
+use crate::explain::{explain, Explanation, Verdict};
+use crate::policy::identity::{RuleSet, DEFAULT_IDENTITY};
+use crate::policy::rule::path_glob;
+use crate::policy::{display_url, ConnectDecision, HostPattern, Policy, Rule, Scheme};
 use crate::reason::Reason;
 
 /// Product states walked per path comparison before giving up on finding an example (the
@@ -477,7 +477,13 @@ fn facts(v: &View<'_>) -> BTreeMap<(Kind, Option<String>, String), Fact> {
                 }
             }
             if let Some(m) = &rule.mcp {
-                add(rule, Kind::Mcp, host, super::reach::mcp_summary(m), None);
+                add(
+                    rule,
+                    Kind::Mcp,
+                    host,
+                    crate::policy::reach::mcp_summary(m),
+                    None,
+                );
             }
         }
     }
@@ -845,7 +851,7 @@ fn merge_ports(changes: Vec<Change>, host: &str) -> Vec<Change> {
     for c in &mut out {
         let place = match (c.scheme, c.port, c.ports.as_deref()) {
             (Some(scheme), Some(port), Some([_])) | (Some(scheme), Some(port), None) => {
-                format!("{scheme} {}", super::display_authority(host, port))
+                format!("{scheme} {}", crate::policy::display_authority(host, port))
             }
             (_, _, Some(all)) => format!("{host} ({})", all.join(", ")),
             _ => host.to_string(),
@@ -1151,7 +1157,7 @@ fn tunnel_changes(o: &View<'_>, n: &View<'_>, s: &Sample, out: &mut Vec<Change>)
             (Some(_), None) => Direction::Narrowed,
             _ => continue,
         };
-        let authority = super::display_authority(&s.shown, port);
+        let authority = crate::policy::display_authority(&s.shown, port);
         let mut c = Change::new(
             dir,
             Kind::Tunnel,

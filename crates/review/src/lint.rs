@@ -43,12 +43,12 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::compile::line_col;
-use super::identity::RuleSet;
-use super::schema;
-use super::{HostPattern, Policy, Rule, Scheme};
+use crate::policy::compile::line_col;
+use crate::policy::identity::RuleSet;
+use crate::policy::schema;
+use crate::policy::{HostPattern, Policy, Rule, Scheme};
 
-/// One warning, located like a [`super::PolicyError`].
+/// One warning, located like a [`crate::policy::PolicyError`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Warning {
     #[serde(serialize_with = "display_path")]
@@ -666,7 +666,7 @@ fn covers(policy: &Policy, earlier: &Rule, later: &Rule) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{compile_sources_with, SecretLoading};
+    use crate::policy::{compile_sources_with, SecretLoading};
 
     fn lint_text(text: &str) -> Vec<Warning> {
         let file = Path::new("p.toml");

@@ -18,7 +18,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::SystemTime;
 
-use super::Scheme;
+use crate::policy::Scheme;
 
 /// Distinct values at one segment, or paths of varying depth below a prefix, that make a
 /// pattern general (`*`, `PREFIX/**`); fewer stay listed one by one.
@@ -331,7 +331,7 @@ fn rule_name(host: &str, identity: &str) -> String {
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
         .collect();
-    if identity == super::identity::DEFAULT_IDENTITY {
+    if identity == crate::policy::identity::DEFAULT_IDENTITY {
         format!("learned-{host}")
     } else {
         format!("learned-{host}-{identity}")
@@ -524,7 +524,7 @@ fn generalise(paths: &[(&str, &Stat)]) -> Vec<(String, Stat, Vec<String>)> {
     let mut out: Vec<(String, Stat, Vec<String>)> = Vec::new();
     for (pattern, members) in patterns {
         let glob = pattern.glob();
-        let covered = super::rule::path_glob(&glob)
+        let covered = crate::policy::rule::path_glob(&glob)
             .ok()
             .map(|g| g.compile_matcher());
         // A path the glob does not match after all (it cannot happen with the patterns above;
@@ -699,7 +699,7 @@ pub fn render_policy(header: &[String], rules: &[LearnedRule]) -> String {
             rfc3339(r.first),
             rfc3339(r.last)
         ));
-        if r.identity != super::identity::DEFAULT_IDENTITY {
+        if r.identity != crate::policy::identity::DEFAULT_IDENTITY {
             out.push_str(&format!(", identity {}", comment_text(&r.identity)));
         }
         out.push('\n');
@@ -765,7 +765,7 @@ fn url(scheme: Scheme, host: &str, port: u16, path: &str) -> String {
 /// resulting policy decides as said.
 pub fn cases_for(rule: &LearnedRule) -> Vec<LearnedCase> {
     let identity =
-        (rule.identity != super::identity::DEFAULT_IDENTITY).then(|| rule.identity.clone());
+        (rule.identity != crate::policy::identity::DEFAULT_IDENTITY).then(|| rule.identity.clone());
     let mut cases = Vec::new();
     let mut seen = BTreeSet::new();
     for e in &rule.examples {

@@ -6,7 +6,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::explain::explain;
-use crate::{compile_sources_with, SecretLoading};
+use crate::policy::{compile_sources_with, SecretLoading};
 
 fn at(secs: u64) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_secs(1_780_000_000 + secs)
@@ -135,7 +135,7 @@ fn double_star_only_where_depth_varies_below_a_literal_prefix() {
 fn glob_characters_in_a_literal_are_escaped() {
     let p = learn(&[("GET", "/a/[x]*{y}")]);
     assert_eq!(globs(&p)[0].1, v(&["/a/\\[x\\]\\*\\{y\\}"]));
-    let rule = crate::rule::path_glob(&p.rules[0].paths[0])
+    let rule = crate::policy::rule::path_glob(&p.rules[0].paths[0])
         .expect("glob")
         .compile_matcher();
     assert!(rule.is_match("/a/[x]*{y}"));

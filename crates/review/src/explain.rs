@@ -17,8 +17,8 @@
 use http::{Method, Uri};
 use serde::Serialize;
 
-use super::identity::{Identity, DEFAULT_IDENTITY};
-use super::{display_url, normalize_host, ConnectDecision, Policy, Rule, Scheme, Target};
+use crate::policy::identity::{Identity, DEFAULT_IDENTITY};
+use crate::policy::{display_url, normalize_host, ConnectDecision, Policy, Rule, Scheme, Target};
 use crate::reason::Reason;
 
 /// Allow, deny or ask a person, as printed and serialised.
@@ -60,7 +60,7 @@ impl AskExplained {
     /// `rule 'prod-writes'; hold 30s; scopes once, 1h` (or `[ask] unknown = true; …`), for the
     /// text output and test failures.
     pub fn summary(&self) -> String {
-        let why = if self.rule == super::ask::UNKNOWN {
+        let why = if self.rule == crate::policy::ask::UNKNOWN {
             "[ask] unknown = true".to_string()
         } else {
             format!("rule '{}'", self.rule)
@@ -88,7 +88,7 @@ pub struct LimitExplained {
     pub measures: std::collections::BTreeMap<&'static str, String>,
     /// What a request gets when the state store cannot answer: deny or allow.
     pub on_store_error: &'static str,
-    /// [`crate::Limit::summary`], for the text output.
+    /// [`crate::policy::Limit::summary`], for the text output.
     pub summary: String,
 }
 
@@ -196,22 +196,7 @@ impl Explanation {
     }
 }
 
-/// A request `explain` cannot evaluate. Messages name the input.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ExplainError {
-    #[error("unknown identity {name:?}: the policy defines no identities, so every request is \"default\"")]
-    NoIdentities { name: String },
-    #[error(
-        "unknown identity {name:?}{}; the policy defines: {}",
-        super::did_you_mean(name, known.iter().map(String::as_str)),
-        .known.join(", ")
-    )]
-    UnknownIdentity { name: String, known: Vec<String> },
-    #[error("invalid method {0:?}")]
-    InvalidMethod(String),
-    #[error("invalid URL {url:?}: {why}")]
-    InvalidUrl { url: String, why: String },
-}
+pub use crate::policy::reach::ExplainError;
 
 /// Explains what `policy` decides for `method url` asked by `identity` (`None` or `"default"`:
 /// no identity; refused when the policy defines identities, as the proxy refuses it).
@@ -310,7 +295,7 @@ pub fn explain(
                 format!(
                     "rule '{}' relays CONNECT {} as a raw tunnel (no interception)",
                     rule.name,
-                    super::display_authority(&host, port)
+                    crate::policy::display_authority(&host, port)
                 ),
             ),
             Some(ConnectDecision::Deny(d)) => (d.reason, d.rule, d.message),
@@ -344,7 +329,7 @@ pub fn explain(
         }
     };
     let allowed = reason.is_allow();
-    let decided = super::Decision {
+    let decided = crate::policy::Decision {
         reason,
         rule,
         message: String::new(),
@@ -465,7 +450,10 @@ fn check(rule: &Rule, t: &Target<'_>) -> (Outcome, String) {
     if !rule.port_matches(t.scheme, t.port) {
         return (
             Outcome::Port,
-            format!("allows port(s) {}", super::join(rule.ports_for(t.scheme))),
+            format!(
+                "allows port(s) {}",
+                crate::policy::join(rule.ports_for(t.scheme))
+            ),
         );
     }
     if rule.tunnel {
@@ -479,7 +467,10 @@ fn check(rule: &Rule, t: &Target<'_>) -> (Outcome, String) {
     if !rule.method_matches(t.method) {
         return (
             Outcome::Method,
-            format!("allows only {}", super::join(rule.methods.iter().flatten())),
+            format!(
+                "allows only {}",
+                crate::policy::join(rule.methods.iter().flatten())
+            ),
         );
     }
     if !rule.path_matches(t.path) {
@@ -487,7 +478,7 @@ fn check(rule: &Rule, t: &Target<'_>) -> (Outcome, String) {
             Outcome::Path,
             format!(
                 "allows only paths {}",
-                super::join(rule.paths.iter().flat_map(|p| p.globs.iter()))
+                crate::policy::join(rule.paths.iter().flat_map(|p| p.globs.iter()))
             ),
         );
     }
@@ -513,7 +504,7 @@ fn check(rule: &Rule, t: &Target<'_>) -> (Outcome, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{compile_sources_with, SecretLoading};
+    use crate::policy::{compile_sources_with, SecretLoading};
     use std::path::Path;
 
     const POLICY: &str = r#"

@@ -19,7 +19,7 @@
 //!
 //! A case file is validated as strictly as a policy file (unknown keys, unknown rules, reasons
 //! and identities, malformed URLs are errors at `file:line:col`). A case runs through
-//! [`super::explain::explain`]: pure evaluation, no network, no secret value.
+//! [`crate::explain::explain`]: pure evaluation, no network, no secret value.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -28,11 +28,11 @@ use std::path::{Path, PathBuf};
 
 use toml::Spanned;
 
-use super::compile::line_col;
-use super::explain::{explain, ExplainError, Explanation, Verdict};
-use super::read::Fields;
-use super::schema::Report;
-use super::{Policy, PolicyError};
+use crate::explain::{explain, ExplainError, Explanation, Verdict};
+use crate::policy::compile::line_col;
+use crate::policy::read::Fields;
+use crate::policy::schema::Report;
+use crate::policy::{Policy, PolicyError};
 use crate::reason::Reason;
 
 /// A case file as read: each case that read without a problem, with its index in the file.
@@ -124,7 +124,7 @@ pub fn load_cases_dir(
     dir: &Path,
     policy: &Policy,
 ) -> Result<(Vec<Case>, Vec<PolicyError>), CasesError> {
-    let paths = super::toml_files(dir).map_err(|source| CasesError::Dir {
+    let paths = crate::policy::toml_files(dir).map_err(|source| CasesError::Dir {
         dir: dir.to_path_buf(),
         source,
     })?;
@@ -247,7 +247,7 @@ pub fn parse_cases(
         text,
         errors: Vec::new(),
     };
-    let doc = match super::schema::parse(text) {
+    let doc = match crate::policy::schema::parse(text) {
         Ok(doc) => doc,
         Err((span, message)) => {
             cx.error(span, message);
@@ -306,13 +306,16 @@ fn validate(
         let rule = policy.rules().iter().find(|rule| &rule.name == name);
         let why = if expect.is_some_and(|e| e != Verdict::Ask) {
             Some("only a case with expect = \"ask\" has an asking rule".to_string())
-        } else if name == super::ask::UNKNOWN {
+        } else if name == crate::policy::ask::UNKNOWN {
             None
         } else {
             match rule {
                 None => Some(format!(
                     "unknown rule {name:?}{} (\"unknown\" names [ask] unknown = true)",
-                    super::did_you_mean(name, policy.rules().iter().map(|r| r.name.as_str()))
+                    crate::policy::did_you_mean(
+                        name,
+                        policy.rules().iter().map(|r| r.name.as_str())
+                    )
                 )),
                 Some(rule) if rule.ask.is_none() => Some(format!("rule {name:?} has no ask")),
                 Some(_) => None,
@@ -344,7 +347,7 @@ fn validate(
                     "{}: unknown rule {:?}{}",
                     at("rule"),
                     r.get_ref(),
-                    super::did_you_mean(
+                    crate::policy::did_you_mean(
                         r.get_ref(),
                         policy.rules().iter().map(|r| r.name.as_str())
                     )
@@ -377,7 +380,10 @@ fn validate(
                     "{}: unknown credential {:?}{}",
                     at("credential"),
                     c.get_ref(),
-                    super::did_you_mean(c.get_ref(), policy.credentials().map(|c| c.name.as_str()))
+                    crate::policy::did_you_mean(
+                        c.get_ref(),
+                        policy.credentials().map(|c| c.name.as_str())
+                    )
                 ),
             );
         }
@@ -395,7 +401,7 @@ fn validate(
                     "{}: unknown limit {:?}{}",
                     at(&format!("limits[{i}]")),
                     l.get_ref(),
-                    super::did_you_mean(
+                    crate::policy::did_you_mean(
                         l.get_ref(),
                         policy.limits().iter().map(|l| l.name.as_str())
                     )
@@ -534,7 +540,7 @@ pub fn run_case(policy: &Policy, case: &Case) -> CaseResult {
             };
             let hints: String = missing
                 .iter()
-                .map(|m| super::did_you_mean(m, e.secrets.iter().map(String::as_str)))
+                .map(|m| crate::policy::did_you_mean(m, e.secrets.iter().map(String::as_str)))
                 .collect();
             failures.push(format!(
                 "expected secret(s) {} bound, {} binds {bound}{hints}",
@@ -590,7 +596,7 @@ impl fmt::Display for Names<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{compile_sources_with, SecretLoading};
+    use crate::policy::{compile_sources_with, SecretLoading};
 
     const POLICY: &str = r#"
 [secrets.k]
