@@ -4,7 +4,7 @@
 //!   path it names (`src/x.rs`, `src/x.rs::item`, `tests/…`) exists, each `::item` defined there;
 //! - the book's CLI reference (`docs/src/reference/cli.md`) lists every command and every flag of
 //!   the real binary's `--help`, each flag under its own command;
-//! - every reason code in `src/reason.rs` is in the book's reason-code reference;
+//! - every reason code in `crates/wire/src/reason.rs` is in the book's reason-code reference;
 //! - every flag reads a `LATCHKEY_…` variable shown by `--help`, named by the CLI reference's rule
 //!   (or spelled out there), unless the CLI reference lists it as having none;
 //! - the book's Layout chapter names every top-level directory and source module.
@@ -110,9 +110,24 @@ fn rust_files(dir: &Path, out: &mut Vec<String>) {
     }
 }
 
+/// The source directories: the `latchkey` package's `src/` and each workspace crate's
+/// `crates/NAME/src/`.
+fn source_dirs() -> Vec<PathBuf> {
+    let mut dirs = vec![repo().join("src")];
+    let mut crates: Vec<PathBuf> = std::fs::read_dir(repo().join("crates"))
+        .expect("read crates/")
+        .map(|e| e.expect("dir entry").path().join("src"))
+        .filter(|p| p.is_dir())
+        .collect();
+    crates.sort();
+    dirs.extend(crates);
+    dirs
+}
+
 /// Where a repository path may start, for spans in the architecture document.
 const PATH_ROOTS: &[&str] = &[
     "src/",
+    "crates/",
     "tests/",
     "docs/",
     "policies/",
@@ -148,8 +163,13 @@ fn the_architecture_document_maps_every_module_and_names_only_paths_that_exist()
         .map(|s| s.split("::").next().unwrap_or_default().to_string())
         .collect();
     let mut files = Vec::new();
-    rust_files(&repo().join("src"), &mut files);
-    assert!(files.len() > 20, "found only {files:?} under src/");
+    for dir in source_dirs() {
+        rust_files(&dir, &mut files);
+    }
+    assert!(
+        files.len() > 20,
+        "found only {files:?} under src/ and crates/*/src/"
+    );
     let unmapped: Vec<&String> = files.iter().filter(|f| !mapped.contains(*f)).collect();
     assert!(
         unmapped.is_empty(),
@@ -520,7 +540,13 @@ fn the_layout_chapter_names_every_top_level_directory_and_source_module_and_noth
         "{LAYOUT} names paths that do not exist: {missing:?}"
     );
     let mut expected = Vec::new();
-    for (dir, prefix) in [(repo(), ""), (repo().join("src"), "src/")] {
+    // The top level, the binary's modules and every crate of the workspace.
+    let dirs = [
+        (repo(), ""),
+        (repo().join("src"), "src/"),
+        (repo().join("crates"), "crates/"),
+    ];
+    for (dir, prefix) in dirs {
         for entry in std::fs::read_dir(&dir).expect("read dir") {
             let path = entry.expect("dir entry").path();
             let name = path

@@ -176,7 +176,7 @@ mod tests {
     use super::*;
 
     /// The parsing, display and containment tables live with the guard
-    /// (`src/upstream/guard_tests.rs`), which uses these ranges; here, what `ipnet` must not
+    /// (`crates/upstream/src/guard_tests.rs`), which uses these ranges; here, what `ipnet` must not
     /// change: a mapped range and the IPv4 range it denotes are one value.
     #[test]
     fn a_mapped_range_is_the_ipv4_range_it_denotes() {

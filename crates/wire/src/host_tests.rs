@@ -1,5 +1,5 @@
 //! Host normalisation and formatting, and the numeric-host parser checked against
-//! `url::Host::parse`. The tables of odd host forms are in `src/upstream/hostform_tests.rs`,
+//! `url::Host::parse`. The tables of odd host forms are in `crates/upstream/src/hostform_tests.rs`,
 //! beside the address classes they decide.
 
 use super::*;
