@@ -26,6 +26,7 @@ mod connect;
 pub mod correlate;
 mod decode;
 mod exchange;
+mod gate;
 mod intercepted;
 pub mod limits;
 mod listener;
