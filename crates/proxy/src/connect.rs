@@ -1,15 +1,17 @@
-//! CONNECT: the gate before any TLS, then interception (or a policy-allowed raw tunnel).
+//! CONNECT on the proxy hop, and what a connection gate opens: tunnels and TLS interception.
 //!
 //! Fail-closed rules kept here:
-//! - the host and port are decided before answering `200`; a refusal makes no upstream connection;
+//! - the host and port are decided before answering `200` (the connection gate,
+//!   [`super::gate`]); a refusal makes no upstream connection;
 //! - interception reads the *whole* ClientHello (`LazyConfigAcceptor`), so a hello split across
 //!   TCP segments is still intercepted, and anything that is not TLS is dropped and audited;
 //! - an SNI that differs from the CONNECT host is refused before a certificate is presented;
 //! - raw bytes are relayed only for a `tunnel = true` rule, over the same guarded dialer.
 //!
-//! The gate admits with the pipeline's own checks (`pipeline::host_clean` and friends), and an
-//! intercepted connection hands each inner request to `pipeline::handle` under a pinned
-//! [`Ctx`]: one admission, one pipeline, whichever listener. It dials only through `upstream`.
+//! [`handle`] only finds the CONNECT's authority; the gate admits and decides it, as it does for
+//! every listener. An intercepted connection hands each inner request to `pipeline::handle`
+//! under the pinned [`Ctx`] the gate built: one admission, one pipeline, whichever listener.
+//! It dials only through `upstream`.
 
 use std::io;
 use std::sync::Arc;
@@ -19,24 +21,18 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio_rustls::{LazyConfigAcceptor, StartHandshake};
 
+use super::gate::{self, Connection, Knock, Opened, Refuse};
 use super::intercepted::ClientIo;
 use super::pipeline::{self, Ctx};
 use super::{body, respond, Proxy};
 use crate::audit::Entry;
-use crate::policy::{normalize_host, ConnectDecision, Policy};
+use crate::policy::normalize_host;
 use crate::reason::{Reason, Refusal};
-use crate::upstream::{Body, Dialed};
+use crate::upstream::Body;
 
-/// What a connection-level gate lets a connection become.
-pub(crate) enum Opened {
-    /// A `tunnel = true` rule: the upstream is already dialed.
-    Tunnel(Dialed),
-    /// Interception: each inner request goes through the pipeline under this context.
-    Intercept(Ctx),
-}
-
-/// Handles `CONNECT host:port` on the proxy hop: the gate, then `200` and the tunnel or the
-/// interception; a refusal is answered and recorded in one place ([`respond::refused`]).
+/// Handles `CONNECT host:port` on the proxy hop: the authority found in the request, then the
+/// connection gate ([`gate::open`]), then `200` and the tunnel or the interception; a refusal is
+/// answered and recorded in one place ([`respond::refused`]).
 pub async fn handle(proxy: Arc<Proxy>, ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Body> {
     let policy = proxy.policy();
     // Back-pressure from a slow audit sink: wait for queue room without holding a thread.
@@ -52,47 +48,40 @@ pub async fn handle(proxy: Arc<Proxy>, ctx: Arc<Ctx>, req: Request<Incoming>) ->
         .correlator
         .read(req.headers(), |t| entry.scrub_text(t));
     entry.update(|r| correlation.record(r));
-    match gate(&proxy, &ctx, &policy, &mut entry, &req).await {
-        Ok(opened) => {
-            if matches!(opened, Opened::Tunnel(_)) {
-                proxy.correlator.count(&ctx.identity, &mut correlation);
-                entry.update(|r| correlation.record(r));
-            }
-            tokio::spawn(async move {
-                match hyper::upgrade::on(req).await {
-                    Ok(upgraded) => {
-                        serve_opened(proxy, opened, TokioIo::new(upgraded), entry).await
-                    }
-                    Err(e) => {
-                        if matches!(opened, Opened::Intercept(_)) {
-                            entry.outcome(Reason::TlsHandshakeFailed, None, None);
-                        }
-                        tracing::debug!(error = %e, "CONNECT upgrade failed");
-                    }
-                }
-            });
-            Response::new(body::empty())
-        }
-        Err(refusal) => respond::refused(entry, &refusal),
+    let knock = match knock(&ctx, &mut entry, &req) {
+        Ok(knock) => knock,
+        Err(refusal) => return Respond.refuse(entry, &refusal).await,
+    };
+    let (opened, mut entry) = match gate::open(&proxy, &policy, knock, entry, Respond).await {
+        Ok(gated) => gated,
+        Err(answered) => return answered,
+    };
+    if matches!(opened, Opened::Tunnel(_)) {
+        proxy.correlator.count(&ctx.identity, &mut correlation);
+        entry.update(|r| correlation.record(r));
     }
+    tokio::spawn(async move {
+        match hyper::upgrade::on(req).await {
+            Ok(upgraded) => serve_opened(proxy, opened, TokioIo::new(upgraded), entry).await,
+            Err(e) => {
+                if matches!(opened, Opened::Intercept(_)) {
+                    entry.outcome(Reason::TlsHandshakeFailed, None, None);
+                }
+                tracing::debug!(error = %e, "CONNECT upgrade failed");
+            }
+        }
+    });
+    Response::new(body::empty())
 }
 
-/// The gate: admits the authority, then decides, before any TLS and before any upstream
-/// connection (a tunnel's dial aside, which the decision allowed).
-///
-/// Assumes: `ctx` is the proxy hop's, identified. Guarantees: on `Ok`, the authority is
-/// `host:port` with a port, no userinfo, no secret value or placeholder in the host as sent,
-/// the host normalised, the framing unambiguous, the audit log healthy, the identity defined,
-/// and policy lets some request to it through (or report-only mode would let it be decided per
-/// request). The record names the host and port as admitted.
-async fn gate(
-    proxy: &Proxy,
+/// Finds a CONNECT's authority: authority-form `host:port`, a port, no userinfo, a header
+/// block within bounds and unambiguously framed (on the raw head as sent too, given by the gate
+/// once it admitted the authority). The record names the host as sent.
+fn knock<'r>(
     ctx: &Ctx,
-    policy: &Policy,
     entry: &mut Entry,
-    req: &Request<Incoming>,
-) -> Result<Opened, Refusal> {
-    // admit: authority-form `host:port`, port required, host normalised.
+    req: &'r Request<Incoming>,
+) -> Result<Knock<'r, Connection>, Refusal> {
     pipeline::header_block_fits(req.headers())?;
     pipeline::parsed_framing(req.headers())?;
     let Some(authority) = req.uri().authority() else {
@@ -111,144 +100,26 @@ async fn gate(
             format!("CONNECT {authority} has no port: write host:port"),
         ));
     };
-    let host = admit_authority(policy, entry, authority.host(), port)?;
-    // The raw head as sent: hyper drops a Content-Length next to Transfer-Encoding.
-    pipeline::raw_framing(ctx, req.method(), req.uri(), req.version())?;
-    decide_authority(proxy, ctx, policy, entry, host, port).await
+    Ok(Knock {
+        client: ctx.client,
+        identity: ctx.identity.clone(),
+        host: authority.host(),
+        port,
+        carries: Connection,
+        original_dst: None,
+        // The raw head as sent: hyper drops a Content-Length next to Transfer-Encoding.
+        head: pipeline::raw_framing(ctx, req.method(), req.uri(), req.version()),
+    })
 }
 
-/// Admits `host_as_sent:port` for a connection-level gate (CONNECT, and listeners that learn
-/// the authority another way: SNI, a Host header, SOCKS5): no secret value or placeholder in
-/// the host as sent, the host normalised. Returns the normalised host; the record names it.
-pub(crate) fn admit_authority(
-    policy: &Policy,
-    entry: &mut Entry,
-    host_as_sent: &str,
-    port: u16,
-) -> Result<String, Refusal> {
-    entry.update(|r| r.host = Some(host_as_sent.to_string()));
-    if host_as_sent.contains('@') {
-        entry.update(|r| r.port = Some(port));
-        return Err(Refusal::new(
-            Reason::UserinfoInUrl,
-            "authority carries userinfo ('@')",
-        ));
-    }
-    // The host as sent, before it is normalised, resolved or put in a certificate: a secret
-    // value or a placeholder in it (a subdomain under a `*.` rule) would leak to DNS.
-    if let Err(refusal) = pipeline::host_clean(policy, host_as_sent, entry) {
-        entry.update(|r| r.port = Some(port));
-        return Err(refusal);
-    }
-    let host = normalize_host(host_as_sent)
-        .map_err(|e| Refusal::new(Reason::BadRequest, e.to_string()))?;
-    entry.update(|r| {
-        r.host = Some(host.clone());
-        r.port = Some(port);
-    });
-    Ok(host)
-}
+/// The proxy hop's answer to a refused CONNECT: the refusal's HTTP response.
+struct Respond;
 
-/// Decides an admitted authority before any TLS and before any upstream connection (a
-/// tunnel's dial aside, which the decision allowed).
-///
-/// Assumes: `host` came from [`admit_authority`], `ctx` is identified. Guarantees: on `Ok`, the
-/// audit log is healthy, the identity defined, and policy lets some request to `host:port`
-/// through (or report-only mode would let each be decided per request); a tunnel is dialed.
-pub(crate) async fn decide_authority(
-    proxy: &Proxy,
-    ctx: &Ctx,
-    policy: &Policy,
-    entry: &mut Entry,
-    host: String,
-    port: u16,
-) -> Result<Opened, Refusal> {
-    pipeline::audit_healthy(proxy)?;
-    let identity = pipeline::identity(policy, &ctx.identity)?;
-    match policy.decide_connect(&host, port, identity) {
-        ConnectDecision::Deny(d)
-            if !(d.reason.is_policy_denial()
-                && (proxy.report_all || d.rule.is_some_and(|r| r.report))) =>
-        {
-            Err(Refusal {
-                reason: d.reason,
-                rule: d.rule_name().map(str::to_string),
-                message: d.message,
-            })
-        }
-        ConnectDecision::Tunnel(rule) => {
-            entry.update(|r| r.rule = Some(rule.name.clone()));
-            // A tunnel's limits count CONNECTs (rate, concurrency): held while it is open.
-            tunnel_limits(proxy, ctx, policy, identity, rule, &host, entry)
-                .await
-                .map_err(|r| r.under(&rule.name))?;
-            // The decision is on disk before the dial; the tunnel's outcome record follows.
-            entry.outcome(Reason::Tunnel, Some(&rule.name), None);
-            pipeline::commit_decision(entry)
-                .await
-                .map_err(|r| r.under(&rule.name))?;
-            // Dial first, so an unreachable upstream is a 502 the client can see.
-            let dialed = proxy
-                .dialer
-                .dial(&host, port, &rule.allow_private)
-                .await
-                .map_err(|e| Refusal::new(e.reason(), e.to_string()).under(&rule.name))?;
-            entry.outcome(Reason::Tunnel, Some(&rule.name), Some(200));
-            entry.update(|r| r.upstream = Some(dialed.addr.to_string()));
-            Ok(Opened::Tunnel(dialed))
-        }
-        // Report-only: intercept anyway, so each inner request is decided and marked.
-        ConnectDecision::Deny(_) | ConnectDecision::Intercept => Ok(Opened::Intercept(
-            Ctx::pinned(ctx.client, ctx.identity.clone(), host, port),
-        )),
-    }
-}
+impl Refuse for Respond {
+    type Answered = Response<Body>;
 
-/// Charges a tunnel to its rule's and identity's limits: request rates and concurrency, and
-/// `bytes_up`, reserved as the tunnel relays bytes upstream ([`tunnel`]); policy refuses token
-/// and spend budgets on a tunnel rule, whose requests latchkey cannot read. The admission lives
-/// as long as the tunnel's record.
-async fn tunnel_limits(
-    proxy: &Proxy,
-    ctx: &Ctx,
-    policy: &Policy,
-    identity: Option<&crate::policy::Identity>,
-    rule: &crate::policy::Rule,
-    host: &str,
-    entry: &mut Entry,
-) -> Result<(), Refusal> {
-    let limits = policy.limits_for(rule, identity);
-    if limits.is_empty() {
-        return Ok(());
-    }
-    let Some(limiter) = proxy.limiter() else {
-        return Err(Refusal::new(
-            Reason::LimitsUnavailable,
-            "this tunnel is under [limits], and latchkey has no state store to count them in",
-        ));
-    };
-    let pattern = rule.host_for(host);
-    let id = entry.id().to_string();
-    let who = crate::governance::limits::Subject {
-        identity: &ctx.identity,
-        rule: &rule.name,
-        credential: rule.credential.as_deref(),
-        host: &pattern,
-        request_id: &id,
-    };
-    // The relayed bytes stream: reserved block by block as they go.
-    let estimate = crate::governance::limits::Estimate {
-        head_up: 0,
-        bytes_up: None,
-        llm: None,
-    };
-    match limiter.admit(&limits, who, &estimate).await {
-        Ok(admission) => {
-            pipeline::record_admitted(entry, &admission);
-            entry.hold(Box::new(admission));
-            Ok(())
-        }
-        Err(refused) => Err(pipeline::record_refused(entry, *refused)),
+    async fn refuse(self, entry: Entry, refusal: &Refusal) -> Response<Body> {
+        respond::refused(entry, refusal)
     }
 }
 

@@ -38,6 +38,7 @@ mod connect;
 pub mod correlate;
 mod decode;
 mod exchange;
+mod gate;
 mod intercepted;
 pub mod limits;
 mod listener;

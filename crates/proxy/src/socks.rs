@@ -1,13 +1,13 @@
 //! SOCKS5 (`serve --socks ADDR`): RFC 1928 CONNECT, with RFC 1929 username/password mapped to
-//! identities, feeding the CONNECT gate's own halves.
+//! identities, through the one connection gate ([`super::gate`]).
 //!
 //! ```text
 //! accept ─▶ caps ─▶ greeting ─▶ method (0x00 | 0x02 ─▶ identify) ─▶ request (CONNECT only)
-//!   ─▶ connect::admit_authority ─▶ connect::decide_authority ─┬─ refused ─▶ reply 0x02/0x04/0x01
-//!                                                             ├─ tunnel  ─▶ reply 0x00, raw relay
-//!                                                             └─ intercept ─▶ reply 0x00, first byte:
-//!                                                                  0x16 ─▶ TLS interception
-//!                                                                  else ─▶ plain HTTP, pinned
+//!   ─▶ gate::open ─┬─ refused ─▶ reply 0x02/0x04/0x01 (SocksReply)
+//!                  ├─ tunnel  ─▶ reply 0x00, raw relay
+//!                  └─ intercept ─▶ reply 0x00, first byte:
+//!                       0x16 ─▶ TLS interception
+//!                       else ─▶ plain HTTP, pinned
 //! ```
 //!
 //! Fail-closed rules kept here (the protocol's reading is in [`wire`]): every read before the
@@ -18,7 +18,7 @@
 //! literal is the host policy sees. Every connection leaves one record: a refusal here, the
 //! gate's record, or (once served) each inner request's own.
 //!
-//! Depends on the proxy's shared state, `connect` (the gate, tunnels, interception), `pipeline`
+//! Depends on the proxy's shared state, `gate`, `connect` (tunnels, interception), `pipeline`
 //! (`Ctx`), `intercepted` (plain HTTP on a pinned stream) and [`wire`]. It decides no policy
 //! itself and never dials: a tunnel's dial is the gate's, through `upstream`.
 
@@ -28,7 +28,8 @@ use std::sync::Arc;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 
-use super::connect::{self, Opened};
+use super::connect;
+use super::gate::{self, Connection, Knock, Opened, Refuse};
 use super::limits::{ConnectionSlot, Idle};
 use super::pipeline::Ctx;
 use super::Proxy;
@@ -40,8 +41,8 @@ mod wire;
 
 use wire::{
     answer, as_proxy_authorization, read_credentials, read_greeting, read_request, reply_bytes,
-    reply_for, send, Answer, Failed, Reply, Request, AUTH_FAILED, AUTH_OK, AUTH_VERSION,
-    METHOD_NONE, METHOD_NO_ACCEPTABLE, METHOD_USERPASS, TLS_HANDSHAKE, VERSION,
+    reply_for, send, Answer, Failed, Reply, AUTH_FAILED, AUTH_OK, AUTH_VERSION, METHOD_NONE,
+    METHOD_NO_ACCEPTABLE, METHOD_USERPASS, TLS_HANDSHAKE, VERSION,
 };
 
 impl Proxy {
@@ -112,31 +113,41 @@ impl Proxy {
             r.method = Some("CONNECT".to_string());
             r.scheme = Some("https".to_string());
         });
-        let ctx = Ctx::proxy_hop(peer, None).identified(&identity);
-        let gate = self.socks_gate(&ctx, &policy, &mut entry, request).await;
-        match gate {
-            Err(refusal) => {
-                let reply = reply_for(refusal.reason);
-                self.socks_gate_refused(entry, &refusal);
-                answer(&mut stream, &reply_bytes(reply)).await;
+        if request.port == 0 {
+            entry.update(|r| r.host = Some(request.host.clone()));
+            let refusal = Refusal::new(
+                Reason::MissingPort,
+                format!("SOCKS5 CONNECT to {} names port 0", request.host),
+            );
+            return SocksReply(&mut stream).refuse(entry, &refusal).await;
+        }
+        let knock = Knock {
+            client: peer,
+            identity,
+            host: &request.host,
+            port: request.port,
+            carries: Connection,
+            original_dst: None,
+            head: Ok(()),
+        };
+        let gated = gate::open(&self, &policy, knock, entry, SocksReply(&mut stream)).await;
+        let Ok((opened, entry)) = gated else {
+            return;
+        };
+        if send(&mut stream, &reply_bytes(Reply::Succeeded))
+            .await
+            .is_err()
+        {
+            // The record says what the gate decided; the client left before the reply.
+            return entry.finish();
+        }
+        match opened {
+            Opened::Tunnel(dialed) => {
+                // The relay's idle timeout, as a CONNECT tunnel has on the proxy hop.
+                let io = Idle::without_sniffer(stream, self.limits.idle_timeout);
+                connect::serve_opened(self, Opened::Tunnel(dialed), io, entry).await;
             }
-            Ok(opened) => {
-                if send(&mut stream, &reply_bytes(Reply::Succeeded))
-                    .await
-                    .is_err()
-                {
-                    // The record says what the gate decided; the client left before the reply.
-                    return entry.finish();
-                }
-                match opened {
-                    Opened::Tunnel(dialed) => {
-                        // The relay's idle timeout, as a CONNECT tunnel has on the proxy hop.
-                        let io = Idle::without_sniffer(stream, self.limits.idle_timeout);
-                        connect::serve_opened(self, Opened::Tunnel(dialed), io, entry).await;
-                    }
-                    Opened::Intercept(pinned) => self.socks_serve(stream, pinned, entry).await,
-                }
-            }
+            Opened::Intercept(pinned) => self.socks_serve(stream, pinned, entry).await,
         }
     }
 
@@ -216,26 +227,6 @@ impl Proxy {
         }
     }
 
-    /// The CONNECT gate's halves on a SOCKS5 request: a port, the authority admitted, then
-    /// decided (a tunnel dialed).
-    async fn socks_gate(
-        &self,
-        ctx: &Ctx,
-        policy: &Policy,
-        entry: &mut Entry,
-        request: Request,
-    ) -> Result<Opened, Refusal> {
-        if request.port == 0 {
-            entry.update(|r| r.host = Some(request.host.clone()));
-            return Err(Refusal::new(
-                Reason::MissingPort,
-                format!("SOCKS5 CONNECT to {} names port 0", request.host),
-            ));
-        }
-        let host = connect::admit_authority(policy, entry, &request.host, request.port)?;
-        connect::decide_authority(self, ctx, policy, entry, host, request.port).await
-    }
-
     /// Serves an intercepted authority once the reply is sent: TLS (its first byte 0x16) is
     /// intercepted as after a CONNECT; anything else is served as plain HTTP pinned to the
     /// authority, each request decided by the pipeline.
@@ -256,21 +247,21 @@ impl Proxy {
                 let ctx = Ctx::pinned_plain(pinned.client, pinned.identity, host, port);
                 super::intercepted::serve_stream(self, Arc::new(ctx), stream, false).await;
             }
-            Ok(Ok(_)) => self.socks_gate_refused(
+            Ok(Ok(_)) => gate_refused(
                 entry,
                 &Refusal::new(
                     Reason::BadRequest,
                     "the client closed the connection before sending a request",
                 ),
             ),
-            Ok(Err(e)) => self.socks_gate_refused(
+            Ok(Err(e)) => gate_refused(
                 entry,
                 &Refusal::new(
                     Reason::BadRequest,
                     format!("the connection failed before a request: {e}"),
                 ),
             ),
-            Err(_) => self.socks_gate_refused(
+            Err(_) => gate_refused(
                 entry,
                 &Refusal::new(
                     Reason::HeaderTimeout,
@@ -278,15 +269,6 @@ impl Proxy {
                 ),
             ),
         }
-    }
-
-    /// Records a refusal of the gate (or of what followed its reply). The SOCKS5 reply is not an
-    /// HTTP status, so the record has none.
-    fn socks_gate_refused(&self, mut entry: Entry, refusal: &Refusal) {
-        let detail = entry.scrub_text(&refusal.message);
-        tracing::info!(audit.id = %entry.id(), reason = refusal.reason.code(), detail, "SOCKS5 CONNECT refused");
-        entry.outcome(refusal.reason, refusal.rule.as_deref(), None);
-        entry.finish();
     }
 
     /// Records a negotiation that failed before the gate, then answers it: under `identity` when
@@ -321,4 +303,26 @@ impl Proxy {
         entry.finish();
         answer(io, &failed.answer.bytes()).await;
     }
+}
+
+/// A refused CONNECT's answer: the reply its reason gets (RFC 1928 §6), after the record.
+struct SocksReply<'s>(&'s mut TcpStream);
+
+impl Refuse for SocksReply<'_> {
+    type Answered = ();
+
+    async fn refuse(self, entry: Entry, refusal: &Refusal) {
+        let reply = reply_for(refusal.reason);
+        gate_refused(entry, refusal);
+        answer(self.0, &reply_bytes(reply)).await;
+    }
+}
+
+/// Records a refusal of the gate (or of what followed its reply). The SOCKS5 reply is not an
+/// HTTP status, so the record has none.
+fn gate_refused(mut entry: Entry, refusal: &Refusal) {
+    let detail = entry.scrub_text(&refusal.message);
+    tracing::info!(audit.id = %entry.id(), reason = refusal.reason.code(), detail, "SOCKS5 CONNECT refused");
+    entry.outcome(refusal.reason, refusal.rule.as_deref(), None);
+    entry.finish();
 }

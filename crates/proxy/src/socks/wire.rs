@@ -312,6 +312,10 @@ pub(super) async fn send<W: AsyncWrite + Unpin>(io: &mut W, bytes: &[u8]) -> Res
 }
 
 #[cfg(test)]
+#[path = "wire_props.rs"]
+mod props;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 

@@ -238,6 +238,10 @@ fn parse_head(seen: &[u8]) -> Result<Option<Head>, Refusal> {
 }
 
 #[cfg(test)]
+#[path = "first_props.rs"]
+mod props;
+
+#[cfg(test)]
 mod tests {
     use std::sync::Arc;
     use std::time::Duration;

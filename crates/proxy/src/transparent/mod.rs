@@ -6,15 +6,18 @@
 //! --https-listen  DNS-routed to latchkey: TLS, upstream port 443 ───────────────────────┤
 //! --http-listen   DNS-routed to latchkey: plain HTTP, upstream port 80 ─────────────────┤
 //!   caps, identity, first bytes (deadline, cap) ◀───────────────────────────────────────┘
-//!     ├─ TLS: whole ClientHello, SNI ─▶ gate ─┬─ intercept (connect::complete)
-//!     │                                       ├─ tunnel (the hello replayed as sent)
-//!     │                                       └─ refused: a fatal TLS alert, closed
-//!     ├─ HTTP/1: first head, Host ─▶ gate ─▶ intercepted::serve_stream (the pipeline)
+//!     ├─ TLS: whole ClientHello, SNI ─▶ gate::open ─┬─ intercept (connect::complete)
+//!     │                                             ├─ tunnel (the hello replayed as sent)
+//!     │                                             └─ refused: a fatal TLS alert, closed (Alert)
+//!     ├─ HTTP/1: first head, Host (host::named) ─▶ gate::open ─┬─ intercepted::serve_stream
+//!     │                                                        └─ refused: its HTTP answer (RawHttp)
 //!     └─ anything else: refused, closed
 //! ```
 //!
-//! The gate (`gate`) is the CONNECT gate's own admission and decision plus, for a redirected
-//! connection, the check that its original destination is an address of the name it carries.
+//! The listeners only find the name (the SNI, or the first request's `Host`) and the identity;
+//! the one connection gate ([`super::gate`]) admits and decides it as it does a CONNECT (a plain
+//! connection as its first request), and for a redirected connection checks that its original
+//! destination is an address of that name.
 //! Every connection leaves a record: a refused one here (where it was going in `original_dst`,
 //! no `upstream`: nothing was dialed), an admitted one through the pipeline (one per request,
 //! each with the connection's `original_dst`) or its tunnel. The identity is the one the
@@ -23,7 +26,7 @@
 //! through `upstream` only (the tunnel, the pipeline's client).
 
 mod first;
-mod gate;
+mod host;
 mod origin;
 mod stream;
 pub mod tproxy;
@@ -38,9 +41,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 use tokio_rustls::StartHandshake;
 
-use super::connect::{self, Opened};
+use super::connect;
+use super::gate::{self, Connection, FirstRequest, Knock, Opened, Refuse};
 use super::limits::ConnectionSlot;
-use super::pipeline::Ctx;
 use super::{intercepted, respond, Proxy, IDENTITY_DEFAULT};
 use crate::audit::Entry;
 use crate::policy::Policy;
@@ -84,6 +87,27 @@ struct Dest {
     /// The host a record names until the SNI / Host is known: the original destination's
     /// address, or (DNS-routed) the address of latchkey the client connected to.
     host: String,
+}
+
+impl Dest {
+    /// Where a connection `capture` accepted on `local` is going.
+    fn of(capture: Capture, stream: &TcpStream, local: SocketAddr) -> Self {
+        match capture {
+            Capture::Transparent => {
+                let original = origin::original_destination(stream, local);
+                Dest {
+                    original: Some(original),
+                    port: original.port(),
+                    host: original.ip().to_string(),
+                }
+            }
+            Capture::Https | Capture::Http => Dest {
+                original: None,
+                port: if capture == Capture::Https { 443 } else { 80 },
+                host: local.ip().to_canonical().to_string(),
+            },
+        }
+    }
 }
 
 /// One captured connection, identified, its first bytes read.
@@ -132,21 +156,7 @@ impl Proxy {
         self.audit.room().await;
         let policy = self.policy();
         let local = stream.local_addr().unwrap_or(listen);
-        let dest = match capture {
-            Capture::Transparent => {
-                let original = origin::original_destination(&stream, local);
-                Dest {
-                    original: Some(original),
-                    port: original.port(),
-                    host: original.ip().to_string(),
-                }
-            }
-            Capture::Https | Capture::Http => Dest {
-                original: None,
-                port: if capture == Capture::Https { 443 } else { 80 },
-                host: local.ip().to_canonical().to_string(),
-            },
-        };
+        let dest = Dest::of(capture, &stream, local);
         let plain = capture == Capture::Http;
         let record = |identity: &str, plain: bool| {
             self.captured_record(peer, identity, &policy, &dest, plain)
@@ -158,7 +168,7 @@ impl Proxy {
                 tracing::warn!(client.addr = %peer, why, listener, "connection refused: over limit");
                 let refusal = Refusal::new(Reason::TooManyConnections, why);
                 let entry = record(IDENTITY_DEFAULT, plain);
-                return refuse(stream, entry, &refusal, plain).await;
+                return refuse(&mut stream, entry, &refusal, plain).await;
             }
         };
         // Compared with latchkey's own listen addresses, not with `listen`: a tproxy'd
@@ -174,14 +184,14 @@ impl Proxy {
                          listener: the firewall did not redirect it here"
                     ),
                 );
-                return refuse(stream, entry, &refusal, false).await;
+                return refuse(&mut stream, entry, &refusal, false).await;
             }
         }
         let identity = match self.captured_identity(&policy, peer).await {
             Ok(identity) => identity,
             Err(why) => {
                 let refusal = Refusal::new(Reason::ProxyAuthRequired, why);
-                return refuse(stream, record("unidentified", false), &refusal, false).await;
+                return refuse(&mut stream, record("unidentified", false), &refusal, false).await;
             }
         };
         let mut seen = Vec::new();
@@ -189,21 +199,14 @@ impl Proxy {
         let kind = match sniffed {
             Ok(kind) => kind,
             Err(stalled) => {
-                let why = match stalled {
-                    first::Stalled::Timeout => {
-                        format!("sent nothing within {}s", self.handshake_timeout.as_secs())
-                    }
-                    first::Stalled::Closed => "closed without sending a request".to_string(),
-                    first::Stalled::Full => "sent nothing latchkey recognises".to_string(),
-                    first::Stalled::Failed(e) => e,
-                };
+                let why = stalled_why(stalled, self.handshake_timeout);
                 let reason = if plain {
                     Reason::BadRequest
                 } else {
                     Reason::NotTls
                 };
                 let entry = record(&identity, plain);
-                return refuse(stream, entry, &Refusal::new(reason, why), false).await;
+                return refuse(&mut stream, entry, &Refusal::new(reason, why), false).await;
             }
         };
         let conn = |stream, seen| Conn {
@@ -232,11 +235,11 @@ impl Proxy {
                     Reason::BadRequest,
                     "TLS on the plain-HTTP listener (--http-listen)",
                 );
-                refuse(stream, record(&identity, true), &refusal, false).await;
+                refuse(&mut stream, record(&identity, true), &refusal, false).await;
             }
             (_, Capture::Http) => {
                 let refusal = Refusal::new(Reason::BadRequest, "not an HTTP/1 request");
-                refuse(stream, record(&identity, true), &refusal, true).await;
+                refuse(&mut stream, record(&identity, true), &refusal, true).await;
             }
             (_, Capture::Transparent | Capture::Https) => {
                 let what = if kind == Kind::Http {
@@ -248,7 +251,7 @@ impl Proxy {
                     Reason::NotTls,
                     format!("{what} to {}:{}", dest.host, dest.port),
                 );
-                refuse(stream, record(&identity, false), &refusal, false).await;
+                refuse(&mut stream, record(&identity, false), &refusal, false).await;
             }
         }
     }
@@ -266,7 +269,7 @@ impl Proxy {
             slot,
             mut seen,
         } = conn;
-        let mut entry = self.captured_record(peer, &identity, &policy, &dest, false);
+        let entry = self.captured_record(peer, &identity, &policy, &dest, false);
         let deadline = started + self.handshake_timeout;
         let accepted = match first::read_hello(&mut stream, &mut seen, deadline).await {
             Ok(accepted) => accepted,
@@ -283,29 +286,24 @@ impl Proxy {
             alert(&mut stream, why.0).await;
             return connect::not_intercepted(&self, entry, &dest.host, why);
         };
-        let ctx = Ctx::proxy_hop(peer, None).identified(&identity);
-        let gated = gate::tls(
-            &self,
-            &ctx,
-            &policy,
-            &mut entry,
-            &sni,
-            dest.port,
-            dest.original,
-        )
-        .await;
+        let knock = Knock {
+            client: peer,
+            identity,
+            host: &sni,
+            port: dest.port,
+            carries: Connection,
+            original_dst: dest.original,
+            head: Ok(()),
+        };
+        let gated = gate::open(&self, &policy, knock, entry, Alert(&mut stream)).await;
         match gated {
-            Err(refusal) => {
-                alert(&mut stream, refusal.reason).await;
-                dropped(entry, &refusal);
-            }
-            Ok(Opened::Intercept(ctx)) => {
+            Err(()) => {}
+            Ok((Opened::Intercept(ctx), entry)) => {
                 let client = Client::new(stream, Vec::new(), slot);
                 let start = StartHandshake::from_parts(accepted, client);
-                let ctx = ctx.with_original_dst(dest.original);
                 connect::complete(self, Arc::new(ctx), start, entry).await;
             }
-            Ok(Opened::Tunnel(mut dialed)) => {
+            Ok((Opened::Tunnel(mut dialed), mut entry)) => {
                 // The upstream gets the ClientHello exactly as the client sent it, then the rest.
                 let replay = dialed.stream.write_all(&seen);
                 match tokio::time::timeout(self.handshake_timeout, replay).await {
@@ -342,30 +340,34 @@ impl Proxy {
         let deadline = started + self.limits.header_timeout;
         let head = match first::read_head(&mut stream, &mut seen, deadline).await {
             Ok(head) => head,
-            Err(refusal) => return refuse(stream, entry, &refusal, true).await,
+            Err(refusal) => return refuse(&mut stream, entry, &refusal, true).await,
         };
-        let ctx = Ctx::proxy_hop(peer, None).identified(&identity);
-        let gated = gate::http(
-            &self,
-            &ctx,
-            &policy,
-            &mut entry,
-            &head,
-            dest.port,
-            dest.original,
-        )
-        .await;
-        match gated {
-            Err(refusal) => refuse(stream, entry, &refusal, true).await,
-            Ok(host) => {
-                // From here each request leaves its own record, the first one included.
-                entry.dismiss();
-                let ctx = Ctx::pinned_plain(peer, identity, host, dest.port)
-                    .with_original_dst(dest.original);
-                let ctx = Arc::new(ctx);
-                let client = Client::new(stream, seen, slot);
-                intercepted::serve_stream(self, ctx, client, false).await;
-            }
+        let Ok(uri) = head.target.parse::<http::Uri>() else {
+            let refusal = Refusal::new(Reason::BadRequest, "unsupported request target");
+            return refuse(&mut stream, entry, &refusal, true).await;
+        };
+        let named = match host::named(&mut entry, &head, &uri, dest.port) {
+            Ok(named) => named,
+            Err(refusal) => return refuse(&mut stream, entry, &refusal, true).await,
+        };
+        let knock = Knock {
+            client: peer,
+            identity,
+            host: named.authority.host(),
+            port: dest.port,
+            carries: FirstRequest {
+                method: &head.method,
+                path: named.path,
+            },
+            original_dst: dest.original,
+            head: Ok(()),
+        };
+        let answer = RawHttp(&mut stream);
+        if let Ok((ctx, entry)) = gate::open(&self, &policy, knock, entry, answer).await {
+            // From here each request leaves its own record, the first one included.
+            entry.dismiss();
+            let client = Client::new(stream, seen, slot);
+            intercepted::serve_stream(self, Arc::new(ctx), client, false).await;
         }
     }
 
@@ -423,10 +425,20 @@ impl Proxy {
     }
 }
 
+/// Why a connection whose first bytes stalled is refused, for the record.
+fn stalled_why(stalled: first::Stalled, timeout: Duration) -> String {
+    match stalled {
+        first::Stalled::Timeout => format!("sent nothing within {}s", timeout.as_secs()),
+        first::Stalled::Closed => "closed without sending a request".to_string(),
+        first::Stalled::Full => "sent nothing latchkey recognises".to_string(),
+        first::Stalled::Failed(e) => e,
+    }
+}
+
 /// Ends a refused captured connection. `answer`: a plain-HTTP client gets the refusal's usual
 /// answer (status, headers, sentence), its record that status; otherwise the connection is
 /// closed and the record's status is null (dropped).
-async fn refuse(mut stream: TcpStream, entry: Entry, refusal: &Refusal, answer: bool) {
+async fn refuse(stream: &mut TcpStream, entry: Entry, refusal: &Refusal, answer: bool) {
     if !answer {
         return dropped(entry, refusal);
     }
@@ -436,7 +448,7 @@ async fn refuse(mut stream: TcpStream, entry: Entry, refusal: &Refusal, answer: 
         let _ = stream.shutdown().await;
         // Read (bounded) what the client still sends, so closing does not reset the
         // connection before it read the answer.
-        let _ = tokio::io::copy(&mut (&mut stream).take(64 * 1024), &mut tokio::io::sink()).await;
+        let _ = tokio::io::copy(&mut (&mut *stream).take(64 * 1024), &mut tokio::io::sink()).await;
     })
     .await;
 }
@@ -465,6 +477,29 @@ fn alert_record(reason: Reason) -> [u8; 7] {
         _ => 40,
     };
     [21, 3, 3, 0, 2, 2, description]
+}
+
+/// A refused captured TLS connection's answer: a fatal alert, the record's status null.
+struct Alert<'s>(&'s mut TcpStream);
+
+impl Refuse for Alert<'_> {
+    type Answered = ();
+
+    async fn refuse(self, entry: Entry, refusal: &Refusal) {
+        alert(self.0, refusal.reason).await;
+        dropped(entry, refusal);
+    }
+}
+
+/// A refused captured plain-HTTP connection's answer: the refusal's HTTP answer and status.
+struct RawHttp<'s>(&'s mut TcpStream);
+
+impl Refuse for RawHttp<'_> {
+    type Answered = ();
+
+    async fn refuse(self, entry: Entry, refusal: &Refusal) {
+        refuse(self.0, entry, refusal, true).await;
+    }
 }
 
 /// Records a captured connection refused without an answer, and says so on the log.
