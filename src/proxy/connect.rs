@@ -21,7 +21,7 @@ use tokio_rustls::{LazyConfigAcceptor, StartHandshake};
 
 use super::intercepted::ClientIo;
 use super::pipeline::{self, Ctx};
-use super::{body, respond, Proxy};
+use super::{body, respond, Generation, Proxy};
 use crate::audit::Entry;
 use crate::policy::{normalize_host, ConnectDecision, Policy};
 use crate::reason::{Reason, Refusal};
@@ -88,7 +88,7 @@ pub async fn handle(proxy: Arc<Proxy>, ctx: Arc<Ctx>, req: Request<Incoming>) ->
 async fn gate(
     proxy: &Proxy,
     ctx: &Ctx,
-    policy: &Policy,
+    policy: &Generation,
     entry: &mut Entry,
     req: &Request<Incoming>,
 ) -> Result<Opened, Refusal> {
@@ -121,7 +121,7 @@ async fn gate(
 /// the authority another way: SNI, a Host header, SOCKS5): no secret value or placeholder in
 /// the host as sent, the host normalised. Returns the normalised host; the record names it.
 pub(crate) fn admit_authority(
-    policy: &Policy,
+    policy: &Generation,
     entry: &mut Entry,
     host_as_sent: &str,
     port: u16,

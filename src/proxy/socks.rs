@@ -31,9 +31,8 @@ use tokio::time::Instant;
 use super::connect::{self, Opened};
 use super::limits::{ConnectionSlot, Idle};
 use super::pipeline::Ctx;
-use super::Proxy;
+use super::{Generation, Proxy};
 use crate::audit::Entry;
-use crate::policy::Policy;
 use crate::reason::{Reason, Refusal};
 
 mod wire;
@@ -150,7 +149,7 @@ impl Proxy {
     async fn socks_identify(
         &self,
         io: &mut TcpStream,
-        policy: &Policy,
+        policy: &Generation,
         peer: SocketAddr,
         deadline: Instant,
     ) -> Result<Arc<str>, Failed> {
@@ -221,7 +220,7 @@ impl Proxy {
     async fn socks_gate(
         &self,
         ctx: &Ctx,
-        policy: &Policy,
+        policy: &Generation,
         entry: &mut Entry,
         request: Request,
     ) -> Result<Opened, Refusal> {
@@ -296,7 +295,7 @@ impl Proxy {
         io: &mut TcpStream,
         peer: SocketAddr,
         identity: Option<&str>,
-        policy: &Policy,
+        policy: &Generation,
         failed: Failed,
     ) {
         self.audit.room().await;

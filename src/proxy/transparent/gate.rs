@@ -14,10 +14,10 @@ use http::Method;
 
 use super::super::connect::{self, Opened};
 use super::super::pipeline::{self, Ctx};
-use super::super::Proxy;
+use super::super::{Generation, Proxy};
 use super::first::Head;
 use crate::audit::{redact_query, Entry};
-use crate::policy::{ConnectDecision, Policy, Scheme, Target};
+use crate::policy::{ConnectDecision, Scheme, Target};
 use crate::reason::{Reason, Refusal};
 use crate::upstream::Cidr;
 
@@ -29,7 +29,7 @@ use crate::upstream::Cidr;
 pub(super) async fn tls(
     proxy: &Proxy,
     ctx: &Ctx,
-    policy: &Policy,
+    policy: &Generation,
     entry: &mut Entry,
     sni: &str,
     port: u16,
@@ -66,7 +66,7 @@ pub(super) async fn tls(
 pub(super) async fn http(
     proxy: &Proxy,
     ctx: &Ctx,
-    policy: &Policy,
+    policy: &Generation,
     entry: &mut Entry,
     head: &Head,
     port: u16,
