@@ -301,6 +301,72 @@ mod tests {
         assert!(dir_fingerprint(&dir).is_empty());
     }
 
+    fn compiled(text: &str, loading: crate::policy::SecretLoading) -> Policy {
+        crate::policy::compile_sources_with(&[(Path::new("p.toml"), text)], loading)
+            .expect("policy")
+    }
+
+    fn declaring(dir: &Path, names: &[&str]) -> String {
+        names
+            .iter()
+            .map(|n| {
+                format!(
+                    "[secrets.{n}]\nsource = \"file:{}\"\n",
+                    dir.join(n).display()
+                )
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn the_next_generation_shares_what_is_unchanged_and_the_old_one_stays_whole() {
+        let dir = tempfile::tempdir().expect("tmp");
+        for n in ["kept", "gone", "added"] {
+            std::fs::write(dir.path().join(n), format!("sk-{n}-0123456789")).expect("write");
+        }
+        let read = crate::policy::SecretLoading::Read;
+        let first = Generation::first(
+            compiled(&declaring(dir.path(), &["kept", "gone"]), read),
+            Arc::new(Captured::in_memory()),
+        )
+        .expect("first");
+        let next = first
+            .next(compiled(&declaring(dir.path(), &["kept", "added"]), read))
+            .expect("next");
+        next.take_over(&first);
+        assert!(next.secrets().contains("added") && !next.secrets().contains("gone"));
+        assert!(Arc::ptr_eq(next.captured(), first.captured()));
+        // A request still on the first generation resolves what it declared.
+        let gone = first.secrets().get("gone").await.expect("still declared");
+        assert_eq!(gone.expose(), b"sk-gone-0123456789");
+        // Unchanged: the same value either way; the removed one is still redacted.
+        let kept = next.secrets().get("kept").await.expect("kept");
+        assert_eq!(kept, first.secrets().get("kept").await.expect("kept"));
+        let scrubber = next.secrets().scrubber().expect("matcher").expect("values");
+        assert!(!scrubber.scrub(gone.expose()).1.is_empty());
+    }
+
+    #[test]
+    fn a_secret_that_cannot_be_read_leaves_the_generation_in_force_alone() {
+        let dir = tempfile::tempdir().expect("tmp");
+        std::fs::write(dir.path().join("a"), "sk-a-0123456789").expect("write");
+        let first = Generation::first(
+            compiled(
+                &declaring(dir.path(), &["a"]),
+                crate::policy::SecretLoading::Read,
+            ),
+            Arc::new(Captured::in_memory()),
+        )
+        .expect("first");
+        let skip = crate::policy::SecretLoading::Skip;
+        let e = first
+            .next(compiled(&declaring(dir.path(), &["a", "missing"]), skip))
+            .expect_err("unreadable");
+        assert!(e.to_string().contains("secret \"missing\""), "{e}");
+        assert!(!e.to_string().contains("sk-a"), "{e}");
+        assert!(first.secrets().contains("a") && !first.secrets().contains("missing"));
+    }
+
     #[test]
     fn a_reload_error_is_its_message_in_json() {
         let e = ReloadError::Invalid("a.toml:1:1: bad".to_string());

@@ -357,7 +357,7 @@ async fn phases(
             capture: capture.clone(),
             identity: ctx.identity.to_string(),
             host: target.host.clone(),
-            tokens: proxy.captured_tokens().clone(),
+            tokens: policy.captured().clone(),
             policy: policy.clone(),
             timeout: proxy.response_timeout,
         };
