@@ -225,8 +225,9 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
         )
         .context("--capture-key")?,
     );
+    // The first generation: the policy and every secret it declares, read now.
+    let policy = crate::proxy::Generation::first(policy, tokens).context("secrets")?;
     let proxy = Proxy::new(ProxyConfig {
-        captured: tokens.clone(),
         policy,
         ca,
         audit,
@@ -452,7 +453,6 @@ impl Server {
         tokio::spawn(
             proxy
                 .captured_tokens()
-                .clone()
                 .follow(redact, proxy.shutdown_signal()),
         );
         proxy.set_limiter(crate::governance::limits::Limiter::new(store.clone()));
@@ -461,7 +461,10 @@ impl Server {
             let p = proxy.clone();
             crate::governance::notify::Worker::new(
                 store,
-                Arc::new(move || p.policy()),
+                Arc::new(move || {
+                    let g = p.policy();
+                    (g.policy().clone(), g.secrets().clone())
+                }),
                 proxy.upstream_client(),
             )
         };

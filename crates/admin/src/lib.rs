@@ -282,7 +282,7 @@ fn status_of(proxy: &Proxy, ship: Option<&Shipper>) -> serde_json::Value {
             "files": policy.files().iter().map(|f| f.display().to_string()).collect::<Vec<_>>(),
             "rules": policy.rules().len(),
             "identities": policy.identities().iter().map(|i| i.name.clone()).collect::<Vec<_>>(),
-            "secrets": policy.secrets().names().map(str::to_string).filter(|n| !n.starts_with("identity:")).collect::<Vec<_>>(),
+            "secrets": policy.secret_names().map(str::to_string).filter(|n| !n.starts_with("identity:")).collect::<Vec<_>>(),
         },
         "reload": reload,
         "uptime_seconds": gauges.uptime_seconds,

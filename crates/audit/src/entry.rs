@@ -95,7 +95,7 @@ impl Entry {
     }
 
     /// Scrubs secret values out of the record's free-text fields when it is written, with
-    /// `scrub` (the policy's secret store, seen only through [`Scrub`]).
+    /// `scrub` (the generation's secret store, seen only through [`Scrub`]).
     pub fn scrub_with(&mut self, scrub: Arc<dyn Scrub>) {
         self.scrub = Some(scrub);
     }

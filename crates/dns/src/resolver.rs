@@ -22,7 +22,7 @@ use super::message::{self, Question, Read, Reply, Transport};
 use super::rate::Refused;
 use crate::audit::{DnsInfo, Entry};
 use crate::policy::Policy;
-use crate::proxy::Proxy;
+use crate::proxy::{Generation, Proxy};
 use crate::reason::Reason;
 
 /// TTL of a `self` answer: short, so a policy reload that removes a name takes effect soon.
@@ -163,13 +163,13 @@ impl Resolver {
         finish(entry, info, None, Reason::DnsRateLimited, None);
     }
 
-    fn open(&self, policy: &Policy, client: SocketAddr) -> Entry {
+    fn open(&self, policy: &Generation, client: SocketAddr) -> Entry {
         self.proxy
             .open_record(client, &identity_by_source(policy, client), policy)
     }
 
     /// The answer to one question, under `policy`.
-    async fn decide(&self, policy: &Policy, q: Question) -> Outcome {
+    async fn decide(&self, policy: &Generation, q: Question) -> Outcome {
         let refused = |q: Question, rcode, reason, rule: Option<&str>| Outcome {
             reply: q.answer(&[], 0).rcode(rcode),
             reason,
@@ -258,7 +258,7 @@ fn identity_by_source(policy: &Policy, client: SocketAddr) -> String {
 /// A refused query's name as the record shows it: lower case, or `[REDACTED]` when it holds a
 /// secret value or a placeholder (the record's own scrubbing matches case-sensitively, and a
 /// lowercased value would get past it).
-fn recorded_host(policy: &Policy, as_sent: &str) -> String {
+fn recorded_host(policy: &Generation, as_sent: &str) -> String {
     match crate::secrets::leak::check_host(policy.secrets(), as_sent) {
         Ok(()) => as_sent.to_ascii_lowercase(),
         Err(_) => crate::secrets::leak::REDACTED_HOST.to_string(),

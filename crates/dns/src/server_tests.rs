@@ -29,8 +29,11 @@ fn proxy(dir: &std::path::Path) -> Arc<Proxy> {
         .allow_private
         .push(crate::wire::cidr::Cidr::parse("192.0.2.0/24").expect("cidr"));
     Proxy::new(ProxyConfig {
-        captured: Arc::new(crate::secrets::captured::Captured::in_memory()),
-        policy,
+        policy: crate::proxy::Generation::first(
+            policy,
+            Arc::new(crate::secrets::captured::Captured::in_memory()),
+        )
+        .expect("secrets"),
         ca,
         audit,
         upstream,

@@ -223,8 +223,9 @@ pub struct Stats {
     pub dropped: AtomicU64,
 }
 
-/// The policy in force, read afresh for every item (a reload may add or remove notifiers).
-pub type PolicySource = Arc<dyn Fn() -> Arc<Policy> + Send + Sync>;
+/// The policy in force and its secrets (one generation's), read afresh for every item (a
+/// reload may add or remove notifiers, or change their signing secrets).
+pub type PolicySource = Arc<dyn Fn() -> (Arc<Policy>, Arc<SecretStore>) + Send + Sync>;
 
 /// Delivers the outbox. One per process; several replicas on one store share the queue.
 pub struct Worker {
@@ -271,7 +272,7 @@ impl Worker {
                         for item in items {
                             running.spawn(process(
                                 Arc::clone(&self.store),
-                                Arc::clone(&policy),
+                                policy.clone(),
                                 self.client.clone(),
                                 Arc::clone(&self.stats),
                                 item,
@@ -330,7 +331,7 @@ pub enum Outcome {
 
 async fn process(
     store: Arc<dyn StateStore>,
-    policy: Arc<Policy>,
+    (policy, secrets): (Arc<Policy>, Arc<SecretStore>),
     client: Client,
     stats: Arc<Stats>,
     item: Claimed,
@@ -339,7 +340,7 @@ async fn process(
     let outcome = handle(
         &*store,
         policy.notifiers(),
-        policy.secrets(),
+        &secrets,
         &client,
         item,
         SystemTime::now(),

@@ -259,7 +259,7 @@ async fn the_worker_delivers_what_is_enqueued_promptly_and_stops_on_shutdown() {
     let source = Arc::clone(&policy);
     let worker = Worker::new(
         Arc::clone(&store),
-        Arc::new(move || Arc::clone(&source)),
+        Arc::new(move || (Arc::clone(&source), Arc::new(SecretStore::empty()))),
         loopback_client(),
     );
     let stats = worker.stats();

@@ -309,7 +309,7 @@ fn a_notifiers_secret_is_a_secret_source_loaded_and_located_like_any_other() {
     ))
     .unwrap_or_else(|e| panic!("{e:?}"));
     assert!(p.notifiers()[0].signed);
-    assert!(p.secrets().names().any(|n| n == notify_secret_key("ops")));
+    assert!(p.secret_names().any(|n| n == notify_secret_key("ops")));
     let e = compile_one(
         "[notify.ops]\nurl = \"https://h.test/\"\nsecret = \"env:LATCHKEY_ASK_TEST_UNSET_SECRET\"\n",
     )

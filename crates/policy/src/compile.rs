@@ -11,7 +11,7 @@ use super::identity::{token_key, Identity, RuleSet, DEFAULT_IDENTITY};
 use super::schema::{self, RawPolicyFile, RawSecret, Report};
 use super::{AskPolicy, HostPattern, Limit, Notifier, Origin, Policy, PriceTable, Rule};
 use crate::secrets::{SecretStore, Source};
-use crate::signing::{Credential, TokenCache};
+use crate::signing::Credential;
 
 /// One problem in one file, located.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -65,8 +65,8 @@ pub enum SecretLoading {
     /// Read every value now; a missing one is an error at its declaration. What `serve` uses.
     Read,
     /// Validate the sources' syntax only, read nothing: for evaluating decisions (`latchkey
-    /// test`, `check --no-secrets`) on a machine without the keys. The policy's secret store is
-    /// empty, so such a policy can decide but never inject: it must never serve traffic.
+    /// test`, `check --no-secrets`) on a machine without the keys. No value is checked, so such
+    /// a policy is for deciding only: it must never serve traffic.
     Skip,
 }
 
@@ -496,13 +496,14 @@ pub fn compile_sources_with(
     let default_labels = default_labels.map(|(_, _, l)| l).unwrap_or_default();
 
     // Phase 4: read env and file secrets now; a missing one is an error at its declaration. Read
-    // even when there are other errors, so one run reports them all (the values are dropped).
+    // even when there are other errors, so one run reports them all. The values are dropped:
+    // the policy keeps the declarations, the proxy's runtime state reads the values it serves.
     let loaded = match loading {
-        SecretLoading::Read => SecretStore::load(secret_sources),
-        SecretLoading::Skip => Ok(SecretStore::empty()),
+        SecretLoading::Read => SecretStore::load(secret_sources.clone()).map(drop),
+        SecretLoading::Skip => Ok(()),
     };
-    let store = match loaded {
-        Ok(store) => Some(store),
+    let resolved = match loaded {
+        Ok(()) => Some(()),
         Err(failures) => {
             for (name, why) in failures {
                 if let Some((fi, span, _)) = secret_at.get(&name) {
@@ -530,12 +531,13 @@ pub fn compile_sources_with(
             None
         }
     };
-    let Some(store) = store.filter(|_| errors.is_empty()) else {
+    if resolved.is_none() || !errors.is_empty() {
         // File order, then line and column; equal positions keep the order they were found in.
         let order = |file: &Path| sources.iter().position(|(p, _)| *p == file);
         errors.sort_by_key(|e| (order(&e.file), e.line, e.col));
         return Err(errors);
-    };
+    }
+    secret_sources.sort_by(|a, b| a.0.cmp(&b.0));
 
     let digest = hasher.finish();
     let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
@@ -545,7 +547,7 @@ pub fn compile_sources_with(
         (limits, credential_limits, prices),
         (identities, default_labels),
         credentials,
-        std::sync::Arc::new(store),
+        secret_sources,
         (
             format!("sha256:{hex}"),
             sources.iter().map(|(p, _)| p.to_path_buf()).collect(),
@@ -560,7 +562,7 @@ fn index(
     (limits, credential_limits, prices): (Vec<Limit>, HashMap<String, Vec<String>>, PriceTable),
     (identities, default_labels): (Vec<Identity>, BTreeMap<String, String>),
     credentials: HashMap<String, Arc<Credential>>,
-    secrets: std::sync::Arc<SecretStore>,
+    secrets: Vec<(String, Source)>,
     (digest, files): (String, Vec<PathBuf>),
 ) -> Policy {
     let ceilings = super::reach::ceilings(&rules, &identities, default_labels, &ask, &credentials);
@@ -596,7 +598,6 @@ fn index(
         capturing,
         identities,
         credentials,
-        tokens: Arc::new(TokenCache::default()),
         exact,
         wildcard,
         secrets,

@@ -63,7 +63,7 @@ pub use schemes::Schemes;
 
 use crate::reason::Reason;
 use crate::secrets::placeholder::Place;
-use crate::secrets::{SecretStore, Template};
+use crate::secrets::{Source, Template};
 use crate::wire::cidr::Cidr;
 
 /// The `*.toml` files directly in `dir`, sorted by name (not recursive: `tests/` holds cases).
@@ -328,19 +328,22 @@ impl Rule {
     }
 }
 
-/// The validated, compiled policy set. Immutable; a reload builds a new one.
+/// The validated, compiled policy set: what the files say, and nothing else. Immutable, and
+/// holds no value: secret values and tokens live in the runtime state a generation pairs it
+/// with (`signing::Live`); a reload builds a new policy and reconciles that state against it.
 #[derive(Debug)]
 pub struct Policy {
     rules: Vec<Rule>,
     /// Indices of the rules with `capture`: looked at on every request, so kept apart.
     capturing: Vec<usize>,
     identities: Vec<Identity>,
+    /// `[credentials.NAME]` definitions (their key material is declared in `secrets`).
     credentials: std::collections::HashMap<String, Arc<crate::signing::Credential>>,
-    /// Minted tokens, per policy generation.
-    tokens: Arc<crate::signing::TokenCache>,
     exact: HashMap<String, Vec<usize>>,
     wildcard: HashMap<String, Vec<usize>>,
-    secrets: Arc<SecretStore>,
+    /// Every secret declared, by name: `[secrets.NAME]`, credentials' key material, identity
+    /// tokens and notifiers' signing secrets (under their reserved names). Sources, no values.
+    secrets: Vec<(String, Source)>,
     /// `[ask]`: asking a person for unknown destinations, and the defaults for rules' `ask`.
     ask: AskPolicy,
     /// `[notify.NAME]` webhooks, by name order.
@@ -441,11 +444,6 @@ impl Policy {
         self.credentials.values()
     }
 
-    /// The token cache of this policy.
-    pub fn tokens(&self) -> &Arc<crate::signing::TokenCache> {
-        &self.tokens
-    }
-
     /// The identities defined; empty means every client is `default` with every rule.
     pub fn identities(&self) -> &[Identity] {
         &self.identities
@@ -462,9 +460,14 @@ impl Policy {
         self.ceilings.get(identity)
     }
 
-    /// The secrets this policy declares.
-    pub fn secrets(&self) -> &Arc<SecretStore> {
+    /// Every secret this policy declares and its source, by name.
+    pub fn secret_sources(&self) -> &[(String, Source)] {
         &self.secrets
+    }
+
+    /// The names of the secrets this policy declares, in order.
+    pub fn secret_names(&self) -> impl Iterator<Item = &str> {
+        self.secrets.iter().map(|(name, _)| name.as_str())
     }
 
     /// `sha256:` and the full 64-hex SHA-256 over every file's name and content.

@@ -31,8 +31,9 @@ use http_body_util::BodyExt;
 use super::body;
 use super::budget::Budget;
 use super::request_body::{self, drain, BodyRefused, Inbound, Prefixed, Read, Rest, Whole};
+use super::Generation;
 use crate::audit::Counters;
-use crate::policy::{Policy, Rule};
+use crate::policy::Rule;
 use crate::reason::{Reason, Refusal};
 use crate::secrets::detector::Detector;
 use crate::secrets::leak::{self, Binding};
@@ -136,7 +137,7 @@ fn too_busy(host: &str, why: impl std::fmt::Display) -> Refusal {
 /// Runs steps 1–7 on the request parts and body.
 #[allow(clippy::too_many_arguments)]
 pub async fn apply(
-    policy: &Policy,
+    policy: &Generation,
     rule: &Rule,
     req: &RequestCx<'_>,
     headers: &mut HeaderMap,

@@ -14,10 +14,10 @@ use http::Response;
 use http_body_util::BodyExt;
 use serde_json::Value;
 
-use super::body;
+use super::{body, Generation};
 use std::sync::Arc;
 
-use crate::policy::{Capture, Policy};
+use crate::policy::Capture;
 use crate::reason::{Reason, Refusal};
 use crate::secrets::captured::{Captured, MAX_LIFETIME};
 use crate::secrets::placeholder::PREFIX;
@@ -34,7 +34,7 @@ pub struct CaptureCx {
     pub host: String,
     pub tokens: Arc<Captured>,
     /// The policy in force: a captured value joins its secrets' redaction set.
-    pub policy: Arc<Policy>,
+    pub policy: Arc<Generation>,
     pub timeout: Duration,
 }
 
@@ -267,8 +267,12 @@ mod tests {
             host: "auth.test".into(),
             tokens: tokens.clone(),
             policy: Arc::new(
-                crate::policy::compile_sources_with(&[], crate::policy::SecretLoading::Skip)
-                    .expect("empty policy"),
+                Generation::first(
+                    crate::policy::compile_sources_with(&[], crate::policy::SecretLoading::Skip)
+                        .expect("empty policy"),
+                    tokens.clone(),
+                )
+                .expect("no secrets"),
             ),
             timeout: Duration::from_secs(5),
         };

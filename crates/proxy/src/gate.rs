@@ -28,9 +28,9 @@ use std::sync::Arc;
 use http::Method;
 
 use super::pipeline::{self, Ctx};
-use super::Proxy;
+use super::{Generation, Proxy};
 use crate::audit::Entry;
-use crate::policy::{normalize_host, ConnectDecision, Decision, Identity, Policy, Rule};
+use crate::policy::{normalize_host, ConnectDecision, Decision, Identity, Rule};
 use crate::policy::{Scheme, Target};
 use crate::reason::{Reason, Refusal};
 use crate::upstream::{Cidr, Dialed};
@@ -96,7 +96,7 @@ pub(crate) trait Refuse {
 /// an address of the host, and a tunnel is dialed (its decision on disk first).
 pub(crate) async fn open<C: Carries, A: Refuse>(
     proxy: &Proxy,
-    policy: &Policy,
+    policy: &Generation,
     knock: Knock<'_, C>,
     mut entry: Entry,
     answer: A,
@@ -110,7 +110,7 @@ pub(crate) async fn open<C: Carries, A: Refuse>(
 /// The checks every connection passes, then its decision.
 async fn decide<C: Carries>(
     proxy: &Proxy,
-    policy: &Policy,
+    policy: &Generation,
     knock: Knock<'_, C>,
     entry: &mut Entry,
 ) -> Result<C::Opened, Refusal> {
@@ -171,7 +171,7 @@ pub(crate) trait Carries {
     async fn decide(
         self,
         proxy: &Proxy,
-        policy: &Policy,
+        policy: &Generation,
         identity: Option<&Identity>,
         to: Admitted,
         entry: &mut Entry,
@@ -184,7 +184,7 @@ impl Carries for Connection {
     async fn decide(
         self,
         proxy: &Proxy,
-        policy: &Policy,
+        policy: &Generation,
         identity: Option<&Identity>,
         to: Admitted,
         entry: &mut Entry,
@@ -214,7 +214,7 @@ impl Carries for FirstRequest<'_> {
     async fn decide(
         self,
         proxy: &Proxy,
-        policy: &Policy,
+        policy: &Generation,
         identity: Option<&Identity>,
         to: Admitted,
         _entry: &mut Entry,
@@ -261,7 +261,7 @@ fn refusal_of(d: Decision<'_>) -> Refusal {
 /// Admits `host_as_sent:port`: no userinfo, no secret value or placeholder in the host as sent,
 /// the host normalised. Returns the normalised host; the record names it and the port.
 fn admit_authority(
-    policy: &Policy,
+    policy: &Generation,
     entry: &mut Entry,
     host_as_sent: &str,
     port: u16,
@@ -293,7 +293,7 @@ fn admit_authority(
 /// decision on disk, then the dial (an unreachable upstream is a refusal the client sees).
 async fn tunnel(
     proxy: &Proxy,
-    policy: &Policy,
+    policy: &Generation,
     identity: Option<&Identity>,
     rule: &Rule,
     to: &Admitted,
@@ -321,7 +321,7 @@ async fn tunnel(
 /// lives as long as the tunnel's record.
 async fn tunnel_limits(
     proxy: &Proxy,
-    policy: &Policy,
+    policy: &Generation,
     identity: Option<&Identity>,
     rule: &Rule,
     to: &Admitted,

@@ -10,7 +10,8 @@
 //! socks ─▶ socks (SOCKS5 CONNECT)           ─┴─▶ the CONNECT gate's halves ─▶ the same end
 //! ```
 //!
-//! [`Proxy`] here is shared state only: the policy in force, clients, limits, the audit log.
+//! [`Proxy`] here is shared state only: the generation in force (the policy and its live
+//! credential state, [`Generation`]), clients, limits, the audit log.
 //! The accept loop and the proxy hop are in `listener`, CONNECT in `connect`, one request's
 //! phases in `pipeline`, policy reloads in `reload`. Every record starts at
 //! [`Proxy::open_record`] (or [`Proxy::connection_record`]) and every refusal ends at
@@ -69,10 +70,9 @@ pub use ca::{CertAuthority, InitOutcome};
 pub use exchange::Exchanger;
 pub use pins::Pins;
 pub use pipeline::Ctx;
-pub use reload::{ReloadError, ReloadState};
+pub use reload::{Generation, ReloadError, ReloadState};
 
 use crate::audit::{AuditLog, Entry};
-use crate::policy::Policy;
 use crate::upstream::{Client, Connector, Dialer, UpstreamConfig, UpstreamError};
 
 /// Largest request header block accepted on the proxy hop and inside intercepted connections.
@@ -85,9 +85,10 @@ const AUDIT_DOWN: &str =
 
 /// Everything a running proxy shares across connections.
 pub struct Proxy {
-    /// The policy in force; a reload swaps it atomically, and requests already running keep
-    /// the one they started with (their audit record's `policy` digest says which).
-    policy: ArcSwap<Policy>,
+    /// The generation in force: the policy and the credential state it runs with. A reload
+    /// swaps it atomically, and requests already running keep the one they started with
+    /// (their audit record's `policy` digest says which).
+    policy: ArcSwap<Generation>,
     /// Where the policy came from, and how its reloads went.
     reloader: reload::Reloader,
     /// `--mode report`: every policy denial is let through and marked `would_deny`.
@@ -130,13 +131,12 @@ pub struct Proxy {
     unknown_rule: crate::policy::Rule,
     /// Session, step, attempt and trace context of each request (`--session-header`, `--otlp`).
     correlator: correlate::Correlator,
-    /// Tokens a rule's `capture` took from a token endpoint's responses.
-    captured: Arc<crate::secrets::captured::Captured>,
 }
 
 /// How to build a [`Proxy`].
 pub struct ProxyConfig {
-    pub policy: Policy,
+    /// The first generation: the policy loaded, its secrets read ([`Generation::first`]).
+    pub policy: Generation,
     pub ca: CertAuthority,
     pub audit: AuditLog,
     pub upstream: UpstreamConfig,
@@ -157,8 +157,6 @@ pub struct ProxyConfig {
     pub body_timeout: Duration,
     /// `--session-header`, and whether trace context is propagated upstream (`--otlp`).
     pub correlation: correlate::Options,
-    /// Where captured tokens are held (in memory; with a key, also in the state store).
-    pub captured: Arc<crate::secrets::captured::Captured>,
 }
 
 impl Proxy {
@@ -195,7 +193,6 @@ impl Proxy {
             limiter: std::sync::OnceLock::new(),
             unknown_rule: crate::policy::Rule::unknown(),
             correlator: correlate::Correlator::new(config.correlation),
-            captured: config.captured,
         }))
     }
 
@@ -223,13 +220,13 @@ impl Proxy {
             .clone()
     }
 
-    /// The captured tokens (a rule's `capture`).
-    pub fn captured_tokens(&self) -> &Arc<crate::secrets::captured::Captured> {
-        &self.captured
+    /// The captured tokens (a rule's `capture`): one store for every generation.
+    pub fn captured_tokens(&self) -> Arc<crate::secrets::captured::Captured> {
+        self.policy.load().captured().clone()
     }
 
-    /// The policy in force.
-    pub fn policy(&self) -> Arc<Policy> {
+    /// The generation in force: the policy, and the credential state it runs with.
+    pub fn policy(&self) -> Arc<Generation> {
         self.policy.load_full()
     }
 
@@ -237,7 +234,7 @@ impl Proxy {
     /// `policy`: secret values in force are scrubbed from it and from the messages it quotes.
     /// The caller waits for queue room first (`audit.room()`) where it can.
     /// The record carries the identity's ceiling: its labels and reach under `policy`.
-    pub fn open_record(&self, client: SocketAddr, identity: &str, policy: &Policy) -> Entry {
+    pub fn open_record(&self, client: SocketAddr, identity: &str, policy: &Generation) -> Entry {
         let mut entry = Entry::start(self.audit.clone(), client, identity, policy.digest());
         entry.scrub_with(policy.secrets().clone());
         ceiling(&mut entry, identity, policy);
@@ -364,7 +361,7 @@ impl Proxy {
 }
 
 /// Copies `identity`'s labels and reach digest (computed once per policy) into the record.
-fn ceiling(entry: &mut Entry, identity: &str, policy: &Policy) {
+fn ceiling(entry: &mut Entry, identity: &str, policy: &crate::policy::Policy) {
     if let Some(c) = policy.ceiling(identity) {
         entry.update(|r| {
             r.labels.clone_from(&c.labels);

@@ -1,15 +1,103 @@
 //! Policy reloads: on SIGHUP, on `POST /reload`, and when a policy file changes.
 //!
-//! A reload loads, validates and compiles the whole directory off the async workers, then swaps
-//! the compiled policy in atomically; an invalid set leaves the policy in force untouched, and
-//! the error is kept for `/status`. Requests already running keep the policy they started with.
-//! This module reads files and swaps an `Arc`; it knows nothing of connections or requests.
+//! What is in force is a [`Generation`]: the compiled policy (immutable, what the files say)
+//! and the live credential state it runs with ([`Live`]: secret values, minted and captured
+//! tokens, over the redaction set every generation shares). A reload loads, validates and
+//! compiles the whole directory off the async workers, reconciles the live state against the
+//! new declarations ([`Live::reconcile`]: unchanged ones keep their values and tokens, changed
+//! ones are read anew, removed ones are dropped), then swaps the new generation in atomically;
+//! an invalid set, or a secret that cannot be read, leaves the generation in force untouched,
+//! and the error is kept for `/status`. Requests already running keep the generation they
+//! started with, policy and values alike. This module reads files and swaps an `Arc`; it knows
+//! nothing of connections or requests.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
 use super::Proxy;
+use crate::policy::Policy;
+use crate::secrets::captured::Captured;
+use crate::secrets::SecretStore;
+use crate::signing::{Live, TokenCache};
+
+/// A compiled policy and the live credential state it runs with: what one request works
+/// against for its whole life. Derefs to its [`Policy`] (a generation *is* the policy in
+/// force, with values); the state is reached through [`Generation::secrets`],
+/// [`Generation::tokens`] and [`Generation::captured`].
+#[derive(Debug)]
+pub struct Generation {
+    policy: Arc<Policy>,
+    live: Live,
+}
+
+impl std::ops::Deref for Generation {
+    type Target = Policy;
+
+    fn deref(&self) -> &Policy {
+        &self.policy
+    }
+}
+
+impl Generation {
+    /// The first generation: `policy` with every secret it declares read now.
+    pub fn first(policy: Policy, captured: Arc<Captured>) -> Result<Generation, ReloadError> {
+        let live = Live::resolve(policy.secret_sources(), captured).map_err(unreadable)?;
+        Ok(Generation {
+            policy: Arc::new(policy),
+            live,
+        })
+    }
+
+    /// The generation after this one, for `policy`: the live state reconciled against its
+    /// declarations (a credential keeps its tokens while its definition is the same). Nothing
+    /// changes in force until [`Generation::take_over`].
+    fn next(&self, policy: Policy) -> Result<Generation, ReloadError> {
+        let unchanged = |name: &str| self.policy.credential(name) == policy.credential(name);
+        let live = self
+            .live
+            .reconcile(policy.secret_sources(), unchanged)
+            .map_err(unreadable)?;
+        Ok(Generation {
+            policy: Arc::new(policy),
+            live,
+        })
+    }
+
+    /// Puts this generation's live state in force in place of `previous`'s.
+    fn take_over(&self, previous: &Generation) {
+        self.live.take_over(&previous.live);
+    }
+
+    /// The compiled policy.
+    pub fn policy(&self) -> &Arc<Policy> {
+        &self.policy
+    }
+
+    /// This generation's secrets (over the redaction set every generation shares).
+    pub fn secrets(&self) -> &Arc<SecretStore> {
+        self.live.secrets()
+    }
+
+    /// The tokens minted for this generation's credentials.
+    pub fn tokens(&self) -> &TokenCache {
+        self.live.tokens()
+    }
+
+    /// The captured tokens (the same for every generation).
+    pub fn captured(&self) -> &Arc<Captured> {
+        self.live.captured()
+    }
+}
+
+/// Secrets that could not be read, one per line, by name (never a value).
+fn unreadable(failures: Vec<(String, String)>) -> ReloadError {
+    let lines: Vec<String> = failures
+        .into_iter()
+        .map(|(name, why)| format!("secret {name:?}: {why}"))
+        .collect();
+    ReloadError::Invalid(lines.join("\n"))
+}
 
 /// The outcome of the last reload, for `/status`.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -78,10 +166,20 @@ impl Proxy {
     pub async fn reload(&self, why: &str) -> Result<bool, ReloadError> {
         let _one_at_a_time = self.reloader.one_at_a_time.lock().await;
         let dir = self.reloader.dir.clone();
-        let loaded = tokio::task::spawn_blocking(move || crate::policy::load_dir(&dir)).await;
+        let old = self.policy();
+        // Off the async workers: reading the files, and the secrets that changed.
+        let in_force = old.clone();
+        let loaded = tokio::task::spawn_blocking(move || {
+            let policy =
+                crate::policy::load_dir(&dir).map_err(|e| ReloadError::Invalid(e.to_string()))?;
+            if policy.digest() == in_force.digest() {
+                return Ok(None);
+            }
+            in_force.next(policy).map(Some)
+        })
+        .await;
         let result = match loaded {
-            Ok(Ok(policy)) => Ok(policy),
-            Ok(Err(e)) => Err(ReloadError::Invalid(e.to_string())),
+            Ok(next) => next,
             Err(e) => Err(ReloadError::Task(e.to_string())),
         };
         let metrics = self.metrics().clone();
@@ -91,16 +189,15 @@ impl Proxy {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         match result {
-            Ok(policy) => {
-                let old = self.policy.load();
-                let changed = old.digest() != policy.digest();
+            Ok(next) => {
                 state.last_ok = Some(now());
                 state.last_error = None;
-                if changed {
-                    tracing::info!(why, policy.digest = %policy.digest(), policy.rules = policy.rules().len(), "policy reloaded");
-                    // Values handed out under the old policy stay redacted under the new one.
-                    policy.secrets().carry_over_from(old.secrets());
-                    self.policy.store(Arc::new(policy));
+                let changed = next.is_some();
+                if let Some(next) = next {
+                    tracing::info!(why, policy.digest = %next.digest(), policy.rules = next.rules().len(), "policy reloaded");
+                    // Values handed out under the old generation stay redacted under the new.
+                    next.take_over(&old);
+                    self.policy.store(Arc::new(next));
                     state.reloads += 1;
                     metrics
                         .policy_reloads
@@ -202,6 +299,72 @@ mod tests {
         assert_ne!(dir_fingerprint(&dir), before);
         std::fs::remove_dir_all(&dir).expect("cleanup");
         assert!(dir_fingerprint(&dir).is_empty());
+    }
+
+    fn compiled(text: &str, loading: crate::policy::SecretLoading) -> Policy {
+        crate::policy::compile_sources_with(&[(Path::new("p.toml"), text)], loading)
+            .expect("policy")
+    }
+
+    fn declaring(dir: &Path, names: &[&str]) -> String {
+        names
+            .iter()
+            .map(|n| {
+                format!(
+                    "[secrets.{n}]\nsource = \"file:{}\"\n",
+                    dir.join(n).display()
+                )
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn the_next_generation_shares_what_is_unchanged_and_the_old_one_stays_whole() {
+        let dir = tempfile::tempdir().expect("tmp");
+        for n in ["kept", "gone", "added"] {
+            std::fs::write(dir.path().join(n), format!("sk-{n}-0123456789")).expect("write");
+        }
+        let read = crate::policy::SecretLoading::Read;
+        let first = Generation::first(
+            compiled(&declaring(dir.path(), &["kept", "gone"]), read),
+            Arc::new(Captured::in_memory()),
+        )
+        .expect("first");
+        let next = first
+            .next(compiled(&declaring(dir.path(), &["kept", "added"]), read))
+            .expect("next");
+        next.take_over(&first);
+        assert!(next.secrets().contains("added") && !next.secrets().contains("gone"));
+        assert!(Arc::ptr_eq(next.captured(), first.captured()));
+        // A request still on the first generation resolves what it declared.
+        let gone = first.secrets().get("gone").await.expect("still declared");
+        assert_eq!(gone.expose(), b"sk-gone-0123456789");
+        // Unchanged: the same value either way; the removed one is still redacted.
+        let kept = next.secrets().get("kept").await.expect("kept");
+        assert_eq!(kept, first.secrets().get("kept").await.expect("kept"));
+        let scrubber = next.secrets().scrubber().expect("matcher").expect("values");
+        assert!(!scrubber.scrub(gone.expose()).1.is_empty());
+    }
+
+    #[test]
+    fn a_secret_that_cannot_be_read_leaves_the_generation_in_force_alone() {
+        let dir = tempfile::tempdir().expect("tmp");
+        std::fs::write(dir.path().join("a"), "sk-a-0123456789").expect("write");
+        let first = Generation::first(
+            compiled(
+                &declaring(dir.path(), &["a"]),
+                crate::policy::SecretLoading::Read,
+            ),
+            Arc::new(Captured::in_memory()),
+        )
+        .expect("first");
+        let skip = crate::policy::SecretLoading::Skip;
+        let e = first
+            .next(compiled(&declaring(dir.path(), &["a", "missing"]), skip))
+            .expect_err("unreadable");
+        assert!(e.to_string().contains("secret \"missing\""), "{e}");
+        assert!(!e.to_string().contains("sk-a"), "{e}");
+        assert!(first.secrets().contains("a") && !first.secrets().contains("missing"));
     }
 
     #[test]

@@ -32,9 +32,8 @@ use super::connect;
 use super::gate::{self, Connection, Knock, Opened, Refuse};
 use super::limits::{ConnectionSlot, Idle};
 use super::pipeline::Ctx;
-use super::Proxy;
+use super::{Generation, Proxy};
 use crate::audit::Entry;
-use crate::policy::Policy;
 use crate::reason::{Reason, Refusal};
 
 mod wire;
@@ -161,7 +160,7 @@ impl Proxy {
     async fn socks_identify(
         &self,
         io: &mut TcpStream,
-        policy: &Policy,
+        policy: &Generation,
         peer: SocketAddr,
         deadline: Instant,
     ) -> Result<Arc<str>, Failed> {
@@ -278,7 +277,7 @@ impl Proxy {
         io: &mut TcpStream,
         peer: SocketAddr,
         identity: Option<&str>,
-        policy: &Policy,
+        policy: &Generation,
         failed: Failed,
     ) {
         self.audit.room().await;

@@ -43,11 +43,10 @@ use tokio_tungstenite::WebSocketStream;
 
 use super::body::{self, FinishHook};
 use super::budget::Budget;
-use super::mcp_socket;
 use super::websocket_held::{is_held_over, Held};
+use super::{mcp_socket, Generation};
 use crate::audit::{Entry, WebSocketInfo};
 use crate::governance::limits::Upload;
-use crate::policy::Policy;
 use crate::reason::{Reason, Refusal};
 use crate::secrets::leak::{Binding, Checker};
 use crate::secrets::placeholder::Place;
@@ -246,7 +245,7 @@ fn accept_key(key: &[u8]) -> String {
 
 /// What the relay checks messages toward the upstream against: the rule's binding, owned.
 pub struct Guard {
-    pub policy: Arc<Policy>,
+    pub policy: Arc<Generation>,
     pub rule: String,
     pub bound: BTreeSet<String>,
     pub placeholders: Vec<Place>,

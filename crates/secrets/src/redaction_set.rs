@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::store::lock;
@@ -223,7 +223,7 @@ impl Values {
     }
 }
 
-/// What the store and its background refreshes share.
+/// The redaction set every generation's store (and their background refreshes) share.
 pub(super) struct Shared {
     pub(super) values: Mutex<Values>,
     /// Bumped (with `values` locked) whenever the redaction set changes.
@@ -235,9 +235,6 @@ pub(super) struct Shared {
     /// none is).
     pub(super) next_sweep_ms: AtomicU64,
     pub(super) epoch: Instant,
-    /// The store a reload replaced this one with: values handed out here afterwards are
-    /// added there too, so the new policy still redacts them.
-    pub(super) successor: arc_swap::ArcSwap<Weak<Shared>>,
 }
 
 impl Shared {
@@ -248,7 +245,6 @@ impl Shared {
             added: AtomicU64::new(0),
             next_sweep_ms: AtomicU64::new(u64::MAX),
             epoch: Instant::now(),
-            successor: arc_swap::ArcSwap::from_pointee(Weak::new()),
         }
     }
 
@@ -269,11 +265,6 @@ impl Shared {
         self.next_sweep_ms.fetch_min(ms, Ordering::AcqRel);
     }
 
-    pub(super) fn successor(&self) -> Option<Arc<Shared>> {
-        // Read on every value handed out: lock-free (set once, by a reload).
-        self.successor.load().upgrade()
-    }
-
     pub(super) fn mint(&self, name: &str, key: &str, value: &SecretValue) {
         let now = Instant::now();
         let mut v = lock(&self.values);
@@ -281,12 +272,9 @@ impl Shared {
         self.bump(change);
         drop(v);
         self.sweep_by(now + RETIRED_KEEP);
-        if let Some(next) = self.successor() {
-            next.mint(name, key, value);
-        }
     }
 
-    /// Adds a value to the set as retired now (a value a replaced store handed out).
+    /// Adds a value to the set as retired now (a value a detached slot took on).
     pub(super) fn remember(&self, name: &str, value: &SecretValue) {
         let now = Instant::now();
         let mut v = lock(&self.values);
@@ -294,9 +282,6 @@ impl Shared {
         self.bump(change);
         drop(v);
         self.sweep_by(now + RETIRED_KEEP);
-        if let Some(next) = self.successor() {
-            next.remember(name, value);
-        }
     }
 
     /// Drops values out of use for [`RETIRED_KEEP`], when one is due. Returns whether any

@@ -34,19 +34,26 @@
 //! asked. A change that only removed values leaves the previous matcher usable (it looks for a
 //! superset); the caller that removed them rebuilds, and nobody waits for it.
 //!
-//! A reload builds a new store; [`SecretStore::carry_over_from`] moves the old store's values
-//! into it (current ones as retired), and values the old store hands out afterwards (requests
-//! still running on the old policy) are added to the new one as well.
+//! # Generations
+//!
+//! A [`SecretStore`] is one policy generation's view: the declarations it was built from, each
+//! in a slot holding its value. The redaction set (and the matcher built over it) is shared by
+//! every generation, so nothing is copied or forwarded on a reload: the next generation's store
+//! is [`SecretStore::reconcile`]d from the one in force — an unchanged declaration keeps its slot
+//! (its value, file stamp, cached `exec:` output), a changed or new one is read afresh, a removed
+//! one is left out — and [`SecretStore::take_over`] puts it in force: the values of the slots it
+//! left out stay redacted as retired, and a slot left out is marked detached, so a value a
+//! request still running on the old generation reads through it later is added as retired too.
 //!
 //! Error messages name secrets, never values.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime};
 
-use arc_swap::ArcSwapOption;
+use arc_swap::{ArcSwap, ArcSwapOption};
 
 use super::exec::run_helper;
 use super::redaction_set::{Change, Shared, RETIRED_KEEP};
@@ -178,6 +185,9 @@ pub(super) struct Slot {
     state: Mutex<State>,
     /// Single flight for exec helpers: N concurrent first uses run the helper once.
     fetch: tokio::sync::Mutex<()>,
+    /// Set when a reload left this slot out of the generation in force: a value it takes on
+    /// afterwards (for a request still running on its generation) joins the set as retired.
+    detached: AtomicBool,
 }
 
 /// A built matcher and the generation of the redaction set it covers.
@@ -199,15 +209,23 @@ pub struct RedactionStats {
     pub builds: u64,
 }
 
-/// All secrets of a policy, by name.
-pub struct SecretStore {
-    slots: HashMap<String, Arc<Slot>>,
+/// What every generation's store shares: the redaction set, the slots in force (whose current
+/// values the matcher holds besides the set's), and the matcher built last.
+struct Redaction {
     shared: Arc<Shared>,
+    /// The slots of the generation in force.
+    in_force: ArcSwap<Vec<Arc<Slot>>>,
     /// The matcher of the newest generation built.
     built: ArcSwapOption<Built>,
     /// Single flight for matcher builds.
     building: Mutex<()>,
     builds: AtomicU64,
+}
+
+/// One policy generation's secrets, by name, over the redaction set all generations share.
+pub struct SecretStore {
+    slots: HashMap<String, Arc<Slot>>,
+    redaction: Arc<Redaction>,
 }
 
 impl std::fmt::Debug for SecretStore {
@@ -227,12 +245,16 @@ impl SecretStore {
     }
 
     fn with_slots(slots: HashMap<String, Arc<Slot>>) -> Self {
+        let in_force = slots.values().cloned().collect();
         Self {
             slots,
-            shared: Arc::new(Shared::new(0)),
-            built: ArcSwapOption::empty(),
-            building: Mutex::new(()),
-            builds: AtomicU64::new(0),
+            redaction: Arc::new(Redaction {
+                shared: Arc::new(Shared::new(0)),
+                in_force: ArcSwap::from_pointee(in_force),
+                built: ArcSwapOption::empty(),
+                building: Mutex::new(()),
+                builds: AtomicU64::new(0),
+            }),
         }
     }
 
@@ -241,50 +263,115 @@ impl SecretStore {
         let mut errors = Vec::new();
         let mut slots = HashMap::new();
         for (name, source) in sources {
-            let mut state = State::default();
-            // exec helpers run on first use, not at load.
-            let loaded = match &source {
-                Source::Env(var) => Some(match std::env::var_os(var) {
-                    None => Err(format!("env var {var} is not set")),
-                    Some(v) => check_value(v.into_encoded_bytes())
-                        .map_err(|e| format!("env var {var}: {e}")),
-                }),
-                Source::File(path) => Some(match std::fs::read(path) {
-                    Ok(v) => {
-                        state.stamp = file_stamp(path);
-                        check_value(v).map_err(|e| format!("file {}: {e}", path.display()))
-                    }
-                    Err(e) => Err(format!("cannot read {}: {e}", path.display())),
-                }),
-                Source::Exec { .. } => None,
-            };
-            match loaded {
-                Some(Ok(v)) => {
-                    state.current = Some(v);
-                    state.fetched = Some(Instant::now());
+            match Slot::load(name.clone(), source) {
+                Ok(slot) => {
+                    slots.insert(name, Arc::new(slot));
                 }
-                Some(Err(e)) => errors.push((name.clone(), e)),
-                None => {}
+                Err(e) => errors.push((name, e)),
             }
-            let fixed = match source {
-                Source::Env(_) => state.current.clone(),
-                _ => None,
-            };
-            slots.insert(
-                name.clone(),
-                Arc::new(Slot {
-                    name,
-                    source,
-                    fixed,
-                    state: Mutex::new(state),
-                    fetch: tokio::sync::Mutex::new(()),
-                }),
-            );
         }
         if !errors.is_empty() {
             return Err(errors);
         }
         Ok(Self::with_slots(slots))
+    }
+
+    /// The store of the next generation, declaring `sources`, over this one's redaction set:
+    /// a declaration unchanged from this store's keeps its slot (the same value, file stamp and
+    /// cached `exec:` output), a changed or new one is read now, a removed one is left out.
+    /// Nothing changes in force until [`SecretStore::take_over`]; a failure changes nothing at
+    /// all. Returns every failure by name.
+    pub fn reconcile(
+        &self,
+        sources: &[(String, Source)],
+    ) -> Result<SecretStore, Vec<(String, String)>> {
+        let mut errors = Vec::new();
+        let mut slots = HashMap::with_capacity(sources.len());
+        for (name, source) in sources {
+            let slot = match self.slots.get(name) {
+                Some(kept) if kept.source == *source => Ok(kept.clone()),
+                _ => Slot::load(name.clone(), source.clone()).map(Arc::new),
+            };
+            match slot {
+                Ok(slot) => {
+                    slots.insert(name.clone(), slot);
+                }
+                Err(e) => errors.push((name.clone(), e)),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        Ok(SecretStore {
+            slots,
+            redaction: self.redaction.clone(),
+        })
+    }
+
+    /// Whether the secrets whose names start with `prefix` are the very same slots here and in
+    /// `other` (none added, removed or re-read by a reconcile): a credential's key material.
+    pub fn same_slots(&self, other: &SecretStore, prefix: &str) -> bool {
+        fn of<'s>(store: &'s SecretStore, prefix: &str) -> Vec<(&'s String, &'s Arc<Slot>)> {
+            let mut slots: Vec<(&String, &Arc<Slot>)> = store
+                .slots
+                .iter()
+                .filter(|(name, _)| name.starts_with(prefix))
+                .collect();
+            slots.sort_by(|a, b| a.0.cmp(b.0));
+            slots
+        }
+        let (mine, theirs) = (of(self, prefix), of(other, prefix));
+        mine.len() == theirs.len()
+            && mine
+                .iter()
+                .zip(&theirs)
+                .all(|(a, b)| a.0 == b.0 && Arc::ptr_eq(a.1, b.1))
+    }
+
+    /// Puts this store (from [`SecretStore::reconcile`] on `previous`) in force in its place:
+    /// the slots `previous` has and this one does not keep are detached, and their values stay
+    /// redacted as retired (unless still current here). A store over another redaction set
+    /// shares nothing with `previous`, so nothing is done.
+    pub fn take_over(&self, previous: &SecretStore) {
+        if !Arc::ptr_eq(&self.redaction, &previous.redaction) {
+            return;
+        }
+        let left: Vec<&Arc<Slot>> = previous
+            .slots
+            .iter()
+            .filter(|(name, slot)| !self.slots.get(*name).is_some_and(|s| Arc::ptr_eq(s, slot)))
+            .map(|(_, slot)| slot)
+            .collect();
+        // First detached, then read: a value a detached slot takes on meanwhile is read here or
+        // remembered by the slot itself (or both: adding a value twice changes nothing).
+        for slot in &left {
+            slot.detached.store(true, Ordering::SeqCst);
+        }
+        let now = Instant::now();
+        let retired: Vec<(Arc<str>, SecretValue)> = left
+            .iter()
+            .filter_map(|slot| {
+                let value = slot.current()?;
+                let current = self.slots.get(&slot.name).and_then(|s| s.current());
+                (current.as_ref() != Some(&value)).then(|| (Arc::from(slot.name.as_str()), value))
+            })
+            .collect();
+        let redaction = &self.redaction;
+        redaction
+            .in_force
+            .store(Arc::new(self.slots.values().cloned().collect()));
+        let shared = &redaction.shared;
+        let mut v = lock(&shared.values);
+        for (name, value) in retired {
+            v.retire(&name, value, now);
+        }
+        // The slots now in force may hold values no matcher built so far has.
+        shared.bump(Change {
+            added: true,
+            removed: false,
+        });
+        drop(v);
+        shared.sweep_by(now + RETIRED_KEEP);
     }
 
     pub fn is_empty(&self) -> bool {
@@ -329,7 +416,7 @@ impl SecretStore {
         let bytes = std::fs::read(path)
             .map_err(|e| slot.unavailable(&format!("cannot read {}: {e}", path.display())))?;
         let value = check_value(bytes).map_err(|e| slot.unavailable(&e))?;
-        if slot.replace(value.clone(), stamp, &self.shared) {
+        if slot.replace(value.clone(), stamp, &self.redaction.shared) {
             tracing::info!(secret = %slot.name, "secret file changed; new value in use");
         }
         Ok(value)
@@ -350,7 +437,7 @@ impl SecretStore {
             return Ok(v);
         }
         let value = run_helper(slot, timeout).await?;
-        slot.replace(value.clone(), None, &self.shared);
+        slot.replace(value.clone(), None, &self.redaction.shared);
         Ok(value)
     }
 
@@ -366,7 +453,7 @@ impl SecretStore {
         if age >= ttl.mul_f32(0.8) && !st.refreshing {
             st.refreshing = true;
             let slot = slot.clone();
-            let shared = self.shared.clone();
+            let shared = self.redaction.shared.clone();
             if let Ok(handle) = tokio::runtime::Handle::try_current() {
                 handle.spawn(async move {
                     let timeout = match &slot.source {
@@ -397,89 +484,22 @@ impl SecretStore {
         if value.len() < MIN_SECRET_LEN {
             return;
         }
-        self.shared.mint(name, key, value);
-    }
-
-    /// Moves the redaction set of the store a reload replaces into this one: its secrets'
-    /// values (as retired now, unless still current here), its retired values (keeping their
-    /// times) and its minted values (still live under their keys unless this store already
-    /// has a value there). Values `old` hands out from now on are added here too.
-    pub fn carry_over_from(&self, old: &SecretStore) {
-        if Arc::ptr_eq(&self.shared, &old.shared) {
-            return;
-        }
-        // First the forwarding, then the snapshot: a value `old` hands out meanwhile is in one
-        // or the other (or both: adding a value twice changes nothing).
-        old.shared
-            .successor
-            .store(Arc::new(Arc::downgrade(&self.shared)));
-        let now = Instant::now();
-        let old_current: Vec<(Arc<str>, SecretValue)> = old
-            .slots
-            .values()
-            .filter_map(|s| s.current().map(|v| (Arc::from(s.name.as_str()), v)))
-            .collect();
-        let (live, retired) = {
-            let v = lock(&old.shared.values);
-            let live: Vec<(Arc<str>, String, SecretValue, Instant)> = v
-                .live
-                .iter()
-                .flat_map(|(name, per)| {
-                    per.iter()
-                        .map(|(key, l)| (name.clone(), key.clone(), l.value.clone(), l.used))
-                })
-                .collect();
-            let retired: Vec<(Arc<str>, SecretValue, Instant)> = v
-                .retired
-                .iter()
-                .map(|r| (r.name.clone(), r.value.clone(), r.at))
-                .collect();
-            (live, retired)
-        };
-        let still_current: Vec<(Arc<str>, SecretValue)> = old_current
-            .into_iter()
-            .filter(|(name, value)| {
-                self.slots.get(&**name).and_then(|s| s.current()).as_ref() != Some(value)
-            })
-            .collect();
-        let mut v = lock(&self.shared.values);
-        for (name, key, value, used) in live {
-            if v.live.get(&*name).is_some_and(|m| m.contains_key(&key)) {
-                v.retire(&name, value, used);
-            } else {
-                v.mint(&name, &key, &value, used);
-            }
-        }
-        for (name, value, at) in retired {
-            v.retire(&name, value, at);
-        }
-        for (name, value) in still_current {
-            v.retire(&name, value, now);
-        }
-        let (_, next) = v.sweep(now);
-        self.shared.bump(Change {
-            added: true,
-            removed: true,
-        });
-        if let Some(next) = next {
-            self.shared.sweep_by(next);
-        }
-        drop(v);
+        self.redaction.shared.mint(name, key, value);
     }
 
     /// Counts describing the redaction set.
     pub fn redaction_stats(&self) -> RedactionStats {
         RedactionStats {
-            generation: self.shared.generation.load(Ordering::Acquire),
-            values: lock(&self.shared.values).count(),
-            builds: self.builds.load(Ordering::Relaxed),
+            generation: self.redaction.shared.generation.load(Ordering::Acquire),
+            values: lock(&self.redaction.shared.values).count(),
+            builds: self.redaction.builds.load(Ordering::Relaxed),
         }
     }
 
     /// The matcher built last, if it is safe for a caller that saw `added` additions (it
     /// misses no value added before) and, when `generation` is given, also current.
     fn usable(&self, added: u64, generation: Option<u64>) -> Option<Option<Arc<Scrubber>>> {
-        let built = self.built.load();
+        let built = self.redaction.built.load();
         built
             .as_ref()
             .filter(|b| b.added >= added && generation.is_none_or(|g| b.generation >= g))
@@ -497,28 +517,28 @@ impl SecretStore {
     /// matcher usable — it only looks for more — so then only the caller that removed them
     /// rebuilds, and nobody waits for it.
     pub fn scrubber(&self) -> Result<Option<Arc<Scrubber>>, ScrubError> {
-        let swept = self.shared.sweep_if_due();
-        let added = self.shared.added.load(Ordering::Acquire);
-        let current = swept.then(|| self.shared.generation.load(Ordering::Acquire));
+        let swept = self.redaction.shared.sweep_if_due();
+        let added = self.redaction.shared.added.load(Ordering::Acquire);
+        let current = swept.then(|| self.redaction.shared.generation.load(Ordering::Acquire));
         if let Some(s) = self.usable(added, current) {
             return Ok(s);
         }
-        let _one_build = lock(&self.building);
+        let _one_build = lock(&self.redaction.building);
         if let Some(s) = self.usable(added, current) {
             return Ok(s);
         }
         // Read the counters before the values: the matcher then holds at least what they
         // stand for (a value is in before they are bumped).
-        let generation = self.shared.generation.load(Ordering::Acquire);
-        let added = self.shared.added.load(Ordering::Acquire);
+        let generation = self.redaction.shared.generation.load(Ordering::Acquire);
+        let added = self.redaction.shared.added.load(Ordering::Acquire);
         let mut values: Vec<(Arc<str>, SecretValue)> = Vec::new();
-        for slot in self.slots.values() {
+        for slot in self.redaction.in_force.load().iter() {
             if let Some(v) = slot.current() {
                 values.push((Arc::from(slot.name.as_str()), v));
             }
         }
         {
-            let v = lock(&self.shared.values);
+            let v = lock(&self.redaction.shared.values);
             for (name, per) in &v.live {
                 values.extend(per.values().map(|l| (name.clone(), l.value.clone())));
             }
@@ -540,9 +560,9 @@ impl SecretStore {
                 tracing::error!(error = %e, "cannot build the redaction scanner");
             })?))
         };
-        self.builds.fetch_add(1, Ordering::Relaxed);
+        self.redaction.builds.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(generation, values = values.len(), "redaction matcher built");
-        self.built.store(Some(Arc::new(Built {
+        self.redaction.built.store(Some(Arc::new(Built {
             generation,
             added,
             scrubber: scrubber.clone(),
@@ -552,6 +572,43 @@ impl SecretStore {
 }
 
 impl Slot {
+    /// A slot for `source`, reading `env:` and `file:` sources now (`exec:` runs on first use).
+    fn load(name: String, source: Source) -> Result<Slot, String> {
+        let mut state = State::default();
+        let loaded = match &source {
+            Source::Env(var) => Some(match std::env::var_os(var) {
+                None => Err(format!("env var {var} is not set")),
+                Some(v) => {
+                    check_value(v.into_encoded_bytes()).map_err(|e| format!("env var {var}: {e}"))
+                }
+            }),
+            Source::File(path) => Some(match std::fs::read(path) {
+                Ok(v) => {
+                    state.stamp = file_stamp(path);
+                    check_value(v).map_err(|e| format!("file {}: {e}", path.display()))
+                }
+                Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+            }),
+            Source::Exec { .. } => None,
+        };
+        if let Some(v) = loaded.transpose()? {
+            state.current = Some(v);
+            state.fetched = Some(Instant::now());
+        }
+        let fixed = match source {
+            Source::Env(_) => state.current.clone(),
+            _ => None,
+        };
+        Ok(Slot {
+            name,
+            source,
+            fixed,
+            state: Mutex::new(state),
+            fetch: tokio::sync::Mutex::new(()),
+            detached: AtomicBool::new(false),
+        })
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         lock(&self.state)
     }
@@ -601,8 +658,9 @@ impl Slot {
         drop(v);
         drop(st);
         shared.sweep_by(now + RETIRED_KEEP);
-        if let Some(next) = shared.successor() {
-            next.remember(&self.name, &value);
+        if self.detached.load(Ordering::SeqCst) {
+            // Out of force: the matcher no longer reads this slot, so the set holds the value.
+            shared.remember(&self.name, &value);
         }
         true
     }

@@ -171,7 +171,7 @@ fn live_values_per_name_and_retired_values_in_all_are_bounded() {
     for i in 0..hosts {
         store.set_minted("credential:jwt", &format!("host-{i}"), &token(i));
     }
-    let live = store.shared.values.lock().expect("lock").live["credential:jwt"].len();
+    let live = store.redaction.shared.values.lock().expect("lock").live["credential:jwt"].len();
     assert_eq!(live, MAX_LIVE_PER_NAME);
     // The least recently used were retired, not dropped.
     assert!(redacts(&store, &token(0)));
@@ -196,7 +196,7 @@ fn live_values_per_name_and_retired_values_in_all_are_bounded() {
             );
         }
     }
-    let v = store.shared.values.lock().expect("lock");
+    let v = store.redaction.shared.values.lock().expect("lock");
     assert!(v.retired.len() <= MAX_RETIRED, "{}", v.retired.len());
     let live: usize = v.live.values().map(HashMap::len).sum();
     assert!(v.count() <= MAX_RETIRED + live);
@@ -238,6 +238,7 @@ fn a_change_that_only_removes_values_keeps_the_old_matcher_and_makes_nobody_wait
     let builds = store.redaction_stats().builds;
     // An hour on, both are out of use and leave the set.
     assert!(store
+        .redaction
         .shared
         .sweep_at(Instant::now() + RETIRED_KEEP + Duration::from_secs(1)));
     assert_eq!(store.redaction_stats().values, 0);
@@ -257,40 +258,111 @@ fn a_change_that_only_removes_values_keeps_the_old_matcher_and_makes_nobody_wait
     assert_eq!(store.redaction_stats().builds, builds + 1);
 }
 
-#[tokio::test]
-async fn a_reload_carries_retired_and_minted_values_over_and_later_ones_follow() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let p = dir.path().join("s");
-    std::fs::write(&p, SECRET).expect("write");
-    let old = SecretStore::load(vec![("f".into(), Source::File(p.clone()))]).expect("load");
-    std::fs::write(&p, "sk-test-rotated-value-99").expect("write");
-    old.get("f").await.expect("rotated");
-    old.set_minted("credential:jwt", "host-a", &token(1));
-    old.set_minted("credential:jwt", "host-a", &token(2));
-    let rotated = SecretValue::new(b"sk-test-rotated-value-99".to_vec());
-    let first = SecretValue::new(SECRET.as_bytes().to_vec());
+fn file_source(dir: &Path, name: &str, value: &str) -> Source {
+    let p = dir.join(name);
+    std::fs::write(&p, value).expect("write");
+    Source::File(p)
+}
 
-    let new = SecretStore::load(vec![("f".into(), Source::File(p.clone()))]).expect("load");
-    new.carry_over_from(&old);
-    for v in [&first, &rotated, &token(1), &token(2)] {
-        assert!(redacts(&new, v));
+#[tokio::test]
+async fn a_reconcile_keeps_unchanged_slots_rereads_changed_ones_and_drops_removed_ones() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let kept = file_source(dir.path(), "kept", "sk-kept-0123456789");
+    let changed = file_source(dir.path(), "changed", "sk-changed-old-0123");
+    let gone = file_source(dir.path(), "gone", "sk-gone-0123456789");
+    let old = SecretStore::load(vec![
+        ("kept".into(), kept.clone()),
+        ("changed".into(), changed),
+        ("gone".into(), gone),
+    ])
+    .expect("load");
+    old.set_minted("credential:jwt", "host-a", &token(1));
+    let moved = file_source(dir.path(), "changed-2", "sk-changed-new-0123");
+    let new = old
+        .reconcile(&[("kept".into(), kept), ("changed".into(), moved)])
+        .expect("reconcile");
+    // Unchanged: the very slot (its value object, stamp and cache) goes on.
+    assert!(Arc::ptr_eq(&old.slots["kept"], &new.slots["kept"]));
+    // Changed: read afresh from its new source.
+    assert!(!Arc::ptr_eq(&old.slots["changed"], &new.slots["changed"]));
+    assert_eq!(
+        new.get("changed").await.expect("value").expose(),
+        b"sk-changed-new-0123"
+    );
+    // Removed: not in the new generation.
+    assert!(!new.contains("gone"));
+    assert!(matches!(
+        new.get("gone").await,
+        Err(SecretError::Unknown(_))
+    ));
+    new.take_over(&old);
+    // What was handed out before stays redacted: minted, changed and removed values alike.
+    for v in [
+        "sk-kept-0123456789",
+        "sk-changed-old-0123",
+        "sk-gone-0123456789",
+    ] {
+        assert!(
+            redacts(&new, &SecretValue::new(v.as_bytes().to_vec())),
+            "{v}"
+        );
     }
-    // The minted value is still live under its key: handing it out changes nothing.
-    let g = new.redaction_stats().generation;
-    new.set_minted("credential:jwt", "host-a", &token(2));
-    assert_eq!(new.redaction_stats().generation, g);
-    // A request still running on the old policy hands out a new value: the new store
-    // redacts it too.
-    old.set_minted("credential:jwt", "host-b", &token(3));
-    assert!(redacts(&new, &token(3)));
-    // And a reload of the reload keeps all of it.
-    let newer = SecretStore::empty();
-    newer.carry_over_from(&new);
-    for v in [&first, &rotated, &token(1), &token(2), &token(3)] {
-        assert!(redacts(&newer, v));
-    }
-    old.set_minted("credential:jwt", "host-c", &token(4));
-    assert!(redacts(&newer, &token(4)), "forwarded down the chain");
+    assert!(redacts(&new, &token(1)));
+    assert!(redacts(
+        &new,
+        &SecretValue::new(b"sk-changed-new-0123".to_vec())
+    ));
+    // One redaction set: a value minted under either generation is redacted by both.
+    new.set_minted("credential:jwt", "host-b", &token(2));
+    assert!(redacts(&old, &token(2)));
+}
+
+#[tokio::test]
+async fn a_request_in_flight_keeps_its_generation_and_what_it_reads_later_stays_redacted() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let gone = file_source(dir.path(), "gone", "sk-gone-0123456789");
+    let old = SecretStore::load(vec![("gone".into(), gone.clone())]).expect("load");
+    let new = old.reconcile(&[]).expect("reconcile");
+    new.take_over(&old);
+    // The old generation still resolves what it declared.
+    assert_eq!(
+        old.get("gone").await.expect("still declared").expose(),
+        b"sk-gone-0123456789"
+    );
+    // Its file rotates while that request runs: the value it reads now is redacted by the
+    // generation in force too, though that one no longer declares it.
+    std::thread::sleep(Duration::from_millis(20));
+    let Source::File(path) = &gone else {
+        unreachable!("a file source")
+    };
+    std::fs::write(path, "sk-gone-rotated-01234").expect("rotate");
+    assert_eq!(
+        old.get("gone").await.expect("rotated").expose(),
+        b"sk-gone-rotated-01234"
+    );
+    assert!(redacts(
+        &new,
+        &SecretValue::new(b"sk-gone-rotated-01234".to_vec())
+    ));
+}
+
+#[test]
+fn a_reconcile_that_cannot_read_a_changed_secret_changes_nothing() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let a = file_source(dir.path(), "a", "sk-a-0123456789ab");
+    let old = SecretStore::load(vec![("a".into(), a.clone())]).expect("load");
+    let before = old.redaction_stats();
+    let missing = Source::File(dir.path().join("missing"));
+    let errors = old
+        .reconcile(&[("a".into(), a), ("b".into(), missing)])
+        .expect_err("b is unreadable");
+    assert_eq!(errors.len(), 1);
+    assert_eq!(errors[0].0, "b");
+    assert_eq!(old.redaction_stats(), before);
+    assert!(redacts(
+        &old,
+        &SecretValue::new(b"sk-a-0123456789ab".to_vec())
+    ));
 }
 
 #[test]

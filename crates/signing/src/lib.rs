@@ -12,7 +12,8 @@
 //!
 //! Files: `aws` (SigV4 and STS AssumeRole), `sts` (the AssumeRole answer), `sigv4` (the
 //! signature), `aws_chunked` (streamed S3 uploads), `minted` (the token kinds), `jwt`,
-//! `exchange` (the transport trait and request helpers), `token_cache`.
+//! `exchange` (the transport trait and request helpers), `token_cache`, `live` (a policy
+//! generation's secret values, minted and captured tokens, reconciled on reload).
 
 // The crates this one uses, under the module names the code knows them by.
 use latchkey_secrets as secrets;
@@ -21,6 +22,7 @@ mod aws;
 pub mod aws_chunked;
 pub mod exchange;
 mod jwt;
+mod live;
 mod minted;
 mod sigv4;
 mod sts;
@@ -37,6 +39,7 @@ use crate::secrets::{SecretError, SecretStore, SecretValue};
 
 pub use exchange::{Answer, Exchange, TokenTransport, TransportError};
 pub use jwt::{JwtAlg, JwtClaim};
+pub use live::Live;
 pub use sigv4::{derive_region_service, Payload, UNSIGNED_HEADERS};
 /// SigV4 over a request latchkey sends itself (the audit shipper's uploads).
 pub use sigv4::{sign as sigv4_sign, Keys as SigV4Keys, SignPayload};
@@ -64,14 +67,14 @@ pub fn token_name(credential: &str) -> String {
 }
 
 /// A compiled credential.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Credential {
     pub name: String,
     pub kind: Kind,
 }
 
 /// STS AssumeRole settings.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct AssumeRole {
     pub role_arn: String,
     pub session_name: String,
@@ -82,7 +85,7 @@ pub struct AssumeRole {
 }
 
 /// What a credential does.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Kind {
     AwsSigV4 {
         /// Sign with a role's temporary keys, fetched with the base keys.

@@ -85,6 +85,26 @@ impl TokenCache {
         slot
     }
 
+    /// The cache of the next policy generation: the slots (tokens, failures, single flight) of
+    /// the credentials `keep` says are unchanged, shared with this cache; nothing of the others,
+    /// whose next caller mints anew. Requests still running on this generation keep using this
+    /// cache, so a token minted under a changed definition never reaches the next one.
+    pub fn carry(&self, keep: impl Fn(&str) -> bool) -> TokenCache {
+        let slots = self
+            .slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let kept = slots
+            .iter()
+            .filter(|(key, _)| keep(credential_of(key)))
+            .map(|(key, (slot, used))| (key.clone(), (slot.clone(), *used)))
+            .collect();
+        TokenCache {
+            slots: Mutex::new(kept),
+            exchanges: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
     /// Token slots held now.
     pub fn len(&self) -> usize {
         self.slots
@@ -157,6 +177,12 @@ impl TokenCache {
     }
 }
 
+/// The credential a cache key belongs to: the key itself, or its part before the first NUL
+/// (a JWT keyed per identity and/or host).
+fn credential_of(key: &str) -> &str {
+    key.split('\0').next().unwrap_or(key)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,5 +204,57 @@ mod tests {
         }
         assert_eq!(cache.len(), MAX_SLOTS);
         assert_eq!(cache.exchanges(), (MAX_SLOTS + 300) as u64);
+    }
+
+    async fn minted(v: &'static str) -> Result<(SecretValue, Duration), CredentialError> {
+        Ok((
+            SecretValue::new(v.as_bytes().to_vec()),
+            Duration::from_secs(3600),
+        ))
+    }
+
+    #[tokio::test]
+    async fn a_carried_cache_keeps_the_tokens_of_unchanged_credentials_only() {
+        let old = TokenCache::default();
+        old.get("same", Duration::ZERO, || minted("same-token-1"))
+            .await
+            .expect("minted");
+        old.get("changed", Duration::ZERO, || minted("changed-token-1"))
+            .await
+            .expect("minted");
+        old.get("jwt\0alice\0", Duration::ZERO, || minted("jwt-token-1"))
+            .await
+            .expect("minted");
+        let new = old.carry(|c| c != "changed");
+        assert_eq!(new.len(), 2);
+        // Unchanged (a JWT per identity too): the same token, no exchange.
+        let t = new
+            .get("same", Duration::ZERO, || minted("same-token-2"))
+            .await
+            .expect("cached");
+        assert_eq!(t.expose(), b"same-token-1");
+        let t = new
+            .get("jwt\0alice\0", Duration::ZERO, || minted("jwt-token-2"))
+            .await
+            .expect("cached");
+        assert_eq!(t.expose(), b"jwt-token-1");
+        assert_eq!(new.exchanges(), 0);
+        // Changed: minted anew under the next generation ...
+        let t = new
+            .get("changed", Duration::ZERO, || minted("changed-token-2"))
+            .await
+            .expect("minted");
+        assert_eq!(t.expose(), b"changed-token-2");
+        // ... while a request still on the old one keeps the old token, and a token it mints
+        // there never reaches the next generation.
+        let t = old
+            .get("changed", Duration::ZERO, || minted("changed-token-3"))
+            .await
+            .expect("cached");
+        assert_eq!(t.expose(), b"changed-token-1");
+        old.get("removed", Duration::ZERO, || minted("removed-token-1"))
+            .await
+            .expect("minted");
+        assert_eq!(new.len(), 3);
     }
 }

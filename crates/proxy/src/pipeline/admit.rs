@@ -10,10 +10,10 @@ use http::request::Parts;
 use http::{Uri, Version};
 
 use super::super::correlate::Correlation;
-use super::super::{limits, Proxy, AUDIT_DOWN, MAX_HEADER_BYTES};
+use super::super::{limits, Generation, Proxy, AUDIT_DOWN, MAX_HEADER_BYTES};
 use super::Ctx;
 use crate::audit::{redact_query, Entry, Record};
-use crate::policy::{display_authority, normalize_host, Policy, Scheme};
+use crate::policy::{display_authority, normalize_host, Scheme};
 use crate::reason::{Reason, Refusal};
 use crate::secrets::leak;
 
@@ -135,7 +135,11 @@ fn target_len(uri: &Uri) -> usize {
 /// `[REDACTED]` (its own case-sensitive redaction would miss a lowercased value).
 ///
 /// Guarantees: on `Ok`, `host` may be logged, recorded and looked up.
-pub(crate) fn host_clean(policy: &Policy, host: &str, entry: &mut Entry) -> Result<(), Refusal> {
+pub(crate) fn host_clean(
+    policy: &Generation,
+    host: &str,
+    entry: &mut Entry,
+) -> Result<(), Refusal> {
     leak::check_host(policy.secrets(), host).inspect_err(|_| {
         entry.update(|r| r.host = Some(leak::REDACTED_HOST.to_string()));
     })
@@ -147,7 +151,7 @@ pub(crate) fn host_clean(policy: &Policy, host: &str, entry: &mut Entry) -> Resu
 /// Assumes: the head is within the limits. Guarantees: on `Ok`, no spelling of the host the
 /// sandbox sent carries a secret value or a placeholder.
 pub(super) fn hosts_as_sent(
-    policy: &Policy,
+    policy: &Generation,
     head: &Parts,
     entry: &mut Entry,
 ) -> Result<(), Refusal> {

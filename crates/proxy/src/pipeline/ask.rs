@@ -17,7 +17,7 @@ use http::request::Parts;
 use hyper::body::Incoming;
 
 use super::super::request_body::{read_body, BodyCx, Inbound, Read};
-use super::super::Proxy;
+use super::super::{Generation, Proxy};
 use super::admit::Admitted;
 use super::Ctx;
 use crate::audit::{ApprovalInfo, Entry};
@@ -46,7 +46,7 @@ const PREVIEW_SCAN: usize = 64 * 1024;
 pub(super) async fn ask(
     proxy: &Proxy,
     ctx: &Ctx,
-    policy: &Policy,
+    policy: &Generation,
     asking: Asking<'_>,
     denial: Option<Reason>,
     target: &Admitted,
@@ -421,7 +421,7 @@ fn as_sent(text: &str, max: usize) -> String {
 
 /// What a `session` grant is tied to: the identity's token as it is now (so a new token ends
 /// the session), else its sources.
-async fn session_credential(policy: &Policy, identity: &str) -> Vec<u8> {
+async fn session_credential(policy: &Generation, identity: &str) -> Vec<u8> {
     let Some(id) = policy.identity(identity) else {
         return identity.as_bytes().to_vec();
     };

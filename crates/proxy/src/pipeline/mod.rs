@@ -40,9 +40,9 @@ use super::limits::HeadSniff;
 use super::request_body::Inbound;
 use super::respond::{self, ID_HEADER};
 use super::websocket::{self, Handshake};
-use super::{body, response, Proxy, IDENTITY_DEFAULT};
+use super::{body, response, Generation, Proxy, IDENTITY_DEFAULT};
 use crate::audit::Entry;
-use crate::policy::{Policy, Scheme, Target};
+use crate::policy::{Scheme, Target};
 use crate::reason::{Reason, Refusal};
 use crate::upstream::{Body, UpstreamAddr};
 
@@ -182,7 +182,7 @@ struct Answer {
 async fn phases(
     proxy: &Arc<Proxy>,
     ctx: &Ctx,
-    policy: &Arc<Policy>,
+    policy: &Arc<Generation>,
     entry: &mut Entry,
     (head, correlation): (Parts, &Correlation),
     body: &mut Option<Incoming>,
@@ -357,7 +357,7 @@ async fn phases(
             capture: capture.clone(),
             identity: ctx.identity.to_string(),
             host: target.host.clone(),
-            tokens: proxy.captured_tokens().clone(),
+            tokens: policy.captured().clone(),
             policy: policy.clone(),
             timeout: proxy.response_timeout,
         };
@@ -430,7 +430,7 @@ async fn respond(
 fn websocket_guard(
     proxy: &Proxy,
     ctx: &Ctx,
-    (policy, rule): (&Arc<Policy>, &crate::policy::Rule),
+    (policy, rule): (&Arc<Generation>, &crate::policy::Rule),
     host: &str,
     plan: &outgoing::Plan,
     admission: &Option<crate::governance::limits::Admission>,

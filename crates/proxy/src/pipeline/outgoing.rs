@@ -17,11 +17,11 @@ use super::super::broker;
 use super::super::correlate::Correlation;
 use super::super::request_body::{BodyRefused, Inbound};
 use super::super::websocket::Handshake;
-use super::super::{body, Proxy};
+use super::super::{body, Generation, Proxy};
 use super::admit::Admitted;
 use super::Ctx;
 use crate::audit::Entry;
-use crate::policy::{display_url, Policy, Rule, Scheme};
+use crate::policy::{display_url, Rule, Scheme};
 use crate::reason::{chain_text, Reason, Refusal};
 use crate::secrets::scrub::Scrubber;
 use crate::upstream::{find_upstream_error, Body};
@@ -56,7 +56,7 @@ pub(super) struct Plan {
 pub(super) async fn broker(
     proxy: &Arc<Proxy>,
     ctx: &Ctx,
-    policy: &Policy,
+    policy: &Generation,
     (rule, correlation, handshake): (&Rule, &Correlation, Option<&Handshake>),
     target: &Admitted,
     mut head: Parts,
@@ -179,7 +179,7 @@ fn may_use_captured(rule: &Rule, headers: &HeaderMap, path_and_query: &str) -> b
 /// leave: after a restart it comes from the state store.
 async fn captured_for(
     proxy: &Proxy,
-    policy: &Policy,
+    policy: &Generation,
     identity: &str,
     host: &str,
     scheme: Scheme,
@@ -268,7 +268,11 @@ pub(super) async fn send(
 
 /// The matcher responses are scanned with, when they must be: this rule or any other rule that
 /// names the host binds a secret, so that host may have received one and may reflect it.
-fn scan_for(policy: &Policy, rule: &Rule, host: &str) -> Result<Option<Arc<Scrubber>>, Refusal> {
+fn scan_for(
+    policy: &Generation,
+    rule: &Rule,
+    host: &str,
+) -> Result<Option<Arc<Scrubber>>, Refusal> {
     if rule.bound.is_empty() && rule.credential.is_none() && !policy.binds_secrets_to(host) {
         return Ok(None);
     }

@@ -44,9 +44,8 @@ use tokio_rustls::StartHandshake;
 use super::connect;
 use super::gate::{self, Connection, FirstRequest, Knock, Opened, Refuse};
 use super::limits::ConnectionSlot;
-use super::{intercepted, respond, Proxy, IDENTITY_DEFAULT};
+use super::{intercepted, respond, Generation, Proxy, IDENTITY_DEFAULT};
 use crate::audit::Entry;
-use crate::policy::Policy;
 use crate::reason::{Reason, Refusal};
 use crate::upstream::guard::AddrClass;
 use crate::upstream::UpstreamError;
@@ -115,7 +114,7 @@ struct Conn {
     stream: TcpStream,
     peer: SocketAddr,
     identity: Arc<str>,
-    policy: Arc<Policy>,
+    policy: Arc<Generation>,
     dest: Dest,
     started: Instant,
     slot: ConnectionSlot,
@@ -380,7 +379,7 @@ impl Proxy {
         &self,
         peer: SocketAddr,
         identity: &str,
-        policy: &Policy,
+        policy: &Generation,
         dest: &Dest,
         plain: bool,
     ) -> Entry {
@@ -399,7 +398,7 @@ impl Proxy {
     /// policy's source-address identities give its address (`default` without identities).
     async fn captured_identity(
         &self,
-        policy: &Policy,
+        policy: &Generation,
         peer: SocketAddr,
     ) -> Result<Arc<str>, String> {
         if policy.identities().is_empty() {
