@@ -16,7 +16,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use hyper::body::Incoming;
 
-use super::super::request_body::{read_body, BodyCx, Inbound, Read};
+use super::super::request_body::{hold_whole, BodyCx, Inbound, NotHeld};
 use super::super::Proxy;
 use super::admit::Admitted;
 use super::Ctx;
@@ -264,38 +264,29 @@ pub(super) async fn hold_body(
     let incoming = body
         .take()
         .ok_or_else(|| Refusal::new(Reason::BadRequest, "the request body was already read"))?;
-    let declared = head
-        .headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
     let cx = BodyCx {
         budget: &proxy.budget,
         client: ctx.client.ip(),
         body_timeout: proxy.body_timeout,
     };
-    match read_body(incoming, Some(MAX_HELD_BODY), declared, cx).await? {
-        Read::Whole(b, t, c) => Ok(Inbound::Held(b, t, c)),
-        Read::Partial(_, rest, _) => {
-            super::super::request_body::drain(rest).await;
-            Err(Refusal::new(
-                Reason::BodyTooLarge,
-                format!(
-                    "{what} is held whole, and this body to {host} is over {} KiB",
-                    MAX_HELD_BODY / 1024
-                ),
-            ))
-        }
-        Read::OverBudget(_, rest, _, why) => {
-            super::super::request_body::drain(rest).await;
-            Err(Refusal::new(
-                Reason::TooBusy,
+    hold_whole(
+        incoming,
+        &head.headers,
+        MAX_HELD_BODY,
+        cx,
+        |why| match why {
+            NotHeld::TooLarge => format!(
+                "{what} is held whole, and this body to {host} is over {} KiB",
+                MAX_HELD_BODY / 1024
+            ),
+            NotHeld::TooBusy(why) => {
                 format!(
                     "cannot hold this request body for host {host} ({what}): {why}; retry later"
-                ),
-            ))
-        }
-    }
+                )
+            }
+        },
+    )
+    .await
 }
 
 /// The approval record for this request: everything an approver needs, nothing secret (the

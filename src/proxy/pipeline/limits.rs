@@ -16,7 +16,7 @@ use http::header::{HeaderValue, ACCEPT_ENCODING, CONTENT_LENGTH};
 use http::request::Parts;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 
-use super::super::request_body::{read_body, BodyCx, BodyRefused, Inbound, Read};
+use super::super::request_body::{hold_whole, BodyCx, BodyRefused, Inbound, NotHeld};
 use super::super::Proxy;
 use super::admit::Admitted;
 use super::Ctx;
@@ -215,36 +215,26 @@ async fn hold(
         }
         Inbound::Streaming(s) => s,
     };
-    let declared = head
-        .headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
     let cx = BodyCx {
         budget: &proxy.budget,
         client: ctx.client.ip(),
         body_timeout: proxy.body_timeout,
     };
-    match read_body(streaming, Some(MAX_METERED_BODY), declared, cx).await? {
-        Read::Whole(b, t, c) => Ok((Inbound::Held(b.clone(), t, c), b)),
-        Read::Partial(_, rest, _) => {
-            super::super::request_body::drain(rest).await;
-            Err(Refusal::new(
-                Reason::BodyTooLarge,
-                format!(
-                    "a model-provider call under a token or spend budget is read whole to price it, and this body to {host} is over {} MiB",
-                    MAX_METERED_BODY / (1024 * 1024)
-                ),
-            ))
-        }
-        Read::OverBudget(_, rest, _, why) => {
-            super::super::request_body::drain(rest).await;
-            Err(Refusal::new(
-                Reason::TooBusy,
-                format!("cannot hold this model-provider call's body for host {host} to price it: {why}; retry later"),
-            ))
-        }
-    }
+    let held = hold_whole(streaming, &head.headers, MAX_METERED_BODY, cx, |why| match why {
+        NotHeld::TooLarge => format!(
+            "a model-provider call under a token or spend budget is read whole to price it, and this body to {host} is over {} MiB",
+            MAX_METERED_BODY / (1024 * 1024)
+        ),
+        NotHeld::TooBusy(why) => format!(
+            "cannot hold this model-provider call's body for host {host} to price it: {why}; retry later"
+        ),
+    })
+    .await?;
+    let copy = match &held {
+        Inbound::Held(b, _, _) => b.clone(),
+        Inbound::Streaming(_) => Bytes::new(),
+    };
+    Ok((held, copy))
 }
 
 /// The request body of a streamed upload under a `bytes_up` budget: each frame is charged
