@@ -55,6 +55,7 @@ pub use broker::SCAN_LIMIT;
 pub use ca::{CertAuthority, InitOutcome};
 pub use exchange::Exchanger;
 pub use pins::Pins;
+pub(crate) use pipeline::open_record;
 pub use pipeline::Ctx;
 pub use reload::{ReloadError, ReloadState};
 
