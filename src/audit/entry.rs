@@ -425,6 +425,58 @@ mod tests {
     }
 
     #[test]
+    fn an_allowed_request_s_outcome_follows_the_stage_it_reached() {
+        let log = Arc::new(AuditLog::with_sink(Box::new(std::io::sink())).expect("log"));
+        let client: SocketAddr = "127.0.0.1:9".parse().expect("addr");
+        let outcome = |e: &mut Entry| {
+            let mut seen = None;
+            e.update(|r| seen = Some((r.decision, r.reason, r.status, r.would_deny)));
+            seen.expect("open")
+        };
+        let mut e = Entry::start(log.clone(), client, "default", "sha256:x");
+        e.reached(Stage::Committed);
+        assert_eq!(
+            outcome(&mut e),
+            ("deny", "bad_request", None, false),
+            "not allowed yet"
+        );
+        e.allow("api", None);
+        e.reached(Stage::Committed);
+        assert_eq!(outcome(&mut e), ("allow", "allowed", None, false));
+        e.reached(Stage::Sent);
+        assert_eq!(outcome(&mut e), ("allow", "upstream_error", None, false));
+        e.answered(201, "127.0.0.1:443".parse().ok());
+        assert_eq!(outcome(&mut e), ("allow", "allowed", Some(201), false));
+        e.update(|r| assert_eq!(r.upstream.as_deref(), Some("127.0.0.1:443")));
+        e.update(|r| assert_eq!(r.rule.as_deref(), Some("api")));
+        e.dismiss();
+
+        let mut e = Entry::start(log.clone(), client, "default", "sha256:x");
+        e.allow("closest", Some(Reason::PathNotAllowed));
+        e.reached(Stage::Sent);
+        assert_eq!(outcome(&mut e), ("allow", "path_not_allowed", None, true));
+        e.reached(Stage::Answered(200));
+        assert_eq!(
+            outcome(&mut e),
+            ("allow", "path_not_allowed", Some(200), true)
+        );
+        e.dismiss();
+
+        let mut e = Entry::start(log, client, "default", "sha256:x");
+        e.allow("mcp-rule", None);
+        e.would_deny(Reason::McpNotAllowed);
+        e.update(|r| assert!(!r.would_deny, "marked only when committed"));
+        e.reached(Stage::Committed);
+        assert_eq!(outcome(&mut e), ("allow", "mcp_not_allowed", None, true));
+        e.outcome(Reason::BudgetExhausted, Some("mcp-rule"), Some(429));
+        assert_eq!(
+            outcome(&mut e),
+            ("deny", "budget_exhausted", Some(429), false)
+        );
+        e.dismiss();
+    }
+
+    #[test]
     fn a_record_s_debug_never_shows_what_the_sandbox_sent_in_the_url() {
         let log = Arc::new(AuditLog::with_sink(Box::new(std::io::sink())).expect("log"));
         let client: SocketAddr = "127.0.0.1:9".parse().expect("addr");
