@@ -142,7 +142,7 @@ pub async fn answer(
     };
     match gov.approvals.answer(id, answer, SystemTime::now()).await {
         Ok((a, _grant)) => {
-            record(proxy, peer, &a);
+            record(proxy, peer, &a).await;
             tracing::info!(approval.id = %a.id, decision = a.state.as_str(), by = %by, "approval answered");
             if let Err(e) = gov.decided(&proxy.policy(), &a).await {
                 tracing::error!(approval.id = %a.id, error = %e, "cannot queue the decision's notifications");
@@ -159,9 +159,9 @@ pub async fn answer(
 }
 
 /// The decision's audit record: who answered what, for which request.
-fn record(proxy: &Proxy, peer: SocketAddr, a: &Approval) {
+async fn record(proxy: &Proxy, peer: SocketAddr, a: &Approval) {
     let policy = proxy.policy();
-    let mut entry = proxy.open_record(peer, &a.identity, &policy);
+    let mut entry = crate::proxy::open_record(proxy, peer, &a.identity, &policy).await;
     let answer = a.answer.as_ref();
     entry.update(|r| {
         r.method = Some("APPROVAL".to_string());

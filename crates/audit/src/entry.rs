@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
-use super::{new_id, ApprovalInfo, AuditLog, Phase, Record};
+use super::{new_id, ApprovalInfo, AuditLog, LimitCharge, McpInfo, Phase, Record, UsageInfo};
 use crate::reason::Reason;
 
 pub use latchkey_wire::redact::Scrub;
@@ -38,6 +38,21 @@ pub struct Entry {
     /// What must live exactly as long as the record is open (a tunnel's hold on its limits),
     /// dropped after the record is handed to the log.
     held: Option<Box<dyn std::any::Any + Send + Sync>>,
+    /// Set once policy let the request on ([`Self::allow`]): the denial report-only let through,
+    /// if any. Its outcome then follows from the stage it reaches ([`Self::reached`]).
+    allowed: Option<Option<Reason>>,
+}
+
+/// How far a request policy let on has got; its outcome follows from it ([`Entry::reached`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Its decision record is about to be committed: allowed, nothing sent yet.
+    Committed,
+    /// On its way upstream: until an answer comes, a request cut short (shutdown, the client
+    /// leaving) is allowed by policy and not completed (`upstream_error`).
+    Sent,
+    /// The upstream answered with this status.
+    Answered(u16),
 }
 
 impl Entry {
@@ -91,6 +106,7 @@ impl Entry {
             retry_after: None,
             rate_headers: None,
             held: None,
+            allowed: None,
         }
     }
 
@@ -138,6 +154,98 @@ impl Entry {
             r.rule = rule.map(str::to_string);
             r.status = status;
             r.would_deny = true;
+        });
+    }
+
+    /// Policy let the request on under `rule` (the rule the record names); `would_deny`, under
+    /// report-only, is the denial it would have had. The outcome is not set yet: it follows
+    /// from the stage the request reaches ([`Self::reached`]).
+    pub fn allow(&mut self, rule: &str, would_deny: Option<Reason>) {
+        self.allowed = Some(would_deny);
+        self.update(|r| {
+            r.rule = Some(rule.to_string());
+            r.would_deny = would_deny.is_some();
+        });
+    }
+
+    /// Report-only found a denial after decide (an MCP message): the outcome will carry it,
+    /// marked `would_deny`, once the request is committed.
+    pub fn would_deny(&mut self, reason: Reason) {
+        self.allowed = Some(Some(reason));
+    }
+
+    /// The one place an allowed request's outcome is set: from the stage it reached, `allowed`
+    /// once committed, provisionally `upstream_error` once sent, `allowed` with the status once
+    /// answered; under report-only, the would-be denial, marked `would_deny`, with the status.
+    /// A refusal ([`Self::outcome`]) overrides it. Does nothing before [`Self::allow`].
+    pub fn reached(&mut self, stage: Stage) {
+        let Some(would_deny) = self.allowed else {
+            return;
+        };
+        let (reason, status) = match stage {
+            Stage::Committed => (Reason::Allowed, None),
+            Stage::Sent => (Reason::UpstreamError, None),
+            Stage::Answered(status) => (Reason::Allowed, Some(status)),
+        };
+        self.update(|r| {
+            r.decision = "allow";
+            r.status = status;
+            match would_deny {
+                Some(denial) => {
+                    r.reason = denial.code();
+                    r.would_deny = true;
+                }
+                None => r.reason = reason.code(),
+            }
+        });
+    }
+
+    /// The upstream answered with `status`, from `upstream` (the address dialed).
+    pub fn answered(&mut self, status: u16, upstream: Option<SocketAddr>) {
+        self.reached(Stage::Answered(status));
+        self.update(|r| r.upstream = upstream.map(|a| a.to_string()));
+    }
+
+    /// The target as admitted, in normal form (over what was recorded as sent).
+    pub fn set_target(&mut self, scheme: &str, host: &str, port: u16, path: String) {
+        self.update(|r| {
+            r.scheme = Some(scheme.to_string());
+            r.host = Some(host.to_string());
+            r.port = Some(port);
+            r.path = Some(path);
+        });
+    }
+
+    /// The secrets the broker used, by name.
+    pub fn set_secrets(&mut self, names: Vec<String>) {
+        self.update(|r| r.secrets = names);
+    }
+
+    /// The tokens a capture kept, by name.
+    pub fn set_captured(&mut self, names: Vec<String>) {
+        self.update(|r| r.captured = names);
+    }
+
+    /// What the MCP check found.
+    pub fn set_mcp(&mut self, info: McpInfo) {
+        self.update(|r| r.mcp = Some(info));
+    }
+
+    /// The approval this request is part of.
+    pub fn set_approval(&mut self, info: ApprovalInfo) {
+        self.update(|r| r.approval = Some(info));
+    }
+
+    /// The charges against `[limits]` (reserved, refused, or settled without a response).
+    pub fn set_limits(&mut self, charges: Vec<LimitCharge>) {
+        self.update(|r| r.limits = charges);
+    }
+
+    /// The charges as settled when the response ended, and the usage read from it.
+    pub fn settled(&mut self, charges: Vec<LimitCharge>, usage: Option<UsageInfo>) {
+        self.update(|r| {
+            r.limits = charges;
+            r.usage = usage;
         });
     }
 
@@ -288,6 +396,58 @@ mod tests {
             let mode = std::fs::metadata(&path).expect("meta").permissions().mode();
             assert_eq!(mode & 0o777, 0o600);
         }
+    }
+
+    #[test]
+    fn an_allowed_request_s_outcome_follows_the_stage_it_reached() {
+        let log = Arc::new(AuditLog::with_sink(Box::new(std::io::sink())).expect("log"));
+        let client: SocketAddr = "127.0.0.1:9".parse().expect("addr");
+        let outcome = |e: &mut Entry| {
+            let mut seen = None;
+            e.update(|r| seen = Some((r.decision, r.reason, r.status, r.would_deny)));
+            seen.expect("open")
+        };
+        let mut e = Entry::start(log.clone(), client, "default", "sha256:x");
+        e.reached(Stage::Committed);
+        assert_eq!(
+            outcome(&mut e),
+            ("deny", "bad_request", None, false),
+            "not allowed yet"
+        );
+        e.allow("api", None);
+        e.reached(Stage::Committed);
+        assert_eq!(outcome(&mut e), ("allow", "allowed", None, false));
+        e.reached(Stage::Sent);
+        assert_eq!(outcome(&mut e), ("allow", "upstream_error", None, false));
+        e.answered(201, "127.0.0.1:443".parse().ok());
+        assert_eq!(outcome(&mut e), ("allow", "allowed", Some(201), false));
+        e.update(|r| assert_eq!(r.upstream.as_deref(), Some("127.0.0.1:443")));
+        e.update(|r| assert_eq!(r.rule.as_deref(), Some("api")));
+        e.dismiss();
+
+        let mut e = Entry::start(log.clone(), client, "default", "sha256:x");
+        e.allow("closest", Some(Reason::PathNotAllowed));
+        e.reached(Stage::Sent);
+        assert_eq!(outcome(&mut e), ("allow", "path_not_allowed", None, true));
+        e.reached(Stage::Answered(200));
+        assert_eq!(
+            outcome(&mut e),
+            ("allow", "path_not_allowed", Some(200), true)
+        );
+        e.dismiss();
+
+        let mut e = Entry::start(log, client, "default", "sha256:x");
+        e.allow("mcp-rule", None);
+        e.would_deny(Reason::McpNotAllowed);
+        e.update(|r| assert!(!r.would_deny, "marked only when committed"));
+        e.reached(Stage::Committed);
+        assert_eq!(outcome(&mut e), ("allow", "mcp_not_allowed", None, true));
+        e.outcome(Reason::BudgetExhausted, Some("mcp-rule"), Some(429));
+        assert_eq!(
+            outcome(&mut e),
+            ("deny", "budget_exhausted", Some(429), false)
+        );
+        e.dismiss();
     }
 
     #[test]

@@ -42,7 +42,7 @@ mod sink;
 pub mod verify;
 mod writer;
 
-pub use entry::{Counters, Entry, Scrub};
+pub use entry::{Counters, Entry, Scrub, Stage};
 pub use record::{
     new_id, ApprovalInfo, DnsInfo, LimitCharge, McpCall, McpInfo, Phase, Record, UsageInfo,
     WebSocketInfo,

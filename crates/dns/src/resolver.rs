@@ -72,8 +72,8 @@ impl Resolver {
         transport: Transport,
     ) -> Option<Vec<u8>> {
         let policy = self.proxy.policy();
-        self.proxy.audit().room().await;
-        let entry = self.open(&policy, client);
+        let identity = identity_by_source(&policy, client);
+        let entry = crate::proxy::open_record(&self.proxy, client, &identity, &policy).await;
         let mut info = DnsInfo::new(transport.as_str());
         match message::read(bytes) {
             Read::Ignore(why) => {
@@ -161,11 +161,6 @@ impl Resolver {
         info.rcode = Some(message::rcode_name(ResponseCode::Refused));
         info.queries = refused.count;
         finish(entry, info, None, Reason::DnsRateLimited, None);
-    }
-
-    fn open(&self, policy: &Generation, client: SocketAddr) -> Entry {
-        self.proxy
-            .open_record(client, &identity_by_source(policy, client), policy)
     }
 
     /// The answer to one question, under `policy`.

@@ -69,6 +69,7 @@ pub use broker::SCAN_LIMIT;
 pub use ca::{CertAuthority, InitOutcome};
 pub use exchange::Exchanger;
 pub use pins::Pins;
+pub use pipeline::open_record;
 pub use pipeline::Ctx;
 pub use reload::{Generation, ReloadError, ReloadState};
 

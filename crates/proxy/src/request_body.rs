@@ -452,6 +452,43 @@ impl Inbound {
     }
 }
 
+/// Why a body a feature needs whole was not held: over the feature's cap, or over the buffer
+/// budget (and why).
+pub(super) enum NotHeld<'a> {
+    TooLarge,
+    TooBusy(&'a OverBudget),
+}
+
+/// The one way a body is held whole before dialing (an approval's question, an MCP message's
+/// check, a metered call's price): at most `cap` bytes, every byte charged to the buffer budget.
+///
+/// Guarantees: on `Ok`, the body and its trailers, held ([`Inbound::Held`]) with their charge.
+/// Over `cap` the refusal is `body_too_large`, over the budget `too_busy`, each worded by
+/// `words`; the rest of the body is read and dropped first, so the client reads the refusal.
+pub(super) async fn hold_whole(
+    incoming: Incoming,
+    headers: &HeaderMap,
+    cap: usize,
+    cx: BodyCx<'_>,
+    words: impl FnOnce(NotHeld<'_>) -> String,
+) -> Result<Inbound, Refusal> {
+    let declared = headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    match read_body(incoming, Some(cap), declared, cx).await? {
+        Read::Whole(b, t, c) => Ok(Inbound::Held(b, t, c)),
+        Read::Partial(_, rest, _) => {
+            drain(rest).await;
+            Err(Refusal::new(Reason::BodyTooLarge, words(NotHeld::TooLarge)))
+        }
+        Read::OverBudget(_, rest, _, why) => {
+            drain(rest).await;
+            Err(Refusal::new(Reason::TooBusy, words(NotHeld::TooBusy(&why))))
+        }
+    }
+}
+
 /// Reads what must be read before dialing: the whole body up to `need` bytes when a feature
 /// needs it (the rest streams if it is longer), else only a small body already there (up to
 /// [`PEEK_LIMIT`], waiting at most [`PEEK_WAIT`] for its first bytes). Every byte held is

@@ -11,6 +11,7 @@ use http::{Uri, Version};
 
 use super::super::correlate::Correlation;
 use super::super::{limits, Generation, Proxy, AUDIT_DOWN, MAX_HEADER_BYTES};
+use super::request::Arrived;
 use super::Ctx;
 use crate::audit::{redact_query, Entry, Record};
 use crate::policy::{display_authority, normalize_host, Scheme};
@@ -35,6 +36,28 @@ impl Admitted {
             .split_once('?')
             .map_or(self.path_and_query.as_str(), |(p, _)| p)
     }
+}
+
+/// The admit phase, in order: nothing goes through unrecorded; one framing, within the limits;
+/// no secret in the host as sent; then the target in normal form, recorded, its host checked
+/// again as normalised.
+///
+/// Guarantees: on `Ok`, the target is admitted ([`target`]'s guarantees) and the record shows
+/// it in normal form.
+pub(super) fn admit(at: &mut Arrived<'_>) -> Result<Admitted, Refusal> {
+    audit_healthy(at.proxy)?;
+    framing(&at.head, at.ctx)?;
+    within_limits(&at.head, at.proxy.limits.max_uri_len)?;
+    hosts_as_sent(at.policy, &at.head, at.entry)?;
+    let target = target(at.ctx, &at.head)?;
+    at.entry.set_target(
+        target.scheme.as_str(),
+        &target.host,
+        target.port,
+        redact_query(&target.path_and_query),
+    );
+    host_clean(at.policy, &target.host, at.entry)?;
+    Ok(target)
 }
 
 /// Refuses everything while the audit log cannot be written: nothing goes through unrecorded.
@@ -341,14 +364,6 @@ pub(super) fn correlate(proxy: &Proxy, ctx: &Ctx, head: &Parts, entry: &mut Entr
         .request(&ctx.identity, &head.headers, |t| entry.scrub_text(t));
     entry.update(|r| c.record(r));
     c
-}
-
-/// Records the admitted target, in normal form, over what [`prefill`] guessed.
-pub(super) fn record_target(r: &mut Record, target: &Admitted) {
-    r.scheme = Some(target.scheme.as_str().to_string());
-    r.host = Some(target.host.clone());
-    r.port = Some(target.port);
-    r.path = Some(redact_query(&target.path_and_query));
 }
 
 #[cfg(test)]

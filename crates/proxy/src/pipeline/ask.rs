@@ -14,12 +14,11 @@ use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
 use http::request::Parts;
-use hyper::body::Incoming;
 
-use super::super::request_body::{read_body, BodyCx, Inbound, Read};
+use super::super::request_body::{hold_whole, BodyCx, Inbound, NotHeld};
 use super::super::{Generation, Proxy};
 use super::admit::Admitted;
-use super::Ctx;
+use super::request::Req;
 use crate::audit::{ApprovalInfo, Entry};
 use crate::governance::approvals::{hex, Asked, Found, Key};
 use crate::governance::record::{Approval, State};
@@ -36,27 +35,20 @@ const PREVIEW_CHARS: usize = 512;
 /// What is scrubbed before the preview is cut (so a secret straddling the cut is still found).
 const PREVIEW_SCAN: usize = 64 * 1024;
 
-/// Holds the request until a person answers, or refuses it.
+/// Holds the request until a person answers, or refuses it; a request that needs nobody goes
+/// on untouched.
 ///
-/// Assumes: `target` was admitted and `asking` is `policy.asks()` for its decision.
-/// Guarantees: on `Ok`, a person approved this request (now, or by a standing grant) and the
-/// body is returned whole; the record's `approval` says which approval. On `Err`, nothing was
-/// sent upstream.
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn ask(
-    proxy: &Proxy,
-    ctx: &Ctx,
-    policy: &Generation,
-    asking: Asking<'_>,
-    denial: Option<Reason>,
-    target: &Admitted,
-    head: &Parts,
-    (body, held): (&mut Option<Incoming>, Option<Inbound>),
-    entry: &mut Entry,
-) -> Result<Inbound, Refusal> {
+/// Assumes: the request was admitted and `req.asking` is `policy.asks()` for its decision.
+/// Guarantees: on `Ok` after asking, a person approved this request (now, or by a standing
+/// grant), the body is held whole in `req.inbound`, and the record's `approval` says which
+/// approval. On `Err`, nothing was sent upstream.
+pub(super) async fn ask(req: &mut Req<'_>) -> Result<(), Refusal> {
+    let Some((asking, denial)) = req.asking.take() else {
+        return Ok(());
+    };
     let rule = asking.rule_name().to_string();
     let under = |r: Refusal| r.under(&rule);
-    let gov = proxy.governance().ok_or_else(|| {
+    let gov = req.proxy.governance().ok_or_else(|| {
         under(Refusal::new(
             Reason::StateUnavailable,
             "this request needs a person's approval, and latchkey has no state store to keep it",
@@ -64,20 +56,15 @@ pub(super) async fn ask(
     })?;
     // Nobody is asked about what could never be sent: latchkey's own addresses (its admin API),
     // metadata and private ranges the guard refuses, names that do not resolve.
-    reachable(proxy, &asking, target).await.map_err(under)?;
-    // A body an earlier phase held (an MCP message) is the one asked about.
-    let held = match held {
-        Some(held) => held,
-        None => hold_body(
-            proxy,
-            ctx,
-            head,
-            body,
-            &target.host,
-            "a request that waits for approval",
-        )
+    reachable(req.proxy, &asking, &req.target)
         .await
-        .map_err(under)?,
+        .map_err(under)?;
+    // A body an earlier phase held (an MCP message) is the one asked about.
+    let held = match req.inbound.take() {
+        Some(held) => held,
+        None => hold_body(req, "a request that waits for approval")
+            .await
+            .map_err(under)?,
     };
     let Inbound::Held(bytes, _, _) = &held else {
         return Err(under(Refusal::new(
@@ -85,8 +72,9 @@ pub(super) async fn ask(
             "the request body was not held",
         )));
     };
-    unambiguous(head, bytes).map_err(under)?;
+    unambiguous(&req.head, bytes).map_err(under)?;
     let sha = hex(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, bytes).as_ref());
+    let (ctx, target) = (req.ctx, &req.target);
     let full_url = display_url(
         target.scheme,
         &target.host,
@@ -94,89 +82,141 @@ pub(super) async fn ask(
         &target.path_and_query,
     );
     let approvals = &gov.approvals;
-    let fingerprint = approvals.fingerprint(&ctx.identity, head.method.as_str(), &full_url, &sha);
-    let session = approvals.session(
-        &ctx.identity,
-        &session_credential(policy, &ctx.identity).await,
-    );
-    let key = Key {
-        identity: &ctx.identity,
+    let method = req.head.method.as_str();
+    let fingerprint = approvals.fingerprint(&ctx.identity, method, &full_url, &sha);
+    let credential = session_credential(req.policy, &ctx.identity).await;
+    let session = approvals.session(&ctx.identity, &credential);
+    let q = Question {
+        asking,
+        denial,
         rule: &rule,
-        host: &target.host,
+        body: bytes,
+        sha: &sha,
         fingerprint: &fingerprint,
         session: &session,
     };
-    let down = |e: StateError| under(state_down(&e));
+    let pending = match find_or_ask(req, gov, &q).await.map_err(under)? {
+        Some(pending) => pending,
+        None => {
+            req.inbound = Some(held);
+            return Ok(());
+        }
+    };
+    wait(req, gov, &q, pending).await.map_err(under)?;
+    req.inbound = Some(held);
+    Ok(())
+}
 
-    let pending = match approvals
+/// What a question is about: the request's body, its digest and its identity for approvals.
+struct Question<'q> {
+    asking: Asking<'q>,
+    denial: Option<Reason>,
+    /// The rule's name for approvals and grants ([`Asking::rule_name`]).
+    rule: &'q str,
+    body: &'q Bytes,
+    sha: &'q str,
+    fingerprint: &'q str,
+    session: &'q str,
+}
+
+/// A standing grant (`None`: go on), a standing denial, or the approval this request waits on
+/// (an open one, or a new one, announced).
+async fn find_or_ask(
+    req: &mut Req<'_>,
+    gov: &Governance,
+    q: &Question<'_>,
+) -> Result<Option<Approval>, Refusal> {
+    let approvals = &gov.approvals;
+    let key = Key {
+        identity: &req.ctx.identity,
+        rule: q.rule,
+        host: &req.target.host,
+        fingerprint: q.fingerprint,
+        session: q.session,
+    };
+    let found = approvals
         .find(&key, SystemTime::now())
         .await
-        .map_err(down)?
-    {
+        .map_err(|e| state_down(&e))?;
+    match found {
         Found::Granted(g) => {
-            entry.update(|r| {
-                r.approval = Some(ApprovalInfo {
-                    id: g.approval.clone(),
-                    state: State::Approved.as_str(),
-                    scope: Some(g.scope.clone()),
-                    grant: Some(g.scope.clone()),
-                    ..ApprovalInfo::default()
-                })
+            req.entry.set_approval(ApprovalInfo {
+                id: g.approval.clone(),
+                state: State::Approved.as_str(),
+                scope: Some(g.scope.clone()),
+                grant: Some(g.scope.clone()),
+                ..ApprovalInfo::default()
             });
-            return Ok(held);
+            Ok(None)
         }
-        Found::Denied(a) => return Err(under(denied(entry, &a))),
-        Found::Pending(a) => a,
+        Found::Denied(a) => Err(denied(req.entry, &a)),
+        Found::Pending(a) => Ok(Some(a)),
         Found::Nothing => {
-            let approval = question(
-                policy, ctx, &asking, denial, target, head, bytes, &sha, entry,
-            );
             let approval = Approval {
-                fingerprint: fingerprint.clone(),
-                session: session.clone(),
-                ..approval
+                fingerprint: q.fingerprint.to_string(),
+                session: q.session.to_string(),
+                ..question(req, q)
             };
-            let ask_policy = policy.ask();
+            let ask_policy = req.policy.ask();
             let now = SystemTime::now();
-            match approvals
+            let asked = approvals
                 .ask(approval, ask_policy.rate, ask_policy.rate_window, now)
                 .await
-                .map_err(down)?
-            {
+                .map_err(|e| state_down(&e))?;
+            match asked {
                 Asked::New(a) => {
-                    tracing::info!(audit.id = %entry.id(), approval.id = %a.id, rule = %rule, url.host = %target.host, "asked a person");
-                    announce(gov, policy, &asking, &a).await;
-                    a
+                    tracing::info!(audit.id = %req.entry.id(), approval.id = %a.id, rule = %q.rule, url.host = %req.target.host, "asked a person");
+                    announce(gov, req.policy, &q.asking, &a).await;
+                    Ok(Some(a))
                 }
-                Asked::Existing(a) => a,
-                Asked::Denied(a) => return Err(under(denied(entry, &a))),
+                Asked::Existing(a) => Ok(Some(a)),
+                Asked::Denied(a) => Err(denied(req.entry, &a)),
                 Asked::RateLimited(wait) => {
-                    entry.set_retry_after(wait.as_secs().max(1));
-                    return Err(under(Refusal::new(
+                    req.entry.set_retry_after(wait.as_secs().max(1));
+                    Err(Refusal::new(
                         Reason::RateLimited,
                         format!(
                             "identity '{}' asked for more than {} approvals in {}; nobody was asked about this one",
-                            ctx.identity,
+                            req.ctx.identity,
                             ask_policy.rate,
                             humantime::format_duration(ask_policy.rate_window)
                         ),
-                    )));
+                    ))
                 }
             }
         }
-    };
+    }
+}
 
+/// Holds the request up to the rule's `hold` for `pending` to be answered.
+///
+/// Guarantees: `Ok` only when a person approved it and this request took the grant; a client
+/// that leaves while held leaves the record `approval_pending`.
+async fn wait(
+    req: &mut Req<'_>,
+    gov: &Governance,
+    q: &Question<'_>,
+    pending: Approval,
+) -> Result<(), Refusal> {
+    let approvals = &gov.approvals;
+    let key = Key {
+        identity: &req.ctx.identity,
+        rule: q.rule,
+        host: &req.target.host,
+        fingerprint: q.fingerprint,
+        session: q.session,
+    };
+    let down = |e: StateError| state_down(&e);
     // Provisionally pending: a client that leaves while held leaves this record.
-    entry.update(|r| {
-        r.approval = Some(ApprovalInfo {
-            id: pending.id.clone(),
-            state: State::Pending.as_str(),
-            ..ApprovalInfo::default()
-        })
+    req.entry.set_approval(ApprovalInfo {
+        id: pending.id.clone(),
+        state: State::Pending.as_str(),
+        ..ApprovalInfo::default()
     });
-    entry.outcome(Reason::ApprovalPending, Some(&rule), None);
+    req.entry
+        .outcome(Reason::ApprovalPending, Some(q.rule), None);
     let started = Instant::now();
-    let hold = asking.terms.hold;
+    let hold = q.asking.terms.hold;
     let answered = approvals.wait(&pending.id, hold).await.map_err(down)?;
     let waited_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     let info = |state: State, scope: Option<String>| ApprovalInfo {
@@ -196,28 +236,28 @@ pub(super) async fn ask(
                     .as_ref()
                     .and_then(|x| x.scope.clone())
                     .or(Some(g.scope));
-                entry.update(|r| r.approval = Some(info(State::Approved, scope)));
-                return Ok(held);
+                req.entry.set_approval(info(State::Approved, scope));
+                return Ok(());
             }
             // A twin request used the one-time grant first: this one asks again on retry.
-            entry.update(|r| r.approval = Some(info(State::Pending, None)));
-            entry.set_retry_after(1);
-            Err(under(Refusal::new(
+            req.entry.set_approval(info(State::Pending, None));
+            req.entry.set_retry_after(1);
+            Err(Refusal::new(
                 Reason::ApprovalPending,
                 format!(
                     "approval {} was used by another request; retry to ask again",
                     pending.id
                 ),
-            )))
+            ))
         }
         Some((State::Denied, a)) => {
-            entry.update(|r| r.approval = Some(info(State::Denied, None)));
-            Err(under(denied_message(a)))
+            req.entry.set_approval(info(State::Denied, None));
+            Err(denied_message(a))
         }
         _ => {
-            entry.update(|r| r.approval = Some(info(State::Pending, None)));
-            entry.set_retry_after(retry_after(hold));
-            Err(under(Refusal::new(
+            req.entry.set_approval(info(State::Pending, None));
+            req.entry.set_retry_after(retry_after(hold));
+            Err(Refusal::new(
                 Reason::ApprovalPending,
                 format!(
                     "this request waits for a person's approval ({}; asked {}): retry it after approval",
@@ -228,7 +268,7 @@ pub(super) async fn ask(
                         format!("held {}", humantime::format_duration(Duration::from_secs(hold.as_secs())))
                     }
                 ),
-            )))
+            ))
         }
     }
 }
@@ -253,65 +293,41 @@ async fn reachable(proxy: &Proxy, asking: &Asking<'_>, target: &Admitted) -> Res
 
 /// Reads the request body whole, charged to the buffer budget, at most [`MAX_HELD_BODY`];
 /// `what` names the request in a refusal ("a request that waits for approval").
-pub(super) async fn hold_body(
-    proxy: &Proxy,
-    ctx: &Ctx,
-    head: &Parts,
-    body: &mut Option<Incoming>,
-    host: &str,
-    what: &str,
-) -> Result<Inbound, Refusal> {
-    let incoming = body
-        .take()
-        .ok_or_else(|| Refusal::new(Reason::BadRequest, "the request body was already read"))?;
-    let declared = head
-        .headers
-        .get(http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+pub(super) async fn hold_body(req: &mut Req<'_>, what: &str) -> Result<Inbound, Refusal> {
+    let incoming = req.take_body()?;
+    let proxy = req.proxy;
     let cx = BodyCx {
         budget: &proxy.budget,
-        client: ctx.client.ip(),
+        client: req.ctx.client.ip(),
         body_timeout: proxy.body_timeout,
     };
-    match read_body(incoming, Some(MAX_HELD_BODY), declared, cx).await? {
-        Read::Whole(b, t, c) => Ok(Inbound::Held(b, t, c)),
-        Read::Partial(_, rest, _) => {
-            super::super::request_body::drain(rest).await;
-            Err(Refusal::new(
-                Reason::BodyTooLarge,
-                format!(
-                    "{what} is held whole, and this body to {host} is over {} KiB",
-                    MAX_HELD_BODY / 1024
-                ),
-            ))
-        }
-        Read::OverBudget(_, rest, _, why) => {
-            super::super::request_body::drain(rest).await;
-            Err(Refusal::new(
-                Reason::TooBusy,
+    let host = &req.target.host;
+    hold_whole(
+        incoming,
+        &req.head.headers,
+        MAX_HELD_BODY,
+        cx,
+        |why| match why {
+            NotHeld::TooLarge => format!(
+                "{what} is held whole, and this body to {host} is over {} KiB",
+                MAX_HELD_BODY / 1024
+            ),
+            NotHeld::TooBusy(why) => {
                 format!(
                     "cannot hold this request body for host {host} ({what}): {why}; retry later"
-                ),
-            ))
-        }
-    }
+                )
+            }
+        },
+    )
+    .await
 }
 
 /// The approval record for this request: everything an approver needs, nothing secret (the
 /// URL's query values redacted, then the whole record's text scrubbed of secret values).
-#[allow(clippy::too_many_arguments)]
-fn question(
-    policy: &Policy,
-    ctx: &Ctx,
-    asking: &Asking<'_>,
-    denial: Option<Reason>,
-    target: &Admitted,
-    head: &Parts,
-    body: &Bytes,
-    sha: &str,
-    entry: &Entry,
-) -> Approval {
+fn question(req: &Req<'_>, q: &Question<'_>) -> Approval {
+    let (policy, ctx, target, head, entry) =
+        (req.policy, req.ctx, &req.target, &req.head, &*req.entry);
+    let (asking, denial, body, sha) = (&q.asking, q.denial, q.body, q.sha);
     let now = SystemTime::now();
     let shown = crate::audit::redact_query(&target.path_and_query);
     let url = entry.scrub_text(&display_url(
@@ -446,12 +462,10 @@ async fn announce(gov: &Governance, policy: &Policy, asking: &Asking<'_>, approv
 }
 
 fn denied(entry: &mut Entry, a: &Approval) -> Refusal {
-    entry.update(|r| {
-        r.approval = Some(ApprovalInfo {
-            id: a.id.clone(),
-            state: State::Denied.as_str(),
-            ..ApprovalInfo::default()
-        })
+    entry.set_approval(ApprovalInfo {
+        id: a.id.clone(),
+        state: State::Denied.as_str(),
+        ..ApprovalInfo::default()
     });
     denied_message(a)
 }

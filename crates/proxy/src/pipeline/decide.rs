@@ -6,10 +6,48 @@
 //! without a socket. This module reads the policy; it never touches the request body, the
 //! network or the audit record.
 
+use super::super::websocket;
 use super::admit::Admitted;
-use crate::audit::Entry;
-use crate::policy::{Decision, Identity, Policy, Rule};
+use super::request::{Arrived, Req};
+use crate::policy::{Decision, Identity, Policy, Rule, Target};
 use crate::reason::{Reason, Refusal};
+
+/// The identify and decide phases: the identity must still exist in the policy in force; deny
+/// by default; report-only lets a policy denial through, marked; a rule's `ask` (or `[ask]
+/// unknown` for a policy denial) needs a person first (the ask phase). Under a rule with
+/// `paths`, the path must have one reading.
+///
+/// Guarantees: on `Ok`, the request context, under the verdict's rule, with `asking` set when
+/// someone must be asked (only what a rule with `ask` allows, or what no rule allows under
+/// `[ask] unknown`: report-only lets that through unasked); the record names the rule and
+/// whether it is a would-be denial.
+pub(super) fn decide<'a>(at: Arrived<'a>, target: Admitted) -> Result<Req<'a>, Refusal> {
+    let (proxy, policy): (_, &'a Policy) = (at.proxy, at.policy);
+    let identity = identity(policy, &at.ctx.identity)?;
+    let decision = policy.decide(&Target {
+        identity,
+        scheme: target.scheme,
+        host: &target.host,
+        port: target.port,
+        method: &at.head.method,
+        path: target.path(),
+        websocket: websocket::requested(&at.head.headers),
+    });
+    let asking = policy.asks(&decision);
+    let denial = (!decision.allowed()).then_some(decision.reason);
+    let verdict = verdict(decision, proxy.report_all, &proxy.report_rule)
+        .or_else(|refusal| ask_unknown(refusal, asking, &proxy.unknown_rule))?;
+    let asking = asking.filter(|a| a.rule.is_some() || verdict.would_deny.is_none());
+    if let Some(w) = &verdict.would_deny {
+        tracing::warn!(audit.id = %at.entry.id(), reason = w.reason.code(), message = %at.entry.scrub_text(&w.message), "report-only: would deny");
+    }
+    rule_path(&target, verdict.rule)?;
+    let would_deny = verdict.would_deny.as_ref().map(|w| w.reason);
+    at.entry.allow(verdict.record_rule(), would_deny);
+    let mut req = Req::new(at, target, identity, verdict);
+    req.asking = asking.map(|a| (a, denial));
+    Ok(req)
+}
 
 /// Checks the identity the connection-level step found is still defined by the policy in force
 /// (a reload may have removed it since the connection began: fail closed).
@@ -58,16 +96,6 @@ impl Verdict<'_> {
             .as_ref()
             .and_then(|w| w.closest)
             .unwrap_or(&self.rule.name)
-    }
-
-    /// Sets the record's outcome as far as it is known: `reason` (`allowed`, or the provisional
-    /// `upstream_error` before the upstream answered) under the rule in force, or — report-only
-    /// — the would-be denial under the closest rule, marked `would_deny`.
-    pub fn record_outcome(&self, entry: &mut Entry, reason: Reason, status: Option<u16>) {
-        match &self.would_deny {
-            Some(w) => entry.outcome_report(w.reason, Some(self.record_rule()), status),
-            None => entry.outcome(reason, Some(&self.rule.name), status),
-        }
     }
 }
 

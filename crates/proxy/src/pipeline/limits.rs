@@ -16,14 +16,14 @@ use http::header::{HeaderValue, ACCEPT_ENCODING, CONTENT_LENGTH};
 use http::request::Parts;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 
-use super::super::request_body::{read_body, BodyCx, BodyRefused, Inbound, Read};
-use super::super::Proxy;
+use super::super::request_body::{hold_whole, BodyCx, BodyRefused, Inbound, NotHeld};
 use super::admit::Admitted;
-use super::Ctx;
+use super::outgoing::Outgoing;
+use super::request::Req;
 use crate::audit::Entry;
 use crate::governance::limits::{Admission, Estimate, LlmEstimate, Subject, Upload};
 use crate::governance::usage::{self, Meter, Provider, Usage};
-use crate::policy::{display_authority, Identity, Policy, PriceTable, Rule};
+use crate::policy::{display_authority, PriceTable};
 use crate::reason::{Reason, Refusal};
 use crate::upstream::{Body, BoxError};
 
@@ -32,25 +32,18 @@ pub const MAX_METERED_BODY: usize = 8 * 1024 * 1024;
 
 /// Charges the request to its limits, or refuses it.
 ///
-/// Assumes: policy allowed the request under `rule` (and a person, if it asked). Guarantees:
-/// on `Ok(Some)`, every limit has room for the request's reservation and the record lists the
-/// charges; the admission must live until the response ends (dropping it early returns the
+/// Assumes: policy allowed the request under its rule (and a person, if it asked).
+/// Guarantees: the body is taken for the broker (`req.inbound`); when limits apply, every limit
+/// has room for the request's reservation, the record lists the charges and `req.admission`
+/// holds them (it must live until the response ends: dropping it early returns the
 /// reservations). On `Err`, nothing is charged and nothing was sent.
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn charge(
-    proxy: &Proxy,
-    ctx: &Ctx,
-    policy: &Policy,
-    rule: &Rule,
-    identity: Option<&Identity>,
-    target: &Admitted,
-    head: &mut Parts,
-    incoming: Inbound,
-    entry: &mut Entry,
-) -> Result<(Inbound, Option<Admission>), Refusal> {
-    let limits = policy.limits_for(rule, identity);
+pub(super) async fn charge(req: &mut Req<'_>) -> Result<(), Refusal> {
+    let incoming = req.take_inbound()?;
+    let (proxy, policy, rule) = (req.proxy, req.policy, req.rule());
+    let limits = policy.limits_for(rule, req.identity);
     if limits.is_empty() {
-        return Ok((incoming, None));
+        req.inbound = Some(incoming);
+        return Ok(());
     }
     let under = |r: Refusal| r.under(&rule.name);
     let Some(limiter) = proxy.limiter() else {
@@ -63,92 +56,114 @@ pub(super) async fn charge(
     let provider = limits
         .iter()
         .any(|l| l.meters_llm())
-        .then(|| Provider::detect(&head.method, target.path()))
+        .then(|| Provider::detect(&req.head.method, req.target.path()))
         .flatten();
     let mut incoming = incoming;
-    let mut llm = None;
-    if let Some(provider) = provider {
-        let (held, facts_body) = hold(proxy, ctx, head, incoming, &target.host)
-            .await
-            .map_err(under)?;
-        let facts = usage::inspect_request(provider, target.path(), &facts_body);
-        let mut body = facts_body;
-        if provider == Provider::OpenAiChat
-            && limits.iter().any(|l| l.include_usage)
-            && facts.stream
-            && !facts.includes_usage
-        {
-            if let Some(changed) = usage::add_include_usage(&body) {
-                body = Bytes::from(changed);
-                head.headers
-                    .insert(CONTENT_LENGTH, HeaderValue::from(body.len() as u64));
-            }
+    let llm = match provider {
+        Some(provider) => {
+            let (held, estimate) = price(req, &limits, incoming, provider)
+                .await
+                .map_err(under)?;
+            incoming = held;
+            Some(estimate)
         }
-        incoming = match held {
-            Inbound::Held(_, trailers, charge) => Inbound::Held(body, trailers, charge),
-            streaming => streaming,
-        };
-        // Usage is read from the response as it streams: it must come uncompressed.
-        head.headers
-            .insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
-        let reserve = limits
-            .iter()
-            .filter(|l| l.meters_llm())
-            .map(|l| l.reserve_tokens)
-            .max()
-            .unwrap_or(crate::policy::limits::DEFAULT_RESERVE_TOKENS);
-        let output = facts.output_reserve(reserve);
-        let input = facts.input_estimate;
-        let cost = facts
-            .model
-            .as_deref()
-            .and_then(|m| policy.prices().lookup(m))
-            .map(|(_, p)| p.cost_micros(input, 0, output));
-        llm = Some(LlmEstimate {
-            provider,
-            model: facts.model.clone(),
-            tokens: input.saturating_add(output),
-            cost_micros: cost,
-        });
-    }
+        None => None,
+    };
     // A WebSocket's messages stream after the handshake: they are reserved as they go.
-    let upgrading = super::super::websocket::requested(&head.headers);
     let bytes_up = match &incoming {
-        _ if upgrading => None,
+        _ if req.upgrading() => None,
         Inbound::Held(b, t, _) => Some(b.len() as u64 + t.as_ref().map_or(0, fields_len)),
         Inbound::Streaming(i) if i.is_end_stream() => Some(0),
-        Inbound::Streaming(_) => head
+        Inbound::Streaming(_) => req
+            .head
             .headers
             .get(CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok()),
     };
-    let host = rule.host_for(&target.host);
-    let request_id = entry.id().to_string();
+    let host = rule.host_for(&req.target.host);
+    let request_id = req.entry.id().to_string();
     let who = Subject {
-        identity: &ctx.identity,
+        identity: &req.ctx.identity,
         rule: &rule.name,
         credential: rule.credential.as_deref(),
         host: &host,
         request_id: &request_id,
     };
     let estimate = Estimate {
-        head_up: head_len(head, target),
+        head_up: head_len(&req.head, &req.target),
         bytes_up,
         llm,
     };
     match limiter.admit(&limits, who, &estimate).await {
         Ok(admission) => {
-            record_admitted(entry, &admission);
-            Ok((incoming, Some(admission)))
+            record_admitted(req.entry, &admission);
+            req.inbound = Some(incoming);
+            req.admission = Some(admission);
+            Ok(())
         }
         // The body was taken from the pipeline: read what the client still sends, so it reads
         // the refusal (an h2 stream whose body is dropped unread is reset, not answered).
         Err(refused) => {
             incoming.drain(proxy.body_timeout).await;
-            Err(record_refused(entry, *refused).under(&rule.name))
+            Err(record_refused(req.entry, *refused).under(&rule.name))
         }
     }
+}
+
+/// Reads a model-provider call's body whole and prices it: the model and the most output
+/// tokens it asks for (a streamed OpenAI chat call is asked to include its usage where a limit
+/// says so); its response is asked for uncompressed, so its usage can be read as it streams.
+async fn price(
+    req: &mut Req<'_>,
+    limits: &[&crate::policy::limits::Limit],
+    incoming: Inbound,
+    provider: Provider,
+) -> Result<(Inbound, LlmEstimate), Refusal> {
+    let (held, facts_body) = hold(req, incoming).await?;
+    let path = req.target.path();
+    let facts = usage::inspect_request(provider, path, &facts_body);
+    let mut body = facts_body;
+    if provider == Provider::OpenAiChat
+        && limits.iter().any(|l| l.include_usage)
+        && facts.stream
+        && !facts.includes_usage
+    {
+        if let Some(changed) = usage::add_include_usage(&body) {
+            body = Bytes::from(changed);
+            req.head
+                .headers
+                .insert(CONTENT_LENGTH, HeaderValue::from(body.len() as u64));
+        }
+    }
+    let incoming = match held {
+        Inbound::Held(_, trailers, charge) => Inbound::Held(body, trailers, charge),
+        streaming => streaming,
+    };
+    // Usage is read from the response as it streams: it must come uncompressed.
+    req.head
+        .headers
+        .insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+    let reserve = limits
+        .iter()
+        .filter(|l| l.meters_llm())
+        .map(|l| l.reserve_tokens)
+        .max()
+        .unwrap_or(crate::policy::limits::DEFAULT_RESERVE_TOKENS);
+    let output = facts.output_reserve(reserve);
+    let input = facts.input_estimate;
+    let cost = facts
+        .model
+        .as_deref()
+        .and_then(|m| req.policy.prices().lookup(m))
+        .map(|(_, p)| p.cost_micros(input, 0, output));
+    let estimate = LlmEstimate {
+        provider,
+        model: facts.model.clone(),
+        tokens: input.saturating_add(output),
+        cost_micros: cost,
+    };
+    Ok((incoming, estimate))
 }
 
 /// The bytes of a request's head as `bytes_up` counts them: the request line, the `Host` line
@@ -178,8 +193,7 @@ pub(crate) fn fields_len(fields: &http::HeaderMap) -> u64 {
 
 /// Puts an admission's charges and rate headers on the record (requests and tunnels alike).
 pub(crate) fn record_admitted(entry: &mut Entry, admission: &Admission) {
-    let charges = admission.charges().to_vec();
-    entry.update(|r| r.limits = charges);
+    entry.set_limits(admission.charges().to_vec());
     if let Some(rate) = admission.rate() {
         entry.set_rate_headers(rate.limit, rate.remaining, rate.reset);
     }
@@ -190,7 +204,7 @@ pub(crate) fn record_refused(
     entry: &mut Entry,
     refused: crate::governance::limits::Refused,
 ) -> Refusal {
-    entry.update(|r| r.limits = refused.charges);
+    entry.set_limits(refused.charges);
     if let Some(secs) = refused.retry_after {
         entry.set_retry_after(secs);
     }
@@ -201,13 +215,7 @@ pub(crate) fn record_refused(
 }
 
 /// Reads a model-provider call's body whole (it is small: a prompt), so it can be priced.
-async fn hold(
-    proxy: &Proxy,
-    ctx: &Ctx,
-    head: &Parts,
-    incoming: Inbound,
-    host: &str,
-) -> Result<(Inbound, Bytes), Refusal> {
+async fn hold(req: &Req<'_>, incoming: Inbound) -> Result<(Inbound, Bytes), Refusal> {
     let streaming = match incoming {
         Inbound::Held(b, t, c) => {
             let copy = b.clone();
@@ -215,42 +223,45 @@ async fn hold(
         }
         Inbound::Streaming(s) => s,
     };
-    let declared = head
-        .headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
+    let (proxy, host) = (req.proxy, &req.target.host);
     let cx = BodyCx {
         budget: &proxy.budget,
-        client: ctx.client.ip(),
+        client: req.ctx.client.ip(),
         body_timeout: proxy.body_timeout,
     };
-    match read_body(streaming, Some(MAX_METERED_BODY), declared, cx).await? {
-        Read::Whole(b, t, c) => Ok((Inbound::Held(b.clone(), t, c), b)),
-        Read::Partial(_, rest, _) => {
-            super::super::request_body::drain(rest).await;
-            Err(Refusal::new(
-                Reason::BodyTooLarge,
-                format!(
-                    "a model-provider call under a token or spend budget is read whole to price it, and this body to {host} is over {} MiB",
-                    MAX_METERED_BODY / (1024 * 1024)
-                ),
-            ))
-        }
-        Read::OverBudget(_, rest, _, why) => {
-            super::super::request_body::drain(rest).await;
-            Err(Refusal::new(
-                Reason::TooBusy,
-                format!("cannot hold this model-provider call's body for host {host} to price it: {why}; retry later"),
-            ))
-        }
+    let held = hold_whole(streaming, &req.head.headers, MAX_METERED_BODY, cx, |why| match why {
+        NotHeld::TooLarge => format!(
+            "a model-provider call under a token or spend budget is read whole to price it, and this body to {host} is over {} MiB",
+            MAX_METERED_BODY / (1024 * 1024)
+        ),
+        NotHeld::TooBusy(why) => format!(
+            "cannot hold this model-provider call's body for host {host} to price it: {why}; retry later"
+        ),
+    })
+    .await?;
+    let copy = match &held {
+        Inbound::Held(b, _, _) => b.clone(),
+        Inbound::Streaming(_) => Bytes::new(),
+    };
+    Ok((held, copy))
+}
+
+/// The upload limiter: under a `bytes_up` budget the request body is charged frame by frame as
+/// it goes ([`limit_upload`]). A WebSocket handshake has no body: its messages are charged by
+/// the relay.
+pub(super) fn meter_upload(req: &Req<'_>, mut out: Outgoing) -> Outgoing {
+    let upload = req.admission.as_ref().and_then(Admission::upload);
+    if let Some(upload) = upload.filter(|_| !req.upgrading()) {
+        let refused = out.plan.body_refused.clone();
+        out.request = out.request.map(|b| limit_upload(b, upload, refused));
     }
+    out
 }
 
 /// The request body of a streamed upload under a `bytes_up` budget: each frame is charged
 /// before it goes; when the budget has no room the upload is cut off and the record says
 /// `budget_exhausted`.
-pub(super) fn limit_upload(
+fn limit_upload(
     body: Body,
     upload: Arc<Upload>,
     refused: Arc<std::sync::OnceLock<BodyRefused>>,
@@ -411,10 +422,28 @@ impl HttpBody for Metered {
     }
 }
 
+/// Limit settling, on the answer: the admission's charges are settled when the response body
+/// ends ([`settle_when_done`]).
+pub(super) fn settle(req: &mut Req<'_>, answer: super::Answer) -> super::Answer {
+    match req.admission.take() {
+        Some(admission) => settle_when_done(answer, admission, req.policy.prices().clone()),
+        None => answer,
+    }
+}
+
+/// Limit settling, when the request got no response: the reservations go back, but bytes that
+/// left stay charged (and an upload its budget cut off says so). Hands the refusal on.
+pub(super) fn unsent(req: &mut Req<'_>, refusal: Refusal) -> Refusal {
+    if let Some(admission) = req.admission.take() {
+        settle_failed(admission, req.entry);
+    }
+    refusal
+}
+
 /// Hooks the admission's settle onto the answer's record: the response body (metered when
 /// the call is a model-provider call) ends, then the charges and usage are written with the
 /// record.
-pub(super) fn settle_when_done(
+fn settle_when_done(
     mut answer: super::Answer,
     admission: Admission,
     prices: Arc<PriceTable>,
@@ -441,21 +470,18 @@ pub(super) fn settle_when_done(
             .up
             .load(std::sync::atomic::Ordering::Relaxed);
         let (charges, info) = admission.settle(up, Some(status), usage.as_ref(), &prices);
-        entry.update(|r| {
-            r.limits = charges;
-            r.usage = info;
-        });
+        entry.settled(charges, info);
     }));
     answer
 }
 
 /// Settles an admission whose request got no response (the upstream failed, or the upload was
 /// cut off): the record says what was charged.
-pub(super) fn settle_failed(admission: Admission, entry: &mut Entry) {
+fn settle_failed(admission: Admission, entry: &mut Entry) {
     let up = entry
         .counters()
         .up
         .load(std::sync::atomic::Ordering::Relaxed);
     let (charges, _) = admission.settle(up, None, None, &PriceTable::empty());
-    entry.update(|r| r.limits = charges);
+    entry.set_limits(charges);
 }

@@ -25,32 +25,33 @@ mod decide;
 mod jsonrpc;
 mod limits;
 mod outgoing;
+mod record;
+mod request;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use http::header::HeaderValue;
-use http::request::Parts;
 use http::{Request, Response};
 use hyper::body::Incoming;
 
-use super::correlate::Correlation;
 use super::limits::HeadSniff;
-use super::request_body::Inbound;
 use super::respond::{self, ID_HEADER};
 use super::websocket::{self, Handshake};
-use super::{body, response, Generation, Proxy, IDENTITY_DEFAULT};
-use crate::audit::Entry;
-use crate::policy::{Scheme, Target};
+use super::{body, response, Proxy, IDENTITY_DEFAULT};
+use crate::audit::{Entry, Stage};
+use crate::policy::Scheme;
 use crate::reason::{Reason, Refusal};
 use crate::upstream::{Body, UpstreamAddr};
+use request::{Arrived, Req};
 
 pub(crate) use admit::{
     audit_healthy, commit_decision, header_block_fits, host_clean, parsed_framing, raw_framing,
 };
 pub(crate) use decide::identity;
 pub(crate) use limits::{record_admitted, record_refused};
+pub use record::open as open_record;
 
 /// Who is asking and through what: what a listener hands the pipeline with each request.
 ///
@@ -146,23 +147,22 @@ pub async fn handle(
 ) -> Result<Response<Body>, Infallible> {
     // The policy in force when the request arrived holds for all of it, whatever a reload does.
     let policy = proxy.policy();
-    // Back-pressure from a slow audit sink: wait for queue room without holding a thread.
-    proxy.audit.room().await;
-    let mut entry = proxy.open_record(ctx.client, &ctx.identity, &policy);
+    let mut entry = record::open(&proxy, ctx.client, &ctx.identity, &policy).await;
     let (head, body) = req.into_parts();
     entry.update(|r| admit::prefill(r, &ctx, &head));
     let correlation = admit::correlate(&proxy, &ctx, &head, &mut entry);
-    // The request body, until the broker phase takes it: a refusal before then drains it.
+    // The request body, until a phase takes it: a refusal before then drains it.
     let mut body = Some(body);
-    let run = phases(
-        &proxy,
-        &ctx,
-        &policy,
-        &mut entry,
-        (head, &correlation),
-        &mut body,
-    );
-    match run.await {
+    let arrived = Arrived {
+        proxy: &proxy,
+        ctx: &ctx,
+        policy: &policy,
+        entry: &mut entry,
+        body: &mut body,
+        head,
+        correlation,
+    };
+    match phases(arrived).await {
         Ok(answer) => Ok(record(&proxy, answer, entry)),
         Err(refusal) => Ok(refuse(entry, body, refusal).await),
     }
@@ -178,227 +178,67 @@ struct Answer {
     upgrade: Option<(websocket::Halves, websocket::Guard)>,
 }
 
-/// The phases in order, one per line; `?` is a refusal.
-async fn phases(
-    proxy: &Arc<Proxy>,
-    ctx: &Ctx,
-    policy: &Arc<Generation>,
-    entry: &mut Entry,
-    (head, correlation): (Parts, &Correlation),
-    body: &mut Option<Incoming>,
-) -> Result<Answer, Refusal> {
-    // admit: nothing goes through unrecorded; one framing, within the limits; no secret in the
-    // host as sent; then the target in normal form (its host checked again, as normalised).
-    admit::audit_healthy(proxy)?;
-    admit::framing(&head, ctx)?;
-    admit::within_limits(&head, proxy.limits.max_uri_len)?;
-    admit::hosts_as_sent(policy, &head, entry)?;
-    let target = admit::target(ctx, &head)?;
-    entry.update(|r| admit::record_target(r, &target));
-    admit::host_clean(policy, &target.host, entry)?;
-
-    // identify: the identity the listener found must still exist in the policy in force.
-    let identity = decide::identity(policy, &ctx.identity)?;
-    let upgrading = websocket::requested(&head.headers);
-
-    // decide: deny by default; report-only lets a policy denial through, marked; a rule's
-    // `ask` (or `[ask] unknown` for a policy denial) needs a person first.
-    let decision = policy.decide(&Target {
-        identity,
-        scheme: target.scheme,
-        host: &target.host,
-        port: target.port,
-        method: &head.method,
-        path: target.path(),
-        websocket: upgrading,
-    });
-    let asking = policy.asks(&decision);
-    let denial = (!decision.allowed()).then_some(decision.reason);
-    let mut verdict = decide::verdict(decision, proxy.report_all, &proxy.report_rule)
-        .or_else(|refusal| decide::ask_unknown(refusal, asking, &proxy.unknown_rule))?;
-    // ask: only what a rule with `ask` allows, or what no rule allows under `[ask] unknown`
-    // (report-only lets that through unasked).
-    let asking = asking.filter(|a| a.rule.is_some() || verdict.would_deny.is_none());
-    if let Some(w) = &verdict.would_deny {
-        tracing::warn!(audit.id = %entry.id(), reason = w.reason.code(), message = %entry.scrub_text(&w.message), "report-only: would deny");
+/// The phases in order, one per line; `?` is a refusal. Each feature is one line: a phase
+/// (mcp, ask, limits, the upload limiter, websocket) or a filter on the answer (the
+/// `tools/list` filter, capture, limit settling).
+async fn phases(mut at: Arrived<'_>) -> Result<Answer, Refusal> {
+    let target = admit::admit(&mut at)?;
+    let mut req = decide::decide(at, target)?;
+    handshake(&mut req)?;
+    if let Some(answer) = jsonrpc::check(&mut req).await? {
+        return Ok(answer);
     }
-    let rule = verdict.rule;
-    decide::rule_path(&target, rule)?;
-    entry.update(|r| {
-        r.rule = Some(verdict.record_rule().to_string());
-        r.would_deny = verdict.would_deny.is_some();
-    });
-    let mut head = head;
-    // A WebSocket the policy allows: the handshake must be one, on a connection that upgrades.
-    let handshake = upgrading.then(|| Handshake::take(&mut head)).transpose()?;
-    // mcp: under a rule with `mcp`, a POST's JSON-RPC messages are read whole and matched
-    // before anything is sent (and before anyone is asked); a refused one is answered in
-    // JSON-RPC. Report-only lets it through, marked.
-    let (held, tools_list) = match jsonrpc::check(
-        proxy,
-        ctx,
-        rule,
-        &head,
-        body,
-        &target.host,
-        entry,
-        &mut verdict,
-    )
-    .await?
-    {
-        jsonrpc::Step::Go(held, list) => (held, list),
-        jsonrpc::Step::Answered(answer) => return Ok(answer),
-    };
-    if tools_list.is_some() {
-        // The results are filtered as they pass: they must arrive readable.
-        head.headers.insert(
-            http::header::ACCEPT_ENCODING,
-            HeaderValue::from_static("identity"),
-        );
-    }
-    let incoming = match asking {
-        Some(asking) => {
-            ask::ask(
-                proxy,
-                ctx,
-                policy,
-                asking,
-                denial,
-                &target,
-                &head,
-                (body, held),
-                entry,
-            )
-            .await?
-        }
-        None => match held {
-            Some(held) => held,
-            None => Inbound::Streaming(body.take().ok_or_else(|| {
-                Refusal::new(Reason::BadRequest, "the request body was already read")
-            })?),
-        },
-    };
+    ask::ask(&mut req).await?;
+    limits::charge(&mut req).await?;
+    let out = outgoing::broker(&mut req).await?;
+    let out = limits::meter_upload(&req, out);
+    commit(&mut req).await?;
+    let sent = outgoing::send(&mut req, out).await;
+    let (res, plan) = sent.map_err(|r| limits::unsent(&mut req, r))?;
+    let answer = respond(&mut req, res, plan).await?;
+    let answer = jsonrpc::filter_list(&mut req, answer);
+    let answer = capture(&mut req, answer).await?;
+    Ok(limits::settle(&mut req, answer))
+}
 
-    // limits: reserve against every limit the rule, identity and credential name; a
-    // refusal here has sent nothing. Dropped before the response, the admission gives back.
-    let (incoming, admission) = limits::charge(
-        proxy, ctx, policy, rule, identity, &target, &mut head, incoming, entry,
-    )
-    .await?;
-
-    // broker: strip (correlation headers too), check, placeholders, inject, sign.
-    let mut out = outgoing::broker(
-        proxy,
-        ctx,
-        policy,
-        (rule, correlation, handshake.as_ref()),
-        &target,
-        head,
-        incoming,
-        entry,
-    )
-    .await?;
-    // A WebSocket handshake has no body: its messages are charged by the relay.
-    if let Some(upload) = admission
-        .as_ref()
-        .and_then(|a| a.upload())
-        .filter(|_| handshake.is_none())
-    {
-        let refused = out.plan.body_refused.clone();
-        out.request = out
-            .request
-            .map(|b| limits::limit_upload(b, upload, refused));
+/// The websocket phase: a request asking to upgrade (which policy allowed only under a rule
+/// with `websocket = true`) must be a valid handshake on a connection that upgrades; its half
+/// of the upgrade is taken for the relay.
+fn handshake(req: &mut Req<'_>) -> Result<(), Refusal> {
+    if websocket::requested(&req.head.headers) {
+        req.handshake = Some(Handshake::take(&mut req.head)?);
     }
+    Ok(())
+}
 
-    // commit: the decision is on disk before the upstream is dialed; its outcome follows.
-    verdict.record_outcome(entry, Reason::Allowed, None);
-    admit::commit_decision(entry).await?;
-
-    // send: provisionally an upstream error, so a request cut short (shutdown, the client
-    // leaving) is recorded as allowed by policy and not completed.
-    verdict.record_outcome(entry, Reason::UpstreamError, None);
-    let plan = out.plan;
-    let sent = outgoing::send(
-        proxy,
-        rule,
-        &target,
-        (out.request, handshake.is_some()),
-        &plan.body_refused,
-        entry,
-    )
-    .await;
-    let res = match sent {
-        Ok(res) => res,
-        Err(refusal) => {
-            // No response: the reservations go back, but bytes that left stay charged (and an
-            // upload its budget cut off says so).
-            if let Some(admission) = admission {
-                limits::settle_failed(admission, entry);
-            }
-            return Err(refusal);
-        }
-    };
-
-    // respond: decode decision, strip, scrub; a model-provider call's usage is read as its
-    // body passes, and the limits are settled when it ends.
-    let upgrade = handshake.map(|h| {
-        (
-            h,
-            websocket_guard(proxy, ctx, (policy, rule), &target.host, &plan, &admission),
-        )
-    });
-    let mut answer = respond(proxy, &verdict, &target.host, res, plan, upgrade, entry).await?;
-    if let Some((rules, ids)) = tools_list {
-        answer.response = super::mcp_list::filter_list(answer.response, rules, ids);
-    }
-    // capture: a token endpoint's tokens stay here; the sandbox gets their placeholders.
-    if let Some(capture) = &rule.capture {
-        let cx = super::capture::CaptureCx {
-            capture: capture.clone(),
-            identity: ctx.identity.to_string(),
-            host: target.host.clone(),
-            tokens: policy.captured().clone(),
-            policy: policy.clone(),
-            timeout: proxy.response_timeout,
-        };
-        let (response, kept) = super::capture::capture(answer.response, cx)
-            .await
-            .map_err(|r| r.under(&rule.name))?;
-        answer.response = response;
-        entry.update(|r| r.captured = kept);
-    }
-    if let Some(admission) = admission {
-        answer = limits::settle_when_done(answer, admission, policy.prices().clone());
-    }
-    Ok(answer)
+/// The commit phase: the decision, allowed, is on disk before the upstream is dialed.
+async fn commit(req: &mut Req<'_>) -> Result<(), Refusal> {
+    req.entry.reached(Stage::Committed);
+    admit::commit_decision(req.entry).await
 }
 
 /// The respond phase: records what came back, then turns it into what the sandbox may see
 /// (`response::filter`).
 ///
-/// Assumes: `res` is the upstream's answer to the request the broker built under `verdict`.
+/// Assumes: `res` is the upstream's answer to the request the broker built under the verdict.
 /// Guarantees: on `Ok`, the record holds the outcome, the status and the upstream address, and
 /// the response is safe to send ([`response::filter`]'s guarantees).
-#[allow(clippy::too_many_arguments)]
 async fn respond(
-    proxy: &Proxy,
-    verdict: &decide::Verdict<'_>,
-    host: &str,
+    req: &mut Req<'_>,
     mut res: Response<Incoming>,
     plan: outgoing::Plan,
-    upgrade: Option<(Handshake, websocket::Guard)>,
-    entry: &mut Entry,
 ) -> Result<Answer, Refusal> {
     let upstream = res.extensions().get::<UpstreamAddr>().map(|a| a.0);
-    verdict.record_outcome(entry, Reason::Allowed, Some(res.status().as_u16()));
-    entry.update(|r| r.upstream = upstream.map(|a| a.to_string()));
+    req.entry.answered(res.status().as_u16(), upstream);
+    let rule = req.rule();
     // A WebSocket the upstream accepted: the sandbox gets a `101` built from the checked one.
     // Any other answer to a handshake is an ordinary response.
-    if let Some((handshake, guard)) = upgrade {
-        if res.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+    if res.status() == http::StatusCode::SWITCHING_PROTOCOLS {
+        if let Some(handshake) = req.handshake.take() {
+            let guard = websocket_guard(req, &plan);
             let accepted = handshake
-                .accept(&mut res, host)
-                .map_err(|r| r.under(&verdict.rule.name))?;
+                .accept(&mut res, &req.target.host)
+                .map_err(|r| r.under(&rule.name))?;
             return Ok(Answer {
                 response: accepted.response,
                 body_refused: plan.body_refused,
@@ -408,15 +248,15 @@ async fn respond(
         }
     }
     let response_cx = response::ResponseCx {
-        host,
+        host: &req.target.host,
         is_head: plan.is_head,
         scan: plan.scan,
-        max_decoded: proxy.max_decoded_body,
-        counters: entry.counters(),
+        max_decoded: req.proxy.max_decoded_body,
+        counters: req.entry.counters(),
     };
     let response = response::filter(res, response_cx)
         .await
-        .map_err(|r| r.under(&verdict.rule.name))?;
+        .map_err(|r| r.under(&rule.name))?;
     Ok(Answer {
         response,
         body_refused: plan.body_refused,
@@ -427,31 +267,48 @@ async fn respond(
 
 /// What a WebSocket's relay checks its messages against: the rule's binding and the
 /// response's scan, owned by the relay task.
-fn websocket_guard(
-    proxy: &Proxy,
-    ctx: &Ctx,
-    (policy, rule): (&Arc<Generation>, &crate::policy::Rule),
-    host: &str,
-    plan: &outgoing::Plan,
-    admission: &Option<crate::governance::limits::Admission>,
-) -> websocket::Guard {
+fn websocket_guard(req: &Req<'_>, plan: &outgoing::Plan) -> websocket::Guard {
+    let (proxy, rule) = (req.proxy, req.rule());
     websocket::Guard {
-        policy: policy.clone(),
+        policy: req.policy.clone(),
         rule: rule.name.clone(),
         bound: rule.bound.clone(),
         placeholders: rule.placeholders.clone(),
-        host: host.to_string(),
+        host: req.target.host.clone(),
         scan: plan.scan.clone(),
         max_message: proxy.limits.max_websocket_message,
         budget: proxy.budget.clone(),
-        client: ctx.client.ip(),
-        upload: admission.as_ref().and_then(|a| a.upload()),
+        client: req.ctx.client.ip(),
+        upload: req.admission.as_ref().and_then(|a| a.upload()),
         mcp: rule.mcp.as_ref().map(|rules| super::mcp_socket::Rules {
             rules: rules.clone(),
             rule: rule.name.clone(),
             report: proxy.report_all || rule.report,
         }),
     }
+}
+
+/// The capture filter: under a rule with `capture`, a token endpoint's tokens stay here and the
+/// sandbox gets their placeholders (`proxy::capture::capture`); the record names what was kept.
+async fn capture(req: &mut Req<'_>, mut answer: Answer) -> Result<Answer, Refusal> {
+    let rule = req.rule();
+    let Some(capture) = &rule.capture else {
+        return Ok(answer);
+    };
+    let cx = super::capture::CaptureCx {
+        capture: capture.clone(),
+        identity: req.ctx.identity.to_string(),
+        host: req.target.host.clone(),
+        tokens: req.policy.captured().clone(),
+        policy: req.policy.clone(),
+        timeout: req.proxy.response_timeout,
+    };
+    let (response, kept) = super::capture::capture(answer.response, cx)
+        .await
+        .map_err(|r| r.under(&rule.name))?;
+    answer.response = response;
+    req.entry.set_captured(kept);
+    Ok(answer)
 }
 
 /// The record phase: the response carries the record's id, and its body writes the record

@@ -9,18 +9,15 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use http::header::{HeaderValue, ACCEPT_ENCODING, HOST};
-use http::request::Parts;
 use http::{HeaderMap, Request, Response, Uri, Version};
 use hyper::body::Incoming;
 
 use super::super::broker;
-use super::super::correlate::Correlation;
-use super::super::request_body::{BodyRefused, Inbound};
-use super::super::websocket::Handshake;
+use super::super::request_body::BodyRefused;
 use super::super::{body, Generation, Proxy};
 use super::admit::Admitted;
-use super::Ctx;
-use crate::audit::Entry;
+use super::request::Req;
+use crate::audit::Stage;
 use crate::policy::{display_url, Rule, Scheme};
 use crate::reason::{chain_text, Reason, Refusal};
 use crate::secrets::scrub::Scrubber;
@@ -52,17 +49,12 @@ pub(super) struct Plan {
 /// authority), no correlation header the rule does not keep (`correlate::Correlator::forward`), no secret the rule does not bind and no placeholder left unreplaced; its body is
 /// watched as it streams; `accept-encoding` is narrowed to what latchkey decodes when the
 /// response will be scanned. The record names the secrets used.
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn broker(
-    proxy: &Arc<Proxy>,
-    ctx: &Ctx,
-    policy: &Generation,
-    (rule, correlation, handshake): (&Rule, &Correlation, Option<&Handshake>),
-    target: &Admitted,
-    mut head: Parts,
-    incoming: Inbound,
-    entry: &mut Entry,
-) -> Result<Outgoing, Refusal> {
+pub(super) async fn broker(req: &mut Req<'_>) -> Result<Outgoing, Refusal> {
+    let (proxy, ctx, policy, rule) = (req.proxy, req.ctx, &**req.policy, req.rule());
+    let incoming = req.take_inbound()?;
+    // The head goes into the upstream request; what stays behind is empty.
+    let mut head = std::mem::replace(&mut req.head, http::Request::new(()).into_parts().0);
+    let target = &req.target;
     let is_head = head.method == http::Method::HEAD;
     // The host as the sandbox spelled it, each place it did, for the leak check (taken out of
     // the headers first: the request goes on without them).
@@ -85,14 +77,14 @@ pub(super) async fn broker(
     sent_hosts.push(&target.host);
     hop::strip(&mut head.headers);
     // A WebSocket handshake keeps its upgrade headers (and offers no extension).
-    if let Some(h) = handshake {
+    if let Some(h) = &req.handshake {
         h.restore(&mut head.headers);
     }
     // latchkey's own correlation headers go only where the rule keeps them; trace context is
     // latchkey's span under `--otlp`. Before the checks: what is forwarded is checked.
     proxy
         .correlator
-        .forward(&mut head.headers, &rule.keep_headers, correlation);
+        .forward(&mut head.headers, &rule.keep_headers, &req.correlation);
 
     let mut path_and_query = target.path_and_query.clone();
     // Looked up (in memory, else the state store) only for a request that can use one; over
@@ -124,11 +116,12 @@ pub(super) async fn broker(
         &mut head.headers,
         &mut path_and_query,
         incoming,
-        entry.counters(),
+        req.entry.counters(),
     )
     .await
     .map_err(|r| r.under(&rule.name))?;
-    entry.update(|r| r.secrets = brokered.secrets.iter().cloned().collect());
+    req.entry
+        .set_secrets(brokered.secrets.iter().cloned().collect());
 
     let scan = scan_for(policy, rule, &target.host)?;
     if scan.is_some() {
@@ -220,15 +213,17 @@ async fn captured_for(
 /// classification; else `upstream_error` with the error chain — and the message names the URL
 /// (scrubbed: the sandbox may have pasted a secret into it).
 pub(super) async fn send(
-    proxy: &Proxy,
-    rule: &Rule,
-    target: &Admitted,
-    (request, upgrade): (Request<Body>, bool),
-    body_refused: &OnceLock<BodyRefused>,
-    entry: &Entry,
-) -> Result<Response<Incoming>, Refusal> {
+    req: &mut Req<'_>,
+    out: Outgoing,
+) -> Result<(Response<Incoming>, Plan), Refusal> {
+    // Provisionally an upstream error: a request cut short (shutdown, the client leaving) is
+    // recorded as allowed by policy and not completed.
+    req.entry.reached(Stage::Sent);
+    let (proxy, rule, target, entry) = (req.proxy, req.rule(), &req.target, &*req.entry);
+    let Outgoing { request, plan } = out;
+    let body_refused = &plan.body_refused;
     // An upgrade needs an HTTP/1.1 connection: its client never negotiates h2.
-    let client = proxy.client_for(&rule.allow_private, upgrade);
+    let client = proxy.client_for(&rule.allow_private, req.handshake.is_some());
     let sent_at = Instant::now();
     let sent = tokio::time::timeout(proxy.response_timeout, client.request(request)).await;
     let res = match sent {
@@ -263,7 +258,7 @@ pub(super) async fn send(
         .metrics()
         .upstream_latency
         .observe(sent_at.elapsed().as_secs_f64());
-    Ok(res)
+    Ok((res, plan))
 }
 
 /// The matcher responses are scanned with, when they must be: this rule or any other rule that
