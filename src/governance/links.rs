@@ -132,7 +132,7 @@ impl Signer {
         expires: SystemTime,
     ) -> String {
         let exp = unix(expires).to_string();
-        let sig = hex(self.tag(id, decision, scope, &exp).as_ref());
+        let sig = hex::encode(self.tag(id, decision, scope, &exp));
         let mut query = form_urlencoded::Serializer::new(String::new());
         query.append_pair("decision", decision);
         if let Some(scope) = scope {
@@ -261,17 +261,6 @@ pub(crate) fn unix(t: SystemTime) -> u64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or(Duration::ZERO)
         .as_secs()
-}
-
-/// Lower-case hex.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(char::from(HEX[usize::from(b >> 4)]));
-        out.push(char::from(HEX[usize::from(b & 0xf)]));
-    }
-    out
 }
 
 /// Hex (either case) to bytes; `None` on odd length or a non-hex digit.

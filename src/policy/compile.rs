@@ -538,7 +538,7 @@ pub fn compile_sources_with(
     };
 
     let digest = hasher.finish();
-    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    let hex = hex::encode(digest);
     Ok(index(
         rules,
         (ask, notifiers),

@@ -95,15 +95,7 @@ pub fn hash_file(path: &Path) -> Result<Hashed, UploadError> {
     }
     Ok(Hashed {
         len,
-        sha256: hex(ctx.finish().as_ref()),
-    })
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes.iter().fold(String::with_capacity(64), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
+        sha256: hex::encode(ctx.finish()),
     })
 }
 

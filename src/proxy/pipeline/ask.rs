@@ -21,7 +21,7 @@ use super::super::Proxy;
 use super::admit::Admitted;
 use super::Ctx;
 use crate::audit::{ApprovalInfo, Entry};
-use crate::governance::approvals::{hex, Asked, Found, Key};
+use crate::governance::approvals::{Asked, Found, Key};
 use crate::governance::record::{Approval, State};
 use crate::governance::Governance;
 use crate::policy::identity::token_key;
@@ -86,7 +86,7 @@ pub(super) async fn ask(
         )));
     };
     unambiguous(head, bytes).map_err(under)?;
-    let sha = hex(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, bytes).as_ref());
+    let sha = hex::encode(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, bytes));
     let full_url = display_url(
         target.scheme,
         &target.host,
