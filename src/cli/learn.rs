@@ -569,7 +569,7 @@ fn header(args: &LearnArgs, tally: &Tally) -> Vec<String> {
     let files: Vec<String> = args.files.iter().map(|f| f.display().to_string()).collect();
     let mut filters = Vec::new();
     if let Some(since) = args.since {
-        filters.push(format!("--since {}", learn::rfc3339(since)));
+        filters.push(format!("--since {}", learn::rfc3339_seconds(since)));
     }
     for name in &args.identity {
         filters.push(format!("--identity {name}"));
@@ -590,7 +590,7 @@ fn header(args: &LearnArgs, tally: &Tally) -> Vec<String> {
             "From {} ({} requests learned), {}; filters: {}.",
             files.join(", "),
             tally.learned,
-            learn::rfc3339(SystemTime::now()),
+            learn::rfc3339_seconds(SystemTime::now()),
             if filters.is_empty() {
                 "none".to_string()
             } else {
