@@ -529,11 +529,7 @@ fn learnable(
     // of its day): a rule is learned only where one can change that decision, so the learned
     // policy always allows what was learned (the self-check below).
     if let Some(policy) = policy {
-        let url = if port == scheme.default_port() {
-            format!("{}://{host}{path}", scheme.as_str())
-        } else {
-            format!("{}://{host}:{port}{path}", scheme.as_str())
-        };
+        let url = crate::policy::display_url(scheme, &host, port, path);
         let now = explain(policy, Some(&identity), method, &url).map_err(|_| Skip::NotLearnable)?;
         match now.decision {
             Verdict::Allow if args.all => {}

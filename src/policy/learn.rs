@@ -732,14 +732,6 @@ pub struct LearnedCase {
     pub rule: String,
 }
 
-fn url(scheme: Scheme, host: &str, port: u16, path: &str) -> String {
-    if port == scheme.default_port() {
-        format!("{}://{host}{path}", scheme.as_str())
-    } else {
-        format!("{}://{host}:{port}{path}", scheme.as_str())
-    }
-}
-
 /// What pins `rule`: up to [`EXAMPLES`] requests seen (allow), and requests just outside it
 /// (deny): a method not seen, a sibling path, another port. The caller keeps those the
 /// resulting policy decides as said.
@@ -752,7 +744,7 @@ pub fn cases_for(rule: &LearnedRule) -> Vec<LearnedCase> {
         if seen.len() == EXAMPLES {
             break;
         }
-        let u = url(e.scheme, &rule.host, e.port, &e.path);
+        let u = super::display_url(e.scheme, &rule.host, e.port, &e.path);
         if seen.insert((e.method.clone(), u.clone())) {
             cases.push(LearnedCase {
                 name: format!("{}: {} {}", rule.name, e.method, comment_text(&e.path)),
@@ -779,13 +771,17 @@ pub fn cases_for(rule: &LearnedRule) -> Vec<LearnedCase> {
         .into_iter()
         .find(|m| !rule.methods.iter().any(|r| r == m))
     {
-        cases.push(deny(m, m, url(e.scheme, &rule.host, e.port, &e.path)));
+        cases.push(deny(
+            m,
+            m,
+            super::display_url(e.scheme, &rule.host, e.port, &e.path),
+        ));
     }
     let sibling = sibling_path(&e.path);
     cases.push(deny(
         "a sibling path",
         &e.method,
-        url(e.scheme, &rule.host, e.port, &sibling),
+        super::display_url(e.scheme, &rule.host, e.port, &sibling),
     ));
     if let Some(other) = (1..=100u16)
         .filter_map(|d| e.port.checked_add(d))
@@ -794,7 +790,7 @@ pub fn cases_for(rule: &LearnedRule) -> Vec<LearnedCase> {
         cases.push(deny(
             &format!("port {other}"),
             &e.method,
-            url(e.scheme, &rule.host, other, &e.path),
+            super::display_url(e.scheme, &rule.host, other, &e.path),
         ));
     }
     cases

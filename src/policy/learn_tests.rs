@@ -287,7 +287,7 @@ fn round_trip(requests: &[Seen]) -> Result<(), TestCaseError> {
     let policy = compile_sources_with(&[(path, text.as_str())], SecretLoading::Skip)
         .map_err(|e| TestCaseError::fail(format!("{e:?}\n{text}")))?;
     for s in requests {
-        let u = url(s.scheme, &s.host, s.port, &s.path);
+        let u = crate::policy::display_url(s.scheme, &s.host, s.port, &s.path);
         let e = explain(&policy, None, &s.method, &u)
             .map_err(|e| TestCaseError::fail(format!("{e}")))?;
         prop_assert!(

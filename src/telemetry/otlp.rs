@@ -61,6 +61,7 @@ use tokio::sync::mpsc;
 use crate::audit::{Phase, Record, Tap};
 use crate::upstream::{self, Client, Connector, Dialer, UpstreamConfig};
 use crate::wire::cidr::Cidr;
+use crate::wire::host::{display_authority, Bracketed};
 
 /// Why the exporter could not start. Messages name the URL (never with credentials: a URL
 /// carrying any is refused).
@@ -617,15 +618,10 @@ pub fn span_of(r: &Record) -> Span {
         }
     }
     if let (Some(scheme), Some(h), Some(path)) = (r.scheme.as_deref(), host, r.path.as_deref()) {
-        let h = if h.contains(':') && !h.starts_with('[') {
-            format!("[{h}]")
-        } else {
-            h.to_string()
-        };
         let default = matches!((scheme, r.port), ("https", Some(443)) | ("http", Some(80)));
         let full = match r.port {
-            Some(p) if !default => format!("{scheme}://{h}:{p}{path}"),
-            _ => format!("{scheme}://{h}{path}"),
+            Some(p) if !default => format!("{scheme}://{}{path}", display_authority(h, p)),
+            _ => format!("{scheme}://{}{path}", Bracketed(h)),
         };
         a.push(kv(semconv::URL_FULL, string(&full)));
     }
