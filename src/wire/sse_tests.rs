@@ -223,65 +223,6 @@ fn limits_hold() {
     assert!(!is_event_stream("text/event-streams"));
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
-
-    /// The parser agrees with the plain reference, and the raw bytes it reports are the stream.
-    #[test]
-    fn agrees_with_the_reference(s in stream(), cuts in proptest::collection::vec(any::<usize>(), 0..8)) {
-        let (seen, raws) = parse_at(&s, &cuts, RAW);
-        prop_assert_eq!(&seen, &reference(&s));
-        prop_assert_eq!(raws.concat(), s);
-    }
-
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
-
-    /// Chunking never changes the events: every single split point, and every pair.
-    #[test]
-    fn every_split_gives_the_same_events(s in stream()) {
-        let whole = parse_at(&s, &[], RAW);
-        for a in 0..=s.len() {
-            prop_assert_eq!(&parse_at(&s, &[a], RAW), &whole, "split at {}", a);
-        }
-        let step = (s.len() / 8).max(1);
-        for a in (0..=s.len()).step_by(step) {
-            for b in a..=s.len() {
-                prop_assert_eq!(&parse_at(&s, &[a, b], RAW), &whole, "split at {} and {}", a, b);
-            }
-        }
-    }
-
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
-
-    /// Arbitrary bytes, arbitrarily cut, under tight limits: never a panic, the raw bytes are
-    /// the stream, and nothing held passes the limits.
-    #[test]
-    fn arbitrary_bytes_never_panic(
-        s in proptest::collection::vec(any::<u8>(), 0..1024),
-        cuts in proptest::collection::vec(any::<usize>(), 0..16),
-        max_data in 0usize..64,
-    ) {
-        let limits = Limits { max_data, max_raw: Some(4096) };
-        let (seen, raws) = parse_at(&s, &cuts, limits);
-        prop_assert_eq!(&raws.concat(), &s);
-        prop_assert!(seen.iter().all(|e| e.data.as_ref().is_none_or(|d| d.len() <= max_data)));
-        let mut p = Parser::new(Limits { max_data, max_raw: Some(32) });
-        for chunk in s.chunks(7) {
-            if p.feed(chunk, &mut |e| assert!(e.raw.len() <= 32)).is_err() {
-                break;
-            }
-            prop_assert!(p.held() <= 2 * 32 + max_data + 2 * MAX_NAME);
-        }
-        let _ = p.finish(&mut |_| {});
-    }
-}
-
 /// What [`Event::lines`] calls data, read back: its data lines' values joined with `\n`.
 fn data_of_lines(e: &Event<'_>) -> Option<Vec<u8>> {
     let (lines, _) = e.lines();
@@ -346,5 +287,64 @@ proptest! {
         for (data, from_lines) in seen {
             prop_assert_eq!(data, from_lines);
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// The parser agrees with the plain reference, and the raw bytes it reports are the stream.
+    #[test]
+    fn agrees_with_the_reference(s in stream(), cuts in proptest::collection::vec(any::<usize>(), 0..8)) {
+        let (seen, raws) = parse_at(&s, &cuts, RAW);
+        prop_assert_eq!(&seen, &reference(&s));
+        prop_assert_eq!(raws.concat(), s);
+    }
+
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// Chunking never changes the events: every single split point, and every pair.
+    #[test]
+    fn every_split_gives_the_same_events(s in stream()) {
+        let whole = parse_at(&s, &[], RAW);
+        for a in 0..=s.len() {
+            prop_assert_eq!(&parse_at(&s, &[a], RAW), &whole, "split at {}", a);
+        }
+        let step = (s.len() / 8).max(1);
+        for a in (0..=s.len()).step_by(step) {
+            for b in a..=s.len() {
+                prop_assert_eq!(&parse_at(&s, &[a, b], RAW), &whole, "split at {} and {}", a, b);
+            }
+        }
+    }
+
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Arbitrary bytes, arbitrarily cut, under tight limits: never a panic, the raw bytes are
+    /// the stream, and nothing held passes the limits.
+    #[test]
+    fn arbitrary_bytes_never_panic(
+        s in proptest::collection::vec(any::<u8>(), 0..1024),
+        cuts in proptest::collection::vec(any::<usize>(), 0..16),
+        max_data in 0usize..64,
+    ) {
+        let limits = Limits { max_data, max_raw: Some(4096) };
+        let (seen, raws) = parse_at(&s, &cuts, limits);
+        prop_assert_eq!(&raws.concat(), &s);
+        prop_assert!(seen.iter().all(|e| e.data.as_ref().is_none_or(|d| d.len() <= max_data)));
+        let mut p = Parser::new(Limits { max_data, max_raw: Some(32) });
+        for chunk in s.chunks(7) {
+            if p.feed(chunk, &mut |e| assert!(e.raw.len() <= 32)).is_err() {
+                break;
+            }
+            prop_assert!(p.held() <= 2 * 32 + max_data + 2 * MAX_NAME);
+        }
+        let _ = p.finish(&mut |_| {});
     }
 }
