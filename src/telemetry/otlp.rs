@@ -546,17 +546,11 @@ fn int(n: u64) -> any_value::Value {
     any_value::Value::IntValue(i64::try_from(n).unwrap_or(i64::MAX))
 }
 
-/// `hex` as exactly `N` bytes, not all zero (an all-zero id is invalid in W3C trace context).
-fn id_from_hex<const N: usize>(hex: Option<&str>) -> Option<[u8; N]> {
-    let hex = hex?.as_bytes();
-    if hex.len() != 2 * N {
-        return None;
-    }
-    let digit = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+/// `text` (hex) as exactly `N` bytes, not all zero (an all-zero id is invalid in W3C trace
+/// context).
+fn id_from_hex<const N: usize>(text: Option<&str>) -> Option<[u8; N]> {
     let mut out = [0u8; N];
-    for (i, pair) in hex.chunks(2).enumerate() {
-        out[i] = (digit(pair[0])? << 4) | digit(pair[1])?;
-    }
+    hex::decode_to_slice(text?, &mut out).ok()?;
     out.iter().any(|b| *b != 0).then_some(out)
 }
 
