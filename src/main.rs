@@ -3,8 +3,9 @@
 
 use std::process::ExitCode;
 
-use latchkey::cli::{self, error_text, Cli, Command};
+use latchkey::cli::{self, Cli, Command};
 use latchkey::policy::SecretLoading;
+use latchkey::reason::chain_text;
 
 /// mimalloc: the proxy allocates and frees many small, short-lived buffers per request across
 /// threads, which glibc's allocator serves markedly slower (bench/results.md).
@@ -27,7 +28,7 @@ fn main() -> ExitCode {
     match run(args) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("latchkey: error: {}", error_text(&e));
+            eprintln!("latchkey: error: {}", chain_text(e.as_ref()));
             ExitCode::from(1)
         }
     }

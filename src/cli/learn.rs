@@ -529,11 +529,7 @@ fn learnable(
     // of its day): a rule is learned only where one can change that decision, so the learned
     // policy always allows what was learned (the self-check below).
     if let Some(policy) = policy {
-        let url = if port == scheme.default_port() {
-            format!("{}://{host}{path}", scheme.as_str())
-        } else {
-            format!("{}://{host}:{port}{path}", scheme.as_str())
-        };
+        let url = crate::policy::display_url(scheme, &host, port, path);
         let now = explain(policy, Some(&identity), method, &url).map_err(|_| Skip::NotLearnable)?;
         match now.decision {
             Verdict::Allow if args.all => {}
@@ -569,7 +565,7 @@ fn header(args: &LearnArgs, tally: &Tally) -> Vec<String> {
     let files: Vec<String> = args.files.iter().map(|f| f.display().to_string()).collect();
     let mut filters = Vec::new();
     if let Some(since) = args.since {
-        filters.push(format!("--since {}", learn::rfc3339(since)));
+        filters.push(format!("--since {}", learn::rfc3339_seconds(since)));
     }
     for name in &args.identity {
         filters.push(format!("--identity {name}"));
@@ -590,7 +586,7 @@ fn header(args: &LearnArgs, tally: &Tally) -> Vec<String> {
             "From {} ({} requests learned), {}; filters: {}.",
             files.join(", "),
             tally.learned,
-            learn::rfc3339(SystemTime::now()),
+            learn::rfc3339_seconds(SystemTime::now()),
             if filters.is_empty() {
                 "none".to_string()
             } else {

@@ -280,7 +280,7 @@ proptest! {
     ) {
         let dir = tempfile::tempdir().expect("tempdir");
         if let Err(e) = learn_over(dir.path(), &specs, unknown, all) {
-            prop_assert!(false, "learn failed: {}", super::super::error_text(&e));
+            prop_assert!(false, "learn failed: {}", crate::reason::chain_text(e.as_ref()));
         }
         if dir.path().join("learned.toml").exists() {
             let cases = std::fs::read_to_string(dir.path().join("learned-cases.toml")).expect("cases");

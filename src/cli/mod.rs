@@ -28,24 +28,9 @@ pub mod trust;
 
 pub use args::{AuditAction, CaAction, Cli, Command, GatewaySetupArgs, Mode, ServeArgs};
 
-/// The one line an error is reported as: its message, then each cause the message does not
-/// already end with (a `thiserror` message that quotes its source would otherwise print it
-/// twice).
-pub fn error_text(e: &anyhow::Error) -> String {
-    let mut text = e.to_string();
-    for cause in e.chain().skip(1) {
-        let cause = cause.to_string();
-        if !text.ends_with(&cause) {
-            text.push_str(": ");
-            text.push_str(&cause);
-        }
-    }
-    text
-}
-
 #[cfg(test)]
 mod tests {
-    use super::error_text;
+    use crate::reason::chain_text;
 
     #[derive(Debug, thiserror::Error)]
     #[error("cannot read {path}: {source}")]
@@ -61,14 +46,23 @@ mod tests {
             path: "a.jsonl".into(),
             source: io(),
         });
-        assert_eq!(error_text(&quoted), "cannot read a.jsonl: no such file");
+        assert_eq!(
+            chain_text(quoted.as_ref()),
+            "cannot read a.jsonl: no such file"
+        );
         let wrapped = anyhow::Error::new(io()).context("loading policies");
-        assert_eq!(error_text(&wrapped), "loading policies: no such file");
+        assert_eq!(
+            chain_text(wrapped.as_ref()),
+            "loading policies: no such file"
+        );
         let both = anyhow::Error::new(Quoting {
             path: "b".into(),
             source: io(),
         })
         .context("learn");
-        assert_eq!(error_text(&both), "learn: cannot read b: no such file");
+        assert_eq!(
+            chain_text(both.as_ref()),
+            "learn: cannot read b: no such file"
+        );
     }
 }

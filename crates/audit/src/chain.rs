@@ -41,17 +41,7 @@ impl Default for Chain {
 
 /// The hex SHA-256 of one line's bytes (without its newline).
 pub fn line_hash(line: &[u8]) -> String {
-    hex(digest::digest(&digest::SHA256, line).as_ref())
-}
-
-fn hex(bytes: &[u8]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(char::from(HEX[usize::from(b >> 4)]));
-        s.push(char::from(HEX[usize::from(b & 0xf)]));
-    }
-    s
+    hex::encode(digest::digest(&digest::SHA256, line))
 }
 
 impl Chain {

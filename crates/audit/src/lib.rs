@@ -28,6 +28,7 @@
 
 // The crates this one uses, under the module names the code knows them by.
 use latchkey_metrics as metrics;
+use latchkey_wire as wire;
 use latchkey_wire::files;
 use latchkey_wire::reason;
 

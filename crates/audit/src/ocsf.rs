@@ -51,6 +51,7 @@ use serde::Serialize;
 
 use super::record::{ApprovalInfo, LimitCharge, UsageInfo};
 use super::{Phase, Record};
+use crate::wire::host::{display_authority, Bracketed};
 
 /// The OCSF schema version events follow (the latest 1.x published schema, checked by the
 /// tests against its export).
@@ -426,15 +427,6 @@ fn default_port(scheme: &str) -> Option<u16> {
     }
 }
 
-/// `host` as it goes in a URL: an IPv6 address in brackets.
-fn url_host(host: &str) -> Cow<'_, str> {
-    if host.contains(':') && !host.starts_with('[') {
-        Cow::Owned(format!("[{host}]"))
-    } else {
-        Cow::Borrowed(host)
-    }
-}
-
 /// The request's URL: for CONNECT its authority (`host:port`), for a request the absolute URL
 /// (the port only when it is not the scheme's default).
 fn url_of(r: &Record) -> Option<Url<'_>> {
@@ -448,11 +440,10 @@ fn url_of(r: &Record) -> Option<Url<'_>> {
     };
     let scheme = r.scheme.as_deref();
     let url_string = host.map(|h| {
-        let h = url_host(h);
         if r.method.as_deref() == Some("CONNECT") {
             return match r.port {
-                Some(p) => format!("{h}:{p}"),
-                None => h.into_owned(),
+                Some(p) => display_authority(h, p),
+                None => Bracketed(h).to_string(),
             };
         }
         let mut s = String::new();
@@ -460,7 +451,7 @@ fn url_of(r: &Record) -> Option<Url<'_>> {
             s.push_str(scheme);
             s.push_str("://");
         }
-        s.push_str(&h);
+        s.push_str(&Bracketed(h).to_string());
         if let Some(p) = r.port.filter(|p| Some(*p) != scheme.and_then(default_port)) {
             s.push(':');
             s.push_str(&p.to_string());

@@ -271,7 +271,6 @@ fn rfc3339_millis<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error
 
 /// A random 16-hex-digit request id.
 pub fn new_id() -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut b = [0u8; 8];
     if aws_lc_rs::rand::fill(&mut b).is_err() {
         // The id is a correlation handle, not a secret: fall back to the clock.
@@ -281,12 +280,7 @@ pub fn new_id() -> String {
             .unwrap_or_default();
         b = (nanos as u64).to_be_bytes();
     }
-    let mut id = String::with_capacity(16);
-    for x in b {
-        id.push(char::from(HEX[usize::from(x >> 4)]));
-        id.push(char::from(HEX[usize::from(x & 0xf)]));
-    }
-    id
+    hex::encode(b)
 }
 
 #[cfg(test)]

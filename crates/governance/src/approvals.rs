@@ -145,7 +145,7 @@ pub async fn shared_key(store: &dyn StateStore, id: &str) -> Result<[u8; 32], St
         message: "the system random generator failed".to_string(),
     })?;
     store
-        .put_new(NS_KEYS, id, hex(&fresh).as_bytes(), None)
+        .put_new(NS_KEYS, id, hex::encode(fresh).as_bytes(), None)
         .await?;
     let bad = |why: &str| StateError::Backend {
         store: store.describe().to_string(),
@@ -187,7 +187,7 @@ impl Approvals {
             ctx.update(&(p.len() as u64).to_be_bytes());
             ctx.update(p);
         }
-        hex(ctx.sign().as_ref())
+        hex::encode(ctx.sign())
     }
 
     /// The keyed hash a retry of the same request (identity, method, full URL, body) matches.
@@ -579,16 +579,6 @@ fn parse<T: for<'de> Deserialize<'de>>(
             Ok(None)
         }
     }
-}
-
-/// Lower-case hex.
-pub fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(s, "{b:02x}");
-    }
-    s
 }
 
 #[cfg(test)]

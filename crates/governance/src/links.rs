@@ -132,7 +132,7 @@ impl Signer {
         expires: SystemTime,
     ) -> String {
         let exp = unix(expires).to_string();
-        let sig = hex(self.tag(id, decision, scope, &exp).as_ref());
+        let sig = hex::encode(self.tag(id, decision, scope, &exp));
         let mut query = form_urlencoded::Serializer::new(String::new());
         query.append_pair("decision", decision);
         if let Some(scope) = scope {
@@ -177,7 +177,8 @@ impl Signer {
             .ok()
             .filter(|_| exp.bytes().all(|b| b.is_ascii_digit()))
             .ok_or_else(|| LinkError::Malformed("exp is not a UNIX time".into()))?;
-        let tag = unhex(sig)
+        let tag = hex::decode(sig)
+            .ok()
             .filter(|t| t.len() == 32)
             .ok_or_else(|| LinkError::Malformed("sig is not 64 hex digits".into()))?;
         hmac::verify(&self.key, &message(id, decision, scope, exp), &tag)
@@ -261,30 +262,6 @@ pub(crate) fn unix(t: SystemTime) -> u64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or(Duration::ZERO)
         .as_secs()
-}
-
-/// Lower-case hex.
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(char::from(HEX[usize::from(b >> 4)]));
-        out.push(char::from(HEX[usize::from(b & 0xf)]));
-    }
-    out
-}
-
-/// Hex (either case) to bytes; `None` on odd length or a non-hex digit.
-fn unhex(text: &str) -> Option<Vec<u8>> {
-    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
-    let bytes = text.as_bytes();
-    if !bytes.len().is_multiple_of(2) {
-        return None;
-    }
-    bytes
-        .chunks(2)
-        .map(|pair| Some(digit(pair[0])? << 4 | digit(pair[1])?))
-        .collect()
 }
 
 #[cfg(test)]

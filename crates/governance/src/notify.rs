@@ -22,7 +22,7 @@ use http_body_util::BodyExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::links::{hex, unix};
+use super::links::unix;
 use super::record::{Approval, Links, Notice, QUEUE_NOTIFY};
 use crate::policy::ask::notify_secret_key;
 use crate::policy::{Notifier, NotifyFormat, Policy};
@@ -500,7 +500,7 @@ pub fn signature(secret: &SecretValue, timestamp: &str, body: &[u8]) -> String {
     ctx.update(timestamp.as_bytes());
     ctx.update(b".");
     ctx.update(body);
-    format!("sha256={}", hex(ctx.sign().as_ref()))
+    format!("sha256={}", hex::encode(ctx.sign()))
 }
 
 /// The body a notifier receives, scrubbed: every string in it has the secrets' values

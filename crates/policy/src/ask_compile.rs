@@ -66,30 +66,10 @@ pub(super) fn compile_asks(
             errors: &mut *errors,
         };
         for (name, entry) in std::mem::take(&mut raw.notify) {
-            let name_span = name.span();
-            let name = name.into_inner();
-            let field = format!("notify.{name}");
-            let origin = Origin {
-                file: file.to_path_buf(),
-                line: line_col(text, name_span.start).0,
-            };
-            let mut unique = false;
-            if !crate::secrets::template::valid_name(&name) {
-                cx.error(
-                    name_span,
-                    format!("{field}: notifier names use letters, digits, '-' and single '_' (at most 64)"),
-                );
-            } else if let Some(first) = declared.get(&name) {
-                cx.error(
-                    name_span,
-                    format!("{field}: duplicate notifier {name:?}, first declared at {first}"),
-                );
-            } else {
-                declared.insert(name.clone(), origin.clone());
-                unique = true;
-            }
-            let (notifier, secret) = cx.notifier(&field, &name, entry, origin.clone());
-            if unique {
+            let d = cx.declare("notify", "notifier", name, &mut declared);
+            let (name, origin) = (d.name, d.origin);
+            let (notifier, secret) = cx.notifier(&d.field, &name, entry, origin.clone());
+            if d.unique {
                 if let Some((span, source)) = secret {
                     secrets.push((fi, notify_secret_key(&name), span, origin, source));
                 }

@@ -195,7 +195,7 @@ pub fn compile_sources_with(
     // not, so a broken secret is reported once and not again at each rule that uses it.
     let mut secret_sources: Vec<(String, Source)> = Vec::new();
     let mut secret_at: HashMap<String, (usize, Range<usize>, Origin)> = HashMap::new();
-    let mut declared: HashMap<String, Origin> = HashMap::new();
+    let mut declared: BTreeMap<String, Origin> = BTreeMap::new();
     for (fi, (file, text, raw)) in parsed.iter_mut().enumerate() {
         let mut cx = FileCx {
             file,
@@ -203,34 +203,14 @@ pub fn compile_sources_with(
             errors: &mut errors,
         };
         for (name, entry) in std::mem::take(&mut raw.secrets) {
-            let name_span = name.span();
-            let name = name.into_inner();
-            let field = format!("secrets.{name}");
-            let origin = Origin {
-                file: file.to_path_buf(),
-                line: line_col(text, name_span.start).0,
-            };
-            let mut unique = false;
-            if !crate::secrets::template::valid_name(&name) {
-                cx.error(
-                    name_span,
-                    format!("{field}: secret names use letters, digits, '-' and single '_' (at most 64)"),
-                );
-            } else if let Some(first) = declared.get(&name) {
-                cx.error(
-                    name_span,
-                    format!("{field}: duplicate secret {name:?}, first declared at {first}"),
-                );
-            } else {
-                declared.insert(name.clone(), origin.clone());
-                unique = true;
-            }
+            let d = cx.declare("secrets", "secret", name, &mut declared);
             let span = entry.raw.source.as_ref().map(|s| s.span());
             // A source that parsed is read (phase 4) even if its entry has other problems, so
             // a missing value is reported in the same run; any problem fails the whole load.
-            if let (Some(source), Some(span), true) = (cx.secret(&field, entry.raw), span, unique) {
-                secret_at.insert(name.clone(), (fi, span, origin));
-                secret_sources.push((name, source));
+            let source = cx.secret(&d.field, entry.raw);
+            if let (Some(source), Some(span), true) = (source, span, d.unique) {
+                secret_at.insert(d.name.clone(), (fi, span, d.origin));
+                secret_sources.push((d.name, source));
             }
         }
     }
@@ -540,7 +520,7 @@ pub fn compile_sources_with(
     secret_sources.sort_by(|a, b| a.0.cmp(&b.0));
 
     let digest = hasher.finish();
-    let hex: String = digest.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    let hex = hex::encode(digest);
     Ok(index(
         rules,
         (ask, notifiers),
@@ -612,6 +592,16 @@ fn index(
     }
 }
 
+/// One `[TABLE.NAME]` declaration's name, as [`FileCx::declare`] checked it.
+pub(super) struct Declared {
+    pub(super) name: String,
+    /// `TABLE.NAME`: how the declaration's messages name it.
+    pub(super) field: String,
+    pub(super) origin: Origin,
+    /// Valid and declared nowhere before: the declaration counts.
+    pub(super) unique: bool,
+}
+
 /// The file being checked, and where its problems go.
 pub(super) struct FileCx<'a> {
     pub(super) file: &'a Path,
@@ -628,6 +618,48 @@ impl FileCx<'_> {
             col,
             message,
         });
+    }
+
+    /// A `[TABLE.NAME]` declaration's name, checked the one way every such table is (`what`
+    /// names one in messages: "secret", "limit", "notifier"): an invalid or repeated name is
+    /// reported here, a first valid one recorded in `first_at`.
+    pub(super) fn declare(
+        &mut self,
+        table: &str,
+        what: &str,
+        name: toml::Spanned<String>,
+        first_at: &mut BTreeMap<String, Origin>,
+    ) -> Declared {
+        let span = name.span();
+        let name = name.into_inner();
+        let field = format!("{table}.{name}");
+        let origin = Origin {
+            file: self.file.to_path_buf(),
+            line: line_col(self.text, span.start).0,
+        };
+        let mut unique = false;
+        if !crate::secrets::template::valid_name(&name) {
+            self.error(
+                span,
+                format!(
+                    "{field}: {what} names use letters, digits, '-' and single '_' (at most 64)"
+                ),
+            );
+        } else if let Some(first) = first_at.get(&name) {
+            self.error(
+                span,
+                format!("{field}: duplicate {what} {name:?}, first declared at {first}"),
+            );
+        } else {
+            first_at.insert(name.clone(), origin.clone());
+            unique = true;
+        }
+        Declared {
+            name,
+            field,
+            origin,
+            unique,
+        }
     }
 
     /// Validates one `[secrets.NAME]`; `None` if it has a problem (recorded).

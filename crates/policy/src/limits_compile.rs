@@ -55,33 +55,13 @@ pub(super) fn compile_limits(
             errors: &mut *errors,
         };
         for (name, entry) in std::mem::take(&mut raw.limits) {
-            let name_span = name.span();
-            let name = name.into_inner();
-            let field = format!("limits.{name}");
-            let origin = Origin {
-                file: file.to_path_buf(),
-                line: line_col(text, name_span.start).0,
-            };
-            let mut unique = false;
-            if !crate::secrets::template::valid_name(&name) {
-                cx.error(
-                    name_span,
-                    format!(
-                        "{field}: limit names use letters, digits, '-' and single '_' (at most 64)"
-                    ),
-                );
-            } else if let Some(first) = first_at.get(&name) {
-                cx.error(
-                    name_span,
-                    format!("{field}: duplicate limit {name:?}, first declared at {first}"),
-                );
-            } else {
-                first_at.insert(name.clone(), origin.clone());
+            let d = cx.declare("limits", "limit", name, &mut first_at);
+            let name = d.name;
+            if d.unique {
                 names.declared.insert(name.clone(), None);
-                unique = true;
             }
-            let limit = cx.limit(&field, &name, entry, origin);
-            if let (true, Some(limit)) = (unique, limit) {
+            let limit = cx.limit(&d.field, &name, entry, d.origin);
+            if let (true, Some(limit)) = (d.unique, limit) {
                 let body: Vec<&'static str> = limit
                     .measures()
                     .into_iter()

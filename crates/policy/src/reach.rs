@@ -140,13 +140,7 @@ pub(super) fn digest(items: &[String]) -> String {
         hasher.update(item.as_bytes());
         hasher.update(b"\n");
     }
-    let hex: String = hasher
-        .finish()
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("sha256:{hex}")
+    format!("sha256:{}", hex::encode(hasher.finish()))
 }
 
 fn rule_items(rule: &Rule, credentials: &HashMap<String, Arc<Credential>>, out: &mut Vec<String>) {

@@ -79,11 +79,7 @@ pub struct CertAuthority {
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
-    aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, bytes)
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex::encode(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, bytes))
 }
 
 /// The CA's certificate parameters, derived from its key alone.

@@ -273,11 +273,10 @@ fn filter_event(
         out.extend_from_slice(e.raw);
         return Ok(());
     };
-    let (carried, rest) = e.raw.split_at(e.carried);
-    out.extend_from_slice(carried);
-    let (lines, end) = lines(rest, e.ended);
-    for line in lines {
-        if !is_data_line(line) {
+    out.extend_from_slice(&e.raw[..e.carried]);
+    let (lines, end) = e.lines();
+    for (line, data) in lines {
+        if !data {
             out.extend_from_slice(line);
             out.extend_from_slice(b"\n");
         }
@@ -287,40 +286,6 @@ fn filter_event(
     out.extend_from_slice(b"\n");
     out.extend_from_slice(end);
     Ok(())
-}
-
-/// An event's lines (without their endings), and the byte that ended it (its blank line's
-/// `\r` or `\n`; nothing for what the stream ended inside).
-fn lines(raw: &[u8], ended: bool) -> (Vec<&[u8]>, &[u8]) {
-    let (body, end) = if ended && !raw.is_empty() {
-        raw.split_at(raw.len() - 1)
-    } else {
-        (raw, &b""[..])
-    };
-    let mut lines = Vec::new();
-    let mut start = 0;
-    let mut i = 0;
-    while i < body.len() {
-        match body[i] {
-            b'\r' | b'\n' => {
-                lines.push(&body[start..i]);
-                let crlf = body[i] == b'\r' && body.get(i + 1) == Some(&b'\n');
-                i += if crlf { 2 } else { 1 };
-                start = i;
-            }
-            _ => i += 1,
-        }
-    }
-    if start < body.len() {
-        lines.push(&body[start..]);
-    }
-    (lines, end)
-}
-
-/// A `data` field's line (`data`, or `data:` and a value; a leading byte-order mark ignored).
-fn is_data_line(line: &[u8]) -> bool {
-    let line = line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line);
-    line == b"data" || line.starts_with(b"data:")
 }
 
 impl HttpBody for ListFilter {

@@ -657,30 +657,10 @@ fn comment_text(s: &str) -> String {
     cut
 }
 
-/// RFC 3339 UTC, seconds.
-pub fn rfc3339(t: SystemTime) -> String {
-    let secs = t
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Civil from days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60
-    )
+/// `t` in RFC 3339 (UTC, seconds), through `humantime` as everywhere else; a time before 1970
+/// (`--since 30000d`) reads as 1970 rather than panicking inside `humantime`.
+pub fn rfc3339_seconds(t: SystemTime) -> humantime::Rfc3339Timestamp {
+    humantime::format_rfc3339_seconds(t.max(SystemTime::UNIX_EPOCH))
 }
 
 /// The learned policy file: `header` (comment lines, without `#`) then each rule with its
@@ -696,8 +676,8 @@ pub fn render_policy(header: &[String], rules: &[LearnedRule]) -> String {
             "# {} request{} seen, first {}, last {}",
             r.requests,
             if r.requests == 1 { "" } else { "s" },
-            rfc3339(r.first),
-            rfc3339(r.last)
+            rfc3339_seconds(r.first),
+            rfc3339_seconds(r.last)
         ));
         if r.identity != crate::policy::identity::DEFAULT_IDENTITY {
             out.push_str(&format!(", identity {}", comment_text(&r.identity)));
@@ -752,14 +732,6 @@ pub struct LearnedCase {
     pub rule: String,
 }
 
-fn url(scheme: Scheme, host: &str, port: u16, path: &str) -> String {
-    if port == scheme.default_port() {
-        format!("{}://{host}{path}", scheme.as_str())
-    } else {
-        format!("{}://{host}:{port}{path}", scheme.as_str())
-    }
-}
-
 /// What pins `rule`: up to [`EXAMPLES`] requests seen (allow), and requests just outside it
 /// (deny): a method not seen, a sibling path, another port. The caller keeps those the
 /// resulting policy decides as said.
@@ -772,7 +744,7 @@ pub fn cases_for(rule: &LearnedRule) -> Vec<LearnedCase> {
         if seen.len() == EXAMPLES {
             break;
         }
-        let u = url(e.scheme, &rule.host, e.port, &e.path);
+        let u = crate::policy::display_url(e.scheme, &rule.host, e.port, &e.path);
         if seen.insert((e.method.clone(), u.clone())) {
             cases.push(LearnedCase {
                 name: format!("{}: {} {}", rule.name, e.method, comment_text(&e.path)),
@@ -799,13 +771,17 @@ pub fn cases_for(rule: &LearnedRule) -> Vec<LearnedCase> {
         .into_iter()
         .find(|m| !rule.methods.iter().any(|r| r == m))
     {
-        cases.push(deny(m, m, url(e.scheme, &rule.host, e.port, &e.path)));
+        cases.push(deny(
+            m,
+            m,
+            crate::policy::display_url(e.scheme, &rule.host, e.port, &e.path),
+        ));
     }
     let sibling = sibling_path(&e.path);
     cases.push(deny(
         "a sibling path",
         &e.method,
-        url(e.scheme, &rule.host, e.port, &sibling),
+        crate::policy::display_url(e.scheme, &rule.host, e.port, &sibling),
     ));
     if let Some(other) = (1..=100u16)
         .filter_map(|d| e.port.checked_add(d))
@@ -814,7 +790,7 @@ pub fn cases_for(rule: &LearnedRule) -> Vec<LearnedCase> {
         cases.push(deny(
             &format!("port {other}"),
             &e.method,
-            url(e.scheme, &rule.host, other, &e.path),
+            crate::policy::display_url(e.scheme, &rule.host, other, &e.path),
         ));
     }
     cases

@@ -260,11 +260,18 @@ fn first_and_last_seen_and_rfc3339() {
     }
     let r = &l.propose(1, &BTreeSet::new()).rules[0];
     assert_eq!((r.first, r.last, r.requests), (at(10), at(90), 3));
-    assert_eq!(rfc3339(SystemTime::UNIX_EPOCH), "1970-01-01T00:00:00Z");
+    let text = render_policy(&[], std::slice::from_ref(r));
+    assert!(
+        text.contains("first 2026-05-28T20:26:50Z, last 2026-05-28T20:28:10Z"),
+        "{text}"
+    );
     assert_eq!(
-        rfc3339(SystemTime::UNIX_EPOCH + Duration::from_secs(1_777_630_000)),
+        rfc3339_seconds(SystemTime::UNIX_EPOCH + Duration::from_secs(1_777_630_000)).to_string(),
         "2026-05-01T10:06:40Z"
     );
+    // Before 1970 (`--since 30000d`): the epoch, not a panic.
+    let early = SystemTime::UNIX_EPOCH - Duration::from_secs(86_400);
+    assert_eq!(rfc3339_seconds(early).to_string(), "1970-01-01T00:00:00Z");
 }
 
 /// The learned file compiles with the real compiler, every request learned is allowed under
@@ -280,7 +287,7 @@ fn round_trip(requests: &[Seen]) -> Result<(), TestCaseError> {
     let policy = compile_sources_with(&[(path, text.as_str())], SecretLoading::Skip)
         .map_err(|e| TestCaseError::fail(format!("{e:?}\n{text}")))?;
     for s in requests {
-        let u = url(s.scheme, &s.host, s.port, &s.path);
+        let u = crate::policy::display_url(s.scheme, &s.host, s.port, &s.path);
         let e = explain(&policy, None, &s.method, &u)
             .map_err(|e| TestCaseError::fail(format!("{e}")))?;
         prop_assert!(

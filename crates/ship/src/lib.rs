@@ -24,6 +24,8 @@ use latchkey_metrics as metrics;
 use latchkey_secrets as secrets;
 use latchkey_signing as signing;
 use latchkey_upstream as upstream;
+use latchkey_wire as wire;
+use latchkey_wire::reason;
 
 mod target;
 mod upload;

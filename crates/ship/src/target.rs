@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::secrets::SecretValue;
+use crate::wire::host::Authority;
 
 /// Why shipping cannot start. Messages name the flag or variable, never a credential's value.
 #[derive(Debug, thiserror::Error)]
@@ -238,16 +239,12 @@ impl Endpoint {
 
     /// `host[:port]` as the `Host` header carries it (the port only when not the default).
     pub fn authority(&self) -> String {
-        let host = if self.host.contains(':') {
-            format!("[{}]", self.host)
-        } else {
-            self.host.clone()
-        };
-        if self.port == self.default_port() {
-            host
-        } else {
-            format!("{host}:{}", self.port)
+        Authority {
+            host: &self.host,
+            port: self.port,
+            default_port: Some(self.default_port()),
         }
+        .to_string()
     }
 
     /// `scheme://authority`

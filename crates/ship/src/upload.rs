@@ -95,15 +95,7 @@ pub fn hash_file(path: &Path) -> Result<Hashed, UploadError> {
     }
     Ok(Hashed {
         len,
-        sha256: hex(ctx.finish().as_ref()),
-    })
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes.iter().fold(String::with_capacity(64), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
+        sha256: hex::encode(ctx.finish()),
     })
 }
 
@@ -237,7 +229,7 @@ pub async fn ship(
         let res = client.request(req).await.map_err(|e| {
             let why = match find_upstream_error(&e) {
                 Some(u) => u.to_string(),
-                None => chain(&e),
+                None => crate::reason::chain_text(&e),
             };
             UploadError::Unreachable {
                 origin: origin.clone(),
@@ -281,21 +273,6 @@ pub async fn ship(
 /// slow 1 MiB/s still fits).
 fn attempt_timeout(len: u64) -> Duration {
     Duration::from_secs(60 + len / (1 << 20))
-}
-
-/// A client error and its causes, as one line (hyper's top message alone says little).
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        let text = c.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        cause = c.source();
-    }
-    out
 }
 
 /// The first [`MAX_ANSWER`] bytes of the store's answer (the rest is dropped).

@@ -52,18 +52,8 @@ fn bad<T>(why: impl Into<String>) -> Result<T, FramingError> {
     Err(FramingError(why.into()))
 }
 
-fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(DIGITS[usize::from(b >> 4)] as char);
-        out.push(DIGITS[usize::from(b & 0xf)] as char);
-    }
-    out
-}
-
 fn sha256_hex(data: &[u8]) -> String {
-    hex(digest::digest(&digest::SHA256, data).as_ref())
+    hex::encode(digest::digest(&digest::SHA256, data))
 }
 
 fn is_signature(v: &[u8]) -> bool {
@@ -122,7 +112,7 @@ impl ChunkSigner {
             "{algorithm}\n{}\n{}\n{}\n{payload_hash}",
             self.stamp, self.scope, self.previous
         );
-        self.previous = hex(hmac::sign(&self.key, to_sign.as_bytes()).as_ref());
+        self.previous = hex::encode(hmac::sign(&self.key, to_sign.as_bytes()));
         self.previous.clone()
     }
 

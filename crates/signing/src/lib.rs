@@ -17,6 +17,7 @@
 
 // The crates this one uses, under the module names the code knows them by.
 use latchkey_secrets as secrets;
+use latchkey_wire as wire;
 
 mod aws;
 pub mod aws_chunked;

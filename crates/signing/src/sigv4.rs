@@ -12,6 +12,7 @@ use http::HeaderMap;
 
 use super::Target;
 use crate::secrets::SecretValue;
+use crate::wire::host::Authority;
 
 /// The payload forms a sandbox's SDK may declare in `x-amz-content-sha256`, and what latchkey
 /// does with each.
@@ -160,17 +161,12 @@ pub fn sign(
     payload: SignPayload<'_>,
     content_sha256: bool,
 ) -> Result<String, String> {
-    let default_port = if t.scheme == "https" { 443 } else { 80 };
-    let host = if t.host.contains(':') {
-        format!("[{}]", t.host)
-    } else {
-        t.host.to_string()
+    let authority = Authority {
+        host: t.host,
+        port: t.port,
+        default_port: Some(if t.scheme == "https" { 443 } else { 80 }),
     };
-    let uri = if t.port == default_port {
-        format!("{}://{host}{path_and_query}", t.scheme)
-    } else {
-        format!("{}://{host}:{}{path_and_query}", t.scheme, t.port)
-    };
+    let uri = format!("{}://{authority}{path_and_query}", t.scheme);
     let credentials = Credentials::new(
         text(keys.akid, "access_key_id")?,
         text(keys.secret, "secret_access_key")?,

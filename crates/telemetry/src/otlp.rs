@@ -61,6 +61,7 @@ use tokio::sync::mpsc;
 use crate::audit::{Phase, Record, Tap};
 use crate::upstream::{self, Client, Connector, Dialer, UpstreamConfig};
 use crate::wire::cidr::Cidr;
+use crate::wire::host::{display_authority, Bracketed};
 
 /// Why the exporter could not start. Messages name the URL (never with credentials: a URL
 /// carrying any is refused).
@@ -545,17 +546,11 @@ fn int(n: u64) -> any_value::Value {
     any_value::Value::IntValue(i64::try_from(n).unwrap_or(i64::MAX))
 }
 
-/// `hex` as exactly `N` bytes, not all zero (an all-zero id is invalid in W3C trace context).
-fn id_from_hex<const N: usize>(hex: Option<&str>) -> Option<[u8; N]> {
-    let hex = hex?.as_bytes();
-    if hex.len() != 2 * N {
-        return None;
-    }
-    let digit = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+/// `text` (hex) as exactly `N` bytes, not all zero (an all-zero id is invalid in W3C trace
+/// context).
+fn id_from_hex<const N: usize>(text: Option<&str>) -> Option<[u8; N]> {
     let mut out = [0u8; N];
-    for (i, pair) in hex.chunks(2).enumerate() {
-        out[i] = (digit(pair[0])? << 4) | digit(pair[1])?;
-    }
+    hex::decode_to_slice(text?, &mut out).ok()?;
     out.iter().any(|b| *b != 0).then_some(out)
 }
 
@@ -617,15 +612,10 @@ pub fn span_of(r: &Record) -> Span {
         }
     }
     if let (Some(scheme), Some(h), Some(path)) = (r.scheme.as_deref(), host, r.path.as_deref()) {
-        let h = if h.contains(':') && !h.starts_with('[') {
-            format!("[{h}]")
-        } else {
-            h.to_string()
-        };
         let default = matches!((scheme, r.port), ("https", Some(443)) | ("http", Some(80)));
         let full = match r.port {
-            Some(p) if !default => format!("{scheme}://{h}:{p}{path}"),
-            _ => format!("{scheme}://{h}{path}"),
+            Some(p) if !default => format!("{scheme}://{}{path}", display_authority(h, p)),
+            _ => format!("{scheme}://{}{path}", Bracketed(h)),
         };
         a.push(kv(semconv::URL_FULL, string(&full)));
     }

@@ -300,13 +300,15 @@ pub fn normalize_host(raw: &str) -> Result<String, HostError> {
     Ok(host)
 }
 
-/// A host as it goes into an authority or URL: an IPv6 address in brackets, anything else as is.
+/// A host as it goes into an authority or URL: an IPv6 address in brackets, anything else (an
+/// address already in brackets too) as is. The one host bracketer: every `host:port` and URL
+/// latchkey writes goes through it, [`Authority`] or [`display_authority`].
 #[derive(Clone, Copy, Debug)]
 pub struct Bracketed<'a>(pub &'a str);
 
 impl fmt::Display for Bracketed<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0.contains(':') {
+        if self.0.contains(':') && !self.0.starts_with('[') {
             write!(f, "[{}]", self.0)
         } else {
             f.write_str(self.0)

@@ -64,6 +64,9 @@ fn authorities_bracket_ipv6_and_leave_out_only_the_default_port() {
     assert_eq!(url("fd00::1", 8443), "[fd00::1]:8443");
     assert_eq!(Bracketed("fd00::1").to_string(), "[fd00::1]");
     assert_eq!(Bracketed("example.com").to_string(), "example.com");
+    // A host already in brackets (as a record or a URL may carry it) is not bracketed twice.
+    assert_eq!(Bracketed("[fd00::1]").to_string(), "[fd00::1]");
+    assert_eq!(display_authority("[::1]", 8443), "[::1]:8443");
 }
 
 /// Property tests for the numeric-host parser, against the WHATWG URL parser

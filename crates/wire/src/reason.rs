@@ -417,14 +417,18 @@ pub fn find_cause<'a, T: std::error::Error + 'static>(
     causes(err).find_map(|e| e.downcast_ref::<T>())
 }
 
-/// `a: b: c` from an error and its sources, for a message that says what failed.
+/// `a: b: c` from an error and its sources: the one line an error is reported as, everywhere (a
+/// refusal's detail, a failed upload, the command line's last word). A cause the text already
+/// ends with is left out: a `thiserror` message that quotes its source would otherwise print it
+/// twice.
 pub fn chain_text(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = String::new();
-    for (i, e) in causes(err).enumerate() {
-        if i > 0 {
+    let mut out = err.to_string();
+    for cause in causes(err).skip(1) {
+        let cause = cause.to_string();
+        if !out.ends_with(&cause) {
             out.push_str(": ");
+            out.push_str(&cause);
         }
-        out.push_str(&e.to_string());
     }
     out
 }

@@ -56,6 +56,65 @@ pub struct Event<'a> {
     pub carried: usize,
     /// Ended by a blank line; false for what the stream ended inside.
     pub ended: bool,
+    /// The stream's first event: a byte-order mark before its first line is not part of it.
+    pub first: bool,
+}
+
+impl<'a> Event<'a> {
+    /// This event's lines as the parser read them (after the [`Event::carried`] byte), each
+    /// without its line end and with whether it is a `data` field, and the byte that ended the
+    /// event (its blank line's `\r` or `\n`; nothing for what the stream ended inside). How a
+    /// filter rewrites an event's data and keeps its other lines, never disagreeing with the
+    /// parser about which lines are data.
+    pub fn lines(&self) -> (Vec<(&'a [u8], bool)>, &'a [u8]) {
+        let raw = &self.raw[self.carried..];
+        let (body, end) = if self.ended && !raw.is_empty() {
+            raw.split_at(raw.len() - 1)
+        } else {
+            (raw, &b""[..])
+        };
+        let mut lines = Vec::new();
+        let mut push = |line: &'a [u8]| {
+            let first = self.first && lines.is_empty();
+            lines.push((line, is_data_line(line, first)));
+        };
+        let (mut start, mut i) = (0, 0);
+        while i < body.len() {
+            match body[i] {
+                b'\r' | b'\n' => {
+                    push(&body[start..i]);
+                    let crlf = body[i] == b'\r' && body.get(i + 1) == Some(&b'\n');
+                    i += if crlf { 2 } else { 1 };
+                    start = i;
+                }
+                _ => i += 1,
+            }
+        }
+        if start < body.len() {
+            push(&body[start..]);
+        }
+        (lines, end)
+    }
+}
+
+/// Whether one line is a `data` field: its name (up to a `:` or the line's end; after a
+/// byte-order mark on the stream's first line) is `data`, as [`Parser`] reads it.
+fn is_data_line(line: &[u8], first: bool) -> bool {
+    let line = match first {
+        true => line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line),
+        false => line,
+    };
+    let name = line.split(|&b| b == b':').next().unwrap_or_default();
+    field_of(name) == Field::Data
+}
+
+/// The field a name names.
+fn field_of(name: &[u8]) -> Field {
+    match name {
+        b"data" => Field::Data,
+        b"event" => Field::Event,
+        _ => Field::Other,
+    }
 }
 
 /// Where the parser is in the current line.
@@ -106,6 +165,8 @@ pub struct Parser {
     pending: bool,
     /// Feeding failed: every later call fails the same way.
     failed: Option<TooLarge>,
+    /// No event has been reported yet.
+    first_event: bool,
 }
 
 impl Parser {
@@ -129,6 +190,7 @@ impl Parser {
             carried: false,
             pending: false,
             failed: None,
+            first_event: true,
         }
     }
 
@@ -269,11 +331,7 @@ impl Parser {
         self.field = if self.name_overflow {
             Field::Other
         } else {
-            match self.field_name() {
-                b"data" => Field::Data,
-                b"event" => Field::Event,
-                _ => Field::Other,
-            }
+            field_of(self.field_name())
         };
         match self.field {
             Field::Data => {
@@ -357,7 +415,9 @@ impl Parser {
             raw,
             carried: usize::from(self.carried && !raw.is_empty()),
             ended,
+            first: self.first_event,
         };
+        self.first_event = false;
         on(event);
         if self.data.capacity() > KEEP_CAPACITY {
             self.data = Vec::new();

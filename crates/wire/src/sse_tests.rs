@@ -223,6 +223,73 @@ fn limits_hold() {
     assert!(!is_event_stream("text/event-streams"));
 }
 
+/// What [`Event::lines`] calls data, read back: its data lines' values joined with `\n`.
+fn data_of_lines(e: &Event<'_>) -> Option<Vec<u8>> {
+    let (lines, _) = e.lines();
+    let mut out: Option<Vec<u8>> = None;
+    for (i, (line, data)) in lines.into_iter().enumerate() {
+        if !data {
+            continue;
+        }
+        let line = match e.first && i == 0 {
+            true => line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line),
+            false => line,
+        };
+        let value = match line.iter().position(|&b| b == b':') {
+            Some(c) => line[c + 1..].strip_prefix(b" ").unwrap_or(&line[c + 1..]),
+            None => &[][..],
+        };
+        match &mut out {
+            Some(d) => {
+                d.push(b'\n');
+                d.extend_from_slice(value);
+            }
+            None => out = Some(value.to_vec()),
+        }
+    }
+    out
+}
+
+#[test]
+fn a_byte_order_mark_starts_a_data_line_only_on_the_first_line() {
+    let mut seen = Vec::new();
+    let mut p = Parser::new(RAW);
+    let stream = b"\xEF\xBB\xBFdata: a\n\n\xEF\xBB\xBFdata: b\n\n";
+    let mut on = |e: Event<'_>| seen.push((e.data.map(<[u8]>::to_vec), data_of_lines(&e)));
+    p.feed(stream, &mut on).expect("within the limit");
+    p.finish(&mut on).expect("within the limit");
+    assert_eq!(
+        seen,
+        vec![(Some(b"a".to_vec()), Some(b"a".to_vec())), (None, None)]
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// `Event::lines` marks as data exactly the lines the parser read the event's data from.
+    #[test]
+    fn lines_find_the_data_the_parser_reads(
+        s in stream(),
+        cuts in proptest::collection::vec(any::<usize>(), 0..8),
+    ) {
+        let mut p = Parser::new(RAW);
+        let mut seen = Vec::new();
+        let mut on = |e: Event<'_>| seen.push((e.data.map(<[u8]>::to_vec), data_of_lines(&e)));
+        let mut at = 0;
+        let mut points: Vec<usize> = cuts.iter().map(|c| c % (s.len() + 1)).collect();
+        points.sort_unstable();
+        for c in points.into_iter().chain([s.len()]) {
+            p.feed(&s[at..c], &mut on).expect("within the limit");
+            at = c;
+        }
+        p.finish(&mut on).expect("within the limit");
+        for (data, from_lines) in seen {
+            prop_assert_eq!(data, from_lines);
+        }
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 

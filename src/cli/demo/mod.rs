@@ -306,9 +306,10 @@ fn new_secret() -> Result<SecretValue, DemoError> {
     aws_lc_rs::rand::fill(raw.as_mut())
         .map_err(|_| DemoError::Setup("no randomness for the demo secret".to_string()))?;
     let mut value = Zeroizing::new(b"lk-demo-".to_vec());
-    for b in raw.iter() {
-        value.extend_from_slice(format!("{b:02x}").as_bytes());
-    }
+    let start = value.len();
+    value.resize(start + 2 * raw.len(), 0);
+    hex::encode_to_slice(raw.as_ref(), &mut value[start..])
+        .map_err(|_| DemoError::Setup("cannot write the demo secret".to_string()))?;
     Ok(SecretValue::new(value.to_vec()))
 }
 

@@ -20,7 +20,7 @@ use super::super::{Generation, Proxy};
 use super::admit::Admitted;
 use super::request::Req;
 use crate::audit::{ApprovalInfo, Entry};
-use crate::governance::approvals::{hex, Asked, Found, Key};
+use crate::governance::approvals::{Asked, Found, Key};
 use crate::governance::record::{Approval, State};
 use crate::governance::Governance;
 use crate::policy::identity::token_key;
@@ -73,7 +73,7 @@ pub(super) async fn ask(req: &mut Req<'_>) -> Result<(), Refusal> {
         )));
     };
     unambiguous(&req.head, bytes).map_err(under)?;
-    let sha = hex(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, bytes).as_ref());
+    let sha = hex::encode(aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, bytes));
     let (ctx, target) = (req.ctx, &req.target);
     let full_url = display_url(
         target.scheme,
