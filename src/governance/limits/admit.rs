@@ -59,8 +59,14 @@ impl Limiter {
         for limit in limits {
             let key = subject_key(limit.per, &who);
             if let Some(rate) = &limit.requests {
-                self.take_request(&mut admission, limit, rate, &key, now)
+                let checked = self
+                    .take_request(&mut admission, limit, rate, &key, now)
                     .await?;
+                if !checked {
+                    // The store cannot answer and the limit allows that: nothing more of
+                    // this limit is asked of it.
+                    continue;
+                }
             }
             if let Some(conc) = &limit.concurrency {
                 self.take_slot(&mut admission, limit, conc, &key, who.request_id)
@@ -102,7 +108,8 @@ impl Limiter {
         Ok(admission)
     }
 
-    /// One token from the request bucket of `limit`; a bucket that is empty refuses.
+    /// One token from the request bucket of `limit`; a bucket that is empty refuses. `false`:
+    /// the store could not answer and the limit lets the request on unchecked.
     async fn take_request(
         &self,
         admission: &mut Admission,
@@ -110,7 +117,7 @@ impl Limiter {
         rate: &crate::policy::limits::Rate,
         key: &str,
         now: SystemTime,
-    ) -> Result<(), Box<Refused>> {
+    ) -> Result<bool, Box<Refused>> {
         let store_key = format!("lim:{}:requests:{key}", limit.name);
         let burst = u64::from(rate.count);
         let taken = self.take(&store_key, burst, rate.interval()).await;
@@ -120,7 +127,7 @@ impl Limiter {
             Err(e) => {
                 let c = admission.store_failed(limit, charge, &e)?;
                 admission.charges.push(c);
-                return Ok(());
+                return Ok(false);
             }
         };
         charge.used = burst - t.remaining.min(burst);
@@ -152,7 +159,7 @@ impl Limiter {
             ));
         }
         admission.charges.push(charge);
-        Ok(())
+        Ok(true)
     }
 
     /// A concurrency slot of `limit` (waiting up to its `queue`); none free in time refuses.
