@@ -2,6 +2,9 @@
 //! value, insert it. Measured through a current-thread runtime's `block_on`, so the figure is an
 //! upper bound on the injection itself.
 
+// A benchmark may unwrap what it just built (the crate denies unwrap/expect outside tests).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use criterion::{criterion_group, criterion_main, Criterion};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use latchkey::secrets::{SecretStore, Source, Template};

@@ -17,6 +17,8 @@ use crate::reason::Reason;
 use crate::review::cases::{load_cases_dir, parse_cases, run_case};
 use crate::review::explain::{explain, Verdict};
 use crate::review::learn::{self, Caps, LearnedCase, Learner, Seen};
+mod files;
+use files::*;
 
 /// `latchkey learn` flags.
 #[derive(clap::Args, Debug)]
@@ -77,11 +79,62 @@ pub fn run(args: &LearnArgs) -> anyhow::Result<ExitCode> {
         .tests
         .clone()
         .unwrap_or_else(|| args.policies.join("tests").join("learned.toml"));
-    for (path, mark) in [(&out_path, POLICY_MARK), (&tests_path, CASES_MARK)] {
+    may_replace(args, &out_path, &tests_path)?;
+    let mut current = match Current::read(args, &out_path)? {
+        Ok(current) => current,
+        Err(failed) => return Ok(failed),
+    };
+    let identities: BTreeSet<String> = current
+        .policy
+        .iter()
+        .flat_map(|p| p.identities().iter().map(|i| i.name.clone()))
+        .collect();
+    check_identities(args, &identities)?;
+    let (learner, tally) = read_log(args, &identities, current.policy.as_ref())?;
+    let proposal = propose(args, learner, &current);
+    if proposal.rules.is_empty() {
+        println!("nothing to learn: every request read is already allowed, filtered out or not learnable; no file written");
+        return Ok(tally.exit());
+    }
+    let header = header(args, &tally);
+    let learned_text = learn::render_policy(&header, &proposal.rules);
+    let edited = grant(&mut current, &proposal)?;
+    let new_policy = compile_with(args, &current.sources, &out_path, &learned_text)?;
+    let (cases, cases_text) = learned_cases(args, &new_policy, &proposal, &out_path, &tests_path)?;
+    warn_existing_cases(&args.policies, &tests_path, &new_policy);
+
+    let mut writes: Vec<(PathBuf, String)> = vec![
+        (out_path.clone(), learned_text),
+        (tests_path.clone(), cases_text),
+    ];
+    writes.extend(edited);
+    if args.dry_run {
+        for (path, text) in &writes {
+            println!("# ---- {}", path.display());
+            print!("{text}");
+        }
+    } else {
+        for (path, text) in &writes {
+            write_file(path, text)?;
+        }
+    }
+    report(
+        args,
+        &proposal,
+        (&out_path, &tests_path),
+        &writes,
+        cases.len(),
+    );
+    Ok(tally.exit())
+}
+
+/// `--force` replaces what learn wrote, never a file a person wrote; without it, nothing is
+/// replaced.
+fn may_replace(args: &LearnArgs, out_path: &Path, tests_path: &Path) -> anyhow::Result<()> {
+    for (path, mark) in [(out_path, POLICY_MARK), (tests_path, CASES_MARK)] {
         if !path.exists() {
             continue;
         }
-        // --force replaces what learn wrote, never a file a person wrote.
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read {}", path.display()))?;
         if !text.starts_with(mark) {
@@ -97,41 +150,63 @@ pub fn run(args: &LearnArgs) -> anyhow::Result<ExitCode> {
             );
         }
     }
+    Ok(())
+}
 
-    // The current policy, without the file a --force run replaces (and without its rule
-    // names in identities' `rules`, which the new file's names replace).
-    // A directory with no policy yet (or none at all): the learned file is the first one.
-    let mut sources = match PolicySources::read_dir(&args.policies) {
-        Ok(s) => s,
-        Err(LoadError::Empty(_)) => PolicySources::default(),
-        Err(LoadError::Dir { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
-            PolicySources::default()
-        }
-        Err(e) => return Ok(load_failed(&args.policies, e)),
-    };
-    let replaced = same_file_index(&sources, &out_path);
-    let mut old_names = BTreeSet::new();
-    if let Some(i) = replaced {
-        let (path, text) = sources.files.remove(i);
-        old_names = rule_names(&path, &text)?;
-        for (path, text) in &mut sources.files {
-            if let Some(edited) = edit_identity_rules(path, text, &BTreeMap::new(), &old_names)? {
-                *text = edited;
+/// The current policy, without the file a --force run replaces (and without its rule names in
+/// identities' `rules`, which the new file's names replace).
+struct Current {
+    sources: PolicySources,
+    /// The index the replaced file had in the sources, if one is replaced.
+    replaced: Option<usize>,
+    /// The rule names the replaced file had.
+    old_names: BTreeSet<String>,
+    /// `None`: a directory with no policy yet (or none at all): the learned file is the first.
+    policy: Option<Policy>,
+}
+
+impl Current {
+    /// Reads the policy directory; `Err` is the exit of a policy that does not load.
+    fn read(args: &LearnArgs, out_path: &Path) -> anyhow::Result<Result<Current, ExitCode>> {
+        let mut sources = match PolicySources::read_dir(&args.policies) {
+            Ok(s) => s,
+            Err(LoadError::Empty(_)) => PolicySources::default(),
+            Err(LoadError::Dir { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                PolicySources::default()
+            }
+            Err(e) => return Ok(Err(load_failed(&args.policies, e))),
+        };
+        let replaced = same_file_index(&sources, out_path);
+        let mut old_names = BTreeSet::new();
+        if let Some(i) = replaced {
+            let (path, text) = sources.files.remove(i);
+            old_names = rule_names(&path, &text)?;
+            for (path, text) in &mut sources.files {
+                if let Some(edited) = edit_identity_rules(path, text, &BTreeMap::new(), &old_names)?
+                {
+                    *text = edited;
+                }
             }
         }
+        let policy = if sources.files.is_empty() {
+            None
+        } else {
+            match sources.compile(SecretLoading::Skip) {
+                Ok(p) => Some(p),
+                Err(e) => return Ok(Err(load_failed(&args.policies, e))),
+            }
+        };
+        Ok(Ok(Current {
+            sources,
+            replaced,
+            old_names,
+            policy,
+        }))
     }
-    let policy = if sources.files.is_empty() {
-        None
-    } else {
-        match sources.compile(SecretLoading::Skip) {
-            Ok(p) => Some(p),
-            Err(e) => return Ok(load_failed(&args.policies, e)),
-        }
-    };
-    let identities: BTreeSet<String> = policy
-        .iter()
-        .flat_map(|p| p.identities().iter().map(|i| i.name.clone()))
-        .collect();
+}
+
+/// Every `--identity` names an identity the policy defines.
+fn check_identities(args: &LearnArgs, identities: &BTreeSet<String>) -> anyhow::Result<()> {
     for name in &args.identity {
         let known = if identities.is_empty() {
             name == DEFAULT_IDENTITY
@@ -152,8 +227,15 @@ pub fn run(args: &LearnArgs) -> anyhow::Result<ExitCode> {
             );
         }
     }
+    Ok(())
+}
 
-    // Read the log: one row per request.
+/// Reads the log, one row per request, into a learner; the tally says what became of each.
+fn read_log(
+    args: &LearnArgs,
+    identities: &BTreeSet<String>,
+    policy: Option<&Policy>,
+) -> anyhow::Result<(Learner, Tally)> {
     let mut reader = Reader::open(&args.files)?;
     let mut requests = Requests::new(
         Rows::PerRequest,
@@ -182,7 +264,7 @@ pub fn run(args: &LearnArgs) -> anyhow::Result<ExitCode> {
         }
         for row in rows.drain(..) {
             tally.rows += 1;
-            match learnable(&row, args, &identities, policy.as_ref()) {
+            match learnable(&row, args, identities, policy) {
                 Ok(seen) => {
                     tally.learned += 1;
                     learner.add(seen);
@@ -204,14 +286,19 @@ pub fn run(args: &LearnArgs) -> anyhow::Result<ExitCode> {
             learner.dropped
         );
     }
+    Ok((learner, tally))
+}
 
-    let mut taken: BTreeSet<String> = policy
+/// The learner's proposal, named apart from the policy's rules (a --force run reuses the
+/// names it replaces); what was seen too rarely is said on stderr.
+fn propose(args: &LearnArgs, learner: Learner, current: &Current) -> learn::Proposal {
+    let mut taken: BTreeSet<String> = current
+        .policy
         .iter()
         .flat_map(|p| p.rules().iter().map(|r| r.name.clone()))
         .collect();
-    taken.extend(old_names.iter().cloned());
-    // A --force run reuses the names it replaces.
-    for name in &old_names {
+    taken.extend(current.old_names.iter().cloned());
+    for name in &current.old_names {
         taken.remove(name);
     }
     let proposal = learner.propose(args.min_count, &taken);
@@ -227,14 +314,16 @@ pub fn run(args: &LearnArgs) -> anyhow::Result<ExitCode> {
             identity_suffix(&r.identity)
         );
     }
-    if proposal.rules.is_empty() {
-        println!("nothing to learn: every request read is already allowed, filtered out or not learnable; no file written");
-        return Ok(tally.exit());
-    }
+    proposal
+}
 
-    // The new files, and the identities that must be granted the new rules.
-    let header = header(args, &tally);
-    let learned_text = learn::render_policy(&header, &proposal.rules);
+/// Grants the new rules to the identities they are for, in the policy's files: the files
+/// edited (with those a --force run edited to drop the replaced names, even when nothing is
+/// granted).
+fn grant(
+    current: &mut Current,
+    proposal: &learn::Proposal,
+) -> anyhow::Result<Vec<(PathBuf, String)>> {
     let mut grants: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for r in &proposal.rules {
         if r.identity != DEFAULT_IDENTITY {
@@ -245,42 +334,59 @@ pub fn run(args: &LearnArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let mut edited: Vec<(PathBuf, String)> = Vec::new();
-    for (path, text) in &mut sources.files {
+    for (path, text) in &mut current.sources.files {
         if let Some(new_text) = edit_identity_rules(path, text, &grants, &BTreeSet::new())? {
             *text = new_text;
             edited.push((path.clone(), text.clone()));
         }
     }
-    // Files the --force run edited to drop the replaced names, even when nothing is granted.
-    if replaced.is_some() {
-        for (path, text) in &sources.files {
+    if current.replaced.is_some() {
+        for (path, text) in &current.sources.files {
             let on_disk = std::fs::read_to_string(path).unwrap_or_default();
             if &on_disk != text && !edited.iter().any(|(p, _)| p == path) {
                 edited.push((path.clone(), text.clone()));
             }
         }
     }
+    Ok(edited)
+}
+
+/// The policy with the learned file added: it must compile (else learn has a bug).
+fn compile_with(
+    args: &LearnArgs,
+    sources: &PolicySources,
+    out_path: &Path,
+    learned_text: &str,
+) -> anyhow::Result<Policy> {
     let mut files = sources.files.clone();
-    files.push((out_path.clone(), learned_text.clone()));
-    let new_policy = match PolicySources::from_files(&args.policies, files)
+    files.push((out_path.to_path_buf(), learned_text.to_string()));
+    match PolicySources::from_files(&args.policies, files)
         .and_then(|s| s.compile(SecretLoading::Skip))
     {
-        Ok(p) => p,
+        Ok(p) => Ok(p),
         Err(e) => {
             anyhow::bail!(
                 "the learned rules do not compile with the policy (a bug in learn; nothing written):\n{}",
                 load_error_text(&e)
             )
         }
-    };
+    }
+}
 
-    // Cases: what was seen is allowed (under the rule that decides it), what is just outside
-    // is denied.
+/// Cases: what was seen is allowed (under the rule that decides it), what is just outside is
+/// denied; rendered, read back and run against the new policy (each must pass).
+fn learned_cases(
+    args: &LearnArgs,
+    new_policy: &Policy,
+    proposal: &learn::Proposal,
+    out_path: &Path,
+    tests_path: &Path,
+) -> anyhow::Result<(Vec<LearnedCase>, String)> {
     let learned_names: BTreeSet<&str> = proposal.rules.iter().map(|r| r.name.as_str()).collect();
     let mut cases: Vec<LearnedCase> = Vec::new();
     for rule in &proposal.rules {
         for mut c in learn::cases_for(rule) {
-            let e = explain(&new_policy, c.identity.as_deref(), &c.method, &c.url)
+            let e = explain(new_policy, c.identity.as_deref(), &c.method, &c.url)
                 .with_context(|| format!("case {:?}", c.name))?;
             match (c.allow, e.allowed(), e.rule.as_deref()) {
                 (true, true, Some(r)) if learned_names.contains(r) || args.all => {
@@ -302,8 +408,8 @@ pub fn run(args: &LearnArgs) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    let cases_text = learn::render_cases(&cases_header(&out_path), &cases);
-    let parsed = parse_cases(&tests_path, &cases_text, &new_policy).map_err(|problems| {
+    let cases_text = learn::render_cases(&cases_header(out_path), &cases);
+    let parsed = parse_cases(tests_path, &cases_text, new_policy).map_err(|problems| {
         anyhow::anyhow!(
             "self-check: the learned cases do not read (a bug in learn; nothing written):\n{}",
             problems
@@ -314,7 +420,7 @@ pub fn run(args: &LearnArgs) -> anyhow::Result<ExitCode> {
         )
     })?;
     for case in &parsed {
-        let run = run_case(&new_policy, case);
+        let run = run_case(new_policy, case);
         if !run.passed() {
             anyhow::bail!(
                 "self-check: learned case {:?} fails: {} (a bug in learn; nothing written)",
@@ -323,23 +429,18 @@ pub fn run(args: &LearnArgs) -> anyhow::Result<ExitCode> {
             );
         }
     }
-    warn_existing_cases(&args.policies, &tests_path, &new_policy);
+    Ok((cases, cases_text))
+}
 
-    let mut writes: Vec<(PathBuf, String)> = vec![
-        (out_path.clone(), learned_text),
-        (tests_path.clone(), cases_text),
-    ];
-    writes.extend(edited);
-    if args.dry_run {
-        for (path, text) in &writes {
-            println!("# ---- {}", path.display());
-            print!("{text}");
-        }
-    } else {
-        for (path, text) in &writes {
-            write_file(path, text)?;
-        }
-    }
+/// Says what was learned (a line per rule on stdout) and written (on stderr), and which
+/// learned rules allow writes, for review.
+fn report(
+    args: &LearnArgs,
+    proposal: &learn::Proposal,
+    (out_path, tests_path): (&Path, &Path),
+    writes: &[(PathBuf, String)],
+    cases: usize,
+) {
     for r in &proposal.rules {
         let ports: Vec<String> = r.ports.iter().map(u16::to_string).collect();
         println!(
@@ -359,8 +460,8 @@ pub fn run(args: &LearnArgs) -> anyhow::Result<ExitCode> {
         proposal.rules.len(),
         plural(proposal.rules.len()),
         tests_path.display(),
-        cases.len(),
-        plural(cases.len())
+        cases,
+        plural(cases)
     );
     for (path, _) in writes.iter().skip(2) {
         eprintln!(
@@ -379,7 +480,6 @@ pub fn run(args: &LearnArgs) -> anyhow::Result<ExitCode> {
             );
         }
     }
-    Ok(tally.exit())
 }
 
 fn plural(n: usize) -> &'static str {
@@ -608,157 +708,6 @@ fn cases_header(out: &Path) -> Vec<String> {
         "requests just outside them: a method not seen, a sibling path, another port (deny)."
             .to_string(),
     ]
-}
-
-/// The index in `sources` of `path`, if it is one of the policy's files.
-fn same_file_index(sources: &PolicySources, path: &Path) -> Option<usize> {
-    let want = std::fs::canonicalize(path).ok()?;
-    sources
-        .files
-        .iter()
-        .position(|(p, _)| std::fs::canonicalize(p).is_ok_and(|c| c == want))
-}
-
-/// The `name`s of the `[[rules]]` in a policy file.
-fn rule_names(path: &Path, text: &str) -> anyhow::Result<BTreeSet<String>> {
-    let doc: toml_edit::DocumentMut = text
-        .parse()
-        .with_context(|| format!("{}: not TOML", path.display()))?;
-    Ok(doc
-        .get("rules")
-        .and_then(|r| r.as_array_of_tables())
-        .map(|rules| {
-            rules
-                .iter()
-                .filter_map(|t| t.get("name").and_then(|n| n.as_str()).map(String::from))
-                .collect()
-        })
-        .unwrap_or_default())
-}
-
-/// `text` with each `[identities.NAME] rules` array granted `grants[NAME]` and stripped of
-/// `drop`, comments and layout kept; `None` when nothing changed. An identity with
-/// `rules = ["*"]` already has every rule.
-fn edit_identity_rules(
-    path: &Path,
-    text: &str,
-    grants: &BTreeMap<String, Vec<String>>,
-    drop: &BTreeSet<String>,
-) -> anyhow::Result<Option<String>> {
-    if !text.contains("identities") {
-        return Ok(None);
-    }
-    let mut doc: toml_edit::DocumentMut = text
-        .parse()
-        .with_context(|| format!("{}: not TOML", path.display()))?;
-    let mut changed = false;
-    let Some(idents) = doc
-        .get_mut("identities")
-        .and_then(|t| t.as_table_like_mut())
-    else {
-        return Ok(None);
-    };
-    for (name, item) in idents.iter_mut() {
-        let Some(rules) = item
-            .as_table_like_mut()
-            .and_then(|t| t.get_mut("rules"))
-            .and_then(|r| r.as_array_mut())
-        else {
-            continue;
-        };
-        let before = rules.len();
-        rules.retain(|v| v.as_str().is_none_or(|s| !drop.contains(s)));
-        changed |= rules.len() != before;
-        let all = rules.iter().any(|v| v.as_str() == Some("*"));
-        if let Some(new) = grants.get(name.get()) {
-            if !all {
-                // A list written one name per line gets the new names first, each on its own
-                // line, so a comment after the last name stays where it was.
-                let line_prefix = rules
-                    .iter()
-                    .next()
-                    .and_then(|v| v.decor().prefix())
-                    .and_then(|p| p.as_str())
-                    .filter(|p| p.contains('\n'))
-                    .map(str::to_string);
-                let mut at = 0;
-                for n in new {
-                    if rules.iter().any(|v| v.as_str() == Some(n.as_str())) {
-                        continue;
-                    }
-                    changed = true;
-                    match &line_prefix {
-                        Some(prefix) => {
-                            let mut v = toml_edit::Value::from(n.as_str());
-                            v.decor_mut().set_prefix(prefix.as_str());
-                            v.decor_mut().set_suffix("");
-                            rules.insert_formatted(at, v);
-                            at += 1;
-                        }
-                        None => rules.push(n.as_str()),
-                    }
-                }
-            }
-        }
-    }
-    Ok(changed.then(|| doc.to_string()))
-}
-
-/// Existing cases the learned rules change: said, so the reviewer sees it before `latchkey
-/// test` does.
-fn warn_existing_cases(policies: &Path, learned_cases: &Path, policy: &Policy) {
-    let dir = policies.join("tests");
-    let Ok((cases, _)) = load_cases_dir(&dir, policy) else {
-        return;
-    };
-    let replaced = std::fs::canonicalize(learned_cases).ok();
-    for case in cases {
-        if replaced.is_some() && std::fs::canonicalize(&case.file).ok() == replaced {
-            continue;
-        }
-        let run = run_case(policy, &case);
-        if !run.passed() {
-            eprintln!(
-                "latchkey: warning: {}: case {:?} fails with the learned rules: {}",
-                case.location(),
-                case.name,
-                run.failures.join("; ")
-            );
-        }
-    }
-}
-
-/// Writes `text` to `path` whole (a temporary file renamed over it), creating its directory.
-fn write_file(path: &Path, text: &str) -> anyhow::Result<()> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create directory {}", dir.display()))?;
-    }
-    let tmp = path.with_extension("toml.learn-tmp");
-    std::fs::write(&tmp, text).with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))?;
-    Ok(())
-}
-
-fn load_error_text(e: &LoadError) -> String {
-    match e {
-        LoadError::Invalid(problems) => problems
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join("\n"),
-        other => other.to_string(),
-    }
-}
-
-/// The policy did not load: its problems on stderr, exit 1.
-fn load_failed(dir: &Path, e: LoadError) -> ExitCode {
-    eprintln!("{}", load_error_text(&e));
-    eprintln!(
-        "latchkey: error: the policy in {} does not load; learn adds to a policy that does",
-        dir.display()
-    );
-    ExitCode::from(1)
 }
 
 #[cfg(test)]

@@ -6,6 +6,9 @@
 //! (or did not reach) the upstream, and on the audit record; every audit line any test reads is
 //! checked against the record schema (`support::audit`).
 
+// A test may unwrap what it just built (the crate denies unwrap/expect outside tests).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 mod approvals;
@@ -105,3 +108,6 @@ mod docs_book;
 
 // The module layering, checked against the source.
 mod layering;
+
+// File and function sizes, checked against the source.
+mod size;

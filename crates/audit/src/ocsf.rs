@@ -49,7 +49,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use super::record::{ApprovalInfo, LimitCharge, UsageInfo};
+use super::record::{ApprovalInfo, DnsInfo, LimitCharge, UsageInfo};
 use super::{Phase, Record};
 use crate::wire::host::{display_authority, Bracketed};
 
@@ -510,18 +510,7 @@ fn event(r: &Record) -> Event<'_> {
     let outcome = r.phase == Phase::Outcome;
     let allowed = r.decision == "allow";
     let method = r.method.as_deref().unwrap_or("");
-    let (activity_id, activity_name): (u32, Cow<'_, str>) = match class {
-        Class::Http => match http_activity(method) {
-            (99, _) => (99, Cow::Borrowed(method)),
-            (id, name) => (id, Cow::Borrowed(name)),
-        },
-        Class::Network if allowed => (6, Cow::Borrowed("Traffic")),
-        Class::Network => (5, Cow::Borrowed("Refuse")),
-        Class::Dns => match r.dns.as_ref().and_then(|d| d.rcode) {
-            Some(_) => (6, Cow::Borrowed("Traffic")),
-            None => (1, Cow::Borrowed("Query")),
-        },
-    };
+    let (activity_id, activity_name) = activity(class, r, allowed, method);
     let time = epoch_ms(r.ts);
     let end = time.saturating_add(r.duration_ms);
     let (severity_id, severity) = if allowed && !r.would_deny {
@@ -543,23 +532,7 @@ fn event(r: &Record) -> Event<'_> {
         (true, true) => (1, "Allowed", 15, "Detected"),
         (false, _) => (2, "Denied", 2, "Blocked"),
     };
-    let trace = match (class, r.trace_id.as_deref()) {
-        (Class::Http, Some(uid)) => Some(Trace {
-            uid,
-            span: r.span_id.as_deref().filter(|_| outcome).map(|span| Span {
-                uid: span,
-                parent_uid: r.parent_span_id.as_deref(),
-                operation: match r.host.as_deref() {
-                    Some(h) => format!("{method} {h}"),
-                    None => method.to_string(),
-                },
-                start_time: time,
-                end_time: end,
-                duration: r.duration_ms,
-            }),
-        }),
-        _ => None,
-    };
+    let trace = trace_of(r, class, method, (time, end));
     let mut profiles = vec!["host", "security_control"];
     if trace.is_some() {
         profiles.push("trace");
@@ -606,22 +579,7 @@ fn event(r: &Record) -> Event<'_> {
         disposition_id,
         disposition,
         message,
-        metadata: Metadata {
-            version: OCSF_VERSION,
-            product: Product {
-                name: "latchkey",
-                vendor_name: "latchkey",
-                version: env!("CARGO_PKG_VERSION"),
-            },
-            uid: match r.phase {
-                Phase::Outcome => Cow::Borrowed(&r.id),
-                Phase::Decision => Cow::Owned(format!("{}.decision", r.id)),
-            },
-            correlation_uid: &r.id,
-            log_name: "audit",
-            profiles,
-            labels: r.labels.iter().map(|(k, v)| format!("{k}={v}")).collect(),
-        },
+        metadata: metadata(r, profiles),
         actor: Actor {
             user: User {
                 name: &r.identity,
@@ -645,17 +603,7 @@ fn event(r: &Record) -> Event<'_> {
             hostname,
             qtype: dns.and_then(|d| d.qtype.as_deref()),
         }),
-        answers: dns
-            .map(|d| {
-                d.answer
-                    .iter()
-                    .map(|a| DnsAnswer {
-                        rdata: a,
-                        rtype: if a.contains(':') { "AAAA" } else { "A" },
-                    })
-                    .collect()
-            })
-            .unwrap_or_default(),
+        answers: dns.map(answers).unwrap_or_default(),
         rcode_id,
         rcode: rcode_name,
         traffic: (outcome && class != Class::Dns).then(|| Traffic {
@@ -669,29 +617,117 @@ fn event(r: &Record) -> Event<'_> {
             name: "latchkey policy",
         }),
         trace,
-        unmapped: Unmapped {
-            phase: r.phase,
-            decision: r.decision,
-            reason: r.reason,
-            rule: r.rule.as_deref(),
-            method: (class == Class::Http && !standard).then_some(method),
-            secrets: &r.secrets,
-            policy: &r.policy,
-            reach: r.reach.as_deref(),
-            labels: &r.labels,
-            session: r.session.as_deref(),
-            step: r.step.as_deref(),
-            attempt: r.attempt,
-            would_deny: r.would_deny,
-            redactions: r.redactions,
-            limits: &r.limits,
-            usage: r.usage.as_ref(),
-            websocket: r.websocket.as_ref(),
-            mcp: r.mcp.as_ref(),
-            approval: r.approval.as_ref(),
-            dns_transport: dns.map(|d| d.transport),
-            dns_queries: dns.map(|d| d.queries),
+        unmapped: unmapped(
+            r,
+            (class == Class::Http && !standard).then_some(method),
+            dns,
+        ),
+    }
+}
+
+/// The event's activity: the HTTP method (99 for one OCSF does not name), traffic or a
+/// refusal, a DNS query or its answer.
+fn activity<'r>(
+    class: Class,
+    r: &'r Record,
+    allowed: bool,
+    method: &'r str,
+) -> (u32, Cow<'r, str>) {
+    match class {
+        Class::Http => match http_activity(method) {
+            (99, _) => (99, Cow::Borrowed(method)),
+            (id, name) => (id, Cow::Borrowed(name)),
         },
+        Class::Network if allowed => (6, Cow::Borrowed("Traffic")),
+        Class::Network => (5, Cow::Borrowed("Refuse")),
+        Class::Dns => match r.dns.as_ref().and_then(|d| d.rcode) {
+            Some(_) => (6, Cow::Borrowed("Traffic")),
+            None => (1, Cow::Borrowed("Query")),
+        },
+    }
+}
+
+/// The trace an HTTP record is part of, with its span on the outcome.
+fn trace_of<'r>(
+    r: &'r Record,
+    class: Class,
+    method: &'r str,
+    (time, end): (u64, u64),
+) -> Option<Trace<'r>> {
+    let outcome = r.phase == Phase::Outcome;
+    match (class, r.trace_id.as_deref()) {
+        (Class::Http, Some(uid)) => Some(Trace {
+            uid,
+            span: r.span_id.as_deref().filter(|_| outcome).map(|span| Span {
+                uid: span,
+                parent_uid: r.parent_span_id.as_deref(),
+                operation: match r.host.as_deref() {
+                    Some(h) => format!("{method} {h}"),
+                    None => method.to_string(),
+                },
+                start_time: time,
+                end_time: end,
+                duration: r.duration_ms,
+            }),
+        }),
+        _ => None,
+    }
+}
+
+fn metadata<'r>(r: &'r Record, profiles: Vec<&'static str>) -> Metadata<'r> {
+    Metadata {
+        version: OCSF_VERSION,
+        product: Product {
+            name: "latchkey",
+            vendor_name: "latchkey",
+            version: env!("CARGO_PKG_VERSION"),
+        },
+        uid: match r.phase {
+            Phase::Outcome => Cow::Borrowed(&r.id),
+            Phase::Decision => Cow::Owned(format!("{}.decision", r.id)),
+        },
+        correlation_uid: &r.id,
+        log_name: "audit",
+        profiles,
+        labels: r.labels.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+    }
+}
+
+fn answers(d: &DnsInfo) -> Vec<DnsAnswer<'_>> {
+    d.answer
+        .iter()
+        .map(|a| DnsAnswer {
+            rdata: a,
+            rtype: if a.contains(':') { "AAAA" } else { "A" },
+        })
+        .collect()
+}
+
+/// latchkey's own fields, which OCSF has no place for; `method` is a non-standard HTTP
+/// method's name.
+fn unmapped<'r>(r: &'r Record, method: Option<&'r str>, dns: Option<&'r DnsInfo>) -> Unmapped<'r> {
+    Unmapped {
+        phase: r.phase,
+        decision: r.decision,
+        reason: r.reason,
+        rule: r.rule.as_deref(),
+        method,
+        secrets: &r.secrets,
+        policy: &r.policy,
+        reach: r.reach.as_deref(),
+        labels: &r.labels,
+        session: r.session.as_deref(),
+        step: r.step.as_deref(),
+        attempt: r.attempt,
+        would_deny: r.would_deny,
+        redactions: r.redactions,
+        limits: &r.limits,
+        usage: r.usage.as_ref(),
+        websocket: r.websocket.as_ref(),
+        mcp: r.mcp.as_ref(),
+        approval: r.approval.as_ref(),
+        dns_transport: dns.map(|d| d.transport),
+        dns_queries: dns.map(|d| d.queries),
     }
 }
 

@@ -219,13 +219,14 @@ pub fn files_in_order(inputs: &[PathBuf]) -> Result<Vec<PathBuf>, VerifyError> {
 /// Verifies the chain across `files` (already in chain order: [`files_in_order`]) with
 /// `trusted` as the only key whose checkpoints count.
 pub fn verify(files: &[PathBuf], trusted: &PublicKey) -> Result<Report, VerifyError> {
-    let mut report = Report {
-        files: files.to_vec(),
-        ..Report::default()
+    let mut walk = Walk {
+        report: Report {
+            files: files.to_vec(),
+            ..Report::default()
+        },
+        prev: None,
+        last_was_clean_checkpoint: false,
     };
-    // The previous line's seq and hash, and where it was.
-    let mut prev: Option<(u64, String, PathBuf, usize)> = None;
-    let mut last_was_clean_checkpoint = false;
     for file in files {
         let f = std::fs::File::open(file).map_err(|source| VerifyError::Read {
             path: file.clone(),
@@ -246,14 +247,8 @@ pub fn verify(files: &[PathBuf], trusted: &PublicKey) -> Result<Report, VerifyEr
                 break;
             }
             n += 1;
-            let whole = buf.last() == Some(&b'\n');
-            let line = if whole {
-                &buf[..buf.len() - 1]
-            } else {
-                &buf[..]
-            };
-            if !whole {
-                report.problem(
+            let Some(line) = buf.strip_suffix(b"\n") else {
+                walk.report.problem(
                     Kind::Truncated,
                     file,
                     n,
@@ -264,139 +259,165 @@ pub fn verify(files: &[PathBuf], trusted: &PublicKey) -> Result<Report, VerifyEr
                     ),
                 );
                 break;
-            }
-            report.lines += 1;
-            let hash = line_hash(line);
-            let head: Option<Head> = serde_json::from_slice(line).ok();
-            if head.is_none() && sealed_torn_write(line, prev.as_ref(), report.last_seq.is_none()) {
-                report.problem(
-                    Kind::TornWrite,
-                    file,
-                    n,
-                    None,
-                    format!(
-                        "{}:{n} is a write cut short (a full disk?) that latchkey sealed and skipped: the chain goes on from the line before it",
-                        file.display()
-                    ),
-                );
-                // The chain does not count it: the next line links to the one before.
-                continue;
-            }
-            let Some(head) = head else {
-                report.problem(
-                    Kind::Edited,
-                    file,
-                    n,
-                    None,
-                    format!(
-                        "{}:{n} is not a chained audit line (not JSON, or no seq/prev): edited",
-                        file.display()
-                    ),
-                );
-                // Resynchronise on the next line, whatever its seq.
-                prev = None;
-                last_was_clean_checkpoint = false;
-                continue;
             };
-            let seq = head.seq;
-            report.first_seq.get_or_insert(seq);
-            match &prev {
-                None if report.last_seq.is_none() => {
-                    if seq == 1 && head.prev != GENESIS {
-                        report.problem(
-                            Kind::Edited,
-                            file,
-                            n,
-                            Some(seq),
-                            format!(
-                                "{}:{n}: seq 1 does not start from the genesis hash: edited",
-                                file.display()
-                            ),
-                        );
-                    } else if seq > 1 {
-                        report.starts_mid_chain = true;
-                    }
-                }
-                None => {}
-                Some((pseq, phash, pfile, pline)) => {
-                    let expected = pseq + 1;
-                    if seq == expected {
-                        if head.prev != *phash {
-                            report.problem(
-                                Kind::Edited,
-                                pfile,
-                                *pline,
-                                Some(*pseq),
-                                format!(
-                                    "seq {pseq} ({}:{pline}) was edited: its hash is not the prev of seq {seq} ({}:{n})",
-                                    pfile.display(),
-                                    file.display()
-                                ),
-                            );
-                        }
-                    } else if seq > expected {
-                        let last_missing = seq - 1;
-                        let range = if last_missing == expected {
-                            format!("seq {expected} is")
-                        } else {
-                            format!("seq {expected} to {last_missing} are")
-                        };
-                        report.problem(
-                            Kind::Deleted,
-                            file,
-                            n,
-                            Some(seq),
-                            format!(
-                                "{range} missing before {}:{n} (seq {seq}): deleted",
-                                file.display()
-                            ),
-                        );
-                    } else {
-                        report.problem(
-                            Kind::Reordered,
-                            file,
-                            n,
-                            Some(seq),
-                            format!(
-                                "{}:{n} has seq {seq} after seq {pseq}: reordered or duplicated",
-                                file.display()
-                            ),
-                        );
-                    }
-                }
+            walk.line(file, n, line, trusted);
+        }
+    }
+    let mut report = walk.report;
+    report.ended_cleanly = walk.last_was_clean_checkpoint;
+    report.verdict = report.conclude();
+    Ok(report)
+}
+
+/// Where [`verify`] is along the chain.
+struct Walk {
+    report: Report,
+    /// The previous line's seq and hash, and where it was.
+    prev: Option<(u64, String, PathBuf, usize)>,
+    last_was_clean_checkpoint: bool,
+}
+
+impl Walk {
+    /// One whole line, `n` of `file`.
+    fn line(&mut self, file: &Path, n: usize, line: &[u8], trusted: &PublicKey) {
+        self.report.lines += 1;
+        let hash = line_hash(line);
+        let head: Option<Head> = serde_json::from_slice(line).ok();
+        if head.is_none()
+            && sealed_torn_write(line, self.prev.as_ref(), self.report.last_seq.is_none())
+        {
+            self.report.problem(
+                Kind::TornWrite,
+                file,
+                n,
+                None,
+                format!(
+                    "{}:{n} is a write cut short (a full disk?) that latchkey sealed and skipped: the chain goes on from the line before it",
+                    file.display()
+                ),
+            );
+            // The chain does not count it: the next line links to the one before.
+            return;
+        }
+        let Some(head) = head else {
+            self.report.problem(
+                Kind::Edited,
+                file,
+                n,
+                None,
+                format!(
+                    "{}:{n} is not a chained audit line (not JSON, or no seq/prev): edited",
+                    file.display()
+                ),
+            );
+            // Resynchronise on the next line, whatever its seq.
+            self.prev = None;
+            self.last_was_clean_checkpoint = false;
+            return;
+        };
+        let seq = head.seq;
+        self.report.first_seq.get_or_insert(seq);
+        self.link(file, n, &head);
+        self.last_was_clean_checkpoint = false;
+        if let Some(cp) = &head.checkpoint {
+            self.report.checkpoints += 1;
+            let message = checkpoint_message(seq, &head.prev, &cp.ts, cp.records, cp.last);
+            if trusted.verifies(message.as_bytes(), &cp.sig) {
+                self.report.signed_through = Some(seq);
+                self.report.unsigned_tail = 0;
+                self.last_was_clean_checkpoint = cp.last;
+            } else {
+                let (kind, by) = foreign_or_bad(&cp.key, message.as_bytes(), &cp.sig, trusted);
+                self.report.problem(
+                    kind,
+                    file,
+                    n,
+                    Some(seq),
+                    format!(
+                        "{}:{n}: the checkpoint at seq {seq} does not verify: {by}",
+                        file.display()
+                    ),
+                );
+                self.report.unsigned_tail += 1;
             }
-            last_was_clean_checkpoint = false;
-            if let Some(cp) = &head.checkpoint {
-                report.checkpoints += 1;
-                let message = checkpoint_message(seq, &head.prev, &cp.ts, cp.records, cp.last);
-                if trusted.verifies(message.as_bytes(), &cp.sig) {
-                    report.signed_through = Some(seq);
-                    report.unsigned_tail = 0;
-                    last_was_clean_checkpoint = cp.last;
-                } else {
-                    let (kind, by) = foreign_or_bad(&cp.key, message.as_bytes(), &cp.sig, trusted);
+        } else {
+            self.report.unsigned_tail += 1;
+        }
+        self.report.last_seq = Some(seq);
+        self.prev = Some((seq, hash, file.to_path_buf(), n));
+    }
+
+    /// Whether line `n` of `file` links to the line before it: the next seq, chained to its
+    /// hash (else edited, deleted before it, or reordered).
+    fn link(&mut self, file: &Path, n: usize, head: &Head) {
+        let seq = head.seq;
+        let report = &mut self.report;
+        match &self.prev {
+            None if report.last_seq.is_none() => {
+                if seq == 1 && head.prev != GENESIS {
                     report.problem(
-                        kind,
+                        Kind::Edited,
                         file,
                         n,
                         Some(seq),
                         format!(
-                            "{}:{n}: the checkpoint at seq {seq} does not verify: {by}",
+                            "{}:{n}: seq 1 does not start from the genesis hash: edited",
                             file.display()
                         ),
                     );
-                    report.unsigned_tail += 1;
+                } else if seq > 1 {
+                    report.starts_mid_chain = true;
                 }
-            } else {
-                report.unsigned_tail += 1;
             }
-            report.last_seq = Some(seq);
-            prev = Some((seq, hash, file.clone(), n));
+            None => {}
+            Some((pseq, phash, pfile, pline)) => {
+                let expected = pseq + 1;
+                if seq == expected {
+                    if head.prev != *phash {
+                        report.problem(
+                            Kind::Edited,
+                            pfile,
+                            *pline,
+                            Some(*pseq),
+                            format!(
+                                "seq {pseq} ({}:{pline}) was edited: its hash is not the prev of seq {seq} ({}:{n})",
+                                pfile.display(),
+                                file.display()
+                            ),
+                        );
+                    }
+                } else if seq > expected {
+                    let last_missing = seq - 1;
+                    let range = if last_missing == expected {
+                        format!("seq {expected} is")
+                    } else {
+                        format!("seq {expected} to {last_missing} are")
+                    };
+                    report.problem(
+                        Kind::Deleted,
+                        file,
+                        n,
+                        Some(seq),
+                        format!(
+                            "{range} missing before {}:{n} (seq {seq}): deleted",
+                            file.display()
+                        ),
+                    );
+                } else {
+                    report.problem(
+                        Kind::Reordered,
+                        file,
+                        n,
+                        Some(seq),
+                        format!(
+                            "{}:{n} has seq {seq} after seq {pseq}: reordered or duplicated",
+                            file.display()
+                        ),
+                    );
+                }
+            }
         }
     }
-    report.ended_cleanly = last_was_clean_checkpoint;
-    report.verdict = report.conclude();
-    Ok(report)
 }
 
 /// Why a checkpoint does not verify under `trusted`: signed by the key it names when that is

@@ -358,6 +358,32 @@ where
 
 impl Collector for Snapshot {
     fn encode(&self, mut e: DescriptorEncoder) -> std::fmt::Result {
+        self.encode_requests(&mut e)?;
+        for (name, help, v) in self.counters {
+            counter(&mut e, name, help, v)?;
+        }
+        gauge(
+            &mut e,
+            "latchkey_audit_healthy",
+            "1 while the audit log can be written; 0 while traffic is refused because it cannot.",
+            self.audit_healthy,
+        )?;
+        if let Some(s) = &self.ship {
+            encode_ship(s, &mut e)?;
+        }
+        counter(
+            &mut e,
+            "latchkey_secret_fetches",
+            "Secret values fetched or refreshed from exec helpers.",
+            self.secret_fetches,
+        )?;
+        self.encode_gauges(&mut e)
+    }
+}
+
+impl Snapshot {
+    /// Requests by decision, their latency, TLS handshakes and the certificate cache.
+    fn encode_requests(&self, e: &mut DescriptorEncoder) -> std::fmt::Result {
         let mut requests = e.encode_descriptor(
             "latchkey_requests",
             "Requests and refused connections, by decision, reason, rule and identity.",
@@ -374,7 +400,7 @@ impl Collector for Snapshot {
             ConstCounter::new(s.count).encode(requests.encode_family(&labels)?)?;
         }
         counter(
-            &mut e,
+            e,
             "latchkey_report_only_would_deny",
             "Requests allowed by report-only mode that enforcement would deny.",
             self.would_deny,
@@ -388,73 +414,36 @@ impl Collector for Snapshot {
         )?
         .encode_histogram::<NoLabelSet>(*sum, *count, buckets, None)?;
         by_result(
-            &mut e,
+            e,
             "latchkey_tls_handshakes",
             "TLS handshakes with sandboxes, by result.",
             [("ok", self.tls_ok), ("failed", self.tls_failed)],
         )?;
         by_result(
-            &mut e,
+            e,
             "latchkey_cert_cache",
             "Leaf certificate cache lookups, by result.",
             [("hit", self.cert_hits), ("miss", self.cert_misses)],
-        )?;
-        for (name, help, v) in self.counters {
-            counter(&mut e, name, help, v)?;
-        }
-        gauge(
-            &mut e,
-            "latchkey_audit_healthy",
-            "1 while the audit log can be written; 0 while traffic is refused because it cannot.",
-            self.audit_healthy,
-        )?;
-        if let Some(s) = &self.ship {
-            gauge(
-                &mut e,
-                "latchkey_audit_ship_pending_segments",
-                "Closed audit segments not yet shipped (--audit-ship).",
-                s.pending_segments,
-            )?;
-            gauge(
-                &mut e,
-                "latchkey_audit_ship_pending_bytes",
-                "Bytes of closed audit segments not yet shipped.",
-                s.pending_bytes,
-            )?;
-            gauge(
-                &mut e,
-                "latchkey_audit_ship_oldest_pending_age_seconds",
-                "Seconds since the oldest unshipped segment closed (0 when none waits).",
-                s.oldest_age_seconds,
-            )?;
-            by_result(
-                &mut e,
-                "latchkey_audit_ship_uploads",
-                "Audit segment uploads, by result.",
-                [("ok", s.ok), ("failed", s.failed)],
-            )?;
-        }
-        counter(
-            &mut e,
-            "latchkey_secret_fetches",
-            "Secret values fetched or refreshed from exec helpers.",
-            self.secret_fetches,
-        )?;
+        )
+    }
+
+    /// The gauges: connections, uptime, the policy in force, and each limit counter charged.
+    fn encode_gauges(&self, e: &mut DescriptorEncoder) -> std::fmt::Result {
         let g = &self.gauges;
         gauge(
-            &mut e,
+            e,
             "latchkey_connections_active",
             "Sandbox connections open now.",
             g.connections_active,
         )?;
         gauge(
-            &mut e,
+            e,
             "latchkey_uptime_seconds",
             "Seconds since latchkey started.",
             g.uptime_seconds,
         )?;
         gauge(
-            &mut e,
+            e,
             "latchkey_policy_rules",
             "Rules in the policy in force.",
             g.policy_rules,
@@ -468,32 +457,61 @@ impl Collector for Snapshot {
         let labels = [("digest", g.policy_info.as_str())];
         ConstGauge::new(1u64).encode(info.encode_family(&labels)?)?;
         // Present once a limit has been charged (a policy without [limits] adds nothing).
-        if !g.limits.is_empty() {
-            for (name, help, pick) in [
-                (
-                    "latchkey_limit_used",
-                    "A [limits] counter's use in its current window (requests taken from the bucket, requests in flight, bytes, tokens, micro-USD), by limit, measure and key.",
-                    (|l: &LimitGauge| l.used) as fn(&LimitGauge) -> u64,
-                ),
-                (
-                    "latchkey_limit_remaining",
-                    "What a [limits] counter has left in its current window, by limit, measure and key.",
-                    |l: &LimitGauge| l.remaining,
-                ),
-            ] {
-                let mut family = e.encode_descriptor(name, help, None, MetricType::Gauge)?;
-                for l in &g.limits {
-                    let labels = [
-                        ("limit", l.limit.as_str()),
-                        ("measure", l.measure),
-                        ("key", l.key.as_str()),
-                    ];
-                    ConstGauge::new(pick(l)).encode(family.encode_family(&labels)?)?;
-                }
+        if g.limits.is_empty() {
+            return Ok(());
+        }
+        for (name, help, pick) in [
+            (
+                "latchkey_limit_used",
+                "A [limits] counter's use in its current window (requests taken from the bucket, requests in flight, bytes, tokens, micro-USD), by limit, measure and key.",
+                (|l: &LimitGauge| l.used) as fn(&LimitGauge) -> u64,
+            ),
+            (
+                "latchkey_limit_remaining",
+                "What a [limits] counter has left in its current window, by limit, measure and key.",
+                |l: &LimitGauge| l.remaining,
+            ),
+        ] {
+            let mut family = e.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            for l in &g.limits {
+                let labels = [
+                    ("limit", l.limit.as_str()),
+                    ("measure", l.measure),
+                    ("key", l.key.as_str()),
+                ];
+                ConstGauge::new(pick(l)).encode(family.encode_family(&labels)?)?;
             }
         }
         Ok(())
     }
+}
+
+/// The audit shipper's backlog and uploads (`--audit-ship`).
+fn encode_ship(s: &ShipSample, e: &mut DescriptorEncoder) -> std::fmt::Result {
+    gauge(
+        e,
+        "latchkey_audit_ship_pending_segments",
+        "Closed audit segments not yet shipped (--audit-ship).",
+        s.pending_segments,
+    )?;
+    gauge(
+        e,
+        "latchkey_audit_ship_pending_bytes",
+        "Bytes of closed audit segments not yet shipped.",
+        s.pending_bytes,
+    )?;
+    gauge(
+        e,
+        "latchkey_audit_ship_oldest_pending_age_seconds",
+        "Seconds since the oldest unshipped segment closed (0 when none waits).",
+        s.oldest_age_seconds,
+    )?;
+    by_result(
+        e,
+        "latchkey_audit_ship_uploads",
+        "Audit segment uploads, by result.",
+        [("ok", s.ok), ("failed", s.failed)],
+    )
 }
 
 #[cfg(test)]

@@ -6,9 +6,45 @@ use std::ops::Range;
 use http::HeaderName;
 
 use super::compile::FileCx;
-use super::schema::RawCredential;
+use super::schema::{RawAssumeRole, RawCredential};
 use crate::secrets::Source;
 use crate::signing::{Credential, JwtAlg, JwtClaim, Kind as CredentialKind};
+
+/// Receives each key-material source a credential names: its internal key, span and source.
+type Register<'r> = &'r mut dyn FnMut(String, Range<usize>, Source);
+
+/// `credentials.NAME.FIELD`, as errors name a credential's key.
+fn field(name: &str, f: &str) -> String {
+    format!("credentials.{name}.{f}")
+}
+
+/// Which keys each kind takes: (required, optional); key-material keys are sources. `None`
+/// for an unknown kind.
+fn keys_of(kind: &str) -> Option<(&'static [&'static str], &'static [&'static str])> {
+    Some(match kind {
+        "aws_sigv4" => (
+            &["access_key_id", "secret_access_key"],
+            &[
+                "session_token",
+                "region",
+                "service",
+                "max_signed_body",
+                "assume_role",
+            ],
+        ),
+        "github_app" => (
+            &["app_id", "installation_id", "private_key"],
+            &["api", "permissions", "repositories"],
+        ),
+        "google_service_account" => (&["key", "scopes"], &["token_uri"]),
+        "oauth2_client_credentials" => (
+            &["token_url", "client_id", "client_secret"],
+            &["scope", "audience"],
+        ),
+        "jwt" => (&["alg", "key"], &["ttl", "header", "claims"]),
+        _ => return None,
+    })
+}
 
 impl FileCx<'_> {
     /// Validates one `[credentials.NAME]`; `register` receives each key-material source.
@@ -19,188 +55,47 @@ impl FileCx<'_> {
         mut register: impl FnMut(String, Range<usize>, Source),
     ) -> Option<Credential> {
         let before = self.errors.len();
-        let field = |f: &str| format!("credentials.{name}.{f}");
         // A missing kind was reported while reading; without it no other key can be judged.
         let raw_kind = raw.kind.as_ref()?;
         let kind = raw_kind.get_ref().clone();
-        // Which keys each kind takes: (required, optional); key-material keys are sources.
-        let (required, optional): (&[&str], &[&str]) = match kind.as_str() {
-            "aws_sigv4" => (
-                &["access_key_id", "secret_access_key"],
-                &[
-                    "session_token",
-                    "region",
-                    "service",
-                    "max_signed_body",
-                    "assume_role",
-                ],
-            ),
-            "github_app" => (
-                &["app_id", "installation_id", "private_key"],
-                &["api", "permissions", "repositories"],
-            ),
-            "google_service_account" => (&["key", "scopes"], &["token_uri"]),
-            "oauth2_client_credentials" => (
-                &["token_url", "client_id", "client_secret"],
-                &["scope", "audience"],
-            ),
-            "jwt" => (&["alg", "key"], &["ttl", "header", "claims"]),
-            other => {
-                self.error(
-                    raw_kind.span(),
-                    format!("{}: unknown kind {other:?}: use aws_sigv4, github_app, google_service_account, oauth2_client_credentials or jwt", field("kind")),
-                );
-                return None;
-            }
+        let Some((required, optional)) = keys_of(&kind) else {
+            self.error(
+                raw_kind.span(),
+                format!("{}: unknown kind {kind:?}: use aws_sigv4, github_app, google_service_account, oauth2_client_credentials or jwt", field(name, "kind")),
+            );
+            return None;
         };
-        let present = &raw.keys;
-        for (k, span) in present {
+        for (k, span) in &raw.keys {
             if !required.contains(k) && !optional.contains(k) {
                 self.error(
                     span.clone(),
-                    format!("{}: does not apply to kind {kind:?}", field(k)),
+                    format!("{}: does not apply to kind {kind:?}", field(name, k)),
                 );
             }
         }
         for r in required {
-            if !present.iter().any(|(k, _)| k == r) {
+            if !raw.keys.iter().any(|(k, _)| k == r) {
                 self.error(
                     raw_kind.span(),
-                    format!("{}: kind {kind:?} needs {r}", field(r)),
+                    format!("{}: kind {kind:?} needs {r}", field(name, r)),
                 );
             }
         }
-        // Key material: a secret source, never the value itself.
-        let mut source = |cx: &mut Self, f: &str, v: &Option<toml::Spanned<String>>| {
-            if let Some(v) = v {
-                match Source::parse(
-                    v.get_ref(),
-                    std::time::Duration::from_secs(300),
-                    std::time::Duration::from_secs(10),
-                ) {
-                    Ok(src) => register(crate::signing::field_key(name, f), v.span(), src),
-                    Err(e) => cx.error(
-                        v.span(),
-                        format!("{}: {e} (key material is never written inline)", field(f)),
-                    ),
-                }
-            }
-        };
-        let url = |cx: &mut Self, f: &str, v: &Option<toml::Spanned<String>>| -> Option<String> {
-            let v = v.as_ref()?;
-            match http::Uri::try_from(v.get_ref().as_str()) {
-                Ok(u) if u.scheme_str() == Some("https") && u.host().is_some() => {
-                    Some(v.get_ref().clone())
-                }
-                _ => {
-                    cx.error(
-                        v.span(),
-                        format!("{}: {:?} is not an https:// URL", field(f), v.get_ref()),
-                    );
-                    None
-                }
-            }
-        };
+        let register: Register<'_> = &mut register;
         let compiled = match kind.as_str() {
-            "aws_sigv4" => {
-                source(self, "access_key_id", &raw.access_key_id);
-                source(self, "secret_access_key", &raw.secret_access_key);
-                source(self, "session_token", &raw.session_token);
-                let max = match &raw.max_signed_body {
-                    None => crate::wire::limits::SCAN_LIMIT,
-                    Some(m) => match usize::try_from(*m.get_ref()) {
-                        Ok(v) if v <= crate::wire::limits::SCAN_LIMIT => v,
-                        _ => {
-                            self.error(m.span(), format!("{}: must be 0 to {} bytes (latchkey buffers at most that much)", field("max_signed_body"), crate::wire::limits::SCAN_LIMIT));
-                            0
-                        }
-                    },
-                };
-                let assume_role = raw.assume_role.map(|a| {
-                    let span = a.span();
-                    let a = a.into_inner();
-                    // A missing role_arn was reported while reading.
-                    let role_arn = a.role_arn.unwrap_or_default();
-                    if !role_arn.is_empty() && !role_arn.starts_with("arn:") {
-                        self.error(
-                            span.clone(),
-                            format!(
-                                "{}: role_arn {:?} is not an ARN",
-                                field("assume_role"),
-                                role_arn
-                            ),
-                        );
-                    }
-                    let duration = match a.duration.as_deref().map(humantime::parse_duration) {
-                        None => std::time::Duration::from_secs(3600),
-                        Some(Ok(d)) if (900..=43200).contains(&d.as_secs()) => d,
-                        Some(_) => {
-                            self.error(
-                                span.clone(),
-                                format!("{}: duration must be 15m to 12h", field("assume_role")),
-                            );
-                            std::time::Duration::from_secs(3600)
-                        }
-                    };
-                    let endpoint = a
-                        .sts_endpoint
-                        .unwrap_or_else(|| "https://sts.amazonaws.com".to_string());
-                    if http::Uri::try_from(endpoint.as_str()).map_or(true, |u| {
-                        u.scheme_str() != Some("https") || u.host().is_none()
-                    }) {
-                        self.error(
-                            span.clone(),
-                            format!(
-                                "{}: sts_endpoint {endpoint:?} is not an https:// URL",
-                                field("assume_role")
-                            ),
-                        );
-                    }
-                    crate::signing::AssumeRole {
-                        role_arn,
-                        session_name: a.session_name.unwrap_or_else(|| "latchkey".to_string()),
-                        duration,
-                        external_id: a.external_id,
-                        sts_endpoint: endpoint,
-                        sts_region: a.sts_region.unwrap_or_else(|| "us-east-1".to_string()),
-                    }
-                });
-                CredentialKind::AwsSigV4 {
-                    assume_role,
-                    region: raw.region.map(|r| r.into_inner()),
-                    service: raw.service.map(|r| r.into_inner()),
-                    has_session_token: raw.session_token.is_some(),
-                    max_signed_body: max,
-                }
-            }
-            "github_app" => {
-                source(self, "private_key", &raw.private_key);
-                let api = match &raw.api {
-                    None => Some("https://api.github.com".to_string()),
-                    Some(_) => url(self, "api", &raw.api),
-                };
-                CredentialKind::GithubApp {
-                    app_id: raw.app_id.map(|v| v.into_inner()).unwrap_or_default(),
-                    installation_id: raw
-                        .installation_id
-                        .map(|v| v.into_inner())
-                        .unwrap_or_default(),
-                    api: api.unwrap_or_default(),
-                    permissions: raw.permissions.map(|v| v.into_inner()),
-                    repositories: raw.repositories.map(|v| v.into_inner()),
-                }
-            }
+            "aws_sigv4" => self.aws_sigv4(name, raw, register),
+            "github_app" => self.github_app(name, raw, register),
             "google_service_account" => {
-                source(self, "key", &raw.key);
-                let token_uri = url(self, "token_uri", &raw.token_uri);
+                self.key_source(name, "key", &raw.key, register);
+                let token_uri = self.https_url(name, "token_uri", &raw.token_uri);
                 CredentialKind::GoogleServiceAccount {
                     scopes: raw.scopes.map(|v| v.into_inner()).unwrap_or_default(),
                     token_uri,
                 }
             }
             "oauth2_client_credentials" => {
-                source(self, "client_secret", &raw.client_secret);
-                let token_url = url(self, "token_url", &raw.token_url);
+                self.key_source(name, "client_secret", &raw.client_secret, register);
+                let token_url = self.https_url(name, "token_url", &raw.token_url);
                 CredentialKind::OAuth2ClientCredentials {
                     token_url: token_url.unwrap_or_default(),
                     client_id: raw.client_id.map(|v| v.into_inner()).unwrap_or_default(),
@@ -208,72 +103,7 @@ impl FileCx<'_> {
                     audience: raw.audience.map(|v| v.into_inner()),
                 }
             }
-            _ => {
-                source(self, "key", &raw.key);
-                let alg = raw.alg.as_ref().and_then(|a| {
-                    let parsed = JwtAlg::parse(a.get_ref());
-                    if parsed.is_none() {
-                        self.error(
-                            a.span(),
-                            format!(
-                                "{}: {:?} is not RS256, ES256, HS256 or EdDSA",
-                                field("alg"),
-                                a.get_ref()
-                            ),
-                        );
-                    }
-                    parsed
-                });
-                let ttl =
-                    raw.ttl
-                        .as_ref()
-                        .and_then(|t| match humantime::parse_duration(t.get_ref()) {
-                            Ok(d) if !d.is_zero() => Some(d),
-                            _ => {
-                                self.error(
-                                    t.span(),
-                                    format!(
-                                        "{}: {:?} is not a duration like \"5m\"",
-                                        field("ttl"),
-                                        t.get_ref()
-                                    ),
-                                );
-                                None
-                            }
-                        });
-                let header = match &raw.header {
-                    None => Some(http::header::AUTHORIZATION),
-                    Some(h) => match HeaderName::from_bytes(h.get_ref().as_bytes()) {
-                        Ok(n) => Some(n),
-                        Err(_) => {
-                            self.error(
-                                h.span(),
-                                format!(
-                                    "{}: invalid header name {:?}",
-                                    field("header"),
-                                    h.get_ref()
-                                ),
-                            );
-                            None
-                        }
-                    },
-                };
-                let mut claims = Vec::new();
-                for (k, span, json) in raw.claims.map(|c| c.into_inner()).unwrap_or_default() {
-                    match JwtClaim::parse(json) {
-                        Ok(claim) => claims.push((k, claim)),
-                        Err(e) => {
-                            self.error(span, format!("{}: claim {k:?}: {e}", field("claims")))
-                        }
-                    }
-                }
-                CredentialKind::Jwt {
-                    alg: alg.unwrap_or(JwtAlg::Hs256),
-                    ttl,
-                    header: header.unwrap_or(http::header::AUTHORIZATION),
-                    claims,
-                }
-            }
+            _ => self.jwt(name, raw, register),
         };
         if self.errors.len() > before {
             return None;
@@ -282,5 +112,239 @@ impl FileCx<'_> {
             name: name.to_string(),
             kind: compiled,
         })
+    }
+
+    /// Key material: a secret source, never the value itself.
+    fn key_source(
+        &mut self,
+        name: &str,
+        f: &str,
+        v: &Option<toml::Spanned<String>>,
+        register: Register<'_>,
+    ) {
+        let Some(v) = v else {
+            return;
+        };
+        match Source::parse(
+            v.get_ref(),
+            std::time::Duration::from_secs(300),
+            std::time::Duration::from_secs(10),
+        ) {
+            Ok(src) => register(crate::signing::field_key(name, f), v.span(), src),
+            Err(e) => self.error(
+                v.span(),
+                format!(
+                    "{}: {e} (key material is never written inline)",
+                    field(name, f)
+                ),
+            ),
+        }
+    }
+
+    /// An `https://` URL with a host, or an error.
+    fn https_url(
+        &mut self,
+        name: &str,
+        f: &str,
+        v: &Option<toml::Spanned<String>>,
+    ) -> Option<String> {
+        let v = v.as_ref()?;
+        match http::Uri::try_from(v.get_ref().as_str()) {
+            Ok(u) if u.scheme_str() == Some("https") && u.host().is_some() => {
+                Some(v.get_ref().clone())
+            }
+            _ => {
+                self.error(
+                    v.span(),
+                    format!(
+                        "{}: {:?} is not an https:// URL",
+                        field(name, f),
+                        v.get_ref()
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    fn aws_sigv4(
+        &mut self,
+        name: &str,
+        raw: RawCredential,
+        register: Register<'_>,
+    ) -> CredentialKind {
+        self.key_source(name, "access_key_id", &raw.access_key_id, register);
+        self.key_source(name, "secret_access_key", &raw.secret_access_key, register);
+        self.key_source(name, "session_token", &raw.session_token, register);
+        let max = match &raw.max_signed_body {
+            None => crate::wire::limits::SCAN_LIMIT,
+            Some(m) => match usize::try_from(*m.get_ref()) {
+                Ok(v) if v <= crate::wire::limits::SCAN_LIMIT => v,
+                _ => {
+                    self.error(
+                        m.span(),
+                        format!(
+                            "{}: must be 0 to {} bytes (latchkey buffers at most that much)",
+                            field(name, "max_signed_body"),
+                            crate::wire::limits::SCAN_LIMIT
+                        ),
+                    );
+                    0
+                }
+            },
+        };
+        let assume_role = raw.assume_role.map(|a| self.assume_role(name, a));
+        CredentialKind::AwsSigV4 {
+            assume_role,
+            region: raw.region.map(|r| r.into_inner()),
+            service: raw.service.map(|r| r.into_inner()),
+            has_session_token: raw.session_token.is_some(),
+            max_signed_body: max,
+        }
+    }
+
+    fn assume_role(
+        &mut self,
+        name: &str,
+        a: toml::Spanned<RawAssumeRole>,
+    ) -> crate::signing::AssumeRole {
+        let span = a.span();
+        let a = a.into_inner();
+        // A missing role_arn was reported while reading.
+        let role_arn = a.role_arn.unwrap_or_default();
+        if !role_arn.is_empty() && !role_arn.starts_with("arn:") {
+            self.error(
+                span.clone(),
+                format!(
+                    "{}: role_arn {:?} is not an ARN",
+                    field(name, "assume_role"),
+                    role_arn
+                ),
+            );
+        }
+        let duration = match a.duration.as_deref().map(humantime::parse_duration) {
+            None => std::time::Duration::from_secs(3600),
+            Some(Ok(d)) if (900..=43200).contains(&d.as_secs()) => d,
+            Some(_) => {
+                self.error(
+                    span.clone(),
+                    format!(
+                        "{}: duration must be 15m to 12h",
+                        field(name, "assume_role")
+                    ),
+                );
+                std::time::Duration::from_secs(3600)
+            }
+        };
+        let endpoint = a
+            .sts_endpoint
+            .unwrap_or_else(|| "https://sts.amazonaws.com".to_string());
+        if http::Uri::try_from(endpoint.as_str()).map_or(true, |u| {
+            u.scheme_str() != Some("https") || u.host().is_none()
+        }) {
+            self.error(
+                span.clone(),
+                format!(
+                    "{}: sts_endpoint {endpoint:?} is not an https:// URL",
+                    field(name, "assume_role")
+                ),
+            );
+        }
+        crate::signing::AssumeRole {
+            role_arn,
+            session_name: a.session_name.unwrap_or_else(|| "latchkey".to_string()),
+            duration,
+            external_id: a.external_id,
+            sts_endpoint: endpoint,
+            sts_region: a.sts_region.unwrap_or_else(|| "us-east-1".to_string()),
+        }
+    }
+
+    fn github_app(
+        &mut self,
+        name: &str,
+        raw: RawCredential,
+        register: Register<'_>,
+    ) -> CredentialKind {
+        self.key_source(name, "private_key", &raw.private_key, register);
+        let api = match &raw.api {
+            None => Some("https://api.github.com".to_string()),
+            Some(_) => self.https_url(name, "api", &raw.api),
+        };
+        CredentialKind::GithubApp {
+            app_id: raw.app_id.map(|v| v.into_inner()).unwrap_or_default(),
+            installation_id: raw
+                .installation_id
+                .map(|v| v.into_inner())
+                .unwrap_or_default(),
+            api: api.unwrap_or_default(),
+            permissions: raw.permissions.map(|v| v.into_inner()),
+            repositories: raw.repositories.map(|v| v.into_inner()),
+        }
+    }
+
+    fn jwt(&mut self, name: &str, raw: RawCredential, register: Register<'_>) -> CredentialKind {
+        self.key_source(name, "key", &raw.key, register);
+        let alg = raw.alg.as_ref().and_then(|a| {
+            let parsed = JwtAlg::parse(a.get_ref());
+            if parsed.is_none() {
+                self.error(
+                    a.span(),
+                    format!(
+                        "{}: {:?} is not RS256, ES256, HS256 or EdDSA",
+                        field(name, "alg"),
+                        a.get_ref()
+                    ),
+                );
+            }
+            parsed
+        });
+        let ttl = raw
+            .ttl
+            .as_ref()
+            .and_then(|t| match humantime::parse_duration(t.get_ref()) {
+                Ok(d) if !d.is_zero() => Some(d),
+                _ => {
+                    self.error(
+                        t.span(),
+                        format!(
+                            "{}: {:?} is not a duration like \"5m\"",
+                            field(name, "ttl"),
+                            t.get_ref()
+                        ),
+                    );
+                    None
+                }
+            });
+        let header = match &raw.header {
+            None => Some(http::header::AUTHORIZATION),
+            Some(h) => match HeaderName::from_bytes(h.get_ref().as_bytes()) {
+                Ok(n) => Some(n),
+                Err(_) => {
+                    self.error(
+                        h.span(),
+                        format!(
+                            "{}: invalid header name {:?}",
+                            field(name, "header"),
+                            h.get_ref()
+                        ),
+                    );
+                    None
+                }
+            },
+        };
+        let mut claims = Vec::new();
+        for (k, span, json) in raw.claims.map(|c| c.into_inner()).unwrap_or_default() {
+            match JwtClaim::parse(json) {
+                Ok(claim) => claims.push((k, claim)),
+                Err(e) => self.error(span, format!("{}: claim {k:?}: {e}", field(name, "claims"))),
+            }
+        }
+        CredentialKind::Jwt {
+            alg: alg.unwrap_or(JwtAlg::Hs256),
+            ttl,
+            header: header.unwrap_or(http::header::AUTHORIZATION),
+            claims,
+        }
     }
 }

@@ -167,6 +167,46 @@ impl FileCx<'_> {
         let llm_tokens = value(self, at("llm_tokens"), &raw.llm_tokens, parse_tokens);
         let spend = value(self, at("spend"), &raw.spend, parse_spend);
 
+        let (max, queue) = self.concurrency(field, &raw);
+        let reserve_tokens = self.reserve_tokens(field, &raw);
+        // Written, valid or not: a mistyped measure is reported as that, not as a missing one.
+        let any = raw.keys.iter().any(|k| {
+            matches!(
+                *k,
+                "requests" | "concurrency" | "bytes_up" | "llm_tokens" | "spend"
+            )
+        });
+        if !any {
+            self.error(
+                entry.span.clone(),
+                format!("{field}: a limit needs at least one of requests, concurrency, bytes_up, llm_tokens or spend"),
+            );
+        }
+        if !entry.complete || self.errors.len() > before {
+            return None;
+        }
+        Some(Limit {
+            name: name.to_string(),
+            per: per.unwrap_or(Per::Identity),
+            requests,
+            concurrency: max.map(|max| Concurrency {
+                max,
+                queue: queue.unwrap_or_default(),
+            }),
+            bytes_up,
+            llm_tokens,
+            spend,
+            on_store_error: on_store_error.unwrap_or(OnStoreError::Deny),
+            reserve_tokens: reserve_tokens?,
+            include_usage: raw.include_usage.is_some_and(|i| *i.get_ref()),
+            origin,
+        })
+    }
+
+    /// `concurrency` (1 to [`MAX_CONCURRENCY`]) and its `queue` (at most [`MAX_QUEUE`]; zero
+    /// without one).
+    fn concurrency(&mut self, field: &str, raw: &RawLimit) -> (Option<u32>, Option<Duration>) {
+        let at = |key: &str| format!("{field}.{key}");
         let max = raw
             .concurrency
             .as_ref()
@@ -218,6 +258,13 @@ impl FileCx<'_> {
                 }
             },
         };
+        (max, queue)
+    }
+
+    /// `reserve_tokens` (and `include_usage`), which only a limit metering model-provider
+    /// usage (`llm_tokens` or `spend`) takes.
+    fn reserve_tokens(&mut self, field: &str, raw: &RawLimit) -> Option<u64> {
+        let at = |key: &str| format!("{field}.{key}");
         let meters_llm = raw.llm_tokens.is_some() || raw.spend.is_some();
         let needs_llm = |key: &str| {
             format!(
@@ -249,38 +296,7 @@ impl FileCx<'_> {
         if let (Some(i), false) = (&raw.include_usage, meters_llm) {
             self.error(i.span(), needs_llm("include_usage"));
         }
-        // Written, valid or not: a mistyped measure is reported as that, not as a missing one.
-        let any = raw.keys.iter().any(|k| {
-            matches!(
-                *k,
-                "requests" | "concurrency" | "bytes_up" | "llm_tokens" | "spend"
-            )
-        });
-        if !any {
-            self.error(
-                entry.span.clone(),
-                format!("{field}: a limit needs at least one of requests, concurrency, bytes_up, llm_tokens or spend"),
-            );
-        }
-        if !entry.complete || self.errors.len() > before {
-            return None;
-        }
-        Some(Limit {
-            name: name.to_string(),
-            per: per.unwrap_or(Per::Identity),
-            requests,
-            concurrency: max.map(|max| Concurrency {
-                max,
-                queue: queue.unwrap_or_default(),
-            }),
-            bytes_up,
-            llm_tokens,
-            spend,
-            on_store_error: on_store_error.unwrap_or(OnStoreError::Deny),
-            reserve_tokens: reserve_tokens?,
-            include_usage: raw.include_usage.is_some_and(|i| *i.get_ref()),
-            origin,
-        })
+        reserve_tokens
     }
 
     /// Validates one `[prices."MODEL"]`; `None` if it has a problem (recorded).

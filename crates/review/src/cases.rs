@@ -285,161 +285,12 @@ fn validate(
     policy: &Policy,
 ) -> Option<Case> {
     let before = cx.errors.len();
-    let at = |field: &str| format!("cases[{index}].{field}");
-    let expect = match raw.expect.get_ref().as_str() {
-        "allow" => Some(Verdict::Allow),
-        "deny" => Some(Verdict::Deny),
-        "ask" => Some(Verdict::Ask),
-        other => {
-            cx.error(
-                raw.expect.span(),
-                format!(
-                    "{}: {other:?} is not \"allow\", \"deny\" or \"ask\"",
-                    at("expect")
-                ),
-            );
-            None
-        }
-    };
-    if let Some(r) = &raw.ask_rule {
-        let name = r.get_ref();
-        let rule = policy.rules().iter().find(|rule| &rule.name == name);
-        let why = if expect.is_some_and(|e| e != Verdict::Ask) {
-            Some("only a case with expect = \"ask\" has an asking rule".to_string())
-        } else if name == crate::policy::ask::UNKNOWN {
-            None
-        } else {
-            match rule {
-                None => Some(format!(
-                    "unknown rule {name:?}{} (\"unknown\" names [ask] unknown = true)",
-                    crate::policy::did_you_mean(
-                        name,
-                        policy.rules().iter().map(|r| r.name.as_str())
-                    )
-                )),
-                Some(rule) if rule.ask.is_none() => Some(format!("rule {name:?} has no ask")),
-                Some(_) => None,
-            }
-        };
-        if let Some(why) = why {
-            cx.error(r.span(), format!("{}: {why}", at("ask_rule")));
-        }
-    }
-    let reason = raw.reason.as_ref().and_then(|r| {
-        let found = Reason::ALL.iter().copied().find(|c| c.code() == r.get_ref());
-        if found.is_none() {
-            cx.error(
-                r.span(),
-                format!(
-                    "{}: unknown reason code {:?}; policy decisions use allowed, tunnel, no_rule, port_not_allowed, method_not_allowed, path_not_allowed, identity_not_allowed, scheme_not_allowed, credential_needs_tls, proxy_auth_required, userinfo_in_url, ambiguous_path",
-                    at("reason"),
-                    r.get_ref()
-                ),
-            );
-        }
-        found
-    });
-    if let Some(r) = &raw.rule {
-        if !policy.rules().iter().any(|rule| &rule.name == r.get_ref()) {
-            cx.error(
-                r.span(),
-                format!(
-                    "{}: unknown rule {:?}{}",
-                    at("rule"),
-                    r.get_ref(),
-                    crate::policy::did_you_mean(
-                        r.get_ref(),
-                        policy.rules().iter().map(|r| r.name.as_str())
-                    )
-                ),
-            );
-        }
-    }
-    if let (Some(s), Some(Verdict::Deny)) = (&raw.secrets, expect) {
-        cx.error(
-            s.span(),
-            format!(
-                "{}: a denied request binds no secret; remove secrets or expect = \"allow\"",
-                at("secrets")
-            ),
-        );
-    }
-    if let Some(c) = &raw.credential {
-        if expect == Some(Verdict::Deny) {
-            cx.error(
-                c.span(),
-                format!(
-                    "{}: a denied request uses no credential; remove credential or expect = \"allow\"",
-                    at("credential")
-                ),
-            );
-        } else if policy.credential(c.get_ref()).is_none() {
-            cx.error(
-                c.span(),
-                format!(
-                    "{}: unknown credential {:?}{}",
-                    at("credential"),
-                    c.get_ref(),
-                    crate::policy::did_you_mean(
-                        c.get_ref(),
-                        policy.credentials().map(|c| c.name.as_str())
-                    )
-                ),
-            );
-        }
-    }
-    for (i, l) in raw
-        .limits
-        .iter()
-        .flat_map(|l| l.get_ref().iter())
-        .enumerate()
-    {
-        if policy.limit(l.get_ref()).is_none() {
-            cx.error(
-                l.span(),
-                format!(
-                    "{}: unknown limit {:?}{}",
-                    at(&format!("limits[{i}]")),
-                    l.get_ref(),
-                    crate::policy::did_you_mean(
-                        l.get_ref(),
-                        policy.limits().iter().map(|l| l.name.as_str())
-                    )
-                ),
-            );
-        }
-    }
-    let mut headers = BTreeMap::new();
-    for (k, v) in &raw.headers {
-        if http::HeaderName::from_bytes(k.get_ref().as_bytes()).is_err() {
-            cx.error(
-                k.span(),
-                format!(
-                    "{}: invalid header name {:?}",
-                    at(&format!("headers.{}", k.get_ref())),
-                    k.get_ref()
-                ),
-            );
-        } else {
-            headers.insert(k.get_ref().clone(), v.get_ref().clone());
-        }
-    }
-    // Evaluate once to validate identity, method and URL where they are written.
-    let identity = raw.identity.as_ref().map(|i| i.get_ref().as_str());
-    match explain(policy, identity, raw.method.get_ref(), raw.url.get_ref()) {
-        Ok(_) => {}
-        Err(e) => {
-            let (span, field) = match &e {
-                ExplainError::NoIdentities { .. } | ExplainError::UnknownIdentity { .. } => (
-                    raw.identity.as_ref().map_or(span.clone(), |i| i.span()),
-                    "identity",
-                ),
-                ExplainError::InvalidMethod(_) => (raw.method.span(), "method"),
-                ExplainError::InvalidUrl { .. } => (raw.url.span(), "url"),
-            };
-            cx.error(span, format!("{}: {e}", at(field)));
-        }
-    }
+    let expect = expect_of(cx, index, &raw);
+    check_ask_rule(cx, index, &raw, expect, policy);
+    let reason = reason_of(cx, index, &raw);
+    check_names(cx, index, &raw, expect, policy);
+    let headers = headers_of(cx, index, &raw);
+    check_request(cx, index, &raw, &span, policy);
     if cx.errors.len() > before {
         return None;
     }
@@ -470,6 +321,200 @@ fn validate(
             .limits
             .map(|l| l.into_inner().into_iter().map(|n| n.into_inner()).collect()),
     })
+}
+
+/// `cases[INDEX].FIELD`, as errors name a case's field.
+fn at(index: usize, field: &str) -> String {
+    format!("cases[{index}].{field}")
+}
+
+fn expect_of(cx: &mut Cx<'_>, index: usize, raw: &RawCase) -> Option<Verdict> {
+    match raw.expect.get_ref().as_str() {
+        "allow" => Some(Verdict::Allow),
+        "deny" => Some(Verdict::Deny),
+        "ask" => Some(Verdict::Ask),
+        other => {
+            cx.error(
+                raw.expect.span(),
+                format!(
+                    "{}: {other:?} is not \"allow\", \"deny\" or \"ask\"",
+                    at(index, "expect")
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// `ask_rule` names a rule that asks (or `unknown`), on a case that expects `ask`.
+fn check_ask_rule(
+    cx: &mut Cx<'_>,
+    index: usize,
+    raw: &RawCase,
+    expect: Option<Verdict>,
+    policy: &Policy,
+) {
+    let Some(r) = &raw.ask_rule else {
+        return;
+    };
+    let name = r.get_ref();
+    let rule = policy.rules().iter().find(|rule| &rule.name == name);
+    let why = if expect.is_some_and(|e| e != Verdict::Ask) {
+        Some("only a case with expect = \"ask\" has an asking rule".to_string())
+    } else if name == crate::policy::ask::UNKNOWN {
+        None
+    } else {
+        match rule {
+            None => Some(format!(
+                "unknown rule {name:?}{} (\"unknown\" names [ask] unknown = true)",
+                crate::policy::did_you_mean(name, policy.rules().iter().map(|r| r.name.as_str()))
+            )),
+            Some(rule) if rule.ask.is_none() => Some(format!("rule {name:?} has no ask")),
+            Some(_) => None,
+        }
+    };
+    if let Some(why) = why {
+        cx.error(r.span(), format!("{}: {why}", at(index, "ask_rule")));
+    }
+}
+
+fn reason_of(cx: &mut Cx<'_>, index: usize, raw: &RawCase) -> Option<Reason> {
+    raw.reason.as_ref().and_then(|r| {
+        let found = Reason::ALL.iter().copied().find(|c| c.code() == r.get_ref());
+        if found.is_none() {
+            cx.error(
+                r.span(),
+                format!(
+                    "{}: unknown reason code {:?}; policy decisions use allowed, tunnel, no_rule, port_not_allowed, method_not_allowed, path_not_allowed, identity_not_allowed, scheme_not_allowed, credential_needs_tls, proxy_auth_required, userinfo_in_url, ambiguous_path",
+                    at(index, "reason"),
+                    r.get_ref()
+                ),
+            );
+        }
+        found
+    })
+}
+
+/// The rule, credential and limits a case names exist; a denied case names no secret or
+/// credential.
+fn check_names(
+    cx: &mut Cx<'_>,
+    index: usize,
+    raw: &RawCase,
+    expect: Option<Verdict>,
+    policy: &Policy,
+) {
+    if let Some(r) = &raw.rule {
+        if !policy.rules().iter().any(|rule| &rule.name == r.get_ref()) {
+            cx.error(
+                r.span(),
+                format!(
+                    "{}: unknown rule {:?}{}",
+                    at(index, "rule"),
+                    r.get_ref(),
+                    crate::policy::did_you_mean(
+                        r.get_ref(),
+                        policy.rules().iter().map(|r| r.name.as_str())
+                    )
+                ),
+            );
+        }
+    }
+    if let (Some(s), Some(Verdict::Deny)) = (&raw.secrets, expect) {
+        cx.error(
+            s.span(),
+            format!(
+                "{}: a denied request binds no secret; remove secrets or expect = \"allow\"",
+                at(index, "secrets")
+            ),
+        );
+    }
+    if let Some(c) = &raw.credential {
+        if expect == Some(Verdict::Deny) {
+            cx.error(
+                c.span(),
+                format!(
+                    "{}: a denied request uses no credential; remove credential or expect = \"allow\"",
+                    at(index, "credential")
+                ),
+            );
+        } else if policy.credential(c.get_ref()).is_none() {
+            cx.error(
+                c.span(),
+                format!(
+                    "{}: unknown credential {:?}{}",
+                    at(index, "credential"),
+                    c.get_ref(),
+                    crate::policy::did_you_mean(
+                        c.get_ref(),
+                        policy.credentials().map(|c| c.name.as_str())
+                    )
+                ),
+            );
+        }
+    }
+    for (i, l) in raw
+        .limits
+        .iter()
+        .flat_map(|l| l.get_ref().iter())
+        .enumerate()
+    {
+        if policy.limit(l.get_ref()).is_none() {
+            cx.error(
+                l.span(),
+                format!(
+                    "{}: unknown limit {:?}{}",
+                    at(index, &format!("limits[{i}]")),
+                    l.get_ref(),
+                    crate::policy::did_you_mean(
+                        l.get_ref(),
+                        policy.limits().iter().map(|l| l.name.as_str())
+                    )
+                ),
+            );
+        }
+    }
+}
+
+fn headers_of(cx: &mut Cx<'_>, index: usize, raw: &RawCase) -> BTreeMap<String, String> {
+    let mut headers = BTreeMap::new();
+    for (k, v) in &raw.headers {
+        if http::HeaderName::from_bytes(k.get_ref().as_bytes()).is_err() {
+            cx.error(
+                k.span(),
+                format!(
+                    "{}: invalid header name {:?}",
+                    at(index, &format!("headers.{}", k.get_ref())),
+                    k.get_ref()
+                ),
+            );
+        } else {
+            headers.insert(k.get_ref().clone(), v.get_ref().clone());
+        }
+    }
+    headers
+}
+
+/// Evaluates the case once, to validate identity, method and URL where they are written.
+fn check_request(
+    cx: &mut Cx<'_>,
+    index: usize,
+    raw: &RawCase,
+    span: &Range<usize>,
+    policy: &Policy,
+) {
+    let identity = raw.identity.as_ref().map(|i| i.get_ref().as_str());
+    if let Err(e) = explain(policy, identity, raw.method.get_ref(), raw.url.get_ref()) {
+        let (span, field) = match &e {
+            ExplainError::NoIdentities { .. } | ExplainError::UnknownIdentity { .. } => (
+                raw.identity.as_ref().map_or(span.clone(), |i| i.span()),
+                "identity",
+            ),
+            ExplainError::InvalidMethod(_) => (raw.method.span(), "method"),
+            ExplainError::InvalidUrl { .. } => (raw.url.span(), "url"),
+        };
+        cx.error(span, format!("{}: {e}", at(index, field)));
+    }
 }
 
 /// Runs one case against `policy`.
@@ -594,210 +639,5 @@ impl fmt::Display for Names<'_> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::policy::{compile_sources_with, SecretLoading};
-
-    const POLICY: &str = r#"
-[secrets.k]
-source = "env:LATCHKEY_CASES_TEST_UNSET"
-
-[[rules]]
-name = "read"
-hosts = ["api.test"]
-methods = ["GET"]
-[rules.inject.headers]
-authorization = "Bearer {{secret.k}}"
-"#;
-
-    fn policy() -> Policy {
-        compile_sources_with(&[(Path::new("p.toml"), POLICY)], SecretLoading::Skip)
-            .unwrap_or_else(|e| panic!("{e:?}"))
-    }
-
-    fn run(text: &str) -> Vec<CaseResult> {
-        let p = policy();
-        let cases = parse_cases(Path::new("t.toml"), text, &p).unwrap_or_else(|e| panic!("{e:?}"));
-        cases.iter().map(|c| run_case(&p, c)).collect()
-    }
-
-    fn errors(text: &str) -> Vec<String> {
-        match parse_cases(Path::new("t.toml"), text, &policy()) {
-            Ok(c) => panic!("expected errors, parsed {c:?}"),
-            Err(e) => e.iter().map(|e| e.to_string()).collect(),
-        }
-    }
-
-    #[test]
-    fn cases_that_hold_pass_and_name_defaults_to_method_and_url() {
-        let r = run(
-            "[[cases]]\nmethod = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"allow\"\nrule = \"read\"\nsecrets = [\"k\"]\n\n[[cases]]\nname = \"no writes\"\nmethod = \"POST\"\nurl = \"https://api.test/\"\nexpect = \"deny\"\nrule = \"read\"\nreason = \"method_not_allowed\"\n",
-        );
-        assert!(r.iter().all(CaseResult::passed), "{r:#?}");
-        assert_eq!(r[0].case.name, "GET https://api.test/");
-        assert_eq!(r[1].case.name, "no writes");
-    }
-
-    #[test]
-    fn every_expectation_that_does_not_hold_is_a_failure() {
-        let r = run(
-            "[[cases]]\nmethod = \"POST\"\nurl = \"https://api.test/\"\nexpect = \"allow\"\nreason = \"path_not_allowed\"\n",
-        );
-        assert_eq!(r[0].failures.len(), 2, "{:?}", r[0].failures);
-        assert!(r[0].failures[0].starts_with("expected allow, got deny (method_not_allowed: "));
-        let r =
-            run("[[cases]]\nmethod = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"deny\"\n");
-        assert!(r[0].failures[0].starts_with("expected deny, got allow (rule 'read'"));
-        let r = run(
-            "[[cases]]\nmethod = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"allow\"\nsecrets = [\"other\"]\n",
-        );
-        assert_eq!(
-            r[0].failures,
-            vec!["expected secret(s) other bound, rule 'read' binds k"]
-        );
-    }
-
-    #[test]
-    fn a_credential_expectation_names_the_credential_the_rule_uses() {
-        let text = format!(
-            "{POLICY}\n[credentials.gh]\nkind = \"github_app\"\napp_id = \"1\"\ninstallation_id = \"2\"\nprivate_key = \"file:/x.pem\"\n[[rules]]\nname = \"gh\"\nhosts = [\"gh.test\"]\nmethods = [\"GET\"]\ncredential = \"gh\"\n"
-        );
-        let p = compile_sources_with(&[(Path::new("p.toml"), &text)], SecretLoading::Skip)
-            .unwrap_or_else(|e| panic!("{e:?}"));
-        let cases = parse_cases(
-            Path::new("t.toml"),
-            "[[cases]]\nmethod = \"GET\"\nurl = \"https://gh.test/\"\nexpect = \"allow\"\ncredential = \"gh\"\n[[cases]]\nmethod = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"allow\"\ncredential = \"gh\"\n",
-            &p,
-        )
-        .unwrap_or_else(|e| panic!("{e:?}"));
-        let r: Vec<CaseResult> = cases.iter().map(|c| run_case(&p, c)).collect();
-        assert!(r[0].passed(), "{:?}", r[0].failures);
-        assert_eq!(
-            r[1].failures,
-            vec!["expected credential 'gh', rule 'read' uses none"]
-        );
-        let e = parse_cases(
-            Path::new("t.toml"),
-            "[[cases]]\nmethod = \"GET\"\nurl = \"https://gh.test/\"\nexpect = \"allow\"\ncredential = \"nope\"\n",
-            &p,
-        )
-        .err()
-        .unwrap_or_default();
-        assert!(
-            e[0].to_string()
-                .starts_with("t.toml:5:14: cases[0].credential: unknown credential"),
-            "{e:?}"
-        );
-    }
-
-    #[test]
-    fn a_limits_expectation_is_the_exact_list_charged_in_order() {
-        let text = format!(
-            "{POLICY}\n[limits.a]\nrequests = \"1/s\"\n[limits.b]\nconcurrency = 1\n[[rules]]\nname = \"metered\"\nhosts = [\"m.test\"]\nlimits = [\"b\", \"a\"]\n"
-        );
-        let p = compile_sources_with(&[(Path::new("p.toml"), &text)], SecretLoading::Skip)
-            .unwrap_or_else(|e| panic!("{e:?}"));
-        let cases = parse_cases(
-            Path::new("t.toml"),
-            "[[cases]]\nmethod = \"GET\"\nurl = \"https://m.test/\"\nexpect = \"allow\"\nlimits = [\"b\", \"a\"]\n[[cases]]\nmethod = \"GET\"\nurl = \"https://m.test/\"\nexpect = \"allow\"\nlimits = [\"a\", \"b\"]\n[[cases]]\nmethod = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"allow\"\nlimits = []\n[[cases]]\nmethod = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"allow\"\nlimits = [\"a\"]\n",
-            &p,
-        )
-        .unwrap_or_else(|e| panic!("{e:?}"));
-        let r: Vec<CaseResult> = cases.iter().map(|c| run_case(&p, c)).collect();
-        assert!(r[0].passed(), "{:?}", r[0].failures);
-        assert_eq!(
-            r[1].failures,
-            vec!["expected limits a, b, rule 'metered' charges b, a"]
-        );
-        assert!(r[2].passed(), "{:?}", r[2].failures);
-        assert_eq!(
-            r[3].failures,
-            vec!["expected limits a, rule 'read' charges none"]
-        );
-        let e = parse_cases(
-            Path::new("t.toml"),
-            "[[cases]]\nmethod = \"GET\"\nurl = \"https://m.test/\"\nexpect = \"allow\"\nlimits = [\"a\", \"zz\"]\n",
-            &p,
-        )
-        .err()
-        .unwrap_or_default();
-        assert_eq!(
-            e.iter().map(|e| e.to_string()).collect::<Vec<_>>(),
-            ["t.toml:5:16: cases[0].limits[1]: unknown limit \"zz\""]
-        );
-    }
-
-    #[test]
-    fn a_malformed_case_file_reports_every_problem_with_line_and_column() {
-        let e = errors(
-            "[[cases]]\nmethod = \"GET\"\nurl = \"api.test\"\nexpect = \"maybe\"\nrule = \"nope\"\nreason = \"nope\"\n",
-        );
-        assert_eq!(e.len(), 4, "{e:?}");
-        assert!(
-            e.iter()
-                .any(|m| m.starts_with("t.toml:4:10: cases[0].expect")),
-            "{e:?}"
-        );
-        assert!(
-            e.iter().any(|m| m.starts_with("t.toml:5:8: cases[0].rule")),
-            "{e:?}"
-        );
-        assert!(
-            e.iter()
-                .any(|m| m.starts_with("t.toml:6:10: cases[0].reason")),
-            "{e:?}"
-        );
-        assert!(
-            e.iter().any(|m| m.starts_with("t.toml:3:7: cases[0].url")),
-            "{e:?}"
-        );
-        let e = errors("[[cases]]\nmethod = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"allow\"\ncolour = \"blue\"\n");
-        assert_eq!(e.len(), 1, "{e:?}");
-        assert!(
-            e[0].starts_with("t.toml:5:1: cases[0]: unknown key `colour`; known keys:"),
-            "{e:?}"
-        );
-        // An unknown key hides nothing: the same case's other problems and every other case's
-        // are reported too, in file order, each at its line and column, with a did-you-mean.
-        let e = errors(
-            "[[cases]]\nmethd = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"maybe\"\n\n\
-             [[cases]]\nmethod = 7\nurl = \"https://api.test/\"\nexpect = \"allow\"\n\n\
-             [[cases]]\nmethod = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"deny\"\nreason = \"nope\"\n",
-        );
-        assert_eq!(
-            e,
-            [
-                "t.toml:1:1: cases[0]: missing key `method`",
-                "t.toml:2:1: cases[0]: unknown key `methd`; did you mean `method`?",
-                "t.toml:7:10: cases[1].method: expected a string, found an integer",
-            ]
-            .iter()
-            .map(|s| s.to_string())
-            .chain(
-                e.iter()
-                    .filter(|m| m.starts_with("t.toml:15:10: cases[2].reason"))
-                    .cloned()
-            )
-            .collect::<Vec<_>>(),
-            "{e:?}"
-        );
-        assert_eq!(e.len(), 4, "{e:?}");
-        // An unknown key beside a bad `expect` in the same case: both reported.
-        let e = errors(
-            "[[cases]]\nmethod = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"maybe\"\nrul = \"x\"\n",
-        );
-        assert_eq!(e.len(), 2, "{e:?}");
-        assert!(e[0].starts_with("t.toml:4:10: cases[0].expect"), "{e:?}");
-        assert!(
-            e[1].starts_with("t.toml:5:1: cases[0]: unknown key `rul`; did you mean `rule`?"),
-            "{e:?}"
-        );
-        let e = errors("cases = \"x\"\n");
-        assert!(
-            e[0].starts_with("t.toml:1:9: cases: expected a list of tables, found a string; write each case as [[cases]]"),
-            "{e:?}"
-        );
-        let e = errors("");
-        assert!(e[0].contains("no [[cases]]"), "{e:?}");
-    }
-}
+#[path = "cases_tests.rs"]
+mod tests;

@@ -206,147 +206,35 @@ pub fn explain(
     method: &str,
     url: &str,
 ) -> Result<Explanation, ExplainError> {
-    let asked = identity.filter(|n| *n != DEFAULT_IDENTITY);
-    let ident: Option<&Identity> = match asked {
-        None => None,
-        Some(name) if policy.identities().is_empty() => {
-            return Err(ExplainError::NoIdentities {
-                name: name.to_string(),
-            })
-        }
-        Some(name) => Some(
-            policy
-                .identity(name)
-                .ok_or_else(|| ExplainError::UnknownIdentity {
-                    name: name.to_string(),
-                    known: policy.identities().iter().map(|i| i.name.clone()).collect(),
-                })?,
-        ),
-    };
+    let ident = identity_of(policy, identity)?;
     let unidentified = ident.is_none() && !policy.identities().is_empty();
     let method_text = method;
-    let method = Method::from_bytes(method.as_bytes())
-        .map_err(|_| ExplainError::InvalidMethod(method.to_string()))?;
-    let bad_url = |why: &str| ExplainError::InvalidUrl {
-        url: url.to_string(),
-        why: why.to_string(),
-    };
-    let uri: Uri = url
-        .parse()
-        .map_err(|e: http::uri::InvalidUri| bad_url(&e.to_string()))?;
-    // `ws://` and `wss://` explain the WebSocket handshake: a GET over http or https asking to
-    // upgrade, which only a rule with `websocket = true` allows.
-    let (scheme, websocket) = match uri.scheme_str() {
-        Some("http") => (Scheme::Http, false),
-        Some("https") => (Scheme::Https, false),
-        Some("ws") => (Scheme::Http, true),
-        Some("wss") => (Scheme::Https, true),
-        _ => {
-            return Err(bad_url(
-                "use an absolute http://, https://, ws:// or wss:// URL",
-            ))
-        }
-    };
-    let authority = uri.authority().ok_or_else(|| bad_url("no host"))?;
-    let host = normalize_host(authority.host()).map_err(|e| bad_url(&e.to_string()))?;
-    let port = authority.port_u16().unwrap_or(scheme.default_port());
-    let path = if uri.path().is_empty() {
-        "/"
-    } else {
-        uri.path()
-    };
-    let shown = display_url(scheme, &host, port, path);
-
+    let asked = Asked::parse(method, url)?;
+    let shown = display_url(asked.scheme, &asked.host, asked.port, &asked.path);
     let target = Target {
         identity: ident,
-        scheme,
-        host: &host,
-        port,
-        method: &method,
-        path,
-        websocket,
+        scheme: asked.scheme,
+        host: &asked.host,
+        port: asked.port,
+        method: &asked.method,
+        path: &asked.path,
+        websocket: asked.websocket,
     };
-    let (reason, rule, message): (Reason, Option<&Rule>, String) = if unidentified {
-        let known: Vec<&str> = policy
-            .identities()
-            .iter()
-            .map(|i| i.name.as_str())
-            .collect();
-        (
-            Reason::ProxyAuthRequired,
-            None,
-            format!(
-                "the policy defines identities ({}) and this client has none: latchkey refuses it (407); explain with --identity NAME",
-                known.join(", ")
-            ),
-        )
-    } else if authority.as_str().contains('@') {
+    let (reason, rule, message) = if unidentified {
+        unidentified_refusal(policy)
+    } else if asked.userinfo {
         (
             Reason::UserinfoInUrl,
             None,
             format!("URL {url:?} carries userinfo ('@'): latchkey refuses such requests"),
         )
     } else {
-        let connect = (scheme == Scheme::Https).then(|| policy.decide_connect(&host, port, ident));
-        match connect {
-            Some(ConnectDecision::Tunnel(rule)) => (
-                Reason::Tunnel,
-                Some(rule),
-                format!(
-                    "rule '{}' relays CONNECT {} as a raw tunnel (no interception)",
-                    rule.name,
-                    crate::policy::display_authority(&host, port)
-                ),
-            ),
-            Some(ConnectDecision::Deny(d)) => (d.reason, d.rule, d.message),
-            _ if crate::wire::path::is_ambiguous_path(path) => (
-                Reason::AmbiguousPath,
-                None,
-                match crate::wire::path::ambiguity(path) {
-                    Some(why) => format!("path {path:?} {why}"),
-                    None => format!("path {path:?} is ambiguous"),
-                },
-            ),
-            _ => {
-                let d = policy.decide_explained(&target);
-                // The proxy refuses `;` parameters and `//` under the rule that allowed a request
-                // when that rule restricts paths; say so here too.
-                let rule_check = d.rule.filter(|_| d.reason.is_allow()).map(|r| {
-                    (
-                        r,
-                        crate::wire::path::check_rule_path(path, r.paths.is_some()),
-                    )
-                });
-                match rule_check {
-                    Some((r, Err(why))) => (
-                        Reason::AmbiguousPath,
-                        Some(r),
-                        format!("path {path:?} {why}"),
-                    ),
-                    _ => (d.reason, d.rule, d.message),
-                }
-            }
-        }
+        decide(policy, &target)
     };
     let allowed = reason.is_allow();
-    let decided = crate::policy::Decision {
-        reason,
-        rule,
-        message: String::new(),
-    };
-    let ask = policy.asks(&decided).map(|a| AskExplained {
-        rule: a.rule_name().to_string(),
-        hold: humantime::format_duration(a.terms.hold).to_string(),
-        scopes: a.terms.scopes.iter().map(|s| s.to_string()).collect(),
-        message: a.terms.message.clone(),
-        notify: policy
-            .notifiers_for(a.terms)
-            .map(|n| n.name.clone())
-            .collect(),
-    });
-
+    let ask = ask_of(policy, reason, rule);
     let candidates = policy
-        .candidates(&host)
+        .candidates(&asked.host)
         .map(|r| {
             let (outcome, detail) = check(r, &target);
             Candidate {
@@ -358,22 +246,8 @@ pub fn explain(
             }
         })
         .collect();
-
     let deciding = rule.filter(|_| allowed);
-    let injected: Vec<String> = deciding
-        .map(|r| {
-            let mut v: Vec<String> = r
-                .inject_headers
-                .iter()
-                .map(|(n, _)| n.to_string())
-                .collect();
-            v.extend(r.inject_query.iter().map(|(k, _)| format!("?{k}")));
-            if r.inject_basic.is_some() {
-                v.push("authorization (basic)".to_string());
-            }
-            v
-        })
-        .unwrap_or_default();
+    let injected = deciding.map(injected_of).unwrap_or_default();
     // `bound` also holds a credential's internal key names; they are reported as the credential.
     let secrets = deciding
         .map(|r| {
@@ -386,23 +260,7 @@ pub fn explain(
         .unwrap_or_default();
     let credential = deciding.and_then(|r| r.credential.clone());
     let limits = deciding
-        .map(|r| {
-            policy
-                .limits_for(r, ident)
-                .into_iter()
-                .map(|l| LimitExplained {
-                    name: l.name.clone(),
-                    per: l.per.as_str(),
-                    measures: l
-                        .terms()
-                        .into_iter()
-                        .map(|(m, t)| (m.as_str(), t))
-                        .collect(),
-                    on_store_error: l.on_store_error.as_str(),
-                    summary: l.summary(),
-                })
-                .collect()
-        })
+        .map(|r| limits_of(policy, r, ident))
         .unwrap_or_default();
     let credential_kind = credential
         .as_deref()
@@ -436,6 +294,201 @@ pub fn explain(
         report_only: !allowed && reason.is_policy_denial() && rule.is_some_and(|r| r.report),
         policy: policy.digest().to_string(),
     })
+}
+
+/// The identity asked about: `None` for the default one; an error for one the policy does
+/// not define.
+fn identity_of<'p>(
+    policy: &'p Policy,
+    identity: Option<&str>,
+) -> Result<Option<&'p Identity>, ExplainError> {
+    match identity.filter(|n| *n != DEFAULT_IDENTITY) {
+        None => Ok(None),
+        Some(name) if policy.identities().is_empty() => Err(ExplainError::NoIdentities {
+            name: name.to_string(),
+        }),
+        Some(name) => {
+            policy
+                .identity(name)
+                .map(Some)
+                .ok_or_else(|| ExplainError::UnknownIdentity {
+                    name: name.to_string(),
+                    known: policy.identities().iter().map(|i| i.name.clone()).collect(),
+                })
+        }
+    }
+}
+
+/// The request asked about, parsed as the proxy would see it.
+struct Asked {
+    method: Method,
+    scheme: Scheme,
+    /// `ws://` and `wss://` explain the WebSocket handshake: a GET over http or https asking
+    /// to upgrade, which only a rule with `websocket = true` allows.
+    websocket: bool,
+    host: String,
+    port: u16,
+    path: String,
+    /// The URL carries userinfo (`user@host`).
+    userinfo: bool,
+}
+
+impl Asked {
+    fn parse(method: &str, url: &str) -> Result<Asked, ExplainError> {
+        let method = Method::from_bytes(method.as_bytes())
+            .map_err(|_| ExplainError::InvalidMethod(method.to_string()))?;
+        let bad_url = |why: &str| ExplainError::InvalidUrl {
+            url: url.to_string(),
+            why: why.to_string(),
+        };
+        let uri: Uri = url
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| bad_url(&e.to_string()))?;
+        let (scheme, websocket) = match uri.scheme_str() {
+            Some("http") => (Scheme::Http, false),
+            Some("https") => (Scheme::Https, false),
+            Some("ws") => (Scheme::Http, true),
+            Some("wss") => (Scheme::Https, true),
+            _ => {
+                return Err(bad_url(
+                    "use an absolute http://, https://, ws:// or wss:// URL",
+                ))
+            }
+        };
+        let authority = uri.authority().ok_or_else(|| bad_url("no host"))?;
+        let host = normalize_host(authority.host()).map_err(|e| bad_url(&e.to_string()))?;
+        let port = authority.port_u16().unwrap_or(scheme.default_port());
+        let path = if uri.path().is_empty() {
+            "/"
+        } else {
+            uri.path()
+        };
+        Ok(Asked {
+            method,
+            scheme,
+            websocket,
+            host,
+            port,
+            path: path.to_string(),
+            userinfo: authority.as_str().contains('@'),
+        })
+    }
+}
+
+/// A client without an identity, under a policy that defines some: refused (407).
+fn unidentified_refusal(policy: &Policy) -> (Reason, Option<&Rule>, String) {
+    let known: Vec<&str> = policy
+        .identities()
+        .iter()
+        .map(|i| i.name.as_str())
+        .collect();
+    (
+        Reason::ProxyAuthRequired,
+        None,
+        format!(
+            "the policy defines identities ({}) and this client has none: latchkey refuses it (407); explain with --identity NAME",
+            known.join(", ")
+        ),
+    )
+}
+
+/// The decision as the proxy makes it: CONNECT first (https), the path's ambiguity, then the
+/// request under the rule that allows it (which may refuse `;` parameters and `//`).
+fn decide<'p>(policy: &'p Policy, target: &Target<'_>) -> (Reason, Option<&'p Rule>, String) {
+    let (host, port, path) = (target.host, target.port, target.path);
+    let connect = (target.scheme == Scheme::Https)
+        .then(|| policy.decide_connect(host, port, target.identity));
+    match connect {
+        Some(ConnectDecision::Tunnel(rule)) => (
+            Reason::Tunnel,
+            Some(rule),
+            format!(
+                "rule '{}' relays CONNECT {} as a raw tunnel (no interception)",
+                rule.name,
+                crate::policy::display_authority(host, port)
+            ),
+        ),
+        Some(ConnectDecision::Deny(d)) => (d.reason, d.rule, d.message),
+        _ if crate::wire::path::is_ambiguous_path(path) => (
+            Reason::AmbiguousPath,
+            None,
+            match crate::wire::path::ambiguity(path) {
+                Some(why) => format!("path {path:?} {why}"),
+                None => format!("path {path:?} is ambiguous"),
+            },
+        ),
+        _ => {
+            let d = policy.decide_explained(target);
+            // The proxy refuses `;` parameters and `//` under the rule that allowed a request
+            // when that rule restricts paths; say so here too.
+            let rule_check = d.rule.filter(|_| d.reason.is_allow()).map(|r| {
+                (
+                    r,
+                    crate::wire::path::check_rule_path(path, r.paths.is_some()),
+                )
+            });
+            match rule_check {
+                Some((r, Err(why))) => (
+                    Reason::AmbiguousPath,
+                    Some(r),
+                    format!("path {path:?} {why}"),
+                ),
+                _ => (d.reason, d.rule, d.message),
+            }
+        }
+    }
+}
+
+/// The `ask` a decision goes to, if any.
+fn ask_of(policy: &Policy, reason: Reason, rule: Option<&Rule>) -> Option<AskExplained> {
+    let decided = crate::policy::Decision {
+        reason,
+        rule,
+        message: String::new(),
+    };
+    policy.asks(&decided).map(|a| AskExplained {
+        rule: a.rule_name().to_string(),
+        hold: humantime::format_duration(a.terms.hold).to_string(),
+        scopes: a.terms.scopes.iter().map(|s| s.to_string()).collect(),
+        message: a.terms.message.clone(),
+        notify: policy
+            .notifiers_for(a.terms)
+            .map(|n| n.name.clone())
+            .collect(),
+    })
+}
+
+/// What the deciding rule injects: header names, `?query` keys, basic authorization.
+fn injected_of(r: &Rule) -> Vec<String> {
+    let mut v: Vec<String> = r
+        .inject_headers
+        .iter()
+        .map(|(n, _)| n.to_string())
+        .collect();
+    v.extend(r.inject_query.iter().map(|(k, _)| format!("?{k}")));
+    if r.inject_basic.is_some() {
+        v.push("authorization (basic)".to_string());
+    }
+    v
+}
+
+/// The limits a request under `r` is charged to.
+fn limits_of(policy: &Policy, r: &Rule, ident: Option<&Identity>) -> Vec<LimitExplained> {
+    policy
+        .limits_for(r, ident)
+        .into_iter()
+        .map(|l| LimitExplained {
+            name: l.name.clone(),
+            per: l.per.as_str(),
+            measures: l
+                .terms()
+                .into_iter()
+                .map(|(m, t)| (m.as_str(), t))
+                .collect(),
+            on_store_error: l.on_store_error.as_str(),
+            summary: l.summary(),
+        })
+        .collect()
 }
 
 /// The first check `rule` fails for `t`, in the order [`Policy::decide`] checks them.

@@ -55,63 +55,17 @@ pub(super) async fn sign(
     // Before any key is fetched or STS called: a form latchkey cannot sign is the
     // sandbox's to fix.
     let form = PayloadForm::of(name, headers)?;
-    let (region, service) = match (region, service) {
-        (Some(r), Some(s)) => (r.clone(), s.clone()),
-        _ => {
-            let (dr, ds) = derive_region_service(t.host).ok_or_else(|| {
-                failed(
-                    name,
-                    format!(
-                        "cannot derive region and service from host {}: set region and service",
-                        t.host
-                    ),
-                )
-            })?;
-            (region.clone().unwrap_or(dr), service.clone().unwrap_or(ds))
-        }
-    };
-    let base_akid = secret(store, name, "access_key_id").await?;
-    let base_secret = secret(store, name, "secret_access_key").await?;
-    let base_token = if has_session_token {
-        Some(secret(store, name, "session_token").await?)
-    } else {
-        None
-    };
-    let (akid, secret_key, token) = match assume_role {
-        None => (base_akid, base_secret, base_token),
-        Some(role) => {
-            let keys = sigv4::Keys {
-                akid: &base_akid,
-                secret: &base_secret,
-                token: base_token.as_ref(),
-            };
-            let packed = cache
-                .get(name, REFRESH_MARGIN, || {
-                    assume(name, role, &keys, transport)
-                })
-                .await?;
-            let (a, s, t) = unpack_keys(name, &packed)?;
-            store.set_minted(&field_key(name, "assumed_secret_access_key"), "", &s);
-            store.set_minted(&field_key(name, "assumed_session_token"), "", &t);
-            (a, s, Some(t))
-        }
-    };
-    let payload = match form.payload {
-        Payload::Classic => match body {
-            SignBody::Whole(b) if b.len() <= max_signed_body => sigv4::SignPayload::Bytes(b),
-            _ => sigv4::SignPayload::Unsigned,
-        },
-        Payload::Unsigned => sigv4::SignPayload::Unsigned,
-        Payload::StreamingUnsignedTrailer => {
-            sigv4::SignPayload::Literal(sigv4::STREAMING_UNSIGNED_TRAILER)
-        }
-        Payload::StreamingSigned { trailer: false } => {
-            sigv4::SignPayload::Literal(sigv4::STREAMING_SIGNED)
-        }
-        Payload::StreamingSigned { trailer: true } => {
-            sigv4::SignPayload::Literal(sigv4::STREAMING_SIGNED_TRAILER)
-        }
-    };
+    let (region, service) = region_service(name, region, service, t.host)?;
+    let (akid, secret_key, token) = keys(
+        name,
+        assume_role,
+        has_session_token,
+        store,
+        cache,
+        transport,
+    )
+    .await?;
+    let payload = sign_payload(&form.payload, body, max_signed_body);
     let seed = sigv4::sign(
         &sigv4::Keys {
             akid: &akid,
@@ -127,10 +81,120 @@ pub(super) async fn sign(
         form.declared,
     )
     .map_err(|why| failed(name, why))?;
-    let mode = match form.payload {
+    let Some(mode) = chunked_mode(
+        name,
+        &form.payload,
+        headers,
+        &secret_key,
+        &region,
+        &service,
+        &seed,
+    )?
+    else {
+        return Ok(applied);
+    };
+    applied.chunked = Some(aws_chunked::Framing::new(mode, form.decoded_length));
+    Ok(applied)
+}
+
+/// The region and service signed for: as configured, else derived from the host.
+fn region_service(
+    name: &str,
+    region: &Option<String>,
+    service: &Option<String>,
+    host: &str,
+) -> Result<(String, String), CredentialError> {
+    match (region, service) {
+        (Some(r), Some(s)) => Ok((r.clone(), s.clone())),
+        _ => {
+            let (dr, ds) = derive_region_service(host).ok_or_else(|| {
+                failed(
+                    name,
+                    format!(
+                        "cannot derive region and service from host {host}: set region and service"
+                    ),
+                )
+            })?;
+            Ok((region.clone().unwrap_or(dr), service.clone().unwrap_or(ds)))
+        }
+    }
+}
+
+/// The keys to sign with: the base keys, or (with `assume_role`) a role's temporary keys
+/// from STS, cached, whose secret values join the redaction set.
+async fn keys(
+    name: &str,
+    assume_role: &Option<AssumeRole>,
+    has_session_token: bool,
+    store: &SecretStore,
+    cache: &TokenCache,
+    transport: &dyn TokenTransport,
+) -> Result<(SecretValue, SecretValue, Option<SecretValue>), CredentialError> {
+    let base_akid = secret(store, name, "access_key_id").await?;
+    let base_secret = secret(store, name, "secret_access_key").await?;
+    let base_token = if has_session_token {
+        Some(secret(store, name, "session_token").await?)
+    } else {
+        None
+    };
+    let Some(role) = assume_role else {
+        return Ok((base_akid, base_secret, base_token));
+    };
+    let keys = sigv4::Keys {
+        akid: &base_akid,
+        secret: &base_secret,
+        token: base_token.as_ref(),
+    };
+    let packed = cache
+        .get(name, REFRESH_MARGIN, || {
+            assume(name, role, &keys, transport)
+        })
+        .await?;
+    let (a, s, t) = unpack_keys(name, &packed)?;
+    store.set_minted(&field_key(name, "assumed_secret_access_key"), "", &s);
+    store.set_minted(&field_key(name, "assumed_session_token"), "", &t);
+    Ok((a, s, Some(t)))
+}
+
+/// The payload hash the canonical request carries, for the payload form declared.
+fn sign_payload<'b>(
+    payload: &Payload,
+    body: SignBody<'b>,
+    max_signed_body: usize,
+) -> sigv4::SignPayload<'b> {
+    match payload {
+        Payload::Classic => match body {
+            SignBody::Whole(b) if b.len() <= max_signed_body => sigv4::SignPayload::Bytes(b),
+            _ => sigv4::SignPayload::Unsigned,
+        },
+        Payload::Unsigned => sigv4::SignPayload::Unsigned,
+        Payload::StreamingUnsignedTrailer => {
+            sigv4::SignPayload::Literal(sigv4::STREAMING_UNSIGNED_TRAILER)
+        }
+        Payload::StreamingSigned { trailer: false } => {
+            sigv4::SignPayload::Literal(sigv4::STREAMING_SIGNED)
+        }
+        Payload::StreamingSigned { trailer: true } => {
+            sigv4::SignPayload::Literal(sigv4::STREAMING_SIGNED_TRAILER)
+        }
+    }
+}
+
+/// What the aws-chunked framing does with the body (`None`: not aws-chunked): checks it, or
+/// re-signs each chunk chained from the `seed` signature, with the seed's own timestamp and
+/// scope.
+fn chunked_mode(
+    name: &str,
+    payload: &Payload,
+    headers: &HeaderMap,
+    secret_key: &SecretValue,
+    region: &str,
+    service: &str,
+    seed: &str,
+) -> Result<Option<aws_chunked::Mode>, CredentialError> {
+    Ok(Some(match *payload {
         Payload::StreamingUnsignedTrailer => aws_chunked::Mode::Check,
         Payload::StreamingSigned { trailer } => {
-            // The chunk signatures use the seed's own timestamp and scope.
             let stamp = headers
                 .get("x-amz-date")
                 .and_then(|v| v.to_str().ok())
@@ -138,19 +202,17 @@ pub(super) async fn sign(
             let key = aws_chunked::signing_key(
                 secret_key.expose(),
                 stamp.get(..8).unwrap_or(stamp),
-                &region,
-                &service,
+                region,
+                service,
             );
-            let signer = aws_chunked::ChunkSigner::new(key, stamp, &region, &service, &seed);
+            let signer = aws_chunked::ChunkSigner::new(key, stamp, region, service, seed);
             aws_chunked::Mode::Resign {
                 signer: Box::new(signer),
                 trailer,
             }
         }
-        Payload::Classic | Payload::Unsigned => return Ok(applied),
-    };
-    applied.chunked = Some(aws_chunked::Framing::new(mode, form.decoded_length));
-    Ok(applied)
+        Payload::Classic | Payload::Unsigned => return Ok(None),
+    }))
 }
 
 /// Whether the request carries presigned query authentication: `X-Amz-Signature` among the

@@ -417,3 +417,254 @@ fn the_payload_scan_sees_the_data_without_the_framing_and_can_abort() {
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
     hay.windows(needle.len()).any(|w| w == needle)
 }
+
+// Properties, over arbitrary bodies and arbitrary cuts of the input.
+
+use proptest::prelude::*;
+
+/// The three forms: 0 checks (`STREAMING-UNSIGNED-PAYLOAD-TRAILER`), 1 re-signs without a
+/// trailer, 2 re-signs with a signed trailer.
+fn form(kind: u8) -> Mode {
+    match kind {
+        0 => Mode::Check,
+        1 => resign(false),
+        _ => resign(true),
+    }
+}
+
+/// What feeding a body came to: the bytes sent on and the data a payload scan saw (on
+/// success), or the error.
+type Outcome = Result<(Vec<u8>, Vec<u8>), String>;
+
+/// Feeds `input` cut at `cuts` (positions, any order, out of range ones wrapped) through the
+/// `kind` form with a payload scan, then finishes.
+fn run_cut(kind: u8, expected: Option<u64>, input: &[u8], cuts: &[usize]) -> Outcome {
+    let mut points: Vec<usize> = cuts
+        .iter()
+        .map(|c| c % (input.len() + 1))
+        .chain([0, input.len()])
+        .collect();
+    points.sort_unstable();
+    points.dedup();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new((Vec::new(), 0)));
+    let mut f = Framing::new(form(kind), expected);
+    f.scan_payload(Box::new(Recorder {
+        seen: seen.clone(),
+        refuse_at: usize::MAX,
+    }));
+    let mut out = Vec::new();
+    for w in points.windows(2) {
+        f.feed(Bytes::copy_from_slice(&input[w[0]..w[1]]));
+        while let Some(b) = f.next_out().map_err(|e| e.to_string())? {
+            out.extend_from_slice(&b);
+        }
+    }
+    f.finish().map_err(|e| e.to_string())?;
+    let seen = seen.lock().expect("seen");
+    assert_eq!(seen.1, 1, "the scan hears the end once");
+    Ok((out, seen.0.clone()))
+}
+
+/// The payload of a well-formed aws-chunked body, read plainly (no checks): each chunk's
+/// data, by its hex size.
+fn payload_of(body: &[u8]) -> Vec<u8> {
+    let mut payload = Vec::new();
+    let mut rest = body;
+    loop {
+        let eol = rest.windows(2).position(|w| w == b"\r\n").expect("a line");
+        let line = std::str::from_utf8(&rest[..eol]).expect("ascii");
+        let size = usize::from_str_radix(line.split(';').next().expect("size"), 16).expect("hex");
+        if size == 0 {
+            return payload;
+        }
+        payload.extend_from_slice(&rest[eol + 2..eol + 2 + size]);
+        rest = &rest[eol + 2 + size + 2..];
+    }
+}
+
+/// A well-formed body of the `kind` form carrying `chunks` (the final empty chunk added),
+/// with `trailers` trailer lines where the form allows them.
+fn well_formed(kind: u8, chunks: &[Vec<u8>], trailers: usize) -> Vec<u8> {
+    let mut all: Vec<&[u8]> = chunks.iter().map(Vec::as_slice).collect();
+    all.push(b"");
+    let mut tail = String::new();
+    let trailers = if kind == 1 {
+        0
+    } else {
+        trailers.max(usize::from(kind == 2))
+    };
+    for i in 0..trailers {
+        tail.push_str(&format!("x-amz-meta-{i}: value {i}\r\n"));
+    }
+    if kind == 2 {
+        tail.push_str(&format!("x-amz-trailer-signature:{DUMMY}\r\n"));
+    }
+    tail.push_str("\r\n");
+    framed(&all, (kind != 0).then_some(DUMMY), &tail)
+}
+
+fn chunks() -> impl Strategy<Value = Vec<Vec<u8>>> {
+    proptest::collection::vec(proptest::collection::vec(any::<u8>(), 1..200), 0..6)
+}
+
+fn cuts() -> impl Strategy<Value = Vec<usize>> {
+    proptest::collection::vec(any::<usize>(), 0..12)
+}
+
+/// Pieces aws-chunked is made of, to build bodies that reach every state.
+fn framing_piece() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        Just(b"0".to_vec()),
+        Just(b"5".to_vec()),
+        Just(b"ffffffffffffffff".to_vec()),
+        Just(b"\r\n".to_vec()),
+        Just(b"\r".to_vec()),
+        Just(b"\n".to_vec()),
+        Just(b";".to_vec()),
+        Just(format!(";chunk-signature={DUMMY}").into_bytes()),
+        Just(b"hello".to_vec()),
+        Just(b"x-amz-checksum-crc32:AAAAAA==".to_vec()),
+        Just(format!("x-amz-trailer-signature: {DUMMY}").into_bytes()),
+        Just(b":".to_vec()),
+        proptest::collection::vec(any::<u8>(), 0..8),
+    ]
+}
+
+/// A body that is not aws-chunked, one way or another: a well-formed body broken once.
+#[derive(Debug, Clone)]
+enum Break {
+    /// Ends early (at this position, wrapped into the body).
+    Truncate(usize),
+    /// Bytes after the closing empty line.
+    Trailing(Vec<u8>),
+    /// This chunk's size line ends in a bare LF.
+    BareLf(usize),
+    /// This chunk's size starts with a byte that is not a hex digit.
+    NotHex(usize, u8),
+    /// This chunk's data is not followed by CRLF.
+    NoCrlf(usize),
+}
+
+fn broken() -> impl Strategy<Value = Break> {
+    prop_oneof![
+        any::<usize>().prop_map(Break::Truncate),
+        proptest::collection::vec(any::<u8>(), 1..8).prop_map(Break::Trailing),
+        any::<usize>().prop_map(Break::BareLf),
+        (
+            any::<usize>(),
+            any::<u8>().prop_filter("not hex", |b| !b.is_ascii_hexdigit())
+        )
+            .prop_map(|(i, b)| Break::NotHex(i, b)),
+        any::<usize>().prop_map(Break::NoCrlf),
+    ]
+}
+
+/// `body` (well-formed, of `chunks` and the final empty chunk) broken as `how` says.
+fn break_body(body: &[u8], chunks: &[Vec<u8>], how: &Break) -> Vec<u8> {
+    // Where each chunk's size line starts and its data ends.
+    let mut starts = Vec::new();
+    let mut data_ends = Vec::new();
+    let mut at = 0;
+    for c in chunks.iter().map(Vec::as_slice).chain([b"".as_slice()]) {
+        starts.push(at);
+        let eol = at
+            + body[at..]
+                .windows(2)
+                .position(|w| w == b"\r\n")
+                .expect("line");
+        at = eol + 2 + c.len();
+        if !c.is_empty() {
+            data_ends.push(at);
+            at += 2;
+        }
+    }
+    let mut out = body.to_vec();
+    match how {
+        Break::Truncate(p) => out.truncate(p % body.len()),
+        Break::Trailing(bytes) => out.extend_from_slice(bytes),
+        Break::BareLf(i) => {
+            let start = starts[i % starts.len()];
+            let eol = start
+                + out[start..]
+                    .windows(2)
+                    .position(|w| w == b"\r\n")
+                    .expect("line");
+            out.remove(eol);
+        }
+        Break::NotHex(i, b) => out.insert(starts[i % starts.len()], *b),
+        Break::NoCrlf(i) => {
+            if data_ends.is_empty() {
+                out.truncate(out.len() - 1);
+            } else {
+                let end = data_ends[i % data_ends.len()];
+                out.drain(end..end + 2);
+            }
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Arbitrary bytes (and bytes built from framing pieces), arbitrarily cut, in every form:
+    /// never a panic, and the outcome does not depend on the cuts.
+    #[test]
+    fn arbitrary_bodies_never_panic_and_the_cuts_do_not_matter(
+        raw in proptest::collection::vec(any::<u8>(), 0..512),
+        pieces in proptest::collection::vec(framing_piece(), 0..24),
+        kind in 0u8..3,
+        expected in proptest::option::of(0u64..64),
+        cuts in cuts(),
+    ) {
+        for body in [raw, pieces.concat()] {
+            let whole = run_cut(kind, expected, &body, &[]);
+            prop_assert_eq!(&run_cut(kind, expected, &body, &cuts), &whole);
+            let bytewise: Vec<usize> = (0..body.len()).collect();
+            prop_assert_eq!(&run_cut(kind, expected, &body, &bytewise), &whole);
+        }
+    }
+
+    /// A well-formed body, however cut: its payload reaches the scan exactly; the checked form
+    /// passes it on byte for byte; the signed forms keep its length and its payload.
+    #[test]
+    fn a_well_formed_body_round_trips_its_payload(
+        chunks in chunks(),
+        trailers in 0usize..3,
+        kind in 0u8..3,
+        cuts in cuts(),
+    ) {
+        let body = well_formed(kind, &chunks, trailers);
+        let payload = chunks.concat();
+        let declared = Some(payload.len() as u64);
+        let whole = run_cut(kind, declared, &body, &[]);
+        let (out, seen) = whole.clone().map_err(TestCaseError::fail)?;
+        prop_assert_eq!(&seen, &payload);
+        if kind == 0 {
+            prop_assert_eq!(&out, &body);
+        } else {
+            prop_assert_eq!(out.len(), body.len());
+            prop_assert_eq!(&payload_of(&out), &payload);
+            prop_assert!(!contains(&out, DUMMY.as_bytes()), "every signature replaced");
+        }
+        prop_assert_eq!(&run_cut(kind, declared, &body, &cuts), &whole);
+        prop_assert_eq!(&run_cut(kind, None, &body, &cuts), &whole);
+        // A declared length the chunks do not hold is refused.
+        let off = Some(payload.len() as u64 + 1);
+        prop_assert!(run_cut(kind, off, &body, &cuts).is_err());
+    }
+
+    /// A well-formed body broken once (cut short, bytes after its end, a bare LF, a size that
+    /// is not hex, data without its CRLF) is an error in every form, however cut.
+    #[test]
+    fn a_malformed_body_is_an_error(
+        chunks in chunks(),
+        kind in 0u8..3,
+        how in broken(),
+        cuts in cuts(),
+    ) {
+        let body = break_body(&well_formed(kind, &chunks, 1), &chunks, &how);
+        prop_assert!(run_cut(kind, None, &body, &[]).is_err(), "{:?}", how);
+        prop_assert!(run_cut(kind, None, &body, &cuts).is_err(), "{:?}", how);
+    }
+}

@@ -603,6 +603,45 @@ pub fn span_of(r: &Record) -> Span {
     let server_error = r.status.is_some_and(|s| s >= 500);
 
     let mut a = Vec::with_capacity(24);
+    http_attributes(r, method, host, &mut a);
+    peer_attributes(r, &mut a);
+    if denied {
+        a.push(kv(semconv::ERROR_TYPE, string(r.reason)));
+    } else if let Some(s) = r.status.filter(|_| server_error) {
+        a.push(kv(semconv::ERROR_TYPE, string(&s.to_string())));
+    }
+    latchkey_attributes(r, &mut a);
+    if let Some(u) = &r.usage {
+        usage_attributes(u, &mut a);
+    }
+
+    let status = if denied || server_error {
+        Status {
+            code: status::StatusCode::Error as i32,
+            message: r.reason.to_string(),
+        }
+    } else {
+        Status::default()
+    };
+    Span {
+        trace_id: trace.unwrap_or_else(random_id::<16>).to_vec(),
+        span_id: id_from_hex::<8>(r.span_id.as_deref())
+            .filter(|_| trace.is_some())
+            .unwrap_or_else(random_id::<8>)
+            .to_vec(),
+        parent_span_id: parent.map(|p| p.to_vec()).unwrap_or_default(),
+        name,
+        kind: span::SpanKind::Client as i32,
+        start_time_unix_nano: start,
+        end_time_unix_nano: end,
+        attributes: a,
+        status: Some(status),
+        ..Default::default()
+    }
+}
+
+/// The HTTP semantic-convention attributes: method, URL, server, status.
+fn http_attributes(r: &Record, method: Option<&str>, host: Option<&str>, a: &mut Vec<KeyValue>) {
     if let Some(m) = method {
         if KNOWN_METHODS.contains(&m) {
             a.push(kv(semconv::HTTP_REQUEST_METHOD, string(m)));
@@ -631,6 +670,10 @@ pub fn span_of(r: &Record) -> Span {
     if let Some(s) = r.status {
         a.push(kv(semconv::HTTP_RESPONSE_STATUS_CODE, int(u64::from(s))));
     }
+}
+
+/// The client and the upstream peer dialed.
+fn peer_attributes(r: &Record, a: &mut Vec<KeyValue>) {
     match r.client.parse::<SocketAddr>() {
         Ok(c) => {
             a.push(kv(semconv::CLIENT_ADDRESS, string(&c.ip().to_string())));
@@ -650,11 +693,10 @@ pub fn span_of(r: &Record) -> Span {
         ));
         a.push(kv(semconv::NETWORK_PEER_PORT, int(u64::from(u.port()))));
     }
-    if denied {
-        a.push(kv(semconv::ERROR_TYPE, string(r.reason)));
-    } else if let Some(s) = r.status.filter(|_| server_error) {
-        a.push(kv(semconv::ERROR_TYPE, string(&s.to_string())));
-    }
+}
+
+/// latchkey's own attributes: the decision, who, the record and what was measured.
+fn latchkey_attributes(r: &Record, a: &mut Vec<KeyValue>) {
     a.push(kv("latchkey.decision", string(r.decision)));
     a.push(kv("latchkey.reason", string(r.reason)));
     if let Some(rule) = &r.rule {
@@ -702,60 +744,38 @@ pub fn span_of(r: &Record) -> Span {
     for (k, v) in &r.labels {
         a.push(kv(&format!("latchkey.labels.{k}"), string(v)));
     }
-    if let Some(u) = &r.usage {
-        // `gen_ai.system` is what the conventions named the provider until they renamed it
-        // `gen_ai.provider.name`; backends read one or the other, so both are sent.
-        #[allow(deprecated)]
-        {
-            a.push(kv(semconv::GEN_AI_SYSTEM, string(u.provider)));
-            a.push(kv(semconv::GEN_AI_PROVIDER_NAME, string(u.provider)));
-            if let Some(m) = &u.model {
-                a.push(kv(semconv::GEN_AI_REQUEST_MODEL, string(m)));
-            }
-            a.push(kv(semconv::GEN_AI_USAGE_INPUT_TOKENS, int(u.input_tokens)));
-            a.push(kv(
-                semconv::GEN_AI_USAGE_OUTPUT_TOKENS,
-                int(u.output_tokens),
-            ));
-            if u.cached_input_tokens > 0 {
-                a.push(kv(
-                    semconv::GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
-                    int(u.cached_input_tokens),
-                ));
-            }
-        }
-        if let Some(cost) = u.cost {
-            a.push(kv(
-                "latchkey.usage.cost",
-                any_value::Value::DoubleValue(cost),
-            ));
-        }
-        a.push(kv("latchkey.usage.source", string(u.source)));
-    }
+}
 
-    let status = if denied || server_error {
-        Status {
-            code: status::StatusCode::Error as i32,
-            message: r.reason.to_string(),
+/// A model-provider call's usage, as the GenAI conventions name it.
+fn usage_attributes(u: &crate::audit::UsageInfo, a: &mut Vec<KeyValue>) {
+    // `gen_ai.system` is what the conventions named the provider until they renamed it
+    // `gen_ai.provider.name`; backends read one or the other, so both are sent.
+    #[allow(deprecated)]
+    {
+        a.push(kv(semconv::GEN_AI_SYSTEM, string(u.provider)));
+        a.push(kv(semconv::GEN_AI_PROVIDER_NAME, string(u.provider)));
+        if let Some(m) = &u.model {
+            a.push(kv(semconv::GEN_AI_REQUEST_MODEL, string(m)));
         }
-    } else {
-        Status::default()
-    };
-    Span {
-        trace_id: trace.unwrap_or_else(random_id::<16>).to_vec(),
-        span_id: id_from_hex::<8>(r.span_id.as_deref())
-            .filter(|_| trace.is_some())
-            .unwrap_or_else(random_id::<8>)
-            .to_vec(),
-        parent_span_id: parent.map(|p| p.to_vec()).unwrap_or_default(),
-        name,
-        kind: span::SpanKind::Client as i32,
-        start_time_unix_nano: start,
-        end_time_unix_nano: end,
-        attributes: a,
-        status: Some(status),
-        ..Default::default()
+        a.push(kv(semconv::GEN_AI_USAGE_INPUT_TOKENS, int(u.input_tokens)));
+        a.push(kv(
+            semconv::GEN_AI_USAGE_OUTPUT_TOKENS,
+            int(u.output_tokens),
+        ));
+        if u.cached_input_tokens > 0 {
+            a.push(kv(
+                semconv::GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
+                int(u.cached_input_tokens),
+            ));
+        }
     }
+    if let Some(cost) = u.cost {
+        a.push(kv(
+            "latchkey.usage.cost",
+            any_value::Value::DoubleValue(cost),
+        ));
+    }
+    a.push(kv("latchkey.usage.source", string(u.source)));
 }
 
 #[cfg(test)]

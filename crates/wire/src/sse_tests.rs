@@ -348,3 +348,61 @@ proptest! {
         let _ = p.finish(&mut |_| {});
     }
 }
+
+/// Pieces of a line: [`piece`] without its line endings.
+fn line_piece() -> impl Strategy<Value = &'static str> {
+    piece().prop_filter("no line ending", |p| !p.contains(['\r', '\n']))
+}
+
+/// The lines of a stream (no line endings in them), and one ending choice per line.
+fn lines() -> impl Strategy<Value = Vec<(String, u8)>> {
+    let line = proptest::collection::vec(line_piece(), 0..5).prop_map(|p| p.concat());
+    proptest::collection::vec((line, 0u8..3), 0..20)
+}
+
+/// `lines` joined, each ended by `\n` (0), `\r` (1) or `\r\n` (2) — `ending` overriding the
+/// choice when given. A `\r` followed by an empty line ended by `\n` would be one `\r\n` line
+/// end, not two, so that `\n` becomes `\r\n`.
+fn joined(lines: &[(String, u8)], ending: Option<u8>) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut after_cr = false;
+    for (line, choice) in lines {
+        let mut choice = ending.unwrap_or(*choice);
+        if after_cr && line.is_empty() && choice == 0 {
+            choice = 2;
+        }
+        out.extend_from_slice(line.as_bytes());
+        out.extend_from_slice(match choice {
+            0 => b"\n".as_slice(),
+            1 => b"\r",
+            _ => b"\r\n",
+        });
+        after_cr = choice == 1;
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// The spec's three line endings are equivalent: the same lines ended by `\n`, `\r`,
+    /// `\r\n` or a mix give the same events, however each stream is cut.
+    #[test]
+    fn lf_cr_and_crlf_line_endings_give_the_same_events(
+        lines in lines(),
+        cuts in proptest::collection::vec(any::<usize>(), 0..8),
+    ) {
+        let lf = joined(&lines, Some(0));
+        let want = parse_at(&lf, &[], RAW).0;
+        prop_assert_eq!(&want, &reference(&lf));
+        for (name, stream) in [
+            ("CR", joined(&lines, Some(1))),
+            ("CRLF", joined(&lines, Some(2))),
+            ("mixed", joined(&lines, None)),
+        ] {
+            let (seen, raws) = parse_at(&stream, &cuts, RAW);
+            prop_assert_eq!(&seen, &want, "{} endings", name);
+            prop_assert_eq!(raws.concat(), stream);
+        }
+    }
+}

@@ -96,43 +96,13 @@ pub(super) async fn self_check(
             }
             Err(why) => check.problems.push(why),
         }
-        say(&format!("{}. {}\n  $ {}\n", i + 1, check.title, check.curl));
-        if !check.shown.is_empty() {
-            say(&format!("  → {}\n", check.shown));
-        }
-        if check.problems.is_empty() {
-            say("  ok\n\n");
-        } else {
-            for p in &check.problems {
-                say(&format!("  FAILED: {p}\n"));
-            }
-            say("\n");
-        }
+        show(i, &check);
         checks.push(check);
     }
 
     let mut failed = checks.iter().filter(|c| !c.problems.is_empty()).count();
-    match audit_lines(ws, files.audit_offset, &ids).await {
-        Ok(lines) => {
-            say(&format!(
-                "Audit records ({}), each request's outcome (its decision record came before the upstream\n  was dialed); secrets appear by name only:\n",
-                ws.path(AUDIT_FILE).display()
-            ));
-            for line in &lines {
-                say(&format!("  {line}\n"));
-            }
-            let problems = judge_audit(&lines);
-            for p in &problems {
-                say(&format!("  FAILED: {p}\n"));
-            }
-            if !problems.is_empty() {
-                failed += 1;
-            }
-        }
-        Err(why) => {
-            say(&format!("FAILED: {why}\n"));
-            failed += 1;
-        }
+    if !audit_checks(ws, files, &ids).await {
+        failed += 1;
     }
     if let Some(problem) = ws.leaks(secret, files.audit_offset) {
         say(&format!("FAILED: {problem}\n"));
@@ -147,6 +117,46 @@ pub(super) async fn self_check(
         ));
     }
     Ok(failed == 0)
+}
+
+/// Prints step `i`'s check: what it ran, what it saw, and whether it passed.
+fn show(i: usize, check: &Check) {
+    say(&format!("{}. {}\n  $ {}\n", i + 1, check.title, check.curl));
+    if !check.shown.is_empty() {
+        say(&format!("  → {}\n", check.shown));
+    }
+    if check.problems.is_empty() {
+        say("  ok\n\n");
+    } else {
+        for p in &check.problems {
+            say(&format!("  FAILED: {p}\n"));
+        }
+        say("\n");
+    }
+}
+
+/// Prints the audit records of the requests `ids` and judges them; whether they pass.
+async fn audit_checks(ws: &Workspace, files: &Files, ids: &[String]) -> bool {
+    match audit_lines(ws, files.audit_offset, ids).await {
+        Ok(lines) => {
+            say(&format!(
+                "Audit records ({}), each request's outcome (its decision record came before the upstream\n  was dialed); secrets appear by name only:\n",
+                ws.path(AUDIT_FILE).display()
+            ));
+            for line in &lines {
+                say(&format!("  {line}\n"));
+            }
+            let problems = judge_audit(&lines);
+            for p in &problems {
+                say(&format!("  FAILED: {p}\n"));
+            }
+            problems.is_empty()
+        }
+        Err(why) => {
+            say(&format!("FAILED: {why}\n"));
+            false
+        }
+    }
 }
 
 pub(super) fn reply_bytes(reply: &Reply) -> Vec<u8> {

@@ -40,69 +40,14 @@ impl Serve {
             "--shutdown-timeout".into(),
             "2s".into(),
         ];
-        let mut shown = String::new();
-        for a in std::iter::once(exe.as_os_str()).chain(args.iter().map(OsString::as_os_str)) {
-            let _ = write!(shown, "{} ", sh_quote(Path::new(a)));
-        }
-        say(&format!(
-            "latchkey demo: allow, inject, redact and deny, on this machine only (loopback, offline).\n\n\
-             demo directory  {root}{kept}\n\
-             policy          {policy}\n\
-             demo secret     {secret} (random for this run, mode 0600; never printed)\n\
-             echo upstream   https://{HOST}:{port} on 127.0.0.1, certificate from its own test CA ({echo_ca})\n\
-             latchkey CA     {ca} (what a sandbox trusts)\n\
-             audit log       {audit}\n\
-             latchkey log    {log}\n\n\
-             The policy:\n\n{policy_text}\n\
-             The proxy is latchkey itself, started as:\n  {shown}\n\n",
-            root = ws.root.display(),
-            kept = if ws.remove {
-                " (removed on exit; --dir DIR keeps the files)"
-            } else {
-                ""
-            },
-            policy = ws.path(POLICY_FILE).display(),
-            secret = ws.path(SECRET_FILE).display(),
-            port = files.port,
-            echo_ca = ws.path(ECHO_CA_FILE).display(),
-            ca = ws.path(CA_DIR).join(crate::proxy::ca::CA_CERT_FILE).display(),
-            audit = ws.path(AUDIT_FILE).display(),
-            log = ws.path(LOG_FILE).display(),
-            policy_text = indent(&files.policy, "    "),
-            shown = shown.trim_end(),
-        ));
+        introduce(ws, files, &exe, &args);
 
         let log_path = ws.path(LOG_FILE);
         let log = std::fs::File::create(&log_path).map_err(|source| DemoError::Write {
             path: log_path.clone(),
             source,
         })?;
-        let mut cmd = tokio::process::Command::new(&exe);
-        cmd.args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        // Only the flags above decide what this latchkey does, not the caller's LATCHKEY_*.
-        for (name, _) in std::env::vars_os() {
-            if name.to_string_lossy().starts_with("LATCHKEY_") {
-                cmd.env_remove(name);
-            }
-        }
-        #[cfg(target_os = "linux")]
-        #[allow(unsafe_code)] // the workspace denies unsafe code; this is its one block
-        // SAFETY: the closure runs in the forked child before exec and makes one prctl system
-        // call, which allocates nothing and takes no lock (async-signal-safe).
-        unsafe {
-            // If the demo dies without stopping latchkey (kill -9), latchkey gets SIGTERM and
-            // shuts down instead of holding the demo's port.
-            cmd.pre_exec(|| {
-                rustix::process::set_parent_process_death_signal(Some(
-                    rustix::process::Signal::TERM,
-                ))
-                .map_err(std::io::Error::from)
-            });
-        }
+        let mut cmd = command(&exe, &args);
         let mut child = cmd
             .spawn()
             .map_err(|e| DemoError::Serve(format!("cannot start {}: {e}", exe.display())))?;
@@ -181,6 +126,72 @@ impl Serve {
         say("\nstopping latchkey\n");
         self.stop().await
     }
+}
+
+/// Says what the demo is about to do: its files, the policy, and the command it starts.
+fn introduce(ws: &Workspace, files: &Files, exe: &Path, args: &[OsString]) {
+    let mut shown = String::new();
+    for a in std::iter::once(exe.as_os_str()).chain(args.iter().map(OsString::as_os_str)) {
+        let _ = write!(shown, "{} ", sh_quote(Path::new(a)));
+    }
+    say(&format!(
+        "latchkey demo: allow, inject, redact and deny, on this machine only (loopback, offline).\n\n\
+         demo directory  {root}{kept}\n\
+         policy          {policy}\n\
+         demo secret     {secret} (random for this run, mode 0600; never printed)\n\
+         echo upstream   https://{HOST}:{port} on 127.0.0.1, certificate from its own test CA ({echo_ca})\n\
+         latchkey CA     {ca} (what a sandbox trusts)\n\
+         audit log       {audit}\n\
+         latchkey log    {log}\n\n\
+         The policy:\n\n{policy_text}\n\
+         The proxy is latchkey itself, started as:\n  {shown}\n\n",
+        root = ws.root.display(),
+        kept = if ws.remove {
+            " (removed on exit; --dir DIR keeps the files)"
+        } else {
+            ""
+        },
+        policy = ws.path(POLICY_FILE).display(),
+        secret = ws.path(SECRET_FILE).display(),
+        port = files.port,
+        echo_ca = ws.path(ECHO_CA_FILE).display(),
+        ca = ws.path(CA_DIR).join(crate::proxy::ca::CA_CERT_FILE).display(),
+        audit = ws.path(AUDIT_FILE).display(),
+        log = ws.path(LOG_FILE).display(),
+        policy_text = indent(&files.policy, "    "),
+        shown = shown.trim_end(),
+    ));
+}
+
+/// The child's command: `args`, no stdin or stdout, stderr piped, none of the caller's
+/// `LATCHKEY_*` variables, and (Linux) SIGTERM when the demo dies.
+fn command(exe: &Path, args: &[OsString]) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    // Only the flags above decide what this latchkey does, not the caller's LATCHKEY_*.
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("LATCHKEY_") {
+            cmd.env_remove(name);
+        }
+    }
+    // The crate's one unsafe block (`unsafe_code` is denied everywhere else).
+    // SAFETY: the closure runs in the forked child before exec and makes one prctl system
+    // call, which allocates nothing and takes no lock (async-signal-safe).
+    #[cfg(target_os = "linux")]
+    #[allow(unsafe_code)]
+    unsafe {
+        // If the demo dies without stopping latchkey (kill -9), latchkey gets SIGTERM and
+        // shuts down instead of holding the demo's port.
+        cmd.pre_exec(|| {
+            rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::TERM))
+                .map_err(std::io::Error::from)
+        });
+    }
+    cmd
 }
 
 /// Copies latchkey's stderr to the log file, sending its listening address once seen.
