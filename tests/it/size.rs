@@ -252,19 +252,25 @@ fn names(entry: &str, what: &str) -> bool {
     what == entry || what.ends_with(&format!("/{entry}"))
 }
 
-/// Everything too large in the source tree: `(name, description)`, name as [`ALLOWED`] spells it.
-fn too_large() -> Vec<(String, String)> {
+/// One non-test source file, measured: its allowlist name, its path from the repository root,
+/// its lines, and every function in it with its length.
+struct Measured {
+    name: String,
+    shown: String,
+    lines: usize,
+    fns: Vec<LongFn>,
+}
+
+/// Every non-test source file of the tree, measured.
+fn measured() -> Vec<Measured> {
     let repo = repo();
-    let mut found = Vec::new();
-    let mut files_read = 0;
+    let mut out = Vec::new();
     for (root, prefix) in source_roots(&repo) {
         let mut files = Vec::new();
         rust_files(&root, &mut files);
         for path in files.into_iter().filter(|p| !is_test_file(p)) {
-            files_read += 1;
             let rel = path.strip_prefix(&root).expect("under its root");
             let rel = rel.to_string_lossy().replace('\\', "/");
-            let name = normalised(&prefix, &rel);
             let shown = path
                 .strip_prefix(&repo)
                 .unwrap_or(&path)
@@ -272,31 +278,84 @@ fn too_large() -> Vec<(String, String)> {
                 .to_string();
             let source = std::fs::read_to_string(&path)
                 .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
-            let lines = source.lines().count();
-            if lines > MAX_FILE_LINES {
-                found.push((
-                    name.clone(),
-                    format!("{shown}: {lines} lines (at most {MAX_FILE_LINES})"),
-                ));
-            }
             let fns = functions(&source).unwrap_or_else(|e| panic!("parse {shown}: {e}"));
-            for f in fns.into_iter().filter(|f| f.lines > MAX_FN_LINES) {
-                found.push((
-                    format!("{name}::{}", f.name),
-                    format!(
-                        "{shown}:{}: fn {} is {} lines (at most {MAX_FN_LINES})",
-                        f.line, f.name, f.lines
-                    ),
-                ));
-            }
+            out.push(Measured {
+                name: normalised(&prefix, &rel),
+                shown,
+                lines: source.lines().count(),
+                fns,
+            });
         }
     }
     assert!(
-        files_read > 20,
-        "read only {files_read} source files under {}: is the layout known?",
+        out.len() > 20,
+        "read only {} source files under {}: is the layout known?",
+        out.len(),
         repo.display()
     );
+    out
+}
+
+/// Everything too large in the source tree: `(name, description)`, name as [`ALLOWED`] spells it.
+fn too_large() -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    for m in measured() {
+        if m.lines > MAX_FILE_LINES {
+            found.push((
+                m.name.clone(),
+                format!("{}: {} lines (at most {MAX_FILE_LINES})", m.shown, m.lines),
+            ));
+        }
+        for f in m.fns.iter().filter(|f| f.lines > MAX_FN_LINES) {
+            found.push((
+                format!("{}::{}", m.name, f.name),
+                format!(
+                    "{}:{}: fn {} is {} lines (at most {MAX_FN_LINES})",
+                    m.shown, f.line, f.name, f.lines
+                ),
+            ));
+        }
+    }
     found
+}
+
+/// The largest files and functions, for a maintainer (not a check):
+/// `cargo test --test it size::report -- --ignored --nocapture`.
+#[test]
+#[ignore = "a report, not a check"]
+fn report_the_largest_files_and_functions() {
+    let all = measured();
+    let mut files: Vec<(usize, &str)> = all.iter().map(|m| (m.lines, m.shown.as_str())).collect();
+    files.sort_by(|a, b| b.cmp(a));
+    let mut fns: Vec<(usize, String)> = all
+        .iter()
+        .flat_map(|m| {
+            m.fns
+                .iter()
+                .map(move |f| (f.lines, format!("{}::{}", m.shown, f.name)))
+        })
+        .collect();
+    fns.sort_by(|a, b| b.cmp(a));
+    println!(
+        "{} non-test source files, {} functions",
+        all.len(),
+        fns.len()
+    );
+    println!("largest files:");
+    for (lines, name) in files.iter().take(15) {
+        println!("  {lines:5}  {name}");
+    }
+    println!("longest functions:");
+    for (lines, name) in fns.iter().take(15) {
+        println!("  {lines:5}  {name}");
+    }
+    let over = |limit: usize| fns.iter().filter(|(l, _)| *l > limit).count();
+    println!(
+        "functions over 120 lines: {}, over 80: {}; files over 800 lines: {}",
+        over(120),
+        over(80),
+        files.iter().filter(|(l, _)| *l > 800).count()
+    );
 }
 
 #[test]

@@ -9,7 +9,7 @@
 //!
 //! ```
 //! use std::sync::Arc;
-//! use latchkey::secrets::scrub::{ScrubSecret, Scrubber};
+//! use latchkey_secrets::scrub::{ScrubSecret, Scrubber};
 //!
 //! let secret = ScrubSecret { name: "openai", value: b"sk-test-0123456789" };
 //! let scrubber = Arc::new(Scrubber::new(&[secret])?);
@@ -25,7 +25,7 @@
 //! body.extend_from_slice(&stream.push(b"23456789"));
 //! body.extend_from_slice(&stream.finish());
 //! assert_eq!(body, b"you sent [REDACTED:openai]");
-//! # Ok::<(), latchkey::secrets::scrub::ScrubError>(())
+//! # Ok::<(), latchkey_secrets::scrub::ScrubError>(())
 //! ```
 //!
 //! # Variants
