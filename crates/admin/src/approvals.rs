@@ -163,20 +163,15 @@ async fn record(proxy: &Proxy, peer: SocketAddr, a: &Approval) {
     let policy = proxy.policy();
     let mut entry = crate::proxy::open_record(proxy, peer, &a.identity, &policy).await;
     let answer = a.answer.as_ref();
-    entry.update(|r| {
-        r.method = Some("APPROVAL".to_string());
-        r.scheme = Some(a.scheme.clone());
-        r.host = Some(a.host.clone());
-        r.port = Some(a.port);
-        r.path = Some(a.path.clone());
-        r.approval = Some(ApprovalInfo {
-            id: a.id.clone(),
-            state: a.state.as_str(),
-            scope: answer.and_then(|x| x.scope.clone()),
-            by: answer.map(|x| x.by.clone()),
-            note: answer.and_then(|x| x.note.clone()),
-            ..ApprovalInfo::default()
-        });
+    entry.set_method("APPROVAL");
+    entry.set_target(&a.scheme, &a.host, a.port, a.path.clone());
+    entry.set_approval(ApprovalInfo {
+        id: a.id.clone(),
+        state: a.state.as_str(),
+        scope: answer.and_then(|x| x.scope.clone()),
+        by: answer.map(|x| x.by.clone()),
+        note: answer.and_then(|x| x.note.clone()),
+        ..ApprovalInfo::default()
     });
     let reason = if a.state == State::Approved {
         Reason::Allowed

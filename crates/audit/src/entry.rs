@@ -3,12 +3,16 @@
 //! scrubbed on the way out through [`Scrub`], which is all audit knows of secrets. Depends on
 //! `reason` and the rest of `audit`.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
-use super::{new_id, ApprovalInfo, AuditLog, LimitCharge, McpInfo, Phase, Record, UsageInfo};
+use super::{
+    new_id, ApprovalInfo, AuditLog, DnsInfo, LimitCharge, McpInfo, Phase, Record, UsageInfo,
+    WebSocketInfo,
+};
 use crate::reason::Reason;
 
 pub use latchkey_wire::redact::Scrub;
@@ -203,7 +207,114 @@ impl Entry {
     /// The upstream answered with `status`, from `upstream` (the address dialed).
     pub fn answered(&mut self, status: u16, upstream: Option<SocketAddr>) {
         self.reached(Stage::Answered(status));
+        self.set_upstream(upstream);
+    }
+
+    /// The reason alone, the decision standing: how an exchange already decided ended (the
+    /// body's refusal, an allowed connection whose upstream failed).
+    pub fn set_reason(&mut self, reason: Reason) {
+        self.update(|r| r.reason = reason.code());
+    }
+
+    /// How a connection already decided ended, over its outcome (rule and status stay): a
+    /// refusal (a message latchkey would not forward, a limit) makes it a real deny.
+    pub fn ended(&mut self, reason: Reason) {
+        self.update(|r| {
+            r.reason = reason.code();
+            if !reason.is_allow() {
+                r.decision = "deny";
+                r.would_deny = false;
+            }
+        });
+    }
+
+    /// The method as the client named it (`CONNECT` for a connection, `DNS`, `APPROVAL`).
+    pub fn set_method(&mut self, method: &str) {
+        self.update(|r| r.method = Some(method.to_string()));
+    }
+
+    /// The scheme the request or connection is for.
+    pub fn set_scheme(&mut self, scheme: &str) {
+        self.update(|r| r.scheme = Some(scheme.to_string()));
+    }
+
+    /// The host as the record names it (as sent until it is admitted, then in normal form).
+    pub fn set_host(&mut self, host: impl Into<String>) {
+        self.update(|r| r.host = Some(host.into()));
+    }
+
+    /// The port the request or connection is for.
+    pub fn set_port(&mut self, port: u16) {
+        self.update(|r| r.port = Some(port));
+    }
+
+    /// The authority as admitted: host (in normal form) and port.
+    pub fn set_authority(&mut self, host: impl Into<String>, port: u16) {
+        self.update(|r| {
+            r.host = Some(host.into());
+            r.port = Some(port);
+        });
+    }
+
+    /// The path (and query, redacted by the caller) as the record names it.
+    pub fn set_path(&mut self, path: String) {
+        self.update(|r| r.path = Some(path));
+    }
+
+    /// The rule the request is under before its outcome is set.
+    pub fn set_rule(&mut self, rule: &str) {
+        self.update(|r| r.rule = Some(rule.to_string()));
+    }
+
+    /// The address latchkey dialed, if it dialed one.
+    pub fn set_upstream(&mut self, upstream: Option<SocketAddr>) {
         self.update(|r| r.upstream = upstream.map(|a| a.to_string()));
+    }
+
+    /// Where a redirected connection was going (its original destination).
+    pub fn set_original_dst(&mut self, original: Option<SocketAddr>) {
+        self.update(|r| r.original_dst = original.map(|a| a.to_string()));
+    }
+
+    /// The identity's ceiling: its labels and the digest of its reach.
+    pub fn set_ceiling(&mut self, labels: &BTreeMap<String, String>, reach: &str) {
+        self.update(|r| {
+            r.labels.clone_from(labels);
+            r.reach = Some(reach.to_string());
+        });
+    }
+
+    /// Names of secrets a relay used after the request's own, added to those already named.
+    pub fn used_secrets(&mut self, names: impl IntoIterator<Item = String>) {
+        self.update(|r| {
+            for name in names {
+                if !r.secrets.contains(&name) {
+                    r.secrets.push(name);
+                }
+            }
+        });
+    }
+
+    /// What a WebSocket carried and how it closed.
+    pub fn set_websocket(&mut self, info: WebSocketInfo) {
+        self.update(|r| r.websocket = Some(info));
+    }
+
+    /// Report-only let through what a relay would have refused: the record says so.
+    pub fn reported(&mut self) {
+        self.update(|r| r.would_deny = true);
+    }
+
+    /// What a DNS query asked and got.
+    pub fn set_dns(&mut self, info: DnsInfo) {
+        self.update(|r| r.dns = Some(info));
+    }
+
+    /// Bytes a relay carried (up from the client, down from the upstream), added to the
+    /// counters the record reads when it is written.
+    pub fn carried(&self, up: u64, down: u64) {
+        self.counters.up.fetch_add(up, Ordering::Relaxed);
+        self.counters.down.fetch_add(down, Ordering::Relaxed);
     }
 
     /// The target as admitted, in normal form (over what was recorded as sent).

@@ -268,11 +268,11 @@ fn finish(
     reason: Reason,
     rule: Option<&str>,
 ) {
-    entry.update(|r| {
-        r.method = Some("DNS".to_string());
-        r.host = host;
-        r.dns = Some(info);
-    });
+    entry.set_method("DNS");
+    if let Some(host) = host {
+        entry.set_host(host);
+    }
+    entry.set_dns(info);
     entry.outcome(reason, rule, None);
     entry.finish();
 }

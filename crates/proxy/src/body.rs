@@ -108,7 +108,7 @@ impl Finisher {
             .and_then(|slot| slot.get())
             .map(|r| r.reason);
         if let Some(reason) = refused.or(reason) {
-            entry.update(|r| r.reason = reason.code());
+            entry.set_reason(reason);
         }
         if let Some(hook) = self.on_finish.take() {
             hook(&mut entry);

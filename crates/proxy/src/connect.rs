@@ -35,13 +35,9 @@ use crate::upstream::Body;
 /// answered and recorded in one place ([`respond::refused`]).
 pub async fn handle(proxy: Arc<Proxy>, ctx: Arc<Ctx>, req: Request<Incoming>) -> Response<Body> {
     let policy = proxy.policy();
-    // Back-pressure from a slow audit sink: wait for queue room without holding a thread.
-    proxy.audit.room().await;
-    let mut entry = proxy.open_record(ctx.client, &ctx.identity, &policy);
-    entry.update(|r| {
-        r.method = Some("CONNECT".to_string());
-        r.scheme = Some("https".to_string());
-    });
+    let mut entry = pipeline::open_record(&proxy, ctx.client, &ctx.identity, &policy).await;
+    entry.set_method("CONNECT");
+    entry.set_scheme("https");
     // The CONNECT's own correlation headers (`curl --proxy-header`); only a tunnel, whose
     // record is the connection's, counts as an attempt at its step.
     let mut correlation = proxy
@@ -87,7 +83,7 @@ fn knock<'r>(
     let Some(authority) = req.uri().authority() else {
         return Err(Refusal::new(Reason::BadRequest, "CONNECT needs host:port"));
     };
-    entry.update(|r| r.host = Some(authority.host().to_string()));
+    entry.set_host(authority.host());
     if authority.as_str().contains('@') {
         return Err(Refusal::new(
             Reason::UserinfoInUrl,
@@ -147,7 +143,6 @@ pub(crate) async fn tunnel<T: ClientIo>(
     mut upstream: tokio::net::TcpStream,
     mut entry: Entry,
 ) {
-    let counters = entry.counters();
     let admission = entry
         .take_held()
         .and_then(|h| h.downcast::<crate::governance::limits::Admission>().ok());
@@ -162,23 +157,15 @@ pub(crate) async fn tunnel<T: ClientIo>(
             }
         },
     };
-    counters
-        .up
-        .fetch_add(up, std::sync::atomic::Ordering::Relaxed);
-    counters
-        .down
-        .fetch_add(down, std::sync::atomic::Ordering::Relaxed);
+    entry.carried(up, down);
     if let Some(admission) = admission {
         let prices = crate::policy::PriceTable::empty();
         let (charges, _) = admission.settle(up, None, None, &prices);
-        entry.update(|r| r.limits = charges);
+        entry.set_limits(charges);
     }
     if let Some(refusal) = cut {
         tracing::warn!(audit.id = %entry.id(), reason = refusal.reason.code(), message = %entry.scrub_text(&refusal.message), "tunnel cut off");
-        entry.update(|r| {
-            r.reason = refusal.reason.code();
-            r.decision = "deny";
-        });
+        entry.ended(refusal.reason);
     }
     entry.finish();
 }

@@ -44,21 +44,22 @@ impl Exchanger<'_> {
     async fn exchange(&self, ex: Exchange) -> Result<Answer, TransportError> {
         let proxy = self.proxy;
         let policy = proxy.policy();
-        proxy.audit.room().await;
-        let mut entry = proxy.open_record(self.client, &self.identity, &policy);
+        let mut entry = crate::open_record(proxy, self.client, &self.identity, &policy).await;
         let uri: http::Uri = ex
             .url
             .parse()
             .map_err(|e| TransportError(format!("invalid URL: {e}")))?;
         let rule = token_name(&ex.credential);
-        entry.update(|r| {
-            r.method = Some("POST".to_string());
-            r.scheme = uri.scheme_str().map(str::to_string);
-            r.host = uri.host().map(str::to_ascii_lowercase);
-            r.port = uri.port_u16().or(Some(443));
-            r.path = Some(uri.path().to_string());
-            r.rule = Some(rule.clone());
-        });
+        entry.set_method("POST");
+        if let Some(scheme) = uri.scheme_str() {
+            entry.set_scheme(scheme);
+        }
+        if let Some(host) = uri.host() {
+            entry.set_host(host.to_ascii_lowercase());
+        }
+        entry.set_port(uri.port_u16().unwrap_or(443));
+        entry.set_path(uri.path().to_string());
+        entry.set_rule(&rule);
         // A token exchange carries key material (a client secret, a signed assertion): only
         // inside TLS, whatever URL a key file names.
         if uri.scheme() != Some(&http::uri::Scheme::HTTPS) {
@@ -96,10 +97,7 @@ impl Exchanger<'_> {
             }
         };
         let status = sent.answer.status;
-        entry
-            .counters()
-            .down
-            .fetch_add(sent.answer.body.len() as u64, Ordering::Relaxed);
+        entry.carried(0, sent.answer.body.len() as u64);
         proxy
             .metrics()
             .secret_fetches
@@ -110,7 +108,7 @@ impl Exchanger<'_> {
             Reason::CredentialFailed
         };
         entry.outcome(reason, Some(&rule), Some(status));
-        entry.update(|r| r.upstream = sent.upstream.map(|a| a.to_string()));
+        entry.set_upstream(sent.upstream);
         entry.finish();
         Ok(sent.answer)
     }

@@ -266,9 +266,9 @@ fn admit_authority(
     host_as_sent: &str,
     port: u16,
 ) -> Result<String, Refusal> {
-    entry.update(|r| r.host = Some(host_as_sent.to_string()));
+    entry.set_host(host_as_sent);
     if host_as_sent.contains('@') {
-        entry.update(|r| r.port = Some(port));
+        entry.set_port(port);
         return Err(Refusal::new(
             Reason::UserinfoInUrl,
             "authority carries userinfo ('@')",
@@ -277,15 +277,12 @@ fn admit_authority(
     // The host as sent, before it is normalised, resolved or put in a certificate: a secret
     // value or a placeholder in it (a subdomain under a `*.` rule) would leak to DNS.
     if let Err(refusal) = pipeline::host_clean(policy, host_as_sent, entry) {
-        entry.update(|r| r.port = Some(port));
+        entry.set_port(port);
         return Err(refusal);
     }
     let host = normalize_host(host_as_sent)
         .map_err(|e| Refusal::new(Reason::BadRequest, e.to_string()))?;
-    entry.update(|r| {
-        r.host = Some(host.clone());
-        r.port = Some(port);
-    });
+    entry.set_authority(&host, port);
     Ok(host)
 }
 
@@ -299,7 +296,7 @@ async fn tunnel(
     to: &Admitted,
     entry: &mut Entry,
 ) -> Result<Dialed, Refusal> {
-    entry.update(|r| r.rule = Some(rule.name.clone()));
+    entry.set_rule(&rule.name);
     // A tunnel's limits count CONNECTs (rate, concurrency): held while it is open.
     tunnel_limits(proxy, policy, identity, rule, to, entry).await?;
     // The decision is on disk before the dial; the tunnel's outcome record follows.
@@ -311,7 +308,7 @@ async fn tunnel(
         .await
         .map_err(|e| Refusal::new(e.reason(), e.to_string()))?;
     entry.outcome(Reason::Tunnel, Some(&rule.name), Some(200));
-    entry.update(|r| r.upstream = Some(dialed.addr.to_string()));
+    entry.set_upstream(Some(dialed.addr));
     Ok(dialed)
 }
 

@@ -69,8 +69,8 @@ pub use broker::SCAN_LIMIT;
 pub use ca::{CertAuthority, InitOutcome};
 pub use exchange::Exchanger;
 pub use pins::Pins;
-pub use pipeline::open_record;
 pub use pipeline::Ctx;
+pub use pipeline::{open_connection_record, open_record};
 pub use reload::{Generation, ReloadError, ReloadState};
 
 use crate::audit::{AuditLog, Entry};
@@ -233,7 +233,8 @@ impl Proxy {
 
     /// Opens the record of one request (or CONNECT) from `client` as `identity`, under
     /// `policy`: secret values in force are scrubbed from it and from the messages it quotes.
-    /// The caller waits for queue room first (`audit.room()`) where it can.
+    /// Opened through [`pipeline::open_record`], which waits for queue room first, wherever the
+    /// caller can wait (DNS's shed work does not: `dns::resolver`).
     /// The record carries the identity's ceiling: its labels and reach under `policy`.
     pub fn open_record(&self, client: SocketAddr, identity: &str, policy: &Generation) -> Entry {
         let mut entry = Entry::start(self.audit.clone(), client, identity, policy.digest());
@@ -364,10 +365,7 @@ impl Proxy {
 /// Copies `identity`'s labels and reach digest (computed once per policy) into the record.
 fn ceiling(entry: &mut Entry, identity: &str, policy: &crate::policy::Policy) {
     if let Some(c) = policy.ceiling(identity) {
-        entry.update(|r| {
-            r.labels.clone_from(&c.labels);
-            r.reach = Some(c.reach.clone());
-        });
+        entry.set_ceiling(&c.labels, &c.reach);
     }
 }
 

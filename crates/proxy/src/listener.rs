@@ -27,6 +27,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 use super::pipeline::{self, Ctx};
 use super::{connect, limits, respond, Proxy, MAX_HEADER_BYTES};
+use crate::audit::Entry;
 use crate::reason::{Reason, Refusal};
 use crate::upstream;
 
@@ -76,10 +77,10 @@ impl Proxy {
     /// Answers a connection over the caps with `503` and closes it.
     async fn over_limit(self: Arc<Self>, mut stream: TcpStream, peer: SocketAddr, why: String) {
         use tokio::io::AsyncWriteExt;
-        self.audit.room().await;
+        let entry = crate::open_connection_record(&self, peer, &self.policy()).await;
         tracing::warn!(client.addr = %peer, why, "connection refused: over limit");
         let refusal = Refusal::new(Reason::TooManyConnections, why);
-        let answer = respond::refused_raw(self.connection_record(peer), &refusal);
+        let answer = respond::refused_raw(entry, &refusal);
         let _ = tokio::time::timeout(Duration::from_secs(2), stream.write_all(&answer)).await;
         let _ = stream.shutdown().await;
     }
@@ -225,28 +226,8 @@ impl Proxy {
         {
             Ok(identity) => Ok(Arc::new(ctx.identified(&identity.name))),
             Err(e) => {
-                let mut entry = self.open_record(ctx.client, "unidentified", &policy);
-                let uri = req.uri();
-                let connect = req.method() == Method::CONNECT;
-                entry.update(|r| {
-                    r.method = Some(req.method().to_string());
-                    r.host = uri.host().map(str::to_ascii_lowercase);
-                    r.scheme = if connect {
-                        Some("https".to_string())
-                    } else {
-                        uri.scheme_str().map(str::to_ascii_lowercase)
-                    };
-                    r.port = uri.port_u16().or(match r.scheme.as_deref() {
-                        Some("http") => Some(80),
-                        Some("https") => Some(443),
-                        _ => None,
-                    });
-                    if !connect {
-                        r.path = uri
-                            .path_and_query()
-                            .map(|pq| crate::audit::redact_query(pq.as_str()));
-                    }
-                });
+                let mut entry = crate::open_record(self, ctx.client, "unidentified", &policy).await;
+                unidentified(&mut entry, req);
                 let refusal = Refusal::new(Reason::ProxyAuthRequired, e.to_string());
                 Err(respond::refused(entry, &refusal))
             }
@@ -265,5 +246,35 @@ impl Proxy {
         };
         tracing::info!(client.addr = %peer, error = %e, "malformed request refused");
         respond::recorded(self.connection_record(peer), reason);
+    }
+}
+
+/// What a request refused `407` named, as sent: its method, host, scheme (`https` for a
+/// CONNECT), port (or the scheme's) and, but for a CONNECT, its path with the query redacted.
+fn unidentified(entry: &mut Entry, req: &Request<Incoming>) {
+    let uri = req.uri();
+    let connect = req.method() == Method::CONNECT;
+    entry.set_method(req.method().as_str());
+    if let Some(host) = uri.host() {
+        entry.set_host(host.to_ascii_lowercase());
+    }
+    let scheme = if connect {
+        Some("https".to_string())
+    } else {
+        uri.scheme_str().map(str::to_ascii_lowercase)
+    };
+    let port = uri.port_u16().or(match scheme.as_deref() {
+        Some("http") => Some(80),
+        Some("https") => Some(443),
+        _ => None,
+    });
+    if let Some(scheme) = &scheme {
+        entry.set_scheme(scheme);
+    }
+    if let Some(port) = port {
+        entry.set_port(port);
+    }
+    if let Some(pq) = uri.path_and_query().filter(|_| !connect) {
+        entry.set_path(crate::audit::redact_query(pq.as_str()));
     }
 }

@@ -183,19 +183,15 @@ impl Socket {
     pub fn record(self, entry: &mut Entry) {
         let info = mcp::for_the_record(self.info, entry);
         let (refused, report) = (self.refused, self.rules.report);
-        entry.update(|r| {
-            // A socket closed before any message was read has none to list.
-            if info.messages > 0 {
-                r.mcp = Some(info);
-            }
-            if refused && report {
-                r.would_deny = true;
-            } else if refused {
-                r.reason = Reason::McpNotAllowed.code();
-                r.decision = "deny";
-                r.would_deny = false;
-            }
-        });
+        // A socket closed before any message was read has none to list.
+        if info.messages > 0 {
+            entry.set_mcp(info);
+        }
+        if refused && report {
+            entry.reported();
+        } else if refused {
+            entry.ended(Reason::McpNotAllowed);
+        }
     }
 }
 

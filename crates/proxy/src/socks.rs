@@ -105,15 +105,11 @@ impl Proxy {
                     .await
             }
         };
-        // Back-pressure from a slow audit sink, as on the proxy hop.
-        self.audit.room().await;
-        let mut entry = self.open_record(peer, &identity, &policy);
-        entry.update(|r| {
-            r.method = Some("CONNECT".to_string());
-            r.scheme = Some("https".to_string());
-        });
+        let mut entry = crate::open_record(&self, peer, &identity, &policy).await;
+        entry.set_method("CONNECT");
+        entry.set_scheme("https");
         if request.port == 0 {
-            entry.update(|r| r.host = Some(request.host.clone()));
+            entry.set_host(&request.host);
             let refusal = Refusal::new(
                 Reason::MissingPort,
                 format!("SOCKS5 CONNECT to {} names port 0", request.host),
@@ -280,22 +276,16 @@ impl Proxy {
         policy: &Generation,
         failed: Failed,
     ) {
-        self.audit.room().await;
         let mut entry = match identity {
-            Some(identity) => self.open_record(peer, identity, policy),
-            None => {
-                let mut e = self.connection_record(peer);
-                e.scrub_with(policy.secrets().clone());
-                e
-            }
+            Some(identity) => crate::open_record(self, peer, identity, policy).await,
+            None => crate::open_connection_record(self, peer, policy).await,
         };
-        entry.update(|r| {
-            r.method = failed.command.map(str::to_string);
-            if let Some((host, port)) = &failed.target {
-                r.host = Some(host.clone());
-                r.port = Some(*port);
-            }
-        });
+        if let Some(command) = failed.command {
+            entry.set_method(command);
+        }
+        if let Some((host, port)) = &failed.target {
+            entry.set_authority(host, *port);
+        }
         let detail = entry.scrub_text(&failed.detail);
         tracing::info!(audit.id = %entry.id(), client.addr = %peer, reason = failed.reason.code(), detail, "SOCKS5 connection refused");
         entry.outcome(failed.reason, None, None);

@@ -110,17 +110,11 @@ pub fn spawn(
         };
         info.close_code = ended.close_code;
         info.closed_by = ended.closed_by;
-        entry.update(|r| {
-            r.websocket = Some(info);
-            // A message latchkey would not forward (or a limit) ends the socket as a refusal.
-            if let Some(reason) = ended.refused {
-                r.reason = reason.code();
-                if !reason.is_allow() {
-                    r.decision = "deny";
-                    r.would_deny = false;
-                }
-            }
-        });
+        entry.set_websocket(info);
+        // A message latchkey would not forward (or a limit) ends the socket as a refusal.
+        if let Some(reason) = ended.refused {
+            entry.ended(reason);
+        }
         if let Some(hook) = on_finish {
             hook(&mut entry);
         }
@@ -228,13 +222,7 @@ async fn relay(
         mcp.record(entry);
     }
     if !used.is_empty() {
-        entry.update(|r| {
-            for name in used {
-                if !r.secrets.contains(&name) {
-                    r.secrets.push(name);
-                }
-            }
-        });
+        entry.used_secrets(used);
     }
     ended
 }

@@ -164,7 +164,7 @@ pub(crate) fn host_clean(
     entry: &mut Entry,
 ) -> Result<(), Refusal> {
     leak::check_host(policy.secrets(), host).inspect_err(|_| {
-        entry.update(|r| r.host = Some(leak::REDACTED_HOST.to_string()));
+        entry.set_host(leak::REDACTED_HOST);
     })
 }
 

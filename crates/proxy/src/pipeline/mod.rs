@@ -51,7 +51,7 @@ pub(crate) use admit::{
 };
 pub(crate) use decide::identity;
 pub(crate) use limits::{record_admitted, record_refused};
-pub use record::open as open_record;
+pub use record::{open as open_record, open_connection as open_connection_record};
 
 /// Who is asking and through what: what a listener hands the pipeline with each request.
 ///

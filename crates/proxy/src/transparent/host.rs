@@ -25,12 +25,10 @@ pub(super) fn named<'h>(
     uri: &'h http::Uri,
     port: u16,
 ) -> Result<Named<'h>, Refusal> {
-    entry.update(|r| {
-        r.method = Some(head.method.clone());
-        r.path = Some(redact_query(
-            uri.path_and_query().map_or("/", |pq| pq.as_str()),
-        ));
-    });
+    entry.set_method(&head.method);
+    entry.set_path(redact_query(
+        uri.path_and_query().map_or("/", |pq| pq.as_str()),
+    ));
     let value = match head.hosts.as_slice() {
         [one] => one,
         [] => {
@@ -46,7 +44,7 @@ pub(super) fn named<'h>(
             ))
         }
     };
-    entry.update(|r| r.host = Some(value.clone()));
+    entry.set_host(value);
     let authority = value.parse::<http::uri::Authority>().map_err(|_| {
         Refusal::new(
             Reason::BadRequest,

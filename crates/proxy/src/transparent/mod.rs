@@ -32,7 +32,6 @@ mod stream;
 pub mod tproxy;
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -151,14 +150,13 @@ impl Proxy {
     ) {
         let _ = stream.set_nodelay(true);
         let started = Instant::now();
-        // Back-pressure from a slow audit sink: wait for queue room without holding a thread.
-        self.audit.room().await;
         let policy = self.policy();
         let local = stream.local_addr().unwrap_or(listen);
         let dest = Dest::of(capture, &stream, local);
         let plain = capture == Capture::Http;
-        let record = |identity: &str, plain: bool| {
+        let record = async |identity: &str, plain: bool| {
             self.captured_record(peer, identity, &policy, &dest, plain)
+                .await
         };
         let slot = match slot {
             Ok(slot) => slot,
@@ -166,7 +164,7 @@ impl Proxy {
                 let listener = capture.flag();
                 tracing::warn!(client.addr = %peer, why, listener, "connection refused: over limit");
                 let refusal = Refusal::new(Reason::TooManyConnections, why);
-                let entry = record(IDENTITY_DEFAULT, plain);
+                let entry = record(IDENTITY_DEFAULT, plain).await;
                 return refuse(&mut stream, entry, &refusal, plain).await;
             }
         };
@@ -175,7 +173,7 @@ impl Proxy {
         // them), while one dialed straight at a listener of latchkey's is a loop either way.
         if let Some(original) = dest.original {
             if self.is_own(original).await {
-                let entry = record(IDENTITY_DEFAULT, false);
+                let entry = record(IDENTITY_DEFAULT, false).await;
                 let refusal = Refusal::new(
                     Reason::NotRedirected,
                     format!(
@@ -190,7 +188,13 @@ impl Proxy {
             Ok(identity) => identity,
             Err(why) => {
                 let refusal = Refusal::new(Reason::ProxyAuthRequired, why);
-                return refuse(&mut stream, record("unidentified", false), &refusal, false).await;
+                return refuse(
+                    &mut stream,
+                    record("unidentified", false).await,
+                    &refusal,
+                    false,
+                )
+                .await;
             }
         };
         let mut seen = Vec::new();
@@ -204,7 +208,7 @@ impl Proxy {
                 } else {
                     Reason::NotTls
                 };
-                let entry = record(&identity, plain);
+                let entry = record(&identity, plain).await;
                 return refuse(&mut stream, entry, &Refusal::new(reason, why), false).await;
             }
         };
@@ -234,11 +238,11 @@ impl Proxy {
                     Reason::BadRequest,
                     "TLS on the plain-HTTP listener (--http-listen)",
                 );
-                refuse(&mut stream, record(&identity, true), &refusal, false).await;
+                refuse(&mut stream, record(&identity, true).await, &refusal, false).await;
             }
             (_, Capture::Http) => {
                 let refusal = Refusal::new(Reason::BadRequest, "not an HTTP/1 request");
-                refuse(&mut stream, record(&identity, true), &refusal, true).await;
+                refuse(&mut stream, record(&identity, true).await, &refusal, true).await;
             }
             (_, Capture::Transparent | Capture::Https) => {
                 let what = if kind == Kind::Http {
@@ -250,7 +254,7 @@ impl Proxy {
                     Reason::NotTls,
                     format!("{what} to {}:{}", dest.host, dest.port),
                 );
-                refuse(&mut stream, record(&identity, false), &refusal, false).await;
+                refuse(&mut stream, record(&identity, false).await, &refusal, false).await;
             }
         }
     }
@@ -268,7 +272,9 @@ impl Proxy {
             slot,
             mut seen,
         } = conn;
-        let entry = self.captured_record(peer, &identity, &policy, &dest, false);
+        let entry = self
+            .captured_record(peer, &identity, &policy, &dest, false)
+            .await;
         let deadline = started + self.handshake_timeout;
         let accepted = match first::read_hello(&mut stream, &mut seen, deadline).await {
             Ok(accepted) => accepted,
@@ -306,12 +312,9 @@ impl Proxy {
                 // The upstream gets the ClientHello exactly as the client sent it, then the rest.
                 let replay = dialed.stream.write_all(&seen);
                 match tokio::time::timeout(self.handshake_timeout, replay).await {
-                    Ok(Ok(())) => {
-                        let up = seen.len() as u64;
-                        entry.counters().up.fetch_add(up, Ordering::Relaxed);
-                    }
+                    Ok(Ok(())) => entry.carried(seen.len() as u64, 0),
                     _ => {
-                        entry.update(|r| r.reason = Reason::UpstreamError.code());
+                        entry.set_reason(Reason::UpstreamError);
                         return entry.finish();
                     }
                 }
@@ -335,7 +338,9 @@ impl Proxy {
             slot,
             mut seen,
         } = conn;
-        let mut entry = self.captured_record(peer, &identity, &policy, &dest, true);
+        let mut entry = self
+            .captured_record(peer, &identity, &policy, &dest, true)
+            .await;
         let deadline = started + self.limits.header_timeout;
         let head = match first::read_head(&mut stream, &mut seen, deadline).await {
             Ok(head) => head,
@@ -375,7 +380,7 @@ impl Proxy {
     /// the start of its first request's. A redirected connection's `original_dst` names where
     /// the client sent it; `upstream` stays empty until something is dialed (a tunnel), so a
     /// refused connection's record names no address latchkey contacted.
-    fn captured_record(
+    async fn captured_record(
         &self,
         peer: SocketAddr,
         identity: &str,
@@ -383,14 +388,13 @@ impl Proxy {
         dest: &Dest,
         plain: bool,
     ) -> Entry {
-        let mut entry = self.open_record(peer, identity, policy);
-        entry.update(|r| {
-            r.method = (!plain).then(|| "CONNECT".to_string());
-            r.scheme = Some(if plain { "http" } else { "https" }.to_string());
-            r.host = Some(dest.host.clone());
-            r.port = Some(dest.port);
-            r.original_dst = dest.original.map(|d| d.to_string());
-        });
+        let mut entry = crate::open_record(self, peer, identity, policy).await;
+        if !plain {
+            entry.set_method("CONNECT");
+        }
+        entry.set_scheme(if plain { "http" } else { "https" });
+        entry.set_authority(&dest.host, dest.port);
+        entry.set_original_dst(dest.original);
         entry
     }
 
