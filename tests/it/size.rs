@@ -33,10 +33,6 @@ const ALLOWED: &[(&str, &str)] = &[
         "being split in issue 32 (policy does one job)",
     ),
     (
-        "proxy/broker.rs::apply",
-        "being split in issue 32 (live credential state)",
-    ),
-    (
         "signing/minted.rs::attach",
         "being split in issue 32 (live credential state)",
     ),
