@@ -36,14 +36,6 @@ const ALLOWED: &[(&str, &str)] = &[
         "signing/minted.rs::attach",
         "being split in issue 32 (live credential state)",
     ),
-    (
-        "cli/serve.rs::build",
-        "being split in issue 32 (live state across reloads)",
-    ),
-    (
-        "cli/serve.rs::Server::serve",
-        "being split in issue 32 (live state across reloads)",
-    ),
 ];
 
 /// The top of the repository: the nearest directory at or above this package whose
