@@ -32,10 +32,6 @@ const ALLOWED: &[(&str, &str)] = &[
         "policy/compile.rs::compile_sources_with",
         "being split in issue 32 (policy does one job)",
     ),
-    (
-        "signing/minted.rs::attach",
-        "being split in issue 32 (live credential state)",
-    ),
 ];
 
 /// The top of the repository: the nearest directory at or above this package whose

@@ -439,9 +439,11 @@ impl<'a, 'r> Steps<'a, 'r> {
         };
         let applied = signing::apply(
             c,
-            self.store,
-            self.policy.tokens(),
-            req.exchanger,
+            signing::Material {
+                store: self.store,
+                cache: self.policy.tokens(),
+                transport: req.exchanger,
+            },
             &target,
             self.headers,
             self.path_and_query,
