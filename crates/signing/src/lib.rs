@@ -43,7 +43,7 @@ pub use jwt::{JwtAlg, JwtClaim};
 pub use live::Live;
 pub use sigv4::{derive_region_service, Payload, UNSIGNED_HEADERS};
 /// SigV4 over a request latchkey sends itself (the audit shipper's uploads).
-pub use sigv4::{sign as sigv4_sign, Keys as SigV4Keys, SignPayload};
+pub use sigv4::{sign as sigv4_sign, Keys as SigV4Keys, Scope as SigV4Scope, SignPayload};
 pub use sts::StsError;
 pub use token_cache::TokenCache;
 
