@@ -24,6 +24,7 @@ pub mod learn;
 pub mod policy;
 pub mod serve;
 mod serve_help;
+mod serve_start;
 pub mod trust;
 
 pub use args::{AuditAction, CaAction, Cli, Command, GatewaySetupArgs, Mode, ServeArgs};

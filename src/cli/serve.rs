@@ -18,6 +18,7 @@ use anyhow::Context;
 
 use super::args::{DnsAnswer, Mode, ServeArgs};
 use super::given::flag;
+use super::serve_start;
 use crate::policy::{self, Policy};
 use crate::proxy::limits::Limits;
 use crate::proxy::transparent::{tproxy, Capture};
@@ -112,6 +113,49 @@ pub fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
 pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Result<Server> {
     // Shipping's flags and keys before anything is bound: a bad URL or missing key never serves.
     let ship = ship_config(args)?.map(crate::ship::Shipper::new);
+    let mut upstream = upstream_config(args)?;
+    let bound = Bound::bind(args, &mut upstream)?;
+    let token = args.admin_token.as_deref().map(admin_token).transpose()?;
+    anyhow::ensure!(
+        !args.body_timeout.is_zero(),
+        "--body-timeout must be more than 0s"
+    );
+    let (state, state_lock) = state_store(args)?;
+    let (ca, outcome) = CertAuthority::load_or_create(&args.ca_dir)?;
+    if outcome == InitOutcome::Created {
+        tracing::info!(path = %ca.cert_path().display(), "created a new CA; sandboxes must trust it (latchkey env)");
+    }
+    let mut options = audit_options(args, &upstream)?;
+    if let Some(ship) = &ship {
+        options.taps.push(ship.tap());
+    }
+    let audit = crate::audit::AuditLog::open_with(&args.audit, options)?;
+    let rules = policy.rules().len();
+    let digest = policy.digest().to_string();
+    let policy = first_generation(args, policy)?;
+    let proxy = Proxy::new(proxy_config(args, policies, policy, ca, audit, upstream)?)?;
+    Ok(Server {
+        proxy,
+        listener: bound.listener,
+        admin: bound.admin.map(|l| (l, token)),
+        captured: bound.captured,
+        socks: bound.socks,
+        mode: args.mode,
+        audit_path: args.audit.clone(),
+        shutdown_timeout: args.shutdown_timeout,
+        digest,
+        rules,
+        dns: bound.dns,
+        state,
+        state_lock,
+        approval_url: args.approval_url.clone(),
+        ship,
+    })
+}
+
+/// The upstream settings from the flags: `--upstream-ca`, `--connect-timeout`, the
+/// `--resolve` pins and the `--allow-private` ranges.
+fn upstream_config(args: &ServeArgs) -> anyhow::Result<UpstreamConfig> {
     let mut upstream = UpstreamConfig {
         extra_ca: args.upstream_ca.clone(),
         connect_timeout: args.connect_timeout,
@@ -127,26 +171,73 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
             .map_err(|e| anyhow::anyhow!("{} {cidr:?}: {e}", flag("allow_private")))?;
         upstream.allow_private.push(c);
     }
-    // Bind before building the proxy, so the guard knows latchkey's real address (port 0 too).
-    let listener = std::net::TcpListener::bind(args.listen)
-        .with_context(|| format!("cannot listen on {} ({})", args.listen, flag("listen")))?;
-    listener.set_nonblocking(true)?;
-    upstream.own.push(listener.local_addr()?);
-    let admin_listener = match args.admin.as_str() {
-        "off" => None,
-        addr => {
-            let addr: SocketAddr = addr.parse().map_err(|_| {
-                anyhow::anyhow!("{} {addr:?}: expected ADDR:PORT or off", flag("admin"))
-            })?;
-            let l = std::net::TcpListener::bind(addr)
-                .with_context(|| format!("cannot listen on {} {addr}", flag("admin")))?;
-            l.set_nonblocking(true)?;
-            // The admin API is never reachable through the proxy itself.
-            upstream.own.push(l.local_addr()?);
-            Some(l)
+    Ok(upstream)
+}
+
+/// Every listener `serve` asked for, bound.
+struct Bound {
+    listener: std::net::TcpListener,
+    admin: Option<std::net::TcpListener>,
+    captured: Vec<(std::net::TcpListener, Capture)>,
+    socks: Option<std::net::TcpListener>,
+    dns: Option<crate::dns::DnsListener>,
+}
+
+impl Bound {
+    /// Binds every listener before the proxy is built, each address added to `upstream`'s own,
+    /// so the guard knows latchkey's real addresses (port 0 too) and never dials them.
+    fn bind(args: &ServeArgs, upstream: &mut UpstreamConfig) -> anyhow::Result<Self> {
+        let listener = std::net::TcpListener::bind(args.listen)
+            .with_context(|| format!("cannot listen on {} ({})", args.listen, flag("listen")))?;
+        listener.set_nonblocking(true)?;
+        upstream.own.push(listener.local_addr()?);
+        let admin = match args.admin.as_str() {
+            "off" => None,
+            addr => {
+                let addr: SocketAddr = addr.parse().map_err(|_| {
+                    anyhow::anyhow!("{} {addr:?}: expected ADDR:PORT or off", flag("admin"))
+                })?;
+                let l = std::net::TcpListener::bind(addr)
+                    .with_context(|| format!("cannot listen on {} {addr}", flag("admin")))?;
+                l.set_nonblocking(true)?;
+                // The admin API is never reachable through the proxy itself.
+                upstream.own.push(l.local_addr()?);
+                Some(l)
+            }
+        };
+        let captured = gateway_listeners(args, upstream)?;
+        // SOCKS5 (`--socks`): bound here too, so the guard never dials it either.
+        let socks = match args.socks {
+            Some(addr) => {
+                let l = std::net::TcpListener::bind(addr)
+                    .with_context(|| format!("cannot listen on --socks {addr}"))?;
+                l.set_nonblocking(true)?;
+                upstream.own.push(l.local_addr()?);
+                Some(l)
+            }
+            None => None,
+        };
+        // latchkey's resolver (`--dns`): bound here like the other listeners.
+        let dns = dns_listener(args)?;
+        if let Some(dns) = &dns {
+            upstream.own.push(dns.local_addr()?);
         }
-    };
-    // Gateway listeners, bound here like the others so the guard knows them as latchkey's own.
+        Ok(Self {
+            listener,
+            admin,
+            captured,
+            socks,
+            dns,
+        })
+    }
+}
+
+/// The gateway listeners (`--transparent`, `--https-listen`, `--http-listen`), bound, each
+/// address added to `upstream`'s own.
+fn gateway_listeners(
+    args: &ServeArgs,
+    upstream: &mut UpstreamConfig,
+) -> anyhow::Result<Vec<(std::net::TcpListener, Capture)>> {
     let mut captured = Vec::new();
     for (addr, capture) in [
         (args.transparent, Capture::Transparent),
@@ -168,29 +259,13 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
         upstream.own.push(l.local_addr()?);
         captured.push((l, capture));
     }
-    // SOCKS5 (`--socks`): bound here too, so the guard never dials it either.
-    let socks = match args.socks {
-        Some(addr) => {
-            let l = std::net::TcpListener::bind(addr)
-                .with_context(|| format!("cannot listen on --socks {addr}"))?;
-            l.set_nonblocking(true)?;
-            upstream.own.push(l.local_addr()?);
-            Some(l)
-        }
-        None => None,
-    };
-    // latchkey's resolver (`--dns`): bound here like the other listeners, so the guard knows it.
-    let dns = dns_listener(args)?;
-    if let Some(dns) = &dns {
-        upstream.own.push(dns.local_addr()?);
-    }
-    let token = args.admin_token.as_deref().map(admin_token).transpose()?;
-    anyhow::ensure!(
-        !args.body_timeout.is_zero(),
-        "--body-timeout must be more than 0s"
-    );
-    // One serve per SQLite state file, checked before anything is written: a second one
-    // refused here leaves the first one's audit log untouched.
+    Ok(captured)
+}
+
+/// `--state` (else `sqlite:` `state.db` beside the audit log) and, for a SQLite file, its
+/// one-process lock: one serve per state file, checked before anything is written, so a second
+/// one refused here leaves the first one's audit log untouched.
+fn state_store(args: &ServeArgs) -> anyhow::Result<(String, Option<crate::state::owner::Owner>)> {
     let state = args.state.clone().unwrap_or_else(|| {
         format!(
             "sqlite:{}",
@@ -204,18 +279,12 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
         ),
         None => None,
     };
-    let (ca, outcome) = CertAuthority::load_or_create(&args.ca_dir)?;
-    if outcome == InitOutcome::Created {
-        tracing::info!(path = %ca.cert_path().display(), "created a new CA; sandboxes must trust it (latchkey env)");
-    }
-    let mut options = audit_options(args, &upstream)?;
-    if let Some(ship) = &ship {
-        options.taps.push(ship.tap());
-    }
-    let audit = crate::audit::AuditLog::open_with(&args.audit, options)?;
-    let rules = policy.rules().len();
-    let digest = policy.digest().to_string();
-    // Captured tokens are sealed with a key kept beside the CA's.
+    Ok((state, state_lock))
+}
+
+/// The first generation: the policy and every secret it declares, read now, with the captured
+/// tokens, sealed with a key kept beside the CA's.
+fn first_generation(args: &ServeArgs, policy: Policy) -> anyhow::Result<crate::proxy::Generation> {
     let tokens = Arc::new(
         crate::secrets::captured::Captured::with_key_at(
             &args
@@ -225,9 +294,19 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
         )
         .context("--capture-key")?,
     );
-    // The first generation: the policy and every secret it declares, read now.
-    let policy = crate::proxy::Generation::first(policy, tokens).context("secrets")?;
-    let proxy = Proxy::new(ProxyConfig {
+    crate::proxy::Generation::first(policy, tokens).context("secrets")
+}
+
+/// The proxy's configuration: what `build` made, and the flags' limits and timeouts.
+fn proxy_config(
+    args: &ServeArgs,
+    policies: PathBuf,
+    policy: crate::proxy::Generation,
+    ca: CertAuthority,
+    audit: crate::audit::AuditLog,
+    upstream: UpstreamConfig,
+) -> anyhow::Result<ProxyConfig> {
+    Ok(ProxyConfig {
         policy,
         ca,
         audit,
@@ -254,23 +333,6 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
             args.otlp.is_some(),
         )
         .context("--session-header")?,
-    })?;
-    Ok(Server {
-        proxy,
-        listener,
-        admin: admin_listener.map(|l| (l, token)),
-        captured,
-        socks,
-        mode: args.mode,
-        audit_path: args.audit.clone(),
-        shutdown_timeout: args.shutdown_timeout,
-        digest,
-        rules,
-        dns,
-        state,
-        state_lock,
-        approval_url: args.approval_url.clone(),
-        ship,
     })
 }
 
@@ -389,99 +451,31 @@ impl Server {
     /// then stops accepting and gives requests in flight `--shutdown-timeout` to finish. Must
     /// run inside a tokio runtime; the caller flushes the audit log after the runtime stops.
     pub async fn serve(self, shutdown: impl Future<Output = ()>) -> anyhow::Result<()> {
-        let Server {
-            proxy,
-            listener,
-            admin,
-            captured,
-            socks,
-            mode,
-            audit_path,
-            shutdown_timeout,
-            digest,
-            rules,
-            dns,
-            state,
-            state_lock,
-            approval_url,
-            ship,
-        } = self;
         // The state store first: a request that needs a person must find it from the first one.
         // Held (by this binding) until serving ends; the kernel drops it if the process dies.
-        let _state_lock = state_lock;
-        let store = crate::state::open(&state)
-            .await
-            .with_context(|| format!("{}: cannot open the state store", flag("state")))?;
-        tracing::info!(state = store.describe(), "state store open");
-        eprintln!("latchkey: state in {}", store.describe());
-        let admin_url = admin
-            .as_ref()
-            .and_then(|(l, _)| l.local_addr().ok())
-            .map(|a| format!("http://{a}"));
-        let public_url = match approval_url.or(admin_url) {
-            Some(u) => Some(
-                url::Url::parse(&u)
-                    .with_context(|| format!("{} {u:?} is not a URL", flag("approval_url")))?,
-            ),
-            None => None,
-        };
-        let gov = crate::governance::Governance::open(store.clone(), public_url)
-            .await
-            .context("--state: cannot read the approvals' shared keys")?;
-        // The keys governance keeps (approval links, fingerprints) never leave latchkey: no
-        // upstream can reflect them, so they are not in the redaction set (each secret there
-        // makes every scrubbed stream hold back tails that could begin it: a bidirectional
-        // stream such as gRPC ping-pong would wait on them).
-        proxy.set_governance(Arc::new(gov));
-        proxy.captured_tokens().attach(store.clone());
-        // Every kept token is in the redaction set before the first connection, and a token
-        // another replica captures joins it as soon as that replica announces it.
-        let redact: Arc<crate::secrets::captured::Redact> = {
-            let p = proxy.clone();
-            Arc::new(move |identity: &str, name: &str, value: &SecretValue| {
-                p.policy().secrets().set_minted(name, identity, value)
-            })
-        };
-        let kept = proxy
-            .captured_tokens()
-            .preload(&*redact)
-            .await
-            .context("--state: cannot read the captured tokens")?;
-        if kept > 0 {
-            tracing::info!(tokens = kept, "captured tokens read from the state store; each is redacted from the first response");
-        }
-        tokio::spawn(
-            proxy
-                .captured_tokens()
-                .follow(redact, proxy.shutdown_signal()),
-        );
-        proxy.set_limiter(crate::governance::limits::Limiter::new(store.clone()));
-        // The notification outbox, delivered through the guarded client.
-        let worker = {
-            let p = proxy.clone();
-            crate::governance::notify::Worker::new(
-                store,
-                Arc::new(move || {
-                    let g = p.policy();
-                    (g.policy().clone(), g.secrets().clone())
-                }),
-                proxy.upstream_client(),
-            )
-        };
-        tokio::spawn(worker.run(proxy.shutdown_signal()));
-        let listener = tokio::net::TcpListener::from_std(listener)?;
+        let _state_lock = self.state_lock;
+        let admin_listening = self.admin.as_ref().map(|(l, _)| l);
+        serve_start::start_state(&self.proxy, &self.state, self.approval_url, admin_listening)
+            .await?;
+        let proxy = self.proxy;
+        let listener = tokio::net::TcpListener::from_std(self.listener)?;
         let addr = listener.local_addr()?;
-        tracing::info!(listen.addr = %addr, policy.digest = %digest, policy.rules = rules, audit = %audit_path.display(), "proxy ready");
+        tracing::info!(listen.addr = %addr, policy.digest = %self.digest, policy.rules = self.rules, audit = %self.audit_path.display(), "proxy ready");
         // A fixed line for scripts and tests to wait on.
         eprintln!("latchkey: proxy listening on {addr}");
-        if let Some((l, token)) = admin {
+        if let Some((l, token)) = self.admin {
             let l = tokio::net::TcpListener::from_std(l)?;
             let admin = l.local_addr()?;
             tracing::info!(admin.addr = %admin, "admin API ready");
             eprintln!("latchkey: admin listening on {admin}");
-            tokio::spawn(crate::admin::serve(proxy.clone(), l, token, ship.clone()));
+            tokio::spawn(crate::admin::serve(
+                proxy.clone(),
+                l,
+                token,
+                self.ship.clone(),
+            ));
         }
-        let socks = match socks {
+        let socks = match self.socks {
             Some(l) => {
                 let l = tokio::net::TcpListener::from_std(l)?;
                 let at = l.local_addr()?;
@@ -491,35 +485,17 @@ impl Server {
             }
             None => None,
         };
-        if mode == Mode::Report {
+        if self.mode == Mode::Report {
             tracing::warn!(
                 "report-only mode: policy denials are let through and audited with would_deny"
             );
         }
-        let mut gateway = Vec::new();
-        for (l, capture) in captured {
-            let l = tokio::net::TcpListener::from_std(l)?;
-            let addr = l.local_addr()?;
-            tracing::info!(listen.addr = %addr, listener = capture.flag(), "gateway listener ready");
-            eprintln!(
-                "latchkey: {} listening on {addr}",
-                capture.flag().trim_start_matches("--")
-            );
-            gateway.push(tokio::spawn(proxy.clone().serve_captured(l, capture)));
-        }
-        if let Some(dns) = dns {
-            let addr = dns.local_addr()?;
-            tracing::info!(dns.addr = %addr, "dns resolver ready");
-            eprintln!("latchkey: dns listening on {addr}");
-            let proxy = proxy.clone();
-            tokio::spawn(async move {
-                if let Err(e) = crate::dns::serve(proxy, dns).await {
-                    tracing::error!(error = %e, "dns resolver stopped");
-                }
-            });
+        let gateway = serve_start::start_gateways(&proxy, self.captured)?;
+        if let Some(dns) = self.dns {
+            serve_start::start_dns(&proxy, dns)?;
         }
         // Closed segments go off the box through the same guarded client as every dial.
-        if let Some(ship) = &ship {
+        if let Some(ship) = &self.ship {
             tokio::spawn(ship.clone().run(
                 proxy.upstream_client(),
                 proxy.metrics().clone(),
@@ -529,28 +505,10 @@ impl Server {
         tokio::spawn(proxy.clone().watch_policies());
         let serving = tokio::spawn(proxy.clone().serve(listener));
         shutdown.await;
-        tracing::info!(deadline = ?shutdown_timeout, "shutting down: no new connections, finishing requests in flight");
-        proxy.begin_shutdown();
-        let _ = serving.await;
-        for g in gateway {
-            let _ = g.await;
-        }
-        if let Some(socks) = socks {
-            let _ = socks.await;
-        }
-        let left = proxy.drain(shutdown_timeout).await;
-        if left > 0 {
-            tracing::warn!(
-                connections = left,
-                "shutdown deadline passed; closing remaining connections"
-            );
-        } else {
-            tracing::info!("all connections finished");
-        }
-        // Embedded limit counters changed since the last flush go to the state store.
-        if let Some(limiter) = proxy.limiter() {
-            limiter.shutdown().await;
-        }
+        let mut accepting = vec![serving];
+        accepting.extend(gateway);
+        accepting.extend(socks);
+        serve_start::stop(&proxy, accepting, self.shutdown_timeout).await;
         Ok(())
     }
 }

@@ -1,13 +1,14 @@
 //! Loading and validation: raw files in, a compiled [`Policy`] or every problem out.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use std::sync::Arc;
 
-use super::identity::{token_key, Identity, RuleSet, DEFAULT_IDENTITY};
+use super::identity::Identity;
+use super::limits_compile::LimitNames;
 use super::schema::{self, RawPolicyFile, RawSecret, Report};
 use super::{AskPolicy, HostPattern, Limit, Notifier, Origin, Policy, PriceTable, Rule};
 use crate::secrets::{SecretStore, Source};
@@ -167,11 +168,99 @@ pub fn compile_sources_with(
     loading: SecretLoading,
 ) -> Result<Policy, Vec<PolicyError>> {
     let mut errors = Vec::new();
-    let mut hasher = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
+    // Phase 1: parse and read every file, so rules may use secrets declared in any file.
+    let (mut parsed, hasher) = parse_all(sources, &mut errors);
+    // Phase 2: secrets, by name across files.
+    let mut keyed = Keyed::default();
+    let secret_names = compile_secrets(&mut parsed, &mut errors, &mut keyed);
+    // Phase 2b: `[limits.NAME]` and `[prices."MODEL"]`, which rules, identities and credentials
+    // name.
+    let (limits, limit_names) = super::limits_compile::compile_limits(&mut parsed, &mut errors);
+    let prices = super::limits_compile::compile_prices(&mut parsed, &mut errors);
+    // Phase 2c: credentials; their key material joins the secret store under reserved names.
+    let credentials = compile_credentials(&mut parsed, &mut errors, &limit_names, &mut keyed);
+    // Phase 2d: `[notify.NAME]` and `[ask]`, which rules' `ask` resolve against. A notifier's
+    // signing secret joins the secret store like an identity token.
+    let (ask, notifiers, ask_defaults, notify_secrets) =
+        super::ask_compile::compile_asks(&mut parsed, &mut errors);
+    for (fi, key, span, origin, source) in notify_secrets {
+        keyed.add(key, (fi, span, origin), source);
+    }
+    // Phase 3: rules.
+    let known = super::rule::Known {
+        secrets: &secret_names,
+        credentials: &credentials.names,
+        asks: &ask_defaults,
+        limits: &limit_names,
+    };
+    let (rules, rule_names) = compile_rules(&mut parsed, &mut errors, &known);
+    // Phase 3b: identities, which name rules.
+    let (identities, default_labels) = super::identity_compile::compile_identities(
+        &mut parsed,
+        &mut errors,
+        super::identity_compile::Names {
+            rules: &rule_names,
+            limits: &limit_names,
+        },
+        &mut keyed,
+    );
+    // Phase 4: every secret read (or not), an error at each declaration it fails.
+    let resolved = read_secrets(&parsed, &mut errors, &keyed, loading);
+    if !resolved || !errors.is_empty() {
+        // File order, then line and column; equal positions keep the order they were found in.
+        let order = |file: &Path| sources.iter().position(|(p, _)| *p == file);
+        errors.sort_by_key(|e| (order(&e.file), e.line, e.col));
+        return Err(errors);
+    }
+    let mut secret_sources = keyed.sources;
+    secret_sources.sort_by(|a, b| a.0.cmp(&b.0));
 
-    // Phase 1: parse and read every file, so rules may use secrets declared in any file. A
-    // syntax error stops that file only; the others are still read and checked.
-    let mut parsed: Vec<(&Path, &str, RawPolicyFile)> = Vec::new();
+    let digest = hasher.finish();
+    let hex = hex::encode(digest);
+    Ok(index(
+        rules,
+        (ask, notifiers),
+        (limits, credentials.limits, prices),
+        (identities, default_labels),
+        credentials.compiled,
+        secret_sources,
+        (
+            format!("sha256:{hex}"),
+            sources.iter().map(|(p, _)| p.to_path_buf()).collect(),
+        ),
+    ))
+}
+
+/// Every file as parsed: its name, its text and what was read of it.
+pub(super) type Parsed<'s> = Vec<(&'s Path, &'s str, RawPolicyFile)>;
+
+/// Where a secret source was declared: the file's index in [`Parsed`], the span of its source
+/// and its origin.
+pub(super) type DeclaredAt = (usize, Range<usize>, Origin);
+
+/// Every secret source the policy declares (secrets, credential material, notifier secrets and
+/// identity tokens) under its key, with where each was declared, for an error reading it.
+#[derive(Default)]
+pub(super) struct Keyed {
+    sources: Vec<(String, Source)>,
+    at: HashMap<String, DeclaredAt>,
+}
+
+impl Keyed {
+    pub(super) fn add(&mut self, key: String, at: DeclaredAt, source: Source) {
+        self.at.insert(key.clone(), at);
+        self.sources.push((key, source));
+    }
+}
+
+/// Phase 1: parses and reads every file, hashing each name and text into the digest. A syntax
+/// error stops that file only; the others are still read and checked.
+fn parse_all<'s>(
+    sources: &[(&'s Path, &'s str)],
+    errors: &mut Vec<PolicyError>,
+) -> (Parsed<'s>, aws_lc_rs::digest::Context) {
+    let mut hasher = aws_lc_rs::digest::Context::new(&aws_lc_rs::digest::SHA256);
+    let mut parsed: Parsed<'s> = Vec::new();
     for (file, text) in sources {
         let name = file.file_name().map(|n| n.to_string_lossy().into_owned());
         hasher.update(name.unwrap_or_default().as_bytes());
@@ -180,7 +269,7 @@ pub fn compile_sources_with(
         let mut cx = FileCx {
             file,
             text,
-            errors: &mut errors,
+            errors: &mut *errors,
         };
         match schema::parse(text) {
             Ok(doc) => {
@@ -190,17 +279,23 @@ pub fn compile_sources_with(
             Err((span, message)) => cx.error(span, message),
         }
     }
+    (parsed, hasher)
+}
 
-    // Phase 2: secrets, by name across files. Every declared name counts as declared, valid or
-    // not, so a broken secret is reported once and not again at each rule that uses it.
-    let mut secret_sources: Vec<(String, Source)> = Vec::new();
-    let mut secret_at: HashMap<String, (usize, Range<usize>, Origin)> = HashMap::new();
+/// Phase 2: `[secrets.NAME]`, by name across files; returns every name declared. Every
+/// declared name counts as declared, valid or not, so a broken secret is reported once and not
+/// again at each rule that uses it.
+fn compile_secrets(
+    parsed: &mut Parsed<'_>,
+    errors: &mut Vec<PolicyError>,
+    keyed: &mut Keyed,
+) -> HashSet<String> {
     let mut declared: BTreeMap<String, Origin> = BTreeMap::new();
     for (fi, (file, text, raw)) in parsed.iter_mut().enumerate() {
         let mut cx = FileCx {
             file,
             text,
-            errors: &mut errors,
+            errors: &mut *errors,
         };
         for (name, entry) in std::mem::take(&mut raw.secrets) {
             let d = cx.declare("secrets", "secret", name, &mut declared);
@@ -209,27 +304,38 @@ pub fn compile_sources_with(
             // a missing value is reported in the same run; any problem fails the whole load.
             let source = cx.secret(&d.field, entry.raw);
             if let (Some(source), Some(span), true) = (source, span, d.unique) {
-                secret_at.insert(d.name.clone(), (fi, span, d.origin));
-                secret_sources.push((d.name, source));
+                keyed.add(d.name, (fi, span, d.origin), source);
             }
         }
     }
-    let secret_names: HashSet<String> = declared.keys().cloned().collect();
+    declared.keys().cloned().collect()
+}
 
-    // Phase 2b: `[limits.NAME]` and `[prices."MODEL"]`, which rules, identities and credentials
-    // name.
-    let (limits, limit_names) = super::limits_compile::compile_limits(&mut parsed, &mut errors);
-    let prices = super::limits_compile::compile_prices(&mut parsed, &mut errors);
-    let mut credential_limits: HashMap<String, Vec<String>> = HashMap::new();
+/// The credentials compiled: the valid ones, every name declared (valid or not) and the limits
+/// each names.
+struct Credentials {
+    compiled: HashMap<String, Arc<Credential>>,
+    names: HashSet<String>,
+    limits: HashMap<String, Vec<String>>,
+}
 
-    // Phase 2c: credentials; their key material joins the secret store under reserved names.
-    let mut credentials: HashMap<String, Arc<Credential>> = HashMap::new();
-    let mut credential_names: HashSet<String> = HashSet::new();
+/// Phase 2c: `[credentials.NAME]`; their key material joins `keyed` under reserved names.
+fn compile_credentials(
+    parsed: &mut Parsed<'_>,
+    errors: &mut Vec<PolicyError>,
+    limit_names: &LimitNames,
+    keyed: &mut Keyed,
+) -> Credentials {
+    let mut out = Credentials {
+        compiled: HashMap::new(),
+        names: HashSet::new(),
+        limits: HashMap::new(),
+    };
     for (fi, (file, text, raw)) in parsed.iter_mut().enumerate() {
         let mut cx = FileCx {
             file,
             text,
-            errors: &mut errors,
+            errors: &mut *errors,
         };
         for (name, mut entry) in std::mem::take(&mut raw.credentials) {
             let name_span = name.span();
@@ -238,11 +344,11 @@ pub fn compile_sources_with(
             let attached = cx.limit_list(
                 &format!("credentials.{name}.limits"),
                 entry.raw.limits.take(),
-                &limit_names,
+                limit_names,
                 false,
             );
-            let unique = crate::secrets::template::valid_name(&name)
-                && credential_names.insert(name.clone());
+            let unique =
+                crate::secrets::template::valid_name(&name) && out.names.insert(name.clone());
             if !unique {
                 cx.error(
                     name_span.clone(),
@@ -259,37 +365,35 @@ pub fn compile_sources_with(
             });
             if unique {
                 for (key, span, source) in material {
-                    secret_at.insert(key.clone(), (fi, span, origin.clone()));
-                    secret_sources.push((key, source));
+                    keyed.add(key, (fi, span, origin.clone()), source);
                 }
             }
             if let (Some(c), true) = (compiled, entry.complete && cx.errors.len() == before) {
                 if !attached.is_empty() {
-                    credential_limits.insert(name.clone(), attached);
+                    out.limits.insert(name.clone(), attached);
                 }
-                credentials.insert(name, Arc::new(c));
+                out.compiled.insert(name, Arc::new(c));
             }
         }
     }
+    out
+}
 
-    // Phase 2d: `[notify.NAME]` and `[ask]`, which rules' `ask` resolve against. A notifier's
-    // signing secret joins the secret store like an identity token.
-    let (ask, notifiers, ask_defaults, notify_secrets) =
-        super::ask_compile::compile_asks(&mut parsed, &mut errors);
-    for (fi, key, span, origin, source) in notify_secrets {
-        secret_at.insert(key.clone(), (fi, span, origin));
-        secret_sources.push((key, source));
-    }
-
-    // Phase 3: rules. A name counts once it is read, whether or not its rule is valid, so a
-    // duplicate is reported even when either copy has errors of its own.
+/// Phase 3: `[[rules]]`; returns the valid rules and every rule name read. A name counts once
+/// it is read, whether or not its rule is valid, so a duplicate is reported even when either
+/// copy has errors of its own.
+fn compile_rules(
+    parsed: &mut Parsed<'_>,
+    errors: &mut Vec<PolicyError>,
+    known: &super::rule::Known<'_>,
+) -> (Vec<Rule>, HashMap<String, Origin>) {
     let mut rules: Vec<Rule> = Vec::new();
     let mut names: HashMap<String, Origin> = HashMap::new();
     for (file, text, raw) in parsed.iter_mut() {
         let mut cx = FileCx {
             file,
             text,
-            errors: &mut errors,
+            errors: &mut *errors,
         };
         for (index, entry) in std::mem::take(&mut raw.rules).into_iter().enumerate() {
             // Computed once per rule: a location costs a scan from the start of the file.
@@ -312,227 +416,57 @@ pub fn compile_sources_with(
                     names.insert(trimmed, origin.clone());
                 }
             }
-            let known = super::rule::Known {
-                secrets: &secret_names,
-                credentials: &credential_names,
-                asks: &ask_defaults,
-                limits: &limit_names,
-            };
-            if let Some(rule) = cx.rule(index, entry, origin, &known) {
+            if let Some(rule) = cx.rule(index, entry, origin, known) {
                 if unique {
                     rules.push(rule);
                 }
             }
         }
     }
-    // Phase 3b: identities, which name rules.
-    let mut identities: Vec<Identity> = Vec::new();
-    let mut identity_names: HashSet<String> = HashSet::new();
-    // `[identities.default]` with labels only: where it was, and its labels.
-    let mut default_labels: Option<(usize, Range<usize>, BTreeMap<String, String>)> = None;
-    for (fi, (file, text, raw)) in parsed.iter_mut().enumerate() {
-        let mut cx = FileCx {
-            file,
-            text,
-            errors: &mut errors,
-        };
-        for (name, mut entry) in std::mem::take(&mut raw.identities) {
-            let name_span = name.span();
-            let name = name.into_inner();
-            let field = format!("identities.{name}");
-            let before = cx.errors.len();
-            let mut unique = false;
-            let labels_only = entry.raw.token.is_none()
-                && entry.raw.sources.is_none()
-                && entry.raw.rules.is_none()
-                && entry.raw.limits.is_none();
-            if name == DEFAULT_IDENTITY && labels_only && default_labels.is_none() {
-                // The labels of every client of a policy without identities.
-                let labels = cx.labels(&format!("{field}.labels"), entry.raw.labels.take());
-                if entry.complete && cx.errors.len() == before {
-                    default_labels = Some((fi, name_span, labels));
-                }
-                continue;
-            }
-            if !crate::secrets::template::valid_name(&name) {
-                cx.error(
-                    name_span.clone(),
-                    format!("{field}: identity names use letters, digits, '-' and single '_'"),
-                );
-            } else if name == DEFAULT_IDENTITY || !identity_names.insert(name.clone()) {
-                cx.error(
-                    name_span.clone(),
-                    format!("{field}: identity {name:?} is defined twice or reserved"),
-                );
-            } else {
-                unique = true;
-            }
-            let mut raw_id = entry.raw;
-            let labels = cx.labels(&format!("{field}.labels"), raw_id.labels.take());
-            let id_limits = cx.limit_list(
-                &format!("{field}.limits"),
-                raw_id.limits.take(),
-                &limit_names,
-                false,
-            );
-            let mut sources = Vec::new();
-            if let Some(list) = &raw_id.sources {
-                for (i, c) in list.get_ref().iter().enumerate() {
-                    match crate::wire::cidr::Cidr::parse(c.get_ref()) {
-                        Ok(cidr) => sources.push(cidr),
-                        Err(e) => cx.error(c.span(), format!("{field}.sources[{i}]: {e}")),
-                    }
-                }
-            }
-            if raw_id.token.is_none() && sources.is_empty() {
-                cx.error(
-                    name_span.clone(),
-                    format!("{field}: an identity needs a token, sources, or both"),
-                );
-            }
-            // A missing or mistyped `rules` was reported while reading.
-            let mut rule_set = RuleSet::Named(BTreeSet::new());
-            if let Some(list) = raw_id.rules {
-                let rules_span = list.span();
-                let listed = list.into_inner();
-                rule_set = if listed.len() == 1 && listed[0].get_ref() == "*" {
-                    RuleSet::All
-                } else {
-                    let mut set = BTreeSet::new();
-                    for (i, r) in listed.iter().enumerate() {
-                        if names.contains_key(r.get_ref()) {
-                            set.insert(r.get_ref().clone());
-                        } else {
-                            cx.error(
-                                r.span(),
-                                format!(
-                                    "{field}.rules[{i}]: unknown rule {:?}{}",
-                                    r.get_ref(),
-                                    super::did_you_mean(
-                                        r.get_ref(),
-                                        names.keys().map(String::as_str)
-                                    )
-                                ),
-                            );
-                        }
-                    }
-                    if listed.is_empty() {
-                        cx.error(
-                            rules_span,
-                            format!(
-                                "{field}.rules: list the rules this identity may use, or [\"*\"]"
-                            ),
-                        );
-                    }
-                    RuleSet::Named(set)
-                };
-            }
-            let mut token_source = None;
-            if let Some(token) = &raw_id.token {
-                let d = std::time::Duration::from_secs(300);
-                match Source::parse(token.get_ref(), d, std::time::Duration::from_secs(10)) {
-                    Ok(source) => token_source = Some((token.span(), source)),
-                    Err(e) => cx.error(token.span(), format!("{field}.token: {e}")),
-                }
-            }
-            if let (Some((span, source)), true) = (token_source, unique) {
-                let key = token_key(&name);
-                let origin = Origin {
-                    file: file.to_path_buf(),
-                    line: line_col(text, name_span.start).0,
-                };
-                secret_at.insert(key.clone(), (fi, span, origin));
-                secret_sources.push((key, source));
-            }
-            if entry.complete && cx.errors.len() == before {
-                identities.push(Identity {
-                    name,
-                    has_token: raw_id.token.is_some(),
-                    sources,
-                    rules: rule_set,
-                    labels,
-                    limits: id_limits,
-                });
-            }
-        }
-    }
+    (rules, names)
+}
 
-    if let (Some((fi, span, _)), false) = (&default_labels, identities.is_empty()) {
-        let (file, text, _) = &parsed[*fi];
-        let mut cx = FileCx {
-            file,
-            text,
-            errors: &mut errors,
-        };
-        let known: Vec<&str> = identities.iter().map(|i| i.name.as_str()).collect();
-        cx.error(
-            span.clone(),
-            format!(
-                "identities.{DEFAULT_IDENTITY}: its labels would never apply: a policy with identities ({}) identifies every client as one of them; put the labels on each identity",
-                known.join(", ")
-            ),
-        );
-    }
-    let default_labels = default_labels.map(|(_, _, l)| l).unwrap_or_default();
-
-    // Phase 4: read env and file secrets now; a missing one is an error at its declaration. Read
-    // even when there are other errors, so one run reports them all. The values are dropped:
-    // the policy keeps the declarations, the proxy's runtime state reads the values it serves.
+/// Phase 4: reads env and file secrets now (unless `loading` skips them); a missing one is an
+/// error at its declaration. Read even when there are other errors, so one run reports them
+/// all. The values are dropped: the policy keeps the declarations, the proxy's runtime state
+/// reads the values it serves. Returns whether every one was read.
+fn read_secrets(
+    parsed: &Parsed<'_>,
+    errors: &mut Vec<PolicyError>,
+    keyed: &Keyed,
+    loading: SecretLoading,
+) -> bool {
     let loaded = match loading {
-        SecretLoading::Read => SecretStore::load(secret_sources.clone()).map(drop),
+        SecretLoading::Read => SecretStore::load(keyed.sources.clone()).map(drop),
         SecretLoading::Skip => Ok(()),
     };
-    let resolved = match loaded {
-        Ok(()) => Some(()),
-        Err(failures) => {
-            for (name, why) in failures {
-                if let Some((fi, span, _)) = secret_at.get(&name) {
-                    let (file, text, _) = &parsed[*fi];
-                    let mut cx = FileCx {
-                        file,
-                        text,
-                        errors: &mut errors,
-                    };
-                    let field = if let Some(id) = name.strip_prefix("identity:") {
-                        format!("identities.{id}.token")
-                    } else if let Some(n) = name.strip_prefix("notify:") {
-                        format!("notify.{n}.secret")
-                    } else if let Some((cred, f)) = name
-                        .strip_prefix("credential:")
-                        .and_then(|r| r.split_once(':'))
-                    {
-                        format!("credentials.{cred}.{f}")
-                    } else {
-                        format!("secrets.{name}.source")
-                    };
-                    cx.error(span.clone(), format!("{field}: {why}"));
-                }
-            }
-            None
-        }
+    let Err(failures) = loaded else {
+        return true;
     };
-    if resolved.is_none() || !errors.is_empty() {
-        // File order, then line and column; equal positions keep the order they were found in.
-        let order = |file: &Path| sources.iter().position(|(p, _)| *p == file);
-        errors.sort_by_key(|e| (order(&e.file), e.line, e.col));
-        return Err(errors);
+    for (name, why) in failures {
+        if let Some((fi, span, _)) = keyed.at.get(&name) {
+            let (file, text, _) = &parsed[*fi];
+            let mut cx = FileCx {
+                file,
+                text,
+                errors: &mut *errors,
+            };
+            let field = if let Some(id) = name.strip_prefix("identity:") {
+                format!("identities.{id}.token")
+            } else if let Some(n) = name.strip_prefix("notify:") {
+                format!("notify.{n}.secret")
+            } else if let Some((cred, f)) = name
+                .strip_prefix("credential:")
+                .and_then(|r| r.split_once(':'))
+            {
+                format!("credentials.{cred}.{f}")
+            } else {
+                format!("secrets.{name}.source")
+            };
+            cx.error(span.clone(), format!("{field}: {why}"));
+        }
     }
-    secret_sources.sort_by(|a, b| a.0.cmp(&b.0));
-
-    let digest = hasher.finish();
-    let hex = hex::encode(digest);
-    Ok(index(
-        rules,
-        (ask, notifiers),
-        (limits, credential_limits, prices),
-        (identities, default_labels),
-        credentials,
-        secret_sources,
-        (
-            format!("sha256:{hex}"),
-            sources.iter().map(|(p, _)| p.to_path_buf()).collect(),
-        ),
-    ))
+    false
 }
 
 /// Builds the host index, ordering each host's rules by precedence (see the module docs).

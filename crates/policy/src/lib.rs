@@ -27,6 +27,7 @@ mod ask_compile;
 pub mod compile;
 mod credential;
 pub mod identity;
+mod identity_compile;
 pub mod limits;
 mod limits_compile;
 pub mod mcp;

@@ -24,12 +24,13 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::header::CONTENT_LENGTH;
 use http::HeaderMap;
 use http_body_util::BodyExt;
 
 use super::body;
-use super::budget::Budget;
+use super::budget::{Budget, Charge};
 use super::request_body::{self, drain, BodyRefused, Inbound, Prefixed, Read, Rest, Whole};
 use super::Generation;
 use crate::audit::Counters;
@@ -38,8 +39,9 @@ use crate::reason::{Reason, Refusal};
 use crate::secrets::detector::Detector;
 use crate::secrets::leak::{self, Binding};
 use crate::secrets::placeholder::{self, Place};
-use crate::secrets::{inject, substitute, SecretValue};
-use crate::signing::{self, TokenTransport};
+use crate::secrets::scrub::Scrubber;
+use crate::secrets::{inject, substitute, SecretStore, SecretValue};
+use crate::signing::{self, Credential, TokenTransport};
 use crate::upstream::Body;
 
 pub use crate::wire::limits::SCAN_LIMIT;
@@ -134,204 +136,317 @@ fn too_busy(host: &str, why: impl std::fmt::Display) -> Refusal {
     )
 }
 
+/// The parts of the request the broker rewrites: its headers and its path and query.
+pub struct Parts<'a> {
+    pub headers: &'a mut HeaderMap,
+    pub path_and_query: &'a mut String,
+}
+
 /// Runs steps 1–7 on the request parts and body.
-#[allow(clippy::too_many_arguments)]
 pub async fn apply(
     policy: &Generation,
     rule: &Rule,
     req: &RequestCx<'_>,
-    headers: &mut HeaderMap,
-    path_and_query: &mut String,
+    parts: Parts<'_>,
     incoming: Inbound,
     counters: Arc<Counters>,
 ) -> Result<Brokered, Refusal> {
-    let (identity, host) = (req.identity, req.host);
-    if let Err(refusal) = over_tls(rule, req.scheme, host) {
-        incoming.drain(req.body_timeout).await;
-        return Err(refusal);
+    if let Err(refusal) = over_tls(rule, req.scheme, req.host) {
+        return Err(drained(incoming, req, refusal).await);
     }
-    let store = policy.secrets();
-    let mut used = BTreeSet::new();
-
-    // Even without any secret declared, a placeholder is refused below (it names a secret that
-    // does not exist) rather than forwarded.
-    let scrubber = store.scrubber().map_err(|e| {
-        Refusal::new(
-            Reason::SecretUnavailable,
-            format!("cannot search the request for secret values: {e}"),
-        )
-    })?;
-
-    // 1. the head, as sent: every part, one check.
-    let captured: BTreeSet<String> = req.captured.keys().cloned().collect();
-    let checker = leak::Checker {
-        scrubber: scrubber.as_deref(),
-        store,
-        binding: binding(rule, &captured, req.withheld),
-        host,
-    };
-    let head = checker.head(&leak::Head {
-        method: req.method,
-        hosts: req.sent_hosts,
-        path_and_query,
-        headers,
-    });
-    let mut names = match head {
+    let mut cx = Steps::new(policy, rule, req, parts)?;
+    // 1. the head, as sent (and what must hold before the body is read).
+    let mut names = match cx.check_head(incoming.is_end_stream()) {
         Ok(names) => names,
-        Err(refusal) => {
-            // Read (and drop) what the client is still sending, so it reads the refusal.
-            incoming.drain(req.body_timeout).await;
-            return Err(refusal);
-        }
+        Err(refusal) => return Err(drained(incoming, req, refusal).await),
     };
+    // 2. the body: streamed, unless a feature needs it whole.
+    let mut held = cx.read_body(incoming).await?;
+    // 3. a body held whole is checked like the head.
+    if held.whole() {
+        names.extend(cx.check_body(&held)?);
+    }
+    // 4. strip the sandbox's own credentials on an injecting rule.
+    cx.strip();
+    // 5. replace placeholders in enabled places (all were checked above).
+    cx.replace(&names, &mut held).await?;
+    // 6. inject, last before signing.
+    cx.inject().await?;
+    // 7. sign or attach a minted token: last, over the final URI, headers and body.
+    let applied = cx.sign(&held).await?;
+    cx.finish(held, applied, counters)
+}
 
-    // A body in a content coding (or gRPC messages compressed) hides its bytes from the leak
-    // detector: refused, never forwarded unscanned. `aws-chunked` is framing around plain
-    // bytes (S3 streaming uploads), which the detector reads as they are.
-    if scrubber.is_some() && !incoming.is_end_stream() {
-        if let Some(why) = request_coding(headers) {
-            incoming.drain(req.body_timeout).await;
-            return Err(Refusal::new(
-                Reason::UninspectableRequestBody,
-                format!("the request body to host {host} is sent {why}: latchkey cannot inspect it for secret values; send it uncompressed"),
-            ));
+/// Reads (and drops) what the client is still sending, so it reads the refusal.
+async fn drained(incoming: Inbound, req: &RequestCx<'_>, refusal: Refusal) -> Refusal {
+    incoming.drain(req.body_timeout).await;
+    refusal
+}
+
+/// One rule brokering one request: what every step reads, the parts they rewrite and the names
+/// of the secrets used so far.
+struct Steps<'a, 'r> {
+    policy: &'a Generation,
+    rule: &'a Rule,
+    req: &'a RequestCx<'r>,
+    headers: &'a mut HeaderMap,
+    path_and_query: &'a mut String,
+    store: &'a Arc<SecretStore>,
+    scrubber: Option<Arc<Scrubber>>,
+    /// The names of the captured tokens this request may use.
+    captured: BTreeSet<String>,
+    credential: Option<&'a Arc<Credential>>,
+    used: BTreeSet<String>,
+}
+
+/// The body as step 2 read it: the bytes held, their trailers (a body held whole), the rest
+/// still to stream (none when held whole) and the budget charge for the held bytes.
+struct Held {
+    bytes: Bytes,
+    trailers: Option<HeaderMap>,
+    rest: Rest,
+    charge: Charge,
+}
+
+impl Held {
+    fn whole(&self) -> bool {
+        !self.rest.is_some()
+    }
+}
+
+impl<'a, 'r> Steps<'a, 'r> {
+    fn new(
+        policy: &'a Generation,
+        rule: &'a Rule,
+        req: &'a RequestCx<'r>,
+        parts: Parts<'a>,
+    ) -> Result<Self, Refusal> {
+        let store = policy.secrets();
+        // Even without any secret declared, a placeholder is refused below (it names a secret
+        // that does not exist) rather than forwarded.
+        let scrubber = store.scrubber().map_err(|e| {
+            Refusal::new(
+                Reason::SecretUnavailable,
+                format!("cannot search the request for secret values: {e}"),
+            )
+        })?;
+        Ok(Self {
+            policy,
+            rule,
+            req,
+            headers: parts.headers,
+            path_and_query: parts.path_and_query,
+            store,
+            scrubber,
+            captured: req.captured.keys().cloned().collect(),
+            credential: None,
+            used: BTreeSet::new(),
+        })
+    }
+
+    fn checker(&self) -> leak::Checker<'_> {
+        leak::Checker {
+            scrubber: self.scrubber.as_deref(),
+            store: self.store,
+            binding: binding(self.rule, &self.captured, self.req.withheld),
+            host: self.req.host,
         }
     }
 
-    let credential = match &rule.credential {
-        Some(name) => match policy.credential(name) {
-            Some(c) => Some(c),
-            None => {
-                incoming.drain(req.body_timeout).await;
+    /// Step 1: every part of the head, one check; then a body the detector cannot read and a
+    /// credential that is not defined are refused before the body is read. Returns the names
+    /// of the placeholders found.
+    fn check_head(&mut self, end_stream: bool) -> Result<BTreeSet<String>, Refusal> {
+        let names = self.checker().head(&leak::Head {
+            method: self.req.method,
+            hosts: self.req.sent_hosts,
+            path_and_query: self.path_and_query,
+            headers: self.headers,
+        })?;
+        // A body in a content coding (or gRPC messages compressed) hides its bytes from the
+        // leak detector: refused, never forwarded unscanned. `aws-chunked` is framing around
+        // plain bytes (S3 streaming uploads), which the detector reads as they are.
+        if self.scrubber.is_some() && !end_stream {
+            if let Some(why) = request_coding(self.headers) {
                 return Err(Refusal::new(
-                    Reason::CredentialFailed,
-                    format!("credential '{name}' is not defined"),
+                    Reason::UninspectableRequestBody,
+                    format!("the request body to host {} is sent {why}: latchkey cannot inspect it for secret values; send it uncompressed", self.req.host),
                 ));
             }
-        },
-        None => None,
-    };
-
-    // 2. the body: streamed, unless a feature needs it whole.
-    let need = credential
-        .and_then(|c| signing::whole_body_needed(&c.kind, headers))
-        .into_iter()
-        .chain(
-            rule.placeholders
-                .contains(&Place::Body)
-                .then_some(SCAN_LIMIT),
-        )
-        // A token endpoint's refresh carries the refresh token's placeholder in its body.
-        .chain(rule.capture.is_some().then_some(SCAN_LIMIT))
-        .max();
-    let declared = headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    let read = match incoming {
-        Inbound::Streaming(incoming) => {
-            request_body::read_body(incoming, need, declared, req.into()).await?
         }
-        Inbound::Held(body, trailers, charge) => Read::Whole(body, trailers, charge),
-    };
-    let (body_bytes, trailers, rest, charge) = match read {
-        Read::Whole(b, t, c) => (b, t, None, c),
-        Read::Partial(b, rest, c) => (b, None, Some(rest), c),
-        Read::OverBudget(b, rest, c, why) => {
-            // Only a signature can do without the whole body, and only where S3 takes it.
-            let fallback = !rule.placeholders.contains(&Place::Body)
-                && credential.is_some_and(|c| unsigned_payload_allowed(&c.kind, host));
-            if !fallback {
-                drain(rest).await;
-                return Err(too_busy(host, why));
+        if let Some(name) = &self.rule.credential {
+            match self.policy.credential(name) {
+                Some(c) => self.credential = Some(c),
+                None => {
+                    return Err(Refusal::new(
+                        Reason::CredentialFailed,
+                        format!("credential '{name}' is not defined"),
+                    ))
+                }
             }
-            tracing::info!(url.host = %host, why = %why, "buffer budget reached: signing as UNSIGNED-PAYLOAD and streaming");
-            (b, None, Some(rest), c)
         }
-    };
-    // From here a refusal drops the rest unread: it is drained, so the client reads the answer.
-    let mut rest = Rest::new(rest);
-    let whole = !rest.is_some();
-
-    // 3. a body held whole is checked like the head.
-    if whole {
-        names.extend(checker.body(&body_bytes, trailers.as_ref())?);
+        Ok(names)
     }
 
-    // 4. strip the sandbox's own credentials on an injecting rule.
-    if let Some(c) = credential {
-        for h in signing::stripped_headers(&c.kind) {
-            headers.remove(*h);
+    /// Step 2: the body, held whole up to what a feature needs, else streamed; over the buffer
+    /// budget it streams only where a signature can do without it, else it is refused.
+    async fn read_body(&self, incoming: Inbound) -> Result<Held, Refusal> {
+        let (rule, host) = (self.rule, self.req.host);
+        let need = self
+            .credential
+            .and_then(|c| signing::whole_body_needed(&c.kind, self.headers))
+            .into_iter()
+            .chain(
+                rule.placeholders
+                    .contains(&Place::Body)
+                    .then_some(SCAN_LIMIT),
+            )
+            // A token endpoint's refresh carries the refresh token's placeholder in its body.
+            .chain(rule.capture.is_some().then_some(SCAN_LIMIT))
+            .max();
+        let declared = self
+            .headers
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        let read = match incoming {
+            Inbound::Streaming(incoming) => {
+                request_body::read_body(incoming, need, declared, self.req.into()).await?
+            }
+            Inbound::Held(body, trailers, charge) => Read::Whole(body, trailers, charge),
+        };
+        let (bytes, trailers, rest, charge) = match read {
+            Read::Whole(b, t, c) => (b, t, None, c),
+            Read::Partial(b, rest, c) => (b, None, Some(rest), c),
+            Read::OverBudget(b, rest, c, why) => {
+                // Only a signature can do without the whole body, and only where S3 takes it.
+                let fallback = !rule.placeholders.contains(&Place::Body)
+                    && self
+                        .credential
+                        .is_some_and(|c| unsigned_payload_allowed(&c.kind, host));
+                if !fallback {
+                    drain(rest).await;
+                    return Err(too_busy(host, why));
+                }
+                tracing::info!(url.host = %host, why = %why, "buffer budget reached: signing as UNSIGNED-PAYLOAD and streaming");
+                (b, None, Some(rest), c)
+            }
+        };
+        // From here a refusal drops the rest unread: it is drained, so the client reads the
+        // answer.
+        Ok(Held {
+            bytes,
+            trailers,
+            rest: Rest::new(rest),
+            charge,
+        })
+    }
+
+    /// Step 3: a body held whole, checked like the head.
+    fn check_body(&self, held: &Held) -> Result<BTreeSet<String>, Refusal> {
+        self.checker().body(&held.bytes, held.trailers.as_ref())
+    }
+
+    /// Step 4: the headers the credential's scheme sets, and the sandbox's auth headers on a
+    /// rule that injects.
+    fn strip(&mut self) {
+        if let Some(c) = self.credential {
+            for h in signing::stripped_headers(&c.kind) {
+                self.headers.remove(*h);
+            }
+        }
+        if self.rule.injects() {
+            inject::strip_auth(
+                self.headers,
+                &self.rule.keep_headers,
+                &self.rule.injected_names,
+            );
         }
     }
-    if rule.injects() {
-        inject::strip_auth(headers, &rule.keep_headers, &rule.injected_names);
-    }
 
-    // 5. replace placeholders in enabled places (all were checked above).
-    let mut body_bytes = body_bytes;
-    let mut charge = charge;
-    if !names.is_empty() {
+    /// Step 5: each placeholder found replaced by its value (a captured token's, else the
+    /// store's) in the headers, the query and a body held whole.
+    async fn replace(&mut self, names: &BTreeSet<String>, held: &mut Held) -> Result<(), Refusal> {
+        if names.is_empty() {
+            return Ok(());
+        }
         let mut values: HashMap<String, SecretValue> = HashMap::with_capacity(names.len());
-        for name in &names {
-            let value = match req.captured.get(name) {
+        for name in names {
+            let value = match self.req.captured.get(name) {
                 Some(v) => v.clone(),
-                None => store.get(name).await.map_err(inject::unavailable)?,
+                None => self.store.get(name).await.map_err(inject::unavailable)?,
             };
             values.insert(name.clone(), value);
-            used.insert(name.clone());
+            self.used.insert(name.clone());
         }
-        substitute::headers(headers, &values)?;
-        substitute::query_in(path_and_query, &values);
-        if whole && placeholder::contains(&body_bytes) {
+        substitute::headers(self.headers, &values)?;
+        substitute::query_in(self.path_and_query, &values);
+        if held.whole() && placeholder::contains(&held.bytes) {
             // The copy is sized exactly and charged too while both exist.
-            let size = substitute::replaced_len(&body_bytes, &values);
-            charge
-                .resize(charge.bytes() + size)
-                .map_err(|e| too_busy(host, e))?;
-            body_bytes = substitute::replace_exact(&body_bytes, &values, size);
-            let _ = charge.resize(body_bytes.len());
-            headers.remove(CONTENT_LENGTH);
+            let size = substitute::replaced_len(&held.bytes, &values);
+            held.charge
+                .resize(held.charge.bytes() + size)
+                .map_err(|e| too_busy(self.req.host, e))?;
+            held.bytes = substitute::replace_exact(&held.bytes, &values, size);
+            let _ = held.charge.resize(held.bytes.len());
+            self.headers.remove(CONTENT_LENGTH);
         }
+        Ok(())
     }
 
-    // 6. inject, last before signing.
-    inject::headers(headers, &rule.inject_headers, store, identity, &mut used).await?;
-    inject::query_params(
-        path_and_query,
-        &rule.inject_query,
-        store,
-        identity,
-        &mut used,
-    )
-    .await?;
-    if let Some(basic) = &rule.inject_basic {
-        inject::basic(headers, basic, store, identity, &mut used).await?;
+    /// Step 6: the rule's headers, query parameters and basic auth.
+    async fn inject(&mut self) -> Result<(), Refusal> {
+        let (rule, store, identity) = (self.rule, self.store, self.req.identity);
+        inject::headers(
+            self.headers,
+            &rule.inject_headers,
+            store,
+            identity,
+            &mut self.used,
+        )
+        .await?;
+        inject::query_params(
+            self.path_and_query,
+            &rule.inject_query,
+            store,
+            identity,
+            &mut self.used,
+        )
+        .await?;
+        if let Some(basic) = &rule.inject_basic {
+            inject::basic(self.headers, basic, store, identity, &mut self.used).await?;
+        }
+        Ok(())
     }
 
-    // 7. sign or attach a minted token: last, over the final URI, headers and body.
-    let mut applied = signing::Applied::default();
-    if let Some(c) = credential {
-        let sign_body = if rest.is_some() {
-            signing::SignBody::Streamed
-        } else {
-            signing::SignBody::Whole(&body_bytes)
+    /// Step 7: the credential's signature or minted token; what remains to do on the body.
+    async fn sign(&mut self, held: &Held) -> Result<signing::Applied, Refusal> {
+        let Some(c) = self.credential else {
+            return Ok(signing::Applied::default());
         };
+        let sign_body = if held.whole() {
+            signing::SignBody::Whole(&held.bytes)
+        } else {
+            signing::SignBody::Streamed
+        };
+        let req = self.req;
         let target = signing::Target {
             method: req.method,
             scheme: req.scheme,
-            host,
+            host: req.host,
             port: req.port,
-            identity,
+            identity: req.identity,
         };
-        applied = signing::apply(
+        let applied = signing::apply(
             c,
-            store,
-            policy.tokens(),
-            req.exchanger,
+            signing::Material {
+                store: self.store,
+                cache: self.policy.tokens(),
+                transport: req.exchanger,
+            },
             &target,
-            headers,
-            path_and_query,
+            self.headers,
+            self.path_and_query,
             sign_body,
         )
         .await
@@ -343,57 +458,75 @@ pub async fn apply(
             };
             Refusal::new(reason, e.to_string())
         })?;
-        used.insert(signing::token_name(&c.name));
+        self.used.insert(signing::token_name(&c.name));
+        Ok(applied)
     }
 
-    let refused: Arc<OnceLock<BodyRefused>> = Arc::default();
-    let none = BTreeSet::new();
-    // An S3 aws-chunked body's data is checked as S3 stores it, the framing taken out: a value
-    // split across two chunks is whole there.
-    applied.scan_payload(|| {
-        Box::new(PayloadDetector {
-            detector: Detector::new(
-                scrubber.clone(),
-                &binding(rule, &none, &none),
-                host,
-                SCAN_LIMIT,
-            ),
-            slot: refused.clone(),
-        })
-    });
-    let whole_len = body_bytes.len() as u64;
-    let body = match rest.take() {
-        None => Whole::new(body_bytes, trailers, charge).boxed(),
-        Some(rest) => {
-            let detector = Detector::new(scrubber, &binding(rule, &none, &none), host, SCAN_LIMIT);
-            let stream = Prefixed::new(body_bytes, rest, detector, charge, refused.clone());
-            body::count_up(stream, counters.clone())
-        }
-    };
-    // An S3 aws-chunked upload: its framing checked (and chunks re-signed) as it streams; bad
-    // framing aborts the upload with this refusal. The chunk it holds while re-signing is
-    // charged to the budget for as long as the body lives.
-    let mut chunk_hold = req.budget.start(req.client);
-    chunk_hold
-        .resize(applied.held_at_most())
-        .map_err(|e| Refusal::new(Reason::TooBusy, e.to_string()))?;
-    let slot = refused.clone();
-    let body = applied.body(body, move |message| {
-        let _held = &chunk_hold;
-        let _ = slot.set(BodyRefused {
-            reason: Reason::BadRequest,
-            message,
+    /// The body as it goes upstream: held whole, or the held prefix then the rest through the
+    /// leak detector; an aws-chunked upload's framing checked (and chunks re-signed) on top.
+    fn finish(
+        self,
+        mut held: Held,
+        mut applied: signing::Applied,
+        counters: Arc<Counters>,
+    ) -> Result<Brokered, Refusal> {
+        let (rule, host) = (self.rule, self.req.host);
+        let refused: Arc<OnceLock<BodyRefused>> = Arc::default();
+        let none = BTreeSet::new();
+        // An S3 aws-chunked body's data is checked as S3 stores it, the framing taken out: a
+        // value split across two chunks is whole there.
+        applied.scan_payload(|| {
+            Box::new(PayloadDetector {
+                detector: Detector::new(
+                    self.scrubber.clone(),
+                    &binding(rule, &none, &none),
+                    host,
+                    SCAN_LIMIT,
+                ),
+                slot: refused.clone(),
+            })
         });
-    });
-    // A fully buffered body was counted here; a streamed one counts as it flows.
-    if whole {
-        counters.up.fetch_add(whole_len, Ordering::Relaxed);
+        let whole = held.whole();
+        let whole_len = held.bytes.len() as u64;
+        let body = match held.rest.take() {
+            None => Whole::new(held.bytes, held.trailers, held.charge).boxed(),
+            Some(rest) => {
+                let detector = Detector::new(
+                    self.scrubber,
+                    &binding(rule, &none, &none),
+                    host,
+                    SCAN_LIMIT,
+                );
+                let stream =
+                    Prefixed::new(held.bytes, rest, detector, held.charge, refused.clone());
+                body::count_up(stream, counters.clone())
+            }
+        };
+        // An S3 aws-chunked upload: its framing checked (and chunks re-signed) as it streams;
+        // bad framing aborts the upload with this refusal. The chunk it holds while re-signing
+        // is charged to the budget for as long as the body lives.
+        let mut chunk_hold = self.req.budget.start(self.req.client);
+        chunk_hold
+            .resize(applied.held_at_most())
+            .map_err(|e| Refusal::new(Reason::TooBusy, e.to_string()))?;
+        let slot = refused.clone();
+        let body = applied.body(body, move |message| {
+            let _held = &chunk_hold;
+            let _ = slot.set(BodyRefused {
+                reason: Reason::BadRequest,
+                message,
+            });
+        });
+        // A fully buffered body was counted here; a streamed one counts as it flows.
+        if whole {
+            counters.up.fetch_add(whole_len, Ordering::Relaxed);
+        }
+        Ok(Brokered {
+            body,
+            secrets: self.used,
+            refused,
+        })
     }
-    Ok(Brokered {
-        body,
-        secrets: used,
-        refused,
-    })
 }
 
 /// The leak detector over the data of an aws-chunked body; a refusal is left in the body's

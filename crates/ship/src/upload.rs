@@ -18,7 +18,7 @@ use tokio::io::{AsyncRead, ReadBuf};
 
 use super::target::Config;
 use crate::audit::segments;
-use crate::signing::{sigv4_sign, SigV4Keys, SignPayload};
+use crate::signing::{sigv4_sign, SigV4Keys, SigV4Scope, SignPayload};
 use crate::upstream::{find_upstream_error, BoxError, Client};
 
 /// Bytes read from a segment at a time (hashing and sending alike).
@@ -209,8 +209,10 @@ pub async fn ship(
     };
     sigv4_sign(
         &keys,
-        &config.region,
-        "s3",
+        SigV4Scope {
+            region: &config.region,
+            service: "s3",
+        },
         &t,
         &mut headers,
         &path_and_query,

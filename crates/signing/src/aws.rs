@@ -12,10 +12,10 @@ use super::exchange::{Exchange, TokenTransport};
 use super::sigv4::{self, derive_region_service, Payload};
 use super::sts;
 use super::{
-    aws_chunked, failed, field_key, secret, Applied, AssumeRole, CredentialError, SignBody, Target,
-    TokenCache, REFRESH_MARGIN,
+    aws_chunked, failed, field_key, secret, Applied, AssumeRole, CredentialError, Material,
+    SignBody, Target, REFRESH_MARGIN,
 };
-use crate::secrets::{SecretStore, SecretValue};
+use crate::secrets::SecretValue;
 
 /// An `aws_sigv4` credential's settings.
 pub(super) struct Aws<'a> {
@@ -27,13 +27,10 @@ pub(super) struct Aws<'a> {
 }
 
 /// Signs the request in place; what is left to do on an aws-chunked body is in the result.
-#[allow(clippy::too_many_arguments)]
 pub(super) async fn sign(
     name: &str,
     cred: Aws<'_>,
-    store: &SecretStore,
-    cache: &TokenCache,
-    transport: &dyn TokenTransport,
+    material: Material<'_>,
     t: &Target<'_>,
     headers: &mut HeaderMap,
     path_and_query: &str,
@@ -56,15 +53,7 @@ pub(super) async fn sign(
     // sandbox's to fix.
     let form = PayloadForm::of(name, headers)?;
     let (region, service) = region_service(name, region, service, t.host)?;
-    let (akid, secret_key, token) = keys(
-        name,
-        assume_role,
-        has_session_token,
-        store,
-        cache,
-        transport,
-    )
-    .await?;
+    let (akid, secret_key, token) = keys(name, assume_role, has_session_token, material).await?;
     let payload = sign_payload(&form.payload, body, max_signed_body);
     let seed = sigv4::sign(
         &sigv4::Keys {
@@ -72,8 +61,10 @@ pub(super) async fn sign(
             secret: &secret_key,
             token: token.as_ref(),
         },
-        &region,
-        &service,
+        sigv4::Scope {
+            region: &region,
+            service: &service,
+        },
         t,
         headers,
         path_and_query,
@@ -126,10 +117,13 @@ async fn keys(
     name: &str,
     assume_role: &Option<AssumeRole>,
     has_session_token: bool,
-    store: &SecretStore,
-    cache: &TokenCache,
-    transport: &dyn TokenTransport,
+    material: Material<'_>,
 ) -> Result<(SecretValue, SecretValue, Option<SecretValue>), CredentialError> {
+    let Material {
+        store,
+        cache,
+        transport,
+    } = material;
     let base_akid = secret(store, name, "access_key_id").await?;
     let base_secret = secret(store, name, "secret_access_key").await?;
     let base_token = if has_session_token {
@@ -337,8 +331,10 @@ async fn assume(
     };
     sigv4::sign(
         keys,
-        &role.sts_region,
-        "sts",
+        sigv4::Scope {
+            region: &role.sts_region,
+            service: "sts",
+        },
         &target,
         &mut headers,
         path,

@@ -43,7 +43,7 @@ pub use jwt::{JwtAlg, JwtClaim};
 pub use live::Live;
 pub use sigv4::{derive_region_service, Payload, UNSIGNED_HEADERS};
 /// SigV4 over a request latchkey sends itself (the audit shipper's uploads).
-pub use sigv4::{sign as sigv4_sign, Keys as SigV4Keys, SignPayload};
+pub use sigv4::{sign as sigv4_sign, Keys as SigV4Keys, Scope as SigV4Scope, SignPayload};
 pub use sts::StsError;
 pub use token_cache::TokenCache;
 
@@ -265,15 +265,22 @@ fn now_unix() -> u64 {
         .unwrap_or_default()
 }
 
+/// Where a credential's material comes from: its keys in the secret store (which also learns
+/// every token minted, to redact it), tokens already fetched in the cache, and the transport
+/// that reaches a token endpoint, called only when a token must be fetched (a cached one is
+/// reused).
+#[derive(Clone, Copy)]
+pub struct Material<'a> {
+    pub store: &'a SecretStore,
+    pub cache: &'a TokenCache,
+    pub transport: &'a dyn TokenTransport,
+}
+
 /// Applies a credential to a request: signs it (SigV4) or attaches a token, last. The result
-/// says what remains to do on the body ([`Applied::body`]). `transport` is called only when a
-/// token must be fetched (a cached one is reused).
-#[allow(clippy::too_many_arguments)]
+/// says what remains to do on the body ([`Applied::body`]).
 pub async fn apply(
     cred: &Credential,
-    store: &SecretStore,
-    cache: &TokenCache,
-    transport: &dyn TokenTransport,
+    material: Material<'_>,
     t: &Target<'_>,
     headers: &mut HeaderMap,
     path_and_query: &str,
@@ -295,21 +302,10 @@ pub async fn apply(
                 has_session_token: *has_session_token,
                 max_signed_body: *max_signed_body,
             };
-            aws::sign(
-                name,
-                aws,
-                store,
-                cache,
-                transport,
-                t,
-                headers,
-                path_and_query,
-                body,
-            )
-            .await
+            aws::sign(name, aws, material, t, headers, path_and_query, body).await
         }
         kind => {
-            minted::attach(name, kind, store, cache, transport, t, headers).await?;
+            minted::attach(name, kind, material, t, headers).await?;
             Ok(Applied::default())
         }
     }

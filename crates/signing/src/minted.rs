@@ -3,6 +3,7 @@
 //! is cached in the [`TokenCache`] and registered with the secret store before it leaves, so
 //! a response reflecting it is redacted.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use base64::Engine;
@@ -10,23 +11,23 @@ use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, AUTHORIZATION};
 use http::HeaderMap;
 
-use super::exchange::{self, json_str, TokenTransport};
+use super::exchange::{self, json_str};
 use super::{
     failed, field_key, jwt, now_unix, secret, sensitive, set_bearer, token_name, CredentialError,
-    JwtAlg, Kind, Target, TokenCache, REFRESH_MARGIN,
+    JwtAlg, JwtClaim, Kind, Material, Target, REFRESH_MARGIN,
 };
-use crate::secrets::{SecretStore, SecretValue};
+use crate::secrets::SecretValue;
 
-/// Attaches the token of a minting credential (every kind but `aws_sigv4`, which signs).
+/// Attaches the token of a minting credential (every kind but `aws_sigv4`, which signs); the
+/// token joins the secret store's redaction set before it leaves.
 pub(super) async fn attach(
     name: &str,
     kind: &Kind,
-    store: &SecretStore,
-    cache: &TokenCache,
-    transport: &dyn TokenTransport,
+    material: Material<'_>,
     t: &Target<'_>,
     headers: &mut HeaderMap,
 ) -> Result<(), CredentialError> {
+    let minter = Minter { name, material };
     match kind {
         Kind::GithubApp {
             app_id,
@@ -35,90 +36,15 @@ pub(super) async fn attach(
             permissions,
             repositories,
         } => {
-            let token = cache
-                .get(name, REFRESH_MARGIN, || async {
-                    let key = secret(store, name, "private_key").await?;
-                    let now = now_unix();
-                    let claims = serde_json::json!({"iat": now.saturating_sub(60), "exp": now + 540, "iss": app_id});
-                    let app_jwt = jwt::sign(JwtAlg::Rs256, key.expose(), None, &claims)
-                        .map_err(|e| failed(name, format!("cannot sign the app JWT: {e}")))?;
-                    let mut body = serde_json::Map::new();
-                    if let Some(p) = permissions {
-                        body.insert("permissions".into(), serde_json::json!(p));
-                    }
-                    if let Some(r) = repositories {
-                        body.insert("repositories".into(), serde_json::json!(r));
-                    }
-                    let url = format!(
-                        "{}/app/installations/{installation_id}/access_tokens",
-                        api.trim_end_matches('/')
-                    );
-                    let headers = vec![
-                        (AUTHORIZATION, sensitive(format!("Bearer {app_jwt}"))?),
-                        (http::header::ACCEPT, HeaderValue::from_static("application/vnd.github+json")),
-                        (http::header::CONTENT_TYPE, HeaderValue::from_static("application/json")),
-                        (http::header::USER_AGENT, HeaderValue::from_static("latchkey")),
-                        (HeaderName::from_static("x-github-api-version"), HeaderValue::from_static("2022-11-28")),
-                    ];
-                    let json = exchange::json(transport, name, url, headers, serde_json::Value::Object(body).to_string().into()).await?;
-                    let token = json_str(&json, "token").ok_or_else(|| failed(name, "token endpoint answered without a token"))?;
-                    let expires = json_str(&json, "expires_at")
-                        .and_then(|s| humantime::parse_rfc3339_weak(&s).ok())
-                        .and_then(|t| t.duration_since(SystemTime::now()).ok())
-                        .unwrap_or(Duration::from_secs(3600));
-                    Ok((SecretValue::new(token.into_bytes()), expires))
-                })
+            let token = minter
+                .github_app(app_id, installation_id, api, permissions, repositories)
                 .await?;
-            store.set_minted(&token_name(name), "", &token);
-            let api_host = http::Uri::try_from(api.as_str())
-                .ok()
-                .and_then(|u| u.host().map(str::to_ascii_lowercase));
-            if api_host.as_deref() == Some(t.host) {
-                set_bearer(headers, &AUTHORIZATION, &token, true)
-            } else {
-                // git over HTTPS (github.com): installation tokens go in Basic auth.
-                let mut raw = b"x-access-token:".to_vec();
-                raw.extend_from_slice(token.expose());
-                let enc =
-                    zeroize::Zeroizing::new(base64::engine::general_purpose::STANDARD.encode(&raw));
-                let mut hv = sensitive(format!("Basic {}", &*enc))?;
-                hv.set_sensitive(true);
-                headers.insert(AUTHORIZATION, hv);
-                Ok(())
-            }
+            minter.register("", &token);
+            github_auth(headers, api, t.host, &token)
         }
         Kind::GoogleServiceAccount { scopes, token_uri } => {
-            let token = cache
-                .get(name, REFRESH_MARGIN, || async {
-                    let key = secret(store, name, "key").await?;
-                    let sa: serde_json::Value = serde_json::from_slice(key.expose())
-                        .map_err(|e| failed(name, format!("key is not a service-account JSON file: {e}")))?;
-                    let field = |f: &str| {
-                        json_str(&sa, f).ok_or_else(|| failed(name, format!("service-account key has no {f}")))
-                    };
-                    let email = field("client_email")?;
-                    let pem = SecretValue::new(field("private_key")?.into_bytes());
-                    store.set_minted(&field_key(name, "private_key"), "", &pem);
-                    let kid = json_str(&sa, "private_key_id");
-                    let uri = match token_uri {
-                        Some(u) => u.clone(),
-                        None => field("token_uri")?,
-                    };
-                    let now = now_unix();
-                    let claims = serde_json::json!({
-                        "iss": email, "scope": scopes.join(" "), "aud": uri, "iat": now, "exp": now + 3600,
-                    });
-                    let assertion = jwt::sign(JwtAlg::Rs256, pem.expose(), kid.as_deref(), &claims)
-                        .map_err(|e| failed(name, format!("cannot sign the assertion: {e}")))?;
-                    let form = form_urlencoded::Serializer::new(String::new())
-                        .append_pair("grant_type", "urn:ietf:params:oauth:grant-type:jwt-bearer")
-                        .append_pair("assertion", &assertion)
-                        .finish();
-                    let json = exchange::json(transport, name, uri, exchange::form_headers(), form.into()).await?;
-                    exchange::access_token(name, &json)
-                })
-                .await?;
-            store.set_minted(&token_name(name), "", &token);
+            let token = minter.google_service_account(scopes, token_uri).await?;
+            minter.register("", &token);
             set_bearer(headers, &AUTHORIZATION, &token, true)
         }
         Kind::OAuth2ClientCredentials {
@@ -127,47 +53,10 @@ pub(super) async fn attach(
             scope,
             audience,
         } => {
-            let token = cache
-                .get(name, REFRESH_MARGIN, || async {
-                    let client_secret = secret(store, name, "client_secret").await?;
-                    let secret_text = std::str::from_utf8(client_secret.expose())
-                        .map_err(|_| failed(name, "client_secret is not UTF-8"))?;
-                    // Sized for the worst case (every byte escaped), so it never reallocates
-                    // and leaves no unwiped copy of the client secret behind.
-                    let mut form = zeroize::Zeroizing::new(String::with_capacity(
-                        256 + 3
-                            * (client_id.len()
-                                + secret_text.len()
-                                + scope.as_ref().map_or(0, String::len)
-                                + audience.as_ref().map_or(0, String::len)),
-                    ));
-                    {
-                        let mut pairs = form_urlencoded::Serializer::new(&mut *form);
-                        pairs
-                            .append_pair("grant_type", "client_credentials")
-                            .append_pair("client_id", client_id)
-                            .append_pair("client_secret", secret_text);
-                        if let Some(s) = scope {
-                            pairs.append_pair("scope", s);
-                        }
-                        if let Some(a) = audience {
-                            pairs.append_pair("audience", a);
-                        }
-                        pairs.finish();
-                    }
-                    let body = Bytes::copy_from_slice(form.as_bytes());
-                    let json = exchange::json(
-                        transport,
-                        name,
-                        token_url.clone(),
-                        exchange::form_headers(),
-                        body,
-                    )
-                    .await?;
-                    exchange::access_token(name, &json)
-                })
+            let token = minter
+                .oauth2_client_credentials(token_url, client_id, scope, audience)
                 .await?;
-            store.set_minted(&token_name(name), "", &token);
+            minter.register("", &token);
             set_bearer(headers, &AUTHORIZATION, &token, true)
         }
         Kind::Jwt {
@@ -176,38 +65,8 @@ pub(super) async fn attach(
             header,
             claims,
         } => {
-            let per_identity = claims.iter().any(|(_, c)| c.uses_identity());
-            let per_host = claims.iter().any(|(_, c)| c.uses_host());
-            let key_id = format!(
-                "{name}\u{0}{}\u{0}{}",
-                if per_identity { t.identity } else { "" },
-                if per_host { t.host } else { "" }
-            );
-            let mint = || async {
-                let key = secret(store, name, "key").await?;
-                let now = now_unix();
-                let mut map = serde_json::Map::new();
-                for (k, c) in claims {
-                    map.insert(k.clone(), c.render(now, t.identity, t.host));
-                }
-                if let Some(ttl) = ttl {
-                    map.entry("iat").or_insert(serde_json::json!(now));
-                    map.entry("exp")
-                        .or_insert(serde_json::json!(now + ttl.as_secs()));
-                }
-                let token = jwt::sign(*alg, key.expose(), None, &serde_json::Value::Object(map))
-                    .map_err(|e| failed(name, format!("cannot sign the JWT: {e}")))?;
-                Ok((
-                    SecretValue::new(token.into_bytes()),
-                    ttl.unwrap_or_default(),
-                ))
-            };
-            let token = match ttl {
-                // Self-signed: cached for 80 % of its TTL, then signed anew.
-                Some(ttl) => cache.get(&key_id, *ttl / 5, mint).await?,
-                None => mint().await?.0,
-            };
-            store.set_minted(&token_name(name), &key_id, &token);
+            let (key_id, token) = minter.jwt(*alg, ttl, claims, t).await?;
+            minter.register(&key_id, &token);
             let bearer = *header == AUTHORIZATION;
             set_bearer(headers, header, &token, bearer)
         }
@@ -215,5 +74,228 @@ pub(super) async fn attach(
             name,
             "an aws_sigv4 credential signs; it mints no token",
         )),
+    }
+}
+
+/// One credential minting its token: its name and where its material comes from.
+struct Minter<'a> {
+    name: &'a str,
+    material: Material<'a>,
+}
+
+impl Minter<'_> {
+    /// The token joins the redaction set (under `key_id`) before it leaves.
+    fn register(&self, key_id: &str, token: &SecretValue) {
+        self.material
+            .store
+            .set_minted(&token_name(self.name), key_id, token);
+    }
+
+    /// A GitHub App installation token (cached), exchanged for the app's JWT.
+    async fn github_app(
+        &self,
+        app_id: &str,
+        installation_id: &str,
+        api: &str,
+        permissions: &Option<BTreeMap<String, String>>,
+        repositories: &Option<Vec<String>>,
+    ) -> Result<SecretValue, CredentialError> {
+        let (name, store, transport) = (self.name, self.material.store, self.material.transport);
+        self.material
+            .cache
+            .get(name, REFRESH_MARGIN, || async {
+                let key = secret(store, name, "private_key").await?;
+                let now = now_unix();
+                let claims = serde_json::json!({"iat": now.saturating_sub(60), "exp": now + 540, "iss": app_id});
+                let app_jwt = jwt::sign(JwtAlg::Rs256, key.expose(), None, &claims)
+                    .map_err(|e| failed(name, format!("cannot sign the app JWT: {e}")))?;
+                let mut body = serde_json::Map::new();
+                if let Some(p) = permissions {
+                    body.insert("permissions".into(), serde_json::json!(p));
+                }
+                if let Some(r) = repositories {
+                    body.insert("repositories".into(), serde_json::json!(r));
+                }
+                let url = format!(
+                    "{}/app/installations/{installation_id}/access_tokens",
+                    api.trim_end_matches('/')
+                );
+                let headers = vec![
+                    (AUTHORIZATION, sensitive(format!("Bearer {app_jwt}"))?),
+                    (http::header::ACCEPT, HeaderValue::from_static("application/vnd.github+json")),
+                    (http::header::CONTENT_TYPE, HeaderValue::from_static("application/json")),
+                    (http::header::USER_AGENT, HeaderValue::from_static("latchkey")),
+                    (HeaderName::from_static("x-github-api-version"), HeaderValue::from_static("2022-11-28")),
+                ];
+                let json = exchange::json(transport, name, url, headers, serde_json::Value::Object(body).to_string().into()).await?;
+                let token = json_str(&json, "token").ok_or_else(|| failed(name, "token endpoint answered without a token"))?;
+                let expires = json_str(&json, "expires_at")
+                    .and_then(|s| humantime::parse_rfc3339_weak(&s).ok())
+                    .and_then(|t| t.duration_since(SystemTime::now()).ok())
+                    .unwrap_or(Duration::from_secs(3600));
+                Ok((SecretValue::new(token.into_bytes()), expires))
+            })
+            .await
+    }
+
+    /// A Google service account's access token (cached), exchanged for a signed assertion.
+    async fn google_service_account(
+        &self,
+        scopes: &[String],
+        token_uri: &Option<String>,
+    ) -> Result<SecretValue, CredentialError> {
+        let (name, store, transport) = (self.name, self.material.store, self.material.transport);
+        self.material
+            .cache
+            .get(name, REFRESH_MARGIN, || async {
+                let key = secret(store, name, "key").await?;
+                let sa: serde_json::Value = serde_json::from_slice(key.expose())
+                    .map_err(|e| failed(name, format!("key is not a service-account JSON file: {e}")))?;
+                let field = |f: &str| {
+                    json_str(&sa, f).ok_or_else(|| failed(name, format!("service-account key has no {f}")))
+                };
+                let email = field("client_email")?;
+                let pem = SecretValue::new(field("private_key")?.into_bytes());
+                store.set_minted(&field_key(name, "private_key"), "", &pem);
+                let kid = json_str(&sa, "private_key_id");
+                let uri = match token_uri {
+                    Some(u) => u.clone(),
+                    None => field("token_uri")?,
+                };
+                let now = now_unix();
+                let claims = serde_json::json!({
+                    "iss": email, "scope": scopes.join(" "), "aud": uri, "iat": now, "exp": now + 3600,
+                });
+                let assertion = jwt::sign(JwtAlg::Rs256, pem.expose(), kid.as_deref(), &claims)
+                    .map_err(|e| failed(name, format!("cannot sign the assertion: {e}")))?;
+                let form = form_urlencoded::Serializer::new(String::new())
+                    .append_pair("grant_type", "urn:ietf:params:oauth:grant-type:jwt-bearer")
+                    .append_pair("assertion", &assertion)
+                    .finish();
+                let json = exchange::json(transport, name, uri, exchange::form_headers(), form.into()).await?;
+                exchange::access_token(name, &json)
+            })
+            .await
+    }
+
+    /// An OAuth2 client-credentials access token (cached).
+    async fn oauth2_client_credentials(
+        &self,
+        token_url: &str,
+        client_id: &str,
+        scope: &Option<String>,
+        audience: &Option<String>,
+    ) -> Result<SecretValue, CredentialError> {
+        let (name, store, transport) = (self.name, self.material.store, self.material.transport);
+        self.material
+            .cache
+            .get(name, REFRESH_MARGIN, || async {
+                let client_secret = secret(store, name, "client_secret").await?;
+                let secret_text = std::str::from_utf8(client_secret.expose())
+                    .map_err(|_| failed(name, "client_secret is not UTF-8"))?;
+                // Sized for the worst case (every byte escaped), so it never reallocates
+                // and leaves no unwiped copy of the client secret behind.
+                let mut form = zeroize::Zeroizing::new(String::with_capacity(
+                    256 + 3
+                        * (client_id.len()
+                            + secret_text.len()
+                            + scope.as_ref().map_or(0, String::len)
+                            + audience.as_ref().map_or(0, String::len)),
+                ));
+                {
+                    let mut pairs = form_urlencoded::Serializer::new(&mut *form);
+                    pairs
+                        .append_pair("grant_type", "client_credentials")
+                        .append_pair("client_id", client_id)
+                        .append_pair("client_secret", secret_text);
+                    if let Some(s) = scope {
+                        pairs.append_pair("scope", s);
+                    }
+                    if let Some(a) = audience {
+                        pairs.append_pair("audience", a);
+                    }
+                    pairs.finish();
+                }
+                let body = Bytes::copy_from_slice(form.as_bytes());
+                let json = exchange::json(
+                    transport,
+                    name,
+                    token_url.to_string(),
+                    exchange::form_headers(),
+                    body,
+                )
+                .await?;
+                exchange::access_token(name, &json)
+            })
+            .await
+    }
+
+    /// A JWT latchkey signs itself, with the key the token is cached and redacted under
+    /// (per identity and per host when a claim uses them).
+    async fn jwt(
+        &self,
+        alg: JwtAlg,
+        ttl: &Option<Duration>,
+        claims: &[(String, JwtClaim)],
+        t: &Target<'_>,
+    ) -> Result<(String, SecretValue), CredentialError> {
+        let (name, store, cache) = (self.name, self.material.store, self.material.cache);
+        let per_identity = claims.iter().any(|(_, c)| c.uses_identity());
+        let per_host = claims.iter().any(|(_, c)| c.uses_host());
+        let key_id = format!(
+            "{name}\u{0}{}\u{0}{}",
+            if per_identity { t.identity } else { "" },
+            if per_host { t.host } else { "" }
+        );
+        let mint = || async {
+            let key = secret(store, name, "key").await?;
+            let now = now_unix();
+            let mut map = serde_json::Map::new();
+            for (k, c) in claims {
+                map.insert(k.clone(), c.render(now, t.identity, t.host));
+            }
+            if let Some(ttl) = ttl {
+                map.entry("iat").or_insert(serde_json::json!(now));
+                map.entry("exp")
+                    .or_insert(serde_json::json!(now + ttl.as_secs()));
+            }
+            let token = jwt::sign(alg, key.expose(), None, &serde_json::Value::Object(map))
+                .map_err(|e| failed(name, format!("cannot sign the JWT: {e}")))?;
+            Ok((
+                SecretValue::new(token.into_bytes()),
+                ttl.unwrap_or_default(),
+            ))
+        };
+        let token = match ttl {
+            // Self-signed: cached for 80 % of its TTL, then signed anew.
+            Some(ttl) => cache.get(&key_id, *ttl / 5, mint).await?,
+            None => mint().await?.0,
+        };
+        Ok((key_id, token))
+    }
+}
+
+/// GitHub API requests carry the installation token as a bearer token; git over HTTPS
+/// (github.com) takes it in Basic auth.
+fn github_auth(
+    headers: &mut HeaderMap,
+    api: &str,
+    host: &str,
+    token: &SecretValue,
+) -> Result<(), CredentialError> {
+    let api_host = http::Uri::try_from(api)
+        .ok()
+        .and_then(|u| u.host().map(str::to_ascii_lowercase));
+    if api_host.as_deref() == Some(host) {
+        set_bearer(headers, &AUTHORIZATION, token, true)
+    } else {
+        // git over HTTPS (github.com): installation tokens go in Basic auth.
+        let mut raw = b"x-access-token:".to_vec();
+        raw.extend_from_slice(token.expose());
+        let enc = zeroize::Zeroizing::new(base64::engine::general_purpose::STANDARD.encode(&raw));
+        let mut hv = sensitive(format!("Basic {}", &*enc))?;
+        hv.set_sensitive(true);
+        headers.insert(AUTHORIZATION, hv);
+        Ok(())
     }
 }

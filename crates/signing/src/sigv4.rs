@@ -69,6 +69,13 @@ impl Payload {
     }
 }
 
+/// The credential scope signed for: the region and the service (`s3`, `sts`, ...).
+#[derive(Clone, Copy)]
+pub struct Scope<'a> {
+    pub region: &'a str,
+    pub service: &'a str,
+}
+
 pub struct Keys<'a> {
     pub akid: &'a SecretValue,
     pub secret: &'a SecretValue,
@@ -150,17 +157,16 @@ pub const UNSIGNED_HEADERS: &[&str] = &[
 /// applies, and `x-amz-content-sha256` (the payload form) for S3 or when `content_sha256` (the
 /// sandbox sent one; it was removed here first). Every header but [`UNSIGNED_HEADERS`] is
 /// signed. Returns the signature (the seed of a chunk-signed body).
-#[allow(clippy::too_many_arguments)]
 pub fn sign(
     keys: &Keys<'_>,
-    region: &str,
-    service: &str,
+    scope: Scope<'_>,
     t: &Target<'_>,
     headers: &mut HeaderMap,
     path_and_query: &str,
     payload: SignPayload<'_>,
     content_sha256: bool,
 ) -> Result<String, String> {
+    let Scope { region, service } = scope;
     let authority = Authority {
         host: t.host,
         port: t.port,

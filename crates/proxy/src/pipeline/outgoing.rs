@@ -113,8 +113,10 @@ pub(super) async fn broker(req: &mut Req<'_>) -> Result<Outgoing, Refusal> {
         policy,
         rule,
         &request_cx,
-        &mut head.headers,
-        &mut path_and_query,
+        broker::Parts {
+            headers: &mut head.headers,
+            path_and_query: &mut path_and_query,
+        },
         incoming,
         req.entry.counters(),
     )

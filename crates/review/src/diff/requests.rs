@@ -309,9 +309,55 @@ impl Way<'_, '_> {
 
     fn example(&self, scheme: Scheme, port: u16, cell: &Cell) -> Option<Example> {
         let (before, now) = self.side(cell);
-        find_example(
-            self.from, self.to, self.dir, self.s, scheme, port, &cell.2, &before, &now,
-        )
+        self.find_example(scheme, port, &cell.2, &before, &now)
+    }
+
+    /// A request `self.to` lets through and `self.from` does not, with paths from `now` minus `before`:
+    /// readable instances of `now`'s globs first, then the shortest path the DFAs find. `None` when
+    /// no real request shows the difference (each candidate is decided by both policies).
+    fn find_example(
+        &self,
+        scheme: Scheme,
+        port: u16,
+        method: &str,
+        before: &Paths,
+        now: &Paths,
+    ) -> Option<Example> {
+        let (from, to, dir, s) = (self.from, self.to, self.dir, self.s);
+        let mut candidates = now.instances();
+        if let Some(w) = witness(now, before) {
+            candidates.push(w);
+        }
+        let set_now = PathSet::build(now);
+        let set_before = PathSet::build(before);
+        for path in candidates {
+            let inside = set_now
+                .as_ref()
+                .is_some_and(|d| d.contains(path.as_bytes()));
+            let outside = !set_before
+                .as_ref()
+                .is_some_and(|d| d.contains(path.as_bytes()));
+            if !(inside && outside) {
+                continue;
+            }
+            let url = display_url(scheme, &s.host, port, &path);
+            let (Some(a), Some(b)) = (to.decide(method, &url), from.decide(method, &url)) else {
+                continue;
+            };
+            if a.level() > b.level() {
+                let (old, new) = match dir {
+                    Direction::Widened => (b, a),
+                    Direction::Narrowed => (a, b),
+                };
+                return Some(Example {
+                    method: method.to_string(),
+                    url,
+                    old,
+                    new,
+                });
+            }
+        }
+        None
     }
 
     /// A method as shown: one of the methods no rule names is `other`.
@@ -332,17 +378,7 @@ impl Way<'_, '_> {
             if !now.reaches() {
                 return None;
             }
-            let example = find_example(
-                self.from,
-                self.to,
-                self.dir,
-                s,
-                cell.0,
-                cell.1,
-                &cell.2,
-                &Paths::None,
-                &now,
-            );
+            let example = self.find_example(cell.0, cell.1, &cell.2, &Paths::None, &now);
             let rule = rule_for(self.to, &s.host, cell.0, cell.1, &cell.3);
             let mut c = Change::new(
                 self.dir,
@@ -475,57 +511,6 @@ pub(super) fn set_rule(c: &mut Change, rule: Option<&Rule>) {
         c.rule = Some(r.name.clone());
         c.origin = Some(r.origin.to_string());
     }
-}
-
-/// A request `to` lets through and `from` does not, with paths from `now` minus `before`:
-/// readable instances of `now`'s globs first, then the shortest path the DFAs find. `None` when
-/// no real request shows the difference (each candidate is decided by both policies).
-#[allow(clippy::too_many_arguments)]
-pub(super) fn find_example(
-    from: &View<'_>,
-    to: &View<'_>,
-    dir: Direction,
-    s: &Sample,
-    scheme: Scheme,
-    port: u16,
-    method: &str,
-    before: &Paths,
-    now: &Paths,
-) -> Option<Example> {
-    let mut candidates = now.instances();
-    if let Some(w) = witness(now, before) {
-        candidates.push(w);
-    }
-    let set_now = PathSet::build(now);
-    let set_before = PathSet::build(before);
-    for path in candidates {
-        let inside = set_now
-            .as_ref()
-            .is_some_and(|d| d.contains(path.as_bytes()));
-        let outside = !set_before
-            .as_ref()
-            .is_some_and(|d| d.contains(path.as_bytes()));
-        if !(inside && outside) {
-            continue;
-        }
-        let url = display_url(scheme, &s.host, port, &path);
-        let (Some(a), Some(b)) = (to.decide(method, &url), from.decide(method, &url)) else {
-            continue;
-        };
-        if a.level() > b.level() {
-            let (old, new) = match dir {
-                Direction::Widened => (b, a),
-                Direction::Narrowed => (a, b),
-            };
-            return Some(Example {
-                method: method.to_string(),
-                url,
-                old,
-                new,
-            });
-        }
-    }
-    None
 }
 
 /// CONNECT relayed raw in one policy and not the other, per https port a rule names.
