@@ -217,18 +217,20 @@ pub fn compile_sources_with(
 
     let digest = hasher.finish();
     let hex = hex::encode(digest);
-    Ok(index(
+    Ok(index(Parts {
         rules,
-        (ask, notifiers),
-        (limits, credentials.limits, prices),
-        (identities, default_labels),
-        credentials.compiled,
-        secret_sources,
-        (
-            format!("sha256:{hex}"),
-            sources.iter().map(|(p, _)| p.to_path_buf()).collect(),
-        ),
-    ))
+        ask,
+        notifiers,
+        limits,
+        credential_limits: credentials.limits,
+        prices,
+        identities,
+        default_labels,
+        credentials: credentials.compiled,
+        secrets: secret_sources,
+        digest: format!("sha256:{hex}"),
+        files: sources.iter().map(|(p, _)| p.to_path_buf()).collect(),
+    }))
 }
 
 /// Every file as parsed: its name, its text and what was read of it.
@@ -469,16 +471,38 @@ fn read_secrets(
     false
 }
 
-/// Builds the host index, ordering each host's rules by precedence (see the module docs).
-fn index(
+/// Everything a valid set of files compiled to, before it is indexed into a [`Policy`].
+struct Parts {
     rules: Vec<Rule>,
-    (ask, notifiers): (AskPolicy, Vec<Notifier>),
-    (limits, credential_limits, prices): (Vec<Limit>, HashMap<String, Vec<String>>, PriceTable),
-    (identities, default_labels): (Vec<Identity>, BTreeMap<String, String>),
+    ask: AskPolicy,
+    notifiers: Vec<Notifier>,
+    limits: Vec<Limit>,
+    credential_limits: HashMap<String, Vec<String>>,
+    prices: PriceTable,
+    identities: Vec<Identity>,
+    default_labels: BTreeMap<String, String>,
     credentials: HashMap<String, Arc<Credential>>,
     secrets: Vec<(String, Source)>,
-    (digest, files): (String, Vec<PathBuf>),
-) -> Policy {
+    digest: String,
+    files: Vec<PathBuf>,
+}
+
+/// Builds the host index, ordering each host's rules by precedence (see the module docs).
+fn index(parts: Parts) -> Policy {
+    let Parts {
+        rules,
+        ask,
+        notifiers,
+        limits,
+        credential_limits,
+        prices,
+        identities,
+        default_labels,
+        credentials,
+        secrets,
+        digest,
+        files,
+    } = parts;
     let ceilings = super::reach::ceilings(&rules, &identities, default_labels, &ask, &credentials);
     let mut exact: HashMap<String, Vec<usize>> = HashMap::new();
     let mut wildcard: HashMap<String, Vec<usize>> = HashMap::new();
