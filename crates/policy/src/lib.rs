@@ -26,6 +26,7 @@ pub mod ask;
 mod ask_compile;
 pub mod compile;
 mod credential;
+pub mod facts;
 pub mod identity;
 pub mod limits;
 mod limits_compile;
