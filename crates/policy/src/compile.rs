@@ -84,7 +84,7 @@ impl PolicySources {
     /// Reads every `*.toml` file in `dir` (sorted by name; not recursive, so `policies/tests/`
     /// fixtures are not rules).
     pub fn read_dir(dir: &Path) -> Result<Self, LoadError> {
-        let paths = super::toml_files(dir).map_err(|source| LoadError::Dir {
+        let paths = toml_files(dir).map_err(|source| LoadError::Dir {
             dir: dir.to_path_buf(),
             source,
         })?;
@@ -142,6 +142,19 @@ impl PolicySources {
             }
         }
     }
+}
+
+/// The `*.toml` files directly in `dir`, sorted by name (not recursive: `tests/` holds cases).
+pub fn toml_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut paths = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "toml") && path.is_file() {
+            paths.push(path);
+        }
+    }
+    paths.sort();
+    Ok(paths)
 }
 
 /// Loads and compiles every `*.toml` file in `dir` (sorted by name; not recursive, so

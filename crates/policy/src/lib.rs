@@ -26,6 +26,7 @@ pub mod ask;
 mod ask_compile;
 pub mod compile;
 mod credential;
+pub mod facts;
 pub mod identity;
 mod identity_compile;
 pub mod limits;
@@ -49,8 +50,8 @@ use std::sync::Arc;
 use http::{HeaderName, Method};
 
 pub use compile::{
-    compile_sources, compile_sources_with, load_dir, load_dir_for_evaluation, LoadError,
-    PolicyError, PolicySources, SecretLoading,
+    compile_sources, compile_sources_with, load_dir, load_dir_for_evaluation, toml_files,
+    LoadError, PolicyError, PolicySources, SecretLoading,
 };
 // Re-exported: callers that match requests against policy normalise hosts the same way.
 pub use crate::wire::host::{display_authority, normalize_host, HostError};
@@ -66,19 +67,6 @@ use crate::reason::Reason;
 use crate::secrets::placeholder::Place;
 use crate::secrets::{Source, Template};
 use crate::wire::cidr::Cidr;
-
-/// The `*.toml` files directly in `dir`, sorted by name (not recursive: `tests/` holds cases).
-pub fn toml_files(dir: &std::path::Path) -> std::io::Result<Vec<PathBuf>> {
-    let mut paths = Vec::new();
-    for entry in std::fs::read_dir(dir)? {
-        let path = entry?.path();
-        if path.extension().is_some_and(|e| e == "toml") && path.is_file() {
-            paths.push(path);
-        }
-    }
-    paths.sort();
-    Ok(paths)
-}
 
 /// URL scheme of a request as policy sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

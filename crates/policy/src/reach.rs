@@ -2,11 +2,13 @@
 //! digest (`reach` in every audit record; `latchkey explain --reach IDENTITY` prints both).
 //!
 //! The listing has one line per fact, sorted: for each rule the identity may use, its hosts,
-//! the scheme and port pairs it allows (by its `schemes`), `dangerously_allow_cleartext`, its
-//! methods and path globs (or `any`), `tunnel`, `report-only`, each `allow_private` range, each
-//! secret it binds with each host it is bound to, where placeholders are replaced, the auth
-//! headers it keeps, its credential, and whether it asks a person (with the scopes an approver
-//! may grant); plus one line when `[ask] unknown` lets the identity ask for anything no rule
+//! the scheme and port pairs it allows (by its `schemes`), its methods and path globs (or
+//! `any`) or `tunnel`, then what it grants beyond matching as [`super::facts::GRANTS`] lists
+//! it (`report-only`, each `allow_private` range, `websocket`, `dangerously_allow_cleartext`,
+//! each secret it binds with each host it is bound to, where placeholders are replaced, the
+//! auth headers it keeps, its credential, `mcp`, captured tokens, and whether it asks a person
+//! with the scopes an approver may grant); plus one line when `[ask] unknown` lets the identity
+//! ask for anything no rule
 //! allows. The identity's name is not in it: two
 //! identities with the same rules have the same reach, and another identity's rules never
 //! change it. The digest is `sha256:` and the hex SHA-256 of the lines, each ended by `\n`.
@@ -18,9 +20,9 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::ask::{Ask, AskPolicy};
+use super::ask::AskPolicy;
 use super::identity::{Identity, RuleSet, DEFAULT_IDENTITY};
-use super::{Policy, Rule, Scheme};
+use super::{Policy, Rule};
 use crate::signing::Credential;
 
 /// What every audit record of one identity carries about it.
@@ -125,7 +127,7 @@ pub(super) fn listing(
     if ask.unknown {
         items.push(format!(
             "[ask] unknown: any request no rule allows, once a person approves ({})",
-            terms(&ask.terms)
+            super::facts::ask_terms(&ask.terms)
         ));
     }
     items.sort();
@@ -161,11 +163,6 @@ fn rule_items(rule: &Rule, credentials: &HashMap<String, Arc<Credential>>, out: 
             item(format!("port {}:{port}", scheme.as_str()));
         }
     }
-    if rule.cleartext && schemes.allows(Scheme::Http) {
-        item(
-            "dangerously_allow_cleartext: credentials may go upstream over plain http".to_string(),
-        );
-    }
     if rule.tunnel {
         item("tunnel: raw CONNECT relay, not inspected".to_string());
     } else {
@@ -186,68 +183,12 @@ fn rule_items(rule: &Rule, credentials: &HashMap<String, Arc<Credential>>, out: 
             }
         }
     }
-    if rule.report {
-        item("report-only: what it would deny goes through".to_string());
-    }
-    for cidr in &rule.allow_private {
-        item(format!("allow_private {cidr}"));
-    }
-    if rule.websocket {
-        item("websocket: upgrades allowed, messages relayed".to_string());
-    }
-    if let Some(m) = &rule.mcp {
-        item(format!("mcp: {}", mcp_summary(m)));
-    }
-    if let Some(c) = &rule.capture {
-        let mut hosts: Vec<String> = c
-            .hosts
-            .iter()
-            .chain(&rule.hosts)
-            .map(|h| h.to_string())
-            .collect();
-        hosts.sort();
-        hosts.dedup();
-        for f in &c.fields {
-            item(format!(
-                "captures {} bound to {}",
-                c.secret_name(f),
-                hosts.join(", ")
-            ));
+    // What it grants beyond matching: one table describes it, for reach and diff alike.
+    for fact in super::facts::of(rule, credentials) {
+        for line in fact.reach {
+            item(line);
         }
     }
-    // A credential's key material and minted tokens are bound too (`credential:NAME…`);
-    // their line is the credential's.
-    let secrets: Vec<&String> = rule
-        .bound
-        .iter()
-        .filter(|s| !s.starts_with("credential:"))
-        .collect();
-    for secret in &secrets {
-        for host in &rule.hosts {
-            item(format!("secret {secret} bound to {host}"));
-        }
-    }
-    if !secrets.is_empty() {
-        for place in &rule.placeholders {
-            item(format!("placeholders in {}", place.as_str()));
-        }
-    }
-    for header in &rule.keep_headers {
-        item(format!("keeps header {header}"));
-    }
-    if let Some(c) = &rule.credential {
-        let kind = credentials.get(c).map_or("unknown", |c| c.kind.label());
-        item(format!("credential {c} ({kind})"));
-    }
-    if let Some(ask) = &rule.ask {
-        item(format!("asks a person ({})", terms(ask)));
-    }
-}
-
-/// What an approver may grant: `scopes once, 1h`.
-fn terms(ask: &Ask) -> String {
-    let scopes: Vec<String> = ask.scopes.iter().map(ToString::to_string).collect();
-    format!("scopes {}", scopes.join(", "))
 }
 
 #[cfg(test)]

@@ -13,10 +13,12 @@
 //!   are globset's own regexes, built as DFAs and walked side by side over the bytes a request
 //!   path can hold, so a path one side reaches and the other does not is found whenever one
 //!   exists (bounded: [`MAX_STATES`] product states).
-//! - **Facts** that change what a request carries or how it is handled — a secret or a
-//!   credential bound to a host pattern, `tunnel`, `mode = "report"`, `allow_private`,
-//!   `dangerously_allow_cleartext` (credentials in cleartext: a widening), where
-//!   placeholders are replaced, headers kept, `ask` — are compared as sets per identity.
+//! - **Facts** that change what a request carries or how it is handled — what a rule grants
+//!   beyond matching, as [`crate::policy::facts::GRANTS`] describes it (a secret or a
+//!   credential bound to a host pattern, `mode = "report"`, `allow_private`, `websocket`,
+//!   `dangerously_allow_cleartext`, where placeholders are replaced, headers kept, `ask`,
+//!   `mcp`, `capture`), and `[ask] unknown` — are compared as sets per identity; whether gaining
+//!   one widens or narrows, and how its change reads, are that table's too.
 //!
 //! Every example request shown is then decided by [`crate::explain::explain`] on both policies,
 //! exactly as `latchkey explain` and the proxy decide it; a difference no real request shows
@@ -127,34 +129,10 @@ pub enum Direction {
     Narrowed,
 }
 
-/// What changed; the order is the order a reviewer reads them in (secrets first).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Kind {
-    Secret,
-    Credential,
-    Host,
-    Tunnel,
-    Port,
-    Method,
-    Path,
-    ReportOnly,
-    AllowPrivate,
-    /// `websocket = true`: requests to the host may upgrade to a WebSocket.
-    Websocket,
-    Placeholders,
-    KeepHeader,
-    Ask,
-    AskUnknown,
-    /// A captured token newly bound to a host (`capture`).
-    Capture,
-    /// A rule's `mcp` table: adding one narrows (calls are matched), removing one widens; a
-    /// changed table is both its old form removed and its new one added.
-    Mcp,
-    /// `dangerously_allow_cleartext = true` on a rule covering `http`: its credentials may go
-    /// upstream in cleartext.
-    Cleartext,
-}
+/// What changed; the order is the order a reviewer reads them in (secrets first). The kinds of
+/// fact a rule grants, and how each reads, are the policy's own table
+/// ([`crate::policy::facts::GRANTS`]).
+pub use crate::policy::facts::Kind;
 
 /// One change in one identity's reach. Fields that do not apply to its kind are absent.
 #[derive(Debug, Clone, Serialize)]

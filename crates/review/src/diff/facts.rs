@@ -1,5 +1,5 @@
-//! Facts: what a rule attaches to a host pattern (a secret, a credential, `tunnel`, `mode`, …),
-//! compared as sets per identity.
+//! Facts: what a rule attaches to a host pattern (a secret, a credential, `mode`, …: the
+//! policy's [`crate::policy::facts::GRANTS`]), compared as sets per identity.
 
 use super::*;
 
@@ -28,61 +28,17 @@ pub(super) fn facts(v: &View<'_>) -> BTreeMap<(Kind, Option<String>, String), Fa
                 credential_kind: ck,
             });
         };
+    // What each rule grants beyond matching (the policy's table), on each of its hosts.
     for rule in &v.rules {
-        let secrets: Vec<&String> = rule
-            .bound
-            .iter()
-            .filter(|s| !s.starts_with("credential:"))
-            .collect();
+        let granted = v.policy.facts(rule);
         for host in &rule.hosts {
-            for s in &secrets {
-                add(rule, Kind::Secret, host, s.to_string(), None);
-            }
-            if let Some(c) = &rule.credential {
-                let kind = v.policy.credential(c).map(|c| c.kind.label().to_string());
-                add(rule, Kind::Credential, host, c.clone(), kind);
-            }
-            if rule.report {
-                add(rule, Kind::ReportOnly, host, String::new(), None);
-            }
-            for cidr in &rule.allow_private {
-                add(rule, Kind::AllowPrivate, host, cidr.to_string(), None);
-            }
-            if rule.websocket {
-                add(rule, Kind::Websocket, host, String::new(), None);
-            }
-            if rule.cleartext && rule.schemes.allows(Scheme::Http) {
-                add(rule, Kind::Cleartext, host, String::new(), None);
-            }
-            if !secrets.is_empty() || rule.credential.is_some() {
-                for place in &rule.placeholders {
-                    add(
-                        rule,
-                        Kind::Placeholders,
-                        host,
-                        place.as_str().to_string(),
-                        None,
-                    );
-                }
-            }
-            for h in &rule.keep_headers {
-                add(rule, Kind::KeepHeader, host, h.to_string(), None);
-            }
-            if rule.ask.is_some() {
-                add(rule, Kind::Ask, host, String::new(), None);
-            }
-            if let Some(c) = &rule.capture {
-                for f in &c.fields {
-                    add(rule, Kind::Capture, host, c.secret_name(f), None);
-                }
-            }
-            if let Some(m) = &rule.mcp {
+            for f in &granted {
                 add(
                     rule,
-                    Kind::Mcp,
+                    f.kind,
                     host,
-                    crate::policy::reach::mcp_summary(m),
-                    None,
+                    f.detail.clone(),
+                    f.credential_kind.clone(),
                 );
             }
         }
@@ -136,8 +92,8 @@ pub(super) fn facts_changes(o: &View<'_>, n: &View<'_>) -> Vec<Change> {
         })
     };
     out.retain(|c| {
-        // `ask` narrows when added; every other fact widens when added.
-        let added = (c.direction == Direction::Widened) != matches!(c.kind, Kind::Ask | Kind::Mcp);
+        // Gaining `ask` or `mcp` narrows; every other fact widens when gained.
+        let added = (c.direction == Direction::Widened) == c.kind.widens_when_gained();
         !covered(c, if added { &old } else { &new })
     });
     // Where placeholders are replaced belongs to the secrets bound: a secret newly bound to a
@@ -165,54 +121,27 @@ pub(super) fn fact_detail(c: &Change) -> String {
 }
 
 pub(super) fn fact_change(f: &Fact, added: bool) -> Change {
-    // An added `ask` makes a person approve what went through alone: that narrows. Every other
-    // fact (`[ask] unknown` included: anything may now be asked for) widens when added.
-    let widens = if matches!(f.kind, Kind::Ask | Kind::Mcp) {
-        !added
-    } else {
-        added
-    };
-    let direction = if widens {
+    // How gaining a fact reads is the policy's table's (`[ask] unknown`, no rule's fact,
+    // widens when gained: anything may now be asked for).
+    let direction = if f.kind.widens_when_gained() == added {
         Direction::Widened
     } else {
         Direction::Narrowed
     };
-    let host = f.host.clone().unwrap_or_default();
-    let (now, gone) = ("newly", "no longer");
-    let when = if added { now } else { gone };
-    let summary = match f.kind {
-        Kind::Secret => format!("secret {} {when} bound to {host}", f.detail),
-        Kind::Credential => format!(
-            "credential {} ({}) {when} used on {host}",
-            f.detail,
-            f.credential_kind.as_deref().unwrap_or("unknown")
-        ),
-        Kind::ReportOnly => format!(
-            "{host}: a rule in mode = \"report\" {} (what it would deny goes through)",
-            if added { "added" } else { "removed" }
-        ),
-        Kind::AllowPrivate => format!("{host}: private range {} {when} allowed", f.detail),
-        Kind::Websocket => format!("{host}: WebSocket upgrades {when} allowed"),
-        Kind::Cleartext => format!(
-            "{host}: credentials {when} sent over plain http (dangerously_allow_cleartext = true)"
-        ),
-        Kind::Placeholders => format!("{host}: placeholders {when} replaced in the {}", f.detail),
-        Kind::KeepHeader => format!(
-            "{host}: header {} {when} passed through unstripped",
-            f.detail
-        ),
-        Kind::Capture => format!("captured token {} {when} bound to {host}", f.detail),
-        Kind::Mcp if added => format!("{host}: MCP calls now limited to {}", f.detail),
-        Kind::Mcp => format!("{host}: MCP calls no longer limited to {}", f.detail),
-        Kind::Ask if added => format!("{host}: a person must now approve requests (ask)"),
-        Kind::Ask => format!("{host}: requests no longer wait for a person (ask removed)"),
-        Kind::AskUnknown if added => {
+    let summary = match crate::policy::facts::grant(f.kind) {
+        Some(g) => (g.change)(&crate::policy::facts::Changed {
+            host: f.host.as_deref().unwrap_or_default(),
+            detail: &f.detail,
+            credential_kind: f.credential_kind.as_deref(),
+            added,
+        }),
+        None if f.kind == Kind::AskUnknown && added => {
             "[ask] unknown: any request no rule allows may now be asked for".to_string()
         }
-        Kind::AskUnknown => {
+        None if f.kind == Kind::AskUnknown => {
             "[ask] unknown: requests no rule allows are no longer asked for".to_string()
         }
-        _ => f.detail.clone(),
+        None => f.detail.clone(),
     };
     let mut c = Change::new(direction, f.kind, f.host.clone(), summary);
     c.rule = f.rule.clone();
