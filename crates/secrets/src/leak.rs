@@ -29,7 +29,7 @@ use http::header::AUTHORIZATION;
 use http::HeaderMap;
 use percent_encoding::percent_decode;
 
-use super::decoded::{decoded_views, unescaped};
+use super::decoded::{decoded_views, unescaped_views};
 use super::placeholder::{self, Place};
 use super::query;
 use super::scrub::Scrubber;
@@ -166,7 +166,7 @@ pub(super) fn head_parts<'a>(head: &'a Head<'a>) -> Vec<(Part, Cow<'a, [u8]>)> {
                 Cow::Borrowed(raw)
             };
             if base.contains(&b'\\') {
-                if let Some(u) = unescaped(&base) {
+                for u in unescaped_views(&base) {
                     out.push((part, Cow::Owned(u)));
                 }
             }
@@ -520,5 +520,52 @@ mod tests {
         assert!(has(Part::HeaderName, b"x-a"));
         assert!(has(Part::HeaderValue, b"vA"));
         assert!(has(Part::BasicAuth, b"u:p"));
+    }
+
+    /// A value escaped byte by byte after backslashes that are not its own (either parity, or
+    /// `%5C`), or before one, in a JSON header or query value or a trailer: decoded, refused.
+    #[test]
+    fn a_value_escaped_after_a_backslash_is_found_in_head_and_trailers() {
+        let secret = b"sk-test-HEADER-5e6f7a8b9c";
+        let scrubber = Scrubber::new(&[crate::scrub::ScrubSecret {
+            name: "s",
+            value: secret,
+        }])
+        .expect("scrubber");
+        let uni: String = secret.iter().map(|b| format!("\\u{b:04x}")).collect();
+        let none = BTreeSet::new();
+        for (before, after) in [
+            ("\\", ""),
+            ("\\\\", ""),
+            ("\\\\\\", "\\"),
+            ("%5C", ""),
+            ("\\u00", ""),
+            ("", "\\"),
+        ] {
+            let value = format!("{{\"k\":\"{before}{uni}{after}\"}}");
+            let mut headers = HeaderMap::new();
+            headers.insert("x-arg", http::HeaderValue::from_str(&value).expect("hv"));
+            let path = format!("/p?q={value}");
+            let head = Head {
+                method: "GET",
+                hosts: &["api.test"],
+                path_and_query: &path,
+                headers: &headers,
+            };
+            let parts = head_parts(&head);
+            for part in [Part::HeaderValue, Part::QueryValue] {
+                assert!(
+                    parts.iter().any(|(p, b)| *p == part
+                        && secret_refusal(&scrubber, &none, part, b, "api.test", "r").is_some()),
+                    "{part:?}: {value}"
+                );
+            }
+            let refused = check_trailers(Some(&scrubber), &none, &headers, "api.test", "r");
+            assert_eq!(
+                refused.map_err(|r| r.reason),
+                Err(Reason::SecretValueUnbound),
+                "{value}"
+            );
+        }
     }
 }

@@ -676,3 +676,30 @@ fn skipping_forms_that_change_nothing_looks_for_exactly_the_same_variants() {
 fn got_variant(value: &[u8], variant: &[u8]) -> bool {
     variants_of(value).iter().any(|v| v.as_slice() == variant)
 }
+
+/// Every variant right after, right before or between bytes that begin an escape (backslash
+/// runs of either parity, `%`, `&`, `+`, `=`, partial `\u`), whole or streamed in two pieces cut
+/// anywhere: redacted. The automaton matches variants as written, whatever precedes them.
+#[test]
+fn every_variant_next_to_an_escape_introducer_is_redacted_at_every_cut() {
+    let secrets: [(&str, &[u8]); 2] = [("openai", OPENAI), ("json", b"ab\"c\\d/e\tf-9x8y7z")];
+    let s = scrubber(&secrets);
+    let edges: [&[u8]; 9] = [
+        b"\\", b"\\\\", b"\\\\\\", b"%", b"%2", b"&", b"+", b"=", b"\\u00",
+    ];
+    for (variant, name) in patterns_of(&secrets) {
+        for edge in edges {
+            for (before, after) in [(edge, &b""[..]), (&b""[..], edge), (edge, edge)] {
+                let input = [b"{\"r\":\"", before, &variant, after, b"\"}"].concat();
+                let (out, redacted) = s.scrub(&input);
+                let what = String::from_utf8_lossy(&input);
+                assert!(!contains(&out, &variant), "{what}");
+                assert!(names(&redacted).contains(&name.as_str()), "{what}");
+                for cut in 1..input.len() {
+                    let (out, n) = stream_scrub(&s, &input, &[cut]);
+                    assert!(!contains(&out, &variant) && n > 0, "{what} cut at {cut}");
+                }
+            }
+        }
+    }
+}
