@@ -271,11 +271,13 @@ pub fn raw_request(proxy: SocketAddr, request: &[u8]) -> RawResponse {
 /// tunnel's bytes stay in the socket). Returns the socket for what comes next.
 pub fn connect_tunnel(proxy: SocketAddr, authority: &str) -> (TcpStream, RawResponse) {
     let mut tcp = dial(proxy);
-    write!(
+    // A proxy over its connection caps answers `503` and closes as soon as it accepts, before
+    // reading anything: the write may then fail (a broken pipe) while the answer is there to
+    // read. Ignore write errors, as `raw_request` does; the read says what happened.
+    let _ = write!(
         tcp,
         "CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n"
-    )
-    .expect("send CONNECT");
+    );
     let resp = read_response(&mut tcp, true).expect("read CONNECT response");
     (tcp, resp)
 }
