@@ -198,9 +198,11 @@ start_latchkey() { # name port workers-args...
   local name=$1 port=$2 bin=$LATCHKEY; shift 2
   [ "$name" = latchkey-base ] && bin=$BASELINE
   mkdir -p "$OUT/$name-ca"
+  # Each its own state file: a SQLite state file belongs to one latchkey at a time.
+  rm -f "$OUT/$name-state.db" "$OUT/$name-state.db-wal" "$OUT/$name-state.db-shm"
   taskset -c "$CPU_PROXY" "$bin" serve --policies "$CONF/policies" --listen "127.0.0.1:$port" --admin off \
     --ca-dir "$OUT/$name-ca" --audit "${BENCH_AUDIT:-$OUT/$name-audit.jsonl}" --upstream-ca "$OUT/ca.pem" \
-    --allow-private 127.0.0.0/8 "$@" 2>"$OUT/$name.stderr" &
+    --allow-private 127.0.0.0/8 --state "sqlite:$OUT/$name-state.db" "$@" 2>"$OUT/$name.stderr" &
   local pid=$!; PIDS+=($pid)
   if wait_port "$port" 20; then
     PROXY_PID[$name]=$pid PROXY_PORT[$name]=$port PROXY_CA[$name]="$OUT/$name-ca/latchkey-ca.pem"
