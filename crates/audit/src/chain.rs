@@ -48,22 +48,51 @@ impl Chain {
     /// Appends `object` (one serialised JSON object, `{…}`) to `out` as the next line of the
     /// chain: `seq` and `prev` first, then the object's own fields, then a newline.
     pub fn append(&mut self, object: &[u8], out: &mut Vec<u8>) {
+        let copied: Result<(), std::convert::Infallible> = self.append_with(out, |o| {
+            o.extend_from_slice(object);
+            Ok(())
+        });
+        let Ok(()) = copied;
+    }
+
+    /// As [`Self::append`], with the object serialised by `write` straight into `out` (no
+    /// copy, no allocation). When `write` fails, `out` and the chain are left as they were.
+    pub fn append_with<E>(
+        &mut self,
+        out: &mut Vec<u8>,
+        write: impl FnOnce(&mut Vec<u8>) -> Result<(), E>,
+    ) -> Result<(), E> {
         let start = out.len();
-        self.seq += 1;
         out.extend_from_slice(b"{\"seq\":");
-        out.extend_from_slice(self.seq.to_string().as_bytes());
+        out.extend_from_slice(itoa::Buffer::new().format(self.seq + 1).as_bytes());
         out.extend_from_slice(b",\"prev\":\"");
         out.extend_from_slice(self.last.as_bytes());
         out.push(b'"');
-        match object.strip_prefix(b"{") {
-            Some(rest) if rest.first() != Some(&b'}') => {
-                out.push(b',');
-                out.extend_from_slice(rest);
-            }
-            _ => out.push(b'}'),
+        let body = out.len();
+        if let Err(e) = write(out) {
+            out.truncate(start);
+            return Err(e);
         }
-        self.last = line_hash(&out[start..]);
+        // The object's own `{` becomes the comma after the head; an empty object (or anything
+        // that is not an object) adds nothing.
+        match out.get(body..) {
+            Some([b'{', next, ..]) if *next != b'}' => out[body] = b',',
+            _ => {
+                out.truncate(body);
+                out.push(b'}');
+            }
+        }
+        self.seq += 1;
+        let digest = digest::digest(&digest::SHA256, &out[start..]);
+        let mut hex = [0u8; 64];
+        if hex::encode_to_slice(digest.as_ref(), &mut hex).is_ok() {
+            if let Ok(text) = std::str::from_utf8(&hex) {
+                self.last.clear();
+                self.last.push_str(text);
+            }
+        }
         out.push(b'\n');
+        Ok(())
     }
 
     /// Appends a signed checkpoint over the chain so far; `records` is how many lines it

@@ -69,7 +69,7 @@ impl Entry {
                 ts: SystemTime::now(),
                 id: new_id(),
                 identity: identity.to_string(),
-                client: client.to_string(),
+                client: crate::wire::host::socket_addr_text(client),
                 method: None,
                 scheme: None,
                 host: None,
@@ -268,12 +268,12 @@ impl Entry {
 
     /// The address latchkey dialed, if it dialed one.
     pub fn set_upstream(&mut self, upstream: Option<SocketAddr>) {
-        self.update(|r| r.upstream = upstream.map(|a| a.to_string()));
+        self.update(|r| r.upstream = upstream.map(crate::wire::host::socket_addr_text));
     }
 
     /// Where a redirected connection was going (its original destination).
     pub fn set_original_dst(&mut self, original: Option<SocketAddr>) {
-        self.update(|r| r.original_dst = original.map(|a| a.to_string()));
+        self.update(|r| r.original_dst = original.map(crate::wire::host::socket_addr_text));
     }
 
     /// The identity's ceiling: its labels and the digest of its reach.
@@ -422,7 +422,7 @@ impl Entry {
         let Some(r) = self.record.as_ref() else {
             return true;
         };
-        let mut r = r.clone();
+        let mut r = r.decision_record();
         self.seal(&mut r);
         self.log.commit(r).await.unwrap_or(false)
     }

@@ -265,8 +265,180 @@ impl std::fmt::Debug for Record {
     }
 }
 
+impl Record {
+    /// The request's decision record: what was decided, about what, for whom, under which
+    /// policy — everything known before the dial and nothing that is only known after it (the
+    /// status, bytes, usage, limits charged, labels and reach are the outcome's). Clones only
+    /// those fields; [`Self::write_decision_line`] serialises them.
+    pub fn decision_record(&self) -> Record {
+        Record {
+            phase: Phase::Decision,
+            ts: self.ts,
+            id: self.id.clone(),
+            identity: self.identity.clone(),
+            client: self.client.clone(),
+            method: self.method.clone(),
+            scheme: self.scheme.clone(),
+            host: self.host.clone(),
+            port: self.port,
+            path: self.path.clone(),
+            decision: self.decision,
+            rule: self.rule.clone(),
+            reason: self.reason,
+            secrets: self.secrets.clone(),
+            captured: Vec::new(),
+            status: None,
+            upstream: None,
+            original_dst: self.original_dst.clone(),
+            bytes_up: 0,
+            bytes_down: 0,
+            duration_ms: 0,
+            policy: self.policy.clone(),
+            redactions: 0,
+            would_deny: self.would_deny,
+            dns: None,
+            approval: self.approval.clone(),
+            limits: Vec::new(),
+            usage: None,
+            websocket: None,
+            mcp: None,
+            labels: Default::default(),
+            reach: None,
+            session: self.session.clone(),
+            step: self.step.clone(),
+            attempt: self.attempt,
+            trace_id: self.trace_id.clone(),
+            span_id: self.span_id.clone(),
+            parent_span_id: self.parent_span_id.clone(),
+        }
+    }
+
+    /// Serialises the record as a decision line (book "Audit record"): the fields of
+    /// [`Self::decision_record`], without the outcome's (no `status`, `upstream`, byte counts,
+    /// `duration_ms`, `redactions`, `reach`): about half an outcome line, to serialise and hash.
+    pub fn write_decision_line(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
+        serde_json::to_writer(out, &DecisionLine::of(self))
+    }
+}
+
+/// The fields a decision line carries, borrowed from its record.
+#[derive(Serialize)]
+struct DecisionLine<'a> {
+    phase: Phase,
+    #[serde(serialize_with = "rfc3339_millis")]
+    ts: SystemTime,
+    id: &'a str,
+    identity: &'a str,
+    client: &'a str,
+    method: Option<&'a str>,
+    scheme: Option<&'a str>,
+    host: Option<&'a str>,
+    port: Option<u16>,
+    path: Option<&'a str>,
+    decision: &'static str,
+    rule: Option<&'a str>,
+    reason: &'static str,
+    secrets: &'a [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    original_dst: Option<&'a str>,
+    policy: &'a str,
+    would_deny: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    approval: Option<&'a ApprovalInfo>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    step: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    attempt: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trace_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    span_id: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parent_span_id: Option<&'a str>,
+}
+
+impl<'a> DecisionLine<'a> {
+    fn of(r: &'a Record) -> Self {
+        Self {
+            phase: Phase::Decision,
+            ts: r.ts,
+            id: &r.id,
+            identity: &r.identity,
+            client: &r.client,
+            method: r.method.as_deref(),
+            scheme: r.scheme.as_deref(),
+            host: r.host.as_deref(),
+            port: r.port,
+            path: r.path.as_deref(),
+            decision: r.decision,
+            rule: r.rule.as_deref(),
+            reason: r.reason,
+            secrets: &r.secrets,
+            original_dst: r.original_dst.as_deref(),
+            policy: &r.policy,
+            would_deny: r.would_deny,
+            approval: r.approval.as_ref(),
+            session: r.session.as_deref(),
+            step: r.step.as_deref(),
+            attempt: r.attempt,
+            trace_id: r.trace_id.as_deref(),
+            span_id: r.span_id.as_deref(),
+            parent_span_id: r.parent_span_id.as_deref(),
+        }
+    }
+}
+
 fn rfc3339_millis<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
-    s.collect_str(&humantime::format_rfc3339_millis(*t))
+    match rfc3339_millis_text(*t) {
+        Some(text) => {
+            s.serialize_str(std::str::from_utf8(&text).map_err(serde::ser::Error::custom)?)
+        }
+        None => s.collect_str(&humantime::format_rfc3339_millis(*t)),
+    }
+}
+
+/// `YYYY-MM-DDTHH:MM:SS.mmmZ`, as `humantime::format_rfc3339_millis` writes it, without the
+/// formatting machinery (two per request); `None` before 1970 or after 9999 (humantime then).
+fn rfc3339_millis_text(t: SystemTime) -> Option<[u8; 24]> {
+    let since = t.duration_since(SystemTime::UNIX_EPOCH).ok()?;
+    let secs = since.as_secs();
+    let (year, month, day) = civil_from_days(i64::try_from(secs / 86_400).ok()?);
+    if year > 9999 {
+        return None;
+    }
+    let of_day = secs % 86_400;
+    let mut out = *b"0000-00-00T00:00:00.000Z";
+    let mut put = |at: usize, width: usize, mut v: u64| {
+        for i in (at..at + width).rev() {
+            out[i] = b'0' + (v % 10) as u8;
+            v /= 10;
+        }
+    };
+    put(0, 4, year as u64);
+    put(5, 2, u64::from(month));
+    put(8, 2, u64::from(day));
+    put(11, 2, of_day / 3600);
+    put(14, 2, of_day / 60 % 60);
+    put(17, 2, of_day % 60);
+    put(20, 3, u64::from(since.subsec_millis()));
+    Some(out)
+}
+
+/// The proleptic Gregorian (year, month, day) of a count of days since 1970-01-01 (Howard
+/// Hinnant's `civil_from_days`).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
 }
 
 /// A random 16-hex-digit request id.
@@ -285,6 +457,28 @@ pub fn new_id() -> String {
 
 #[cfg(test)]
 mod tests {
+    proptest::proptest! {
+        #[test]
+        fn rfc3339_millis_text_is_humantime_s(secs in 0u64..253_402_300_800, nanos in 0u32..1_000_000_000) {
+            let t = SystemTime::UNIX_EPOCH + std::time::Duration::new(secs, nanos);
+            let ours = rfc3339_millis_text(t).map(|b| String::from_utf8_lossy(&b).into_owned());
+            proptest::prop_assert_eq!(ours, Some(humantime::format_rfc3339_millis(t).to_string()));
+        }
+    }
+
+    #[test]
+    fn rfc3339_millis_text_leaves_what_it_cannot_write_to_humantime() {
+        let before = SystemTime::UNIX_EPOCH - std::time::Duration::from_secs(1);
+        assert_eq!(rfc3339_millis_text(before), None);
+        let after = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(253_402_300_800);
+        assert_eq!(rfc3339_millis_text(after), None);
+        let leap = SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(951_782_400_123);
+        assert_eq!(
+            &rfc3339_millis_text(leap).unwrap_or_default(),
+            b"2000-02-29T00:00:00.123Z"
+        );
+    }
+
     use super::*;
 
     #[test]

@@ -244,6 +244,11 @@ impl AuditLog {
         if q.writer_waiting {
             q.writer_waiting = false;
             self.shared.work.notify_one();
+            drop(q);
+            self.shared
+                .metrics
+                .audit_wakeups
+                .fetch_add(1, Ordering::Relaxed);
         }
         rx
     }
@@ -305,6 +310,8 @@ impl AuditLog {
         if q.records.len() == 1 && q.writer_waiting {
             q.writer_waiting = false;
             shared.work.notify_one();
+            drop(q);
+            shared.metrics.audit_wakeups.fetch_add(1, Ordering::Relaxed);
         }
     }
 

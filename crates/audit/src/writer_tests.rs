@@ -285,6 +285,62 @@ async fn a_commit_is_answered_only_once_its_line_is_written_and_false_when_it_ca
         })
         .collect();
     assert_eq!(phases, ["decision", "outcome"]);
+    // The decision line holds what was decided and about what; what only the outcome can
+    // know (status, upstream, bytes, duration, redactions, reach) is left to the outcome.
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json"))
+        .collect();
+    let keys = |v: &serde_json::Value| -> Vec<String> {
+        v.as_object().expect("object").keys().cloned().collect()
+    };
+    let decision = keys(&lines[0]);
+    for k in [
+        "seq",
+        "prev",
+        "phase",
+        "ts",
+        "id",
+        "identity",
+        "client",
+        "method",
+        "scheme",
+        "host",
+        "port",
+        "path",
+        "decision",
+        "rule",
+        "reason",
+        "secrets",
+        "policy",
+        "would_deny",
+    ] {
+        assert!(
+            decision.contains(&k.to_string()),
+            "decision line lacks {k}: {decision:?}"
+        );
+    }
+    for k in [
+        "status",
+        "upstream",
+        "bytes_up",
+        "bytes_down",
+        "duration_ms",
+        "redactions",
+        "reach",
+    ] {
+        assert!(
+            !decision.contains(&k.to_string()),
+            "decision line carries {k}"
+        );
+        assert!(
+            keys(&lines[1]).contains(&k.to_string()) || k == "reach",
+            "outcome lacks {k}"
+        );
+    }
+    assert_eq!(lines[0]["id"], lines[1]["id"]);
+    assert_eq!(lines[0]["rule"], "r");
+    assert_eq!(lines[0]["client"], "127.0.0.1:9");
 
     let broken = Flaky::default();
     broken.broken.store(true, Ordering::SeqCst);

@@ -167,7 +167,7 @@ pub struct Limiter {
     /// Woken when a reservation is settled or given back (a request waiting in `queue`).
     settled: Notify,
     /// The last known value of each counter (bounded by [`MAX_KEYS`]).
-    seen: Mutex<HashMap<(String, &'static str, String), CounterView>>,
+    seen: Mutex<counters::Seen>,
     /// Stops the embedded flusher.
     stop: Notify,
 }
@@ -265,7 +265,7 @@ impl Limiter {
             },
             inflight: Mutex::new(HashMap::new()),
             settled: Notify::new(),
-            seen: Mutex::new(HashMap::new()),
+            seen: Mutex::new(counters::Seen::default()),
             stop: Notify::new(),
         });
         if embedded {
@@ -338,12 +338,7 @@ impl Limiter {
     /// Every counter this process has charged, with its last known value, sorted. Windows
     /// that have ended are left out.
     pub fn counters(&self) -> Vec<CounterView> {
-        let now = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
-        let mut list: Vec<CounterView> = lock(&self.seen)
-            .values()
-            .filter(|u| u.measure == "requests" || u.resets_at.as_ref().is_none_or(|r| *r > now))
-            .cloned()
-            .collect();
+        let mut list: Vec<CounterView> = lock(&self.seen).open_views(SystemTime::now());
         list.sort_by(|a, b| (&a.limit, a.measure, &a.key).cmp(&(&b.limit, b.measure, &b.key)));
         list
     }

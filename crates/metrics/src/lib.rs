@@ -127,6 +127,12 @@ pub struct Metrics {
     pub audit_write_errors: AtomicU64,
     /// Requests that waited because the audit queue was full.
     pub audit_queue_waits: AtomicU64,
+    /// Lines the audit writer appended (records and checkpoints).
+    pub audit_lines: AtomicU64,
+    /// `write` calls the audit writer made: lines ÷ writes is the group-commit batch size.
+    pub audit_writes: AtomicU64,
+    /// Times a request woke the audit writer thread (once per batch, not per request).
+    pub audit_wakeups: AtomicU64,
     pub secret_fetches: AtomicU64,
     /// `--audit-ship`: how far shipping lags (rendered only while shipping is on).
     pub audit_ship: ShipGauges,
@@ -275,7 +281,7 @@ struct Snapshot {
     tls_failed: u64,
     cert_hits: u64,
     cert_misses: u64,
-    counters: [(&'static str, &'static str, u64); 5],
+    counters: [(&'static str, &'static str, u64); 8],
     audit_healthy: u64,
     secret_fetches: u64,
     ship: Option<ShipSample>,
@@ -318,6 +324,21 @@ impl Snapshot {
                     "latchkey_audit_queue_waits",
                     "Requests that waited for the audit writer because its queue was full.",
                     n(&m.audit_queue_waits),
+                ),
+                (
+                    "latchkey_audit_lines",
+                    "Lines appended to the audit log (records and checkpoints).",
+                    n(&m.audit_lines),
+                ),
+                (
+                    "latchkey_audit_writes",
+                    "Writes of the audit log: lines per write is the group-commit batch.",
+                    n(&m.audit_writes),
+                ),
+                (
+                    "latchkey_audit_writer_wakeups",
+                    "Times a request woke the audit writer thread.",
+                    n(&m.audit_wakeups),
                 ),
             ],
             audit_healthy: u64::from(g.audit_healthy),
@@ -585,6 +606,15 @@ latchkey_audit_write_errors_total 0
 # HELP latchkey_audit_queue_waits_total Requests that waited for the audit writer because its queue was full.
 # TYPE latchkey_audit_queue_waits_total counter
 latchkey_audit_queue_waits_total 0
+# HELP latchkey_audit_lines_total Lines appended to the audit log (records and checkpoints).
+# TYPE latchkey_audit_lines_total counter
+latchkey_audit_lines_total 0
+# HELP latchkey_audit_writes_total Writes of the audit log: lines per write is the group-commit batch.
+# TYPE latchkey_audit_writes_total counter
+latchkey_audit_writes_total 0
+# HELP latchkey_audit_writer_wakeups_total Times a request woke the audit writer thread.
+# TYPE latchkey_audit_writer_wakeups_total counter
+latchkey_audit_writer_wakeups_total 0
 # HELP latchkey_audit_healthy 1 while the audit log can be written; 0 while traffic is refused because it cannot.
 # TYPE latchkey_audit_healthy gauge
 latchkey_audit_healthy 1

@@ -219,7 +219,7 @@ pub(super) fn placeholders_in(part: Part, bytes: &[u8]) -> Vec<Option<String>> {
         .into_iter()
         .map(|f| f.name)
         .collect();
-    if names.is_empty() && part.folded() && placeholder::contains(&bytes.to_ascii_uppercase()) {
+    if names.is_empty() && part.folded() && placeholder::contains_ignore_ascii_case(bytes) {
         names.push(None);
     }
     names

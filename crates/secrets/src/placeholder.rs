@@ -110,6 +110,13 @@ pub fn contains(hay: &[u8]) -> bool {
     find_from(hay, 0).is_some()
 }
 
+/// Whether `hay` holds the placeholder prefix in any letter case (`contains` of its
+/// upper-cased copy, without making the copy).
+pub fn contains_ignore_ascii_case(hay: &[u8]) -> bool {
+    hay.windows(PREFIX.len())
+        .any(|w| w.eq_ignore_ascii_case(PREFIX))
+}
+
 /// Replaces every placeholder whose name is in `values`; others are left (callers refuse
 /// requests holding those before calling this).
 pub fn replace(hay: &[u8], values: &HashMap<String, SecretValue>) -> zeroize::Zeroizing<Vec<u8>> {
@@ -129,6 +136,35 @@ pub fn replace(hay: &[u8], values: &HashMap<String, SecretValue>) -> zeroize::Ze
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn contains_ignore_ascii_case_agrees_with_the_upper_cased_copy() {
+        for hay in [
+            &b""[..],
+            b"__latchkey_x__",
+            b"x-__LaTcHkEy_",
+            b"__latchke",
+            b"_-latchkey_",
+            b"a__LATCHKEY_b",
+            b"\xff__lAtchkey_\xfe",
+        ] {
+            assert_eq!(
+                contains_ignore_ascii_case(hay),
+                contains(&hay.to_ascii_uppercase()),
+                "{hay:?}"
+            );
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn contains_ignore_ascii_case_matches_any_spelling(hay in "[_lLaAtTcChHkKeEyY\\-]{0,40}") {
+            proptest::prop_assert_eq!(
+                contains_ignore_ascii_case(hay.as_bytes()),
+                contains(&hay.as_bytes().to_ascii_uppercase())
+            );
+        }
+    }
 
     #[test]
     fn finds_names_and_malformed_placeholders() {

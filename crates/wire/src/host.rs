@@ -346,6 +346,25 @@ pub fn display_authority(host: &str, port: u16) -> String {
     .to_string()
 }
 
+/// `ip:port` of a socket address, as its `Display` writes it (IPv6 bracketed), without the
+/// formatting machinery for IPv4: every request's record carries one or two of these.
+pub fn socket_addr_text(addr: std::net::SocketAddr) -> String {
+    let std::net::SocketAddr::V4(v4) = addr else {
+        return addr.to_string();
+    };
+    let mut out = String::with_capacity(21);
+    let mut n = itoa::Buffer::new();
+    for (i, octet) in v4.ip().octets().iter().enumerate() {
+        if i > 0 {
+            out.push('.');
+        }
+        out.push_str(n.format(*octet));
+    }
+    out.push(':');
+    out.push_str(n.format(v4.port()));
+    out
+}
+
 #[cfg(test)]
 #[path = "host_tests.rs"]
 mod tests;

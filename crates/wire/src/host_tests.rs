@@ -310,3 +310,13 @@ mod properties {
         }
     }
 }
+
+proptest::proptest! {
+    #[test]
+    fn socket_addr_text_is_display(a: [u8; 4], port: u16, v6: [u16; 8]) {
+        let v4 = std::net::SocketAddr::from((a, port));
+        proptest::prop_assert_eq!(socket_addr_text(v4), v4.to_string());
+        let v6 = std::net::SocketAddr::from((std::net::Ipv6Addr::from(v6), port));
+        proptest::prop_assert_eq!(socket_addr_text(v6), v6.to_string());
+    }
+}

@@ -111,7 +111,6 @@ pub(super) struct Writer {
     /// A write failed part-way: the chain is read back from the file before the next one.
     pub(super) resync: bool,
     pub(super) buf: Vec<u8>,
-    pub(super) scratch: Vec<u8>,
 }
 
 impl Writer {
@@ -124,7 +123,6 @@ impl Writer {
             unsigned_since: None,
             resync: false,
             buf: Vec::with_capacity(64 * 1024),
-            scratch: Vec::with_capacity(1024),
         }
     }
 
@@ -241,16 +239,16 @@ impl Writer {
             let before = self.chain.clone();
             let mut lines = 0u64;
             for record in chunk {
-                self.scratch.clear();
-                let serialised = match self.options.format {
-                    Format::Jsonl => serde_json::to_writer(&mut self.scratch, record),
-                    Format::Ocsf => super::super::ocsf::write_event(record, &mut self.scratch),
-                };
-                match serialised {
-                    Ok(()) => {
-                        self.chain.append(&self.scratch, &mut self.buf);
-                        lines += 1;
+                let format = self.options.format;
+                let serialised = self.chain.append_with(&mut self.buf, |out| match format {
+                    Format::Jsonl if record.phase == Phase::Decision => {
+                        record.write_decision_line(out)
                     }
+                    Format::Jsonl => serde_json::to_writer(out, record),
+                    Format::Ocsf => super::super::ocsf::write_event(record, out),
+                });
+                match serialised {
+                    Ok(()) => lines += 1,
                     Err(e) => {
                         all_ok = false;
                         shared.failed.fetch_add(1, Ordering::Relaxed);
@@ -270,9 +268,13 @@ impl Writer {
                         .checkpoint(key, covered, false, SystemTime::now(), &mut self.buf);
                 }
             }
-            match self.out.write_all(&self.buf) {
+            let written = self.out.write_all(&self.buf);
+            shared.metrics.audit_writes.fetch_add(1, Ordering::Relaxed);
+            match written {
                 Ok(()) => {
                     wrote = true;
+                    let all = lines + u64::from(due && self.options.key.is_some());
+                    shared.metrics.audit_lines.fetch_add(all, Ordering::Relaxed);
                     shared.written.fetch_add(lines, Ordering::Relaxed);
                     if let Out::File(a) = &mut self.out {
                         a.first_seq.get_or_insert(first);
@@ -361,8 +363,10 @@ impl Writer {
                 Ok(())
             }
         });
+        shared.metrics.audit_writes.fetch_add(1, Ordering::Relaxed);
         match written {
             Ok(()) => {
+                shared.metrics.audit_lines.fetch_add(1, Ordering::Relaxed);
                 self.unsigned = 0;
                 self.unsigned_since = None;
             }

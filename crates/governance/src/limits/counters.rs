@@ -298,6 +298,8 @@ impl Limiter {
     }
 
     /// Remembers a counter's value for `/limits` and `/metrics`; `None`s keep what was known.
+    /// Runs for every charge: a counter seen before is updated in place (no allocation, no
+    /// formatting; `/limits` formats the time when it is read).
     pub(super) fn note(
         &self,
         c: &LimitCharge,
@@ -305,27 +307,103 @@ impl Limiter {
         store_key: Option<&str>,
     ) {
         let mut seen = lock(&self.seen);
-        let id = (c.limit.clone(), c.measure, c.key.clone());
-        if seen.len() >= MAX_KEYS && !seen.contains_key(&id) {
+        if let Some(n) = seen.get_mut(&c.limit, c.measure, &c.key) {
+            n.used = c.used;
+            n.limit_value = c.limit_value;
+            if resets.is_some() {
+                n.resets = resets;
+            }
+            if let Some(k) = store_key.filter(|k| n.store_key.as_deref() != Some(*k)) {
+                n.store_key = Some(k.to_string());
+            }
             return;
         }
-        let old = seen.get(&id);
-        let resets_at = resets
-            .map(|t| humantime::format_rfc3339_seconds(t).to_string())
-            .or_else(|| old.and_then(|o| o.resets_at.clone()));
-        let store_key = store_key
-            .map(str::to_string)
-            .or_else(|| old.and_then(|o| o.store_key.clone()));
-        let view = CounterView {
-            limit: c.limit.clone(),
-            measure: c.measure,
-            key: c.key.clone(),
-            used: c.used,
-            limit_value: c.limit_value,
-            remaining: c.limit_value.saturating_sub(c.used),
-            resets_at,
-            store_key,
+        seen.insert(
+            c,
+            Noted {
+                used: c.used,
+                limit_value: c.limit_value,
+                resets,
+                store_key: store_key.map(str::to_string),
+            },
+        );
+    }
+}
+
+/// The last known value of each counter charged, by limit, key and measure: looked up by
+/// `&str` (no allocation for a counter seen before), bounded by [`MAX_KEYS`].
+#[derive(Default)]
+pub(super) struct Seen {
+    by_limit: HashMap<String, ByKey>,
+    len: usize,
+}
+
+/// One limit's counters: by key, then measure (a handful per key).
+type ByKey = HashMap<String, Vec<(&'static str, Noted)>>;
+
+/// What [`Seen`] keeps of one counter.
+pub(super) struct Noted {
+    pub(super) used: u64,
+    pub(super) limit_value: u64,
+    /// When the window ends (budgets) or the bucket is full (requests).
+    pub(super) resets: Option<SystemTime>,
+    pub(super) store_key: Option<String>,
+}
+
+impl Seen {
+    fn get_mut(&mut self, limit: &str, measure: &str, key: &str) -> Option<&mut Noted> {
+        self.by_limit
+            .get_mut(limit)?
+            .get_mut(key)?
+            .iter_mut()
+            .find(|(m, _)| *m == measure)
+            .map(|(_, n)| n)
+    }
+
+    /// Adds a counter not seen before; past [`MAX_KEYS`] counters it is not kept.
+    fn insert(&mut self, c: &LimitCharge, noted: Noted) {
+        if self.len >= MAX_KEYS {
+            return;
+        }
+        self.len += 1;
+        self.by_limit
+            .entry(c.limit.clone())
+            .or_default()
+            .entry(c.key.clone())
+            .or_default()
+            .push((c.measure, noted));
+    }
+
+    /// Every counter whose window is still open at `now` (a request bucket always is), as
+    /// `/limits` shows it. Windows are compared at the second, as they are shown.
+    pub(super) fn open_views(&self, now: SystemTime) -> Vec<CounterView> {
+        let secs = |t: SystemTime| {
+            t.duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs())
         };
-        seen.insert(id, view);
+        let now = secs(now);
+        let mut out = Vec::new();
+        for (limit, by_key) in &self.by_limit {
+            for (key, measures) in by_key {
+                for (measure, n) in measures {
+                    if *measure != "requests" && n.resets.is_some_and(|r| secs(r) <= now) {
+                        continue;
+                    }
+                    out.push(CounterView {
+                        limit: limit.clone(),
+                        measure,
+                        key: key.clone(),
+                        used: n.used,
+                        limit_value: n.limit_value,
+                        remaining: n.limit_value.saturating_sub(n.used),
+                        resets_at: n
+                            .resets
+                            .map(|t| humantime::format_rfc3339_seconds(t).to_string()),
+                        store_key: n.store_key.clone(),
+                    });
+                }
+            }
+        }
+        out
     }
 }
