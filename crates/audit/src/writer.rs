@@ -31,6 +31,9 @@ const QUEUE: usize = 16 * 1024;
 /// How long the writer lets a batch gather after its first record: a bound on how late a
 /// record reaches the file, and what keeps the writer from waking once per request.
 const LINGER: Duration = Duration::from_millis(2);
+/// Turns of the runtime an inline flush waits before it writes: each lets the requests
+/// ready then (and the I/O the driver has for them) add their records to the one write.
+const INLINE_TURNS: usize = 2;
 /// The writer appends at most this many records in one `write`.
 const BATCH_RECORDS: usize = 1024;
 
@@ -119,6 +122,12 @@ struct Queue {
     /// The writer is waiting on `work` (idle or lingering): only then does a new record need
     /// to wake it; a busy writer looks at the queue again before it waits (no lost wake-up).
     writer_waiting: bool,
+    /// An inline flush is scheduled on the runtime ([`Shared::flush_inline`]): records queued
+    /// now are written by it, nothing needs waking.
+    inline_pending: bool,
+    /// An inline flush started the checkpoint clock or filled the file: the writer thread has
+    /// a deadline or a rotation to see to.
+    housekeep: bool,
 }
 
 /// State shared by the request side and the writer thread.
@@ -137,12 +146,108 @@ struct Shared {
     /// Whether the last write succeeded. Traffic is refused while it is false.
     healthy: AtomicBool,
     metrics: Arc<Metrics>,
+    /// The sink, the chain and the batch buffers. Locked by whoever writes a batch: the
+    /// writer thread, or an inline flush. Lock order: the writer, then the queue.
+    writer: Mutex<Writer>,
+    /// Batches may be written inline, on the runtime, right after the requests that queued
+    /// them have run ([`Shared::flush_inline`]): a file sink without `--audit-sync`. A write
+    /// there is one `write(2)` into the page cache, which a kill -9 does not lose; a sync, a
+    /// rotation, a stream (a pipe can block) and time-driven checkpoints stay on the thread.
+    inline: bool,
 }
 
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Queue> {
         // The queue holds plain data: a panic elsewhere while it was locked leaves it usable.
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn writer(&self) -> MutexGuard<'_, Writer> {
+        // A panic while writing leaves the chain as the failed write left it; `resync` reads
+        // it back from the file before the next write.
+        self.writer.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Wakes the writer thread if it waits (counted), with `q` locked.
+    fn wake_writer(&self, q: &mut Queue) {
+        if q.writer_waiting {
+            q.writer_waiting = false;
+            self.work.notify_one();
+            self.metrics.audit_wakeups.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Schedules an inline flush for what was just queued, if this log writes inline and the
+    /// caller is on a runtime. `true`: the records are taken care of (now or by a flush
+    /// already scheduled), nothing needs waking.
+    fn schedule_inline(self: &Arc<Self>, q: &mut Queue) -> bool {
+        if !self.inline || q.closing {
+            return false;
+        }
+        if q.inline_pending {
+            return true;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return false;
+        };
+        q.inline_pending = true;
+        let shared = self.clone();
+        runtime.spawn(async move {
+            // Runs after the tasks that are ready now (and the I/O they wait on): every
+            // request that commits in this turn of the runtime joins the one write.
+            for _ in 0..INLINE_TURNS {
+                tokio::task::yield_now().await;
+            }
+            shared.flush_inline();
+        });
+        true
+    }
+
+    /// Writes everything queued, on the calling (runtime) thread, and answers the commits
+    /// among it. When the writer thread holds the sink, the batch is left to it.
+    fn flush_inline(&self) {
+        let Ok(mut w) = self.writer.try_lock() else {
+            let mut q = self.lock();
+            q.inline_pending = false;
+            self.wake_writer(&mut q);
+            return;
+        };
+        let mut batch = std::mem::take(&mut w.spare_records);
+        let mut commits = std::mem::take(&mut w.spare_commits);
+        {
+            let mut q = self.lock();
+            q.inline_pending = false;
+            if q.writer_gone || q.closing {
+                // The thread drains a closing log; a log without one writes nothing more.
+                if q.writer_gone {
+                    for commit in q.commits.drain(..) {
+                        let _ = commit.send(false);
+                    }
+                }
+                self.wake_writer(&mut q);
+                return;
+            }
+            std::mem::swap(&mut batch, &mut q.records);
+            std::mem::swap(&mut commits, &mut q.commits);
+        }
+        if batch.len() >= self.capacity {
+            self.room.notify_all();
+        }
+        self.room_async.notify_waiters();
+        let had_deadline = w.next_deadline().is_some();
+        let ok = w.write_batch(self, &mut batch);
+        for commit in commits.drain(..) {
+            let _ = commit.send(ok);
+        }
+        w.spare_records = batch;
+        w.spare_commits = commits;
+        let housekeep = w.rotation_due() || (!had_deadline && w.next_deadline().is_some());
+        drop(w);
+        if housekeep {
+            let mut q = self.lock();
+            q.housekeep = true;
+            self.wake_writer(&mut q);
+        }
     }
 }
 
@@ -197,7 +302,10 @@ impl AuditLog {
                 tracing::info!(segment = %gone.display(), "old audit segment removed (--audit-keep)");
             }
         }
+        let inline = matches!(out, Out::File(_)) && !options.sync;
         let shared = Arc::new(Shared {
+            writer: Mutex::new(Writer::new(out, chain, options)),
+            inline,
             queue: Mutex::new(Queue::default()),
             work: Condvar::new(),
             room: Condvar::new(),
@@ -212,7 +320,7 @@ impl AuditLog {
             let shared = shared.clone();
             std::thread::Builder::new()
                 .name("latchkey-audit".into())
-                .spawn(move || Writer::new(out, chain, options).run(&shared))
+                .spawn(move || Writer::run(&shared))
                 .map_err(AuditError::Thread)?
         };
         Ok(Self {
@@ -240,15 +348,9 @@ impl AuditLog {
         // A committing request already waited for room; the headroom covers it.
         q.records.push(record);
         q.commits.push(tx);
-        // Wake a waiting writer, lingering included: this record is waited on.
-        if q.writer_waiting {
-            q.writer_waiting = false;
-            self.shared.work.notify_one();
-            drop(q);
-            self.shared
-                .metrics
-                .audit_wakeups
-                .fetch_add(1, Ordering::Relaxed);
+        if !self.shared.schedule_inline(&mut q) {
+            // Wake a waiting writer, lingering included: this record is waited on.
+            self.shared.wake_writer(&mut q);
         }
         rx
     }
@@ -307,11 +409,8 @@ impl AuditLog {
         q.records.push(record);
         // Only the first record of a batch wakes a waiting writer; the rest ride along, so a
         // busy proxy does not pay a futex wake-up and a context switch per request.
-        if q.records.len() == 1 && q.writer_waiting {
-            q.writer_waiting = false;
-            shared.work.notify_one();
-            drop(q);
-            shared.metrics.audit_wakeups.fetch_add(1, Ordering::Relaxed);
+        if q.records.len() == 1 && !shared.schedule_inline(&mut q) {
+            shared.wake_writer(&mut q);
         }
     }
 

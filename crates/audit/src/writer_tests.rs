@@ -385,3 +385,64 @@ fn commits_that_arrive_together_share_one_write() {
         sink.writes.load(Ordering::SeqCst)
     );
 }
+
+#[test]
+fn commits_to_a_file_are_written_inline_grouped_and_on_disk_when_answered() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("audit.jsonl");
+    let log = Arc::new(AuditLog::open(&path).expect("log"));
+    let client: SocketAddr = "127.0.0.1:9".parse().expect("addr");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let tasks: Vec<_> = (0..200)
+            .map(|_| {
+                let (log, path) = (log.clone(), path.clone());
+                tokio::spawn(async move {
+                    let mut e = Entry::start(log, client, "default", "sha256:x");
+                    let ok = e.commit_decision().await;
+                    // Answered means written: the line is in the file now (a kill -9 from
+                    // here on cannot lose it).
+                    let text = std::fs::read_to_string(&path).expect("read");
+                    let on_disk = text.contains(&format!("\"id\":\"{}\"", e.id()));
+                    e.dismiss();
+                    ok && on_disk
+                })
+            })
+            .collect();
+        for t in tasks {
+            assert!(t.await.expect("task"), "a commit answered before its line was in the file");
+        }
+    });
+    let m = log.metrics();
+    let writes = m.audit_writes.load(Ordering::Relaxed);
+    assert!(writes < 200, "{writes} writes for 200 commits: no grouping");
+    assert_eq!(
+        m.audit_wakeups.load(Ordering::Relaxed),
+        0,
+        "inline commits woke the writer thread"
+    );
+    assert_eq!(log.written(), 200);
+    drop(log);
+    let text = std::fs::read_to_string(&path).expect("read");
+    let mut seq = 0;
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).expect("json");
+        seq += 1;
+        assert_eq!(v["seq"], seq, "the chain is one sequence");
+    }
+    assert_eq!(seq, 200);
+}
+
+#[test]
+fn an_outcome_queued_outside_a_runtime_still_reaches_a_file_log() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("audit.jsonl");
+    let log = Arc::new(AuditLog::open(&path).expect("log"));
+    record(&log, 200);
+    assert!(log.flush(Duration::from_secs(5)));
+    assert_eq!(log.written(), 1);
+    assert_eq!(std::fs::read_to_string(&path).expect("read").lines().count(), 1);
+}

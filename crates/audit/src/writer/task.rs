@@ -111,6 +111,9 @@ pub(super) struct Writer {
     /// A write failed part-way: the chain is read back from the file before the next one.
     pub(super) resync: bool,
     pub(super) buf: Vec<u8>,
+    /// An inline flush's batch and commits, kept for the next one (no allocation per flush).
+    pub(super) spare_records: Vec<Record>,
+    pub(super) spare_commits: Vec<tokio::sync::oneshot::Sender<bool>>,
 }
 
 impl Writer {
@@ -123,23 +126,28 @@ impl Writer {
             unsigned_since: None,
             resync: false,
             buf: Vec::with_capacity(64 * 1024),
+            spare_records: Vec::new(),
+            spare_commits: Vec::new(),
         }
     }
 
     /// Waits for a first record, lets a batch gather for [`LINGER`] unless a decision record
     /// is waiting, then writes it in one write (and one sync); repeats until the log is
-    /// closed and drained, then writes the last checkpoint.
-    pub(super) fn run(mut self, shared: &Shared) {
+    /// closed and drained, then writes the last checkpoint. The writer's state is locked only
+    /// while a batch is taken and written: an inline flush ([`Shared::flush_inline`]) may
+    /// write between two batches.
+    pub(super) fn run(shared: &Shared) {
         let _gone = WriterGone(shared);
         let mut batch: Vec<Record> = Vec::new();
         let mut acks: Vec<mpsc::Sender<()>> = Vec::new();
         let mut commits: Vec<tokio::sync::oneshot::Sender<bool>> = Vec::new();
         loop {
-            let closing;
+            // Read before the queue is locked (the writer's lock comes first).
+            let deadline = shared.writer().next_deadline();
             {
                 let mut q = shared.lock();
-                while q.records.is_empty() && q.flushes.is_empty() && !q.closing {
-                    match self.next_deadline() {
+                while q.records.is_empty() && q.flushes.is_empty() && !q.closing && !q.housekeep {
+                    match deadline {
                         Some(due) => {
                             let wait = due.saturating_duration_since(Instant::now());
                             if wait.is_zero() {
@@ -159,6 +167,7 @@ impl Writer {
                     }
                     q.writer_waiting = false;
                 }
+                q.housekeep = false;
                 if !q.commits.is_empty() && !q.closing {
                     // Group commit: let the requests running beside this thread add their
                     // decisions to the group (one yield, no timed wait), so a busy proxy pays one
@@ -183,23 +192,28 @@ impl Writer {
                         .unwrap_or_else(|p| p.into_inner().0);
                     q.writer_waiting = false;
                 }
+            }
+            let mut w = shared.writer();
+            let closing = {
+                let mut q = shared.lock();
                 std::mem::swap(&mut batch, &mut q.records);
                 acks.append(&mut q.flushes);
                 commits.append(&mut q.commits);
-                closing = q.closing;
-            }
+                q.closing
+            };
             shared.room.notify_all();
             shared.room_async.notify_waiters();
-            let ok = self.write_batch(shared, &mut batch);
+            let ok = w.write_batch(shared, &mut batch);
             for commit in commits.drain(..) {
                 let _ = commit.send(ok);
             }
-            self.housekeeping(shared, false);
+            w.housekeeping(shared, false);
+            drop(w);
             for ack in acks.drain(..) {
                 let _ = ack.send(());
             }
             if closing && shared.lock().records.is_empty() {
-                self.housekeeping(shared, true);
+                shared.writer().housekeeping(shared, true);
                 return;
             }
         }
@@ -378,19 +392,24 @@ impl Writer {
         }
     }
 
-    /// Closes the active file as a segment when it is big or old enough: a checkpoint ends
-    /// it, it is synced and renamed, a new active file is opened, the taps hear of it, and
-    /// old segments are removed.
-    pub(super) fn rotate_if_due(&mut self, shared: &Shared) {
+    /// Whether the active file is big or old enough to be closed as a segment.
+    pub(super) fn rotation_due(&self) -> bool {
         let Out::File(active) = &self.out else {
-            return;
+            return false;
         };
         let rotation = self.options.rotation;
         let big = rotation.size.is_some_and(|max| active.size >= max);
         let old = rotation
             .age
             .is_some_and(|age| active.opened.elapsed().unwrap_or_default() >= age);
-        if active.size == 0 || !(big || old) {
+        active.size > 0 && (big || old)
+    }
+
+    /// Closes the active file as a segment when it is big or old enough: a checkpoint ends
+    /// it, it is synced and renamed, a new active file is opened, the taps hear of it, and
+    /// old segments are removed.
+    pub(super) fn rotate_if_due(&mut self, shared: &Shared) {
+        if !self.rotation_due() {
             return;
         }
         if self.unsigned > 0 {
