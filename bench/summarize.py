@@ -7,10 +7,12 @@ SCEN = {1: "plain HTTP forward, keep-alive, 64 conns",
         3: "HTTPS MITM, new connection per request (`--disable-keepalive`), 16 conns",
         4: "CONNECT passthrough (`tunnel = true` / splice / plain CONNECT), keep-alive, 64 conns",
         5: "64 KiB responses through MITM, redaction on (latchkey), keep-alive, 64 conns"}
-ORDER = ["direct", "latchkey-1w", "latchkey-base", "latchkey", "envoy", "squid", "mitmproxy"]
+ORDER = ["direct", "latchkey-1w", "latchkey-base", "latchkey", "latchkey-2w", "envoy", "envoy-2w", "squid", "mitmproxy"]
 LABEL = {"direct": "direct (control)", "latchkey-1w": "latchkey `--workers 1`",
          "latchkey-base": "baseline latchkey `--workers 1` (`--baseline`)",
          "latchkey": "latchkey (default workers)", "envoy": "Envoy `--concurrency 1`",
+         "latchkey-2w": "latchkey `--workers 2`, both CPUs (shared with the load)",
+         "envoy-2w": "Envoy `--concurrency 2`, both CPUs (shared with the load)",
          "squid": "Squid 5.7 (ssl-bump for MITM)", "mitmproxy": "mitmdump"}
 
 def load(path):
