@@ -113,12 +113,17 @@ def audit_evidence(out, configs):
                 for line in fh:
                     if not line.strip():
                         continue
-                    e["records"] += 1
                     try:
                         r = json.loads(line)
                     except ValueError:
+                        e["records"] += 1
                         e["bad"].append("unparsable audit line")
                         continue
+                    # A request's outcome record is its full record (a decision line carries
+                    # what was decided, not the charges; checkpoint lines carry no phase).
+                    if r.get("phase", "outcome") != "outcome" or "checkpoint" in r:
+                        continue
+                    e["records"] += 1
                     charges = [c for c in r.get("limits") or [] if c.get("measure") == MEASURE[limit]]
                     if charges and not any(c.get("refused") or c.get("unchecked") for c in charges):
                         e["charged"] += 1

@@ -413,7 +413,10 @@ fn commits_to_a_file_are_written_inline_grouped_and_on_disk_when_answered() {
             })
             .collect();
         for t in tasks {
-            assert!(t.await.expect("task"), "a commit answered before its line was in the file");
+            assert!(
+                t.await.expect("task"),
+                "a commit answered before its line was in the file"
+            );
         }
     });
     let m = log.metrics();
@@ -444,5 +447,11 @@ fn an_outcome_queued_outside_a_runtime_still_reaches_a_file_log() {
     record(&log, 200);
     assert!(log.flush(Duration::from_secs(5)));
     assert_eq!(log.written(), 1);
-    assert_eq!(std::fs::read_to_string(&path).expect("read").lines().count(), 1);
+    assert_eq!(
+        std::fs::read_to_string(&path)
+            .expect("read")
+            .lines()
+            .count(),
+        1
+    );
 }

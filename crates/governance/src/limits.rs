@@ -384,12 +384,26 @@ impl Limiter {
 
 /// The key a limit's counters are kept under for this request.
 fn subject_key(per: Per, who: &Subject<'_>) -> String {
-    match per {
-        Per::Identity => format!("identity:{}", who.identity),
-        Per::Rule => format!("rule:{}", who.rule),
-        Per::Credential => format!("credential:{}", who.credential.unwrap_or("-")),
-        Per::Global => "global".to_string(),
+    let (kind, name) = match per {
+        Per::Identity => ("identity:", who.identity),
+        Per::Rule => ("rule:", who.rule),
+        Per::Credential => ("credential:", who.credential.unwrap_or("-")),
+        Per::Global => return "global".to_string(),
+    };
+    // Concatenated, not `format!`ed: one per limit per request.
+    let mut key = String::with_capacity(kind.len() + name.len());
+    key.push_str(kind);
+    key.push_str(name);
+    key
+}
+
+/// `lim:LIMIT:MEASURE:KEY`, where a counter is kept in the store.
+fn store_key(limit: &str, measure: &str, key: &str) -> String {
+    let mut out = String::with_capacity(6 + limit.len() + measure.len() + key.len());
+    for part in ["lim:", limit, ":", measure, ":", key] {
+        out.push_str(part);
     }
+    out
 }
 
 /// A charge entry for the record.

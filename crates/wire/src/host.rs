@@ -346,6 +346,17 @@ pub fn display_authority(host: &str, port: u16) -> String {
     .to_string()
 }
 
+/// The length of [`display_authority`]`(host, port)`, without writing it (a request's
+/// `bytes_up` estimate needs only the count).
+pub fn authority_len(host: &str, port: u16) -> usize {
+    let brackets = if host.contains(':') && !host.starts_with('[') {
+        2
+    } else {
+        0
+    };
+    host.len() + brackets + 1 + itoa::Buffer::new().format(port).len()
+}
+
 /// `ip:port` of a socket address, as its `Display` writes it (IPv6 bracketed), without the
 /// formatting machinery for IPv4: every request's record carries one or two of these.
 pub fn socket_addr_text(addr: std::net::SocketAddr) -> String {

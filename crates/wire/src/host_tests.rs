@@ -320,3 +320,10 @@ proptest::proptest! {
         proptest::prop_assert_eq!(socket_addr_text(v6), v6.to_string());
     }
 }
+
+proptest::proptest! {
+    #[test]
+    fn authority_len_is_display_authority_s_length(host in "[a-z0-9:.\\[\\]]{0,40}", port: u16) {
+        proptest::prop_assert_eq!(authority_len(&host, port), display_authority(&host, port).len());
+    }
+}

@@ -118,7 +118,7 @@ impl Limiter {
         key: &str,
         now: SystemTime,
     ) -> Result<bool, Box<Refused>> {
-        let store_key = format!("lim:{}:requests:{key}", limit.name);
+        let store_key = store_key(&limit.name, "requests", key);
         let burst = u64::from(rate.count);
         let taken = self.take(&store_key, burst, rate.interval()).await;
         let mut charge = charge(limit, Measure::Requests, key, 1, 0, burst);
@@ -171,7 +171,7 @@ impl Limiter {
         key: &str,
         request_id: &str,
     ) -> Result<(), Box<Refused>> {
-        let store_key = format!("lim:{}:concurrency:{key}", limit.name);
+        let store_key = store_key(&limit.name, "concurrency", key);
         let max = u64::from(conc.max);
         let mut charge = charge(limit, Measure::Concurrency, key, 1, 0, max);
         match self
@@ -380,7 +380,9 @@ impl<'a> Budget<'a> {
             amount
         };
         let (start, end) = quota.period.window(ask.now);
-        let store_key = format!("lim:{}:{}:{display}:{start}", limit.name, measure.as_str());
+        let mut store_key = store_key(&limit.name, measure.as_str(), &display);
+        store_key.push(':');
+        store_key.push_str(itoa::Buffer::new().format(start));
         let window_end = SystemTime::UNIX_EPOCH + Duration::from_secs(end);
         Budget {
             limit,

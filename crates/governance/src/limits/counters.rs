@@ -36,7 +36,12 @@ impl Limiter {
                         reset_after: tat - now,
                     });
                 }
-                buckets.insert(key.to_string(), next);
+                match buckets.get_mut(key) {
+                    Some(t) => *t = next,
+                    None => {
+                        buckets.insert(key.to_string(), next);
+                    }
+                }
                 let left = window - ahead;
                 let remaining = (left.as_nanos() / interval.as_nanos().max(1)) as u64;
                 Ok(Taken {

@@ -23,9 +23,10 @@ use super::request::Req;
 use crate::audit::Entry;
 use crate::governance::limits::{Admission, Estimate, LlmEstimate, Subject, Upload};
 use crate::governance::usage::{self, Meter, Provider, Usage};
-use crate::policy::{display_authority, PriceTable};
+use crate::policy::PriceTable;
 use crate::reason::{Reason, Refusal};
 use crate::upstream::{Body, BoxError};
+use crate::wire::host::authority_len;
 
 /// The largest model-provider request body read whole to price it.
 pub const MAX_METERED_BODY: usize = 8 * 1024 * 1024;
@@ -172,8 +173,7 @@ async fn price(
 /// injects) are not the sandbox's bytes and are not counted; hop-by-hop headers it strips are.
 pub(super) fn head_len(head: &Parts, target: &Admitted) -> u64 {
     let line = head.method.as_str().len() + 1 + target.path_and_query.len() + " HTTP/1.1\r\n".len();
-    let authority = display_authority(&target.host, target.port);
-    let host = "host: ".len() + authority.len() + 2;
+    let host = "host: ".len() + authority_len(&target.host, target.port) + 2;
     let headers = head
         .headers
         .iter()
