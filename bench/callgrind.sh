@@ -38,6 +38,16 @@ while [ $# -gt 0 ]; do
   shift
 done
 LATCHKEY="${LATCHKEY:-${CARGO_TARGET_DIR:-$ROOT/target}/release/latchkey}"
+# Installs what it needs, as bench/run.sh does (Debian packages; oha with cargo).
+pkgs=()
+command -v valgrind >/dev/null || pkgs+=(valgrind)
+command -v nginx >/dev/null || pkgs+=(nginx)
+command -v openssl >/dev/null || pkgs+=(openssl)
+if [ ${#pkgs[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${pkgs[@]}" >/dev/null
+fi
+export PATH="$HOME/.cargo/bin:$PATH"
+command -v oha >/dev/null || cargo install --locked oha
 for tool in valgrind callgrind_control callgrind_annotate oha nginx openssl; do
   command -v "$tool" >/dev/null || { echo "callgrind.sh: $tool not found" >&2; exit 1; }
 done

@@ -266,10 +266,11 @@ impl std::fmt::Debug for Record {
 }
 
 impl Record {
-    /// The request's decision record: what was decided, about what, for whom, under which
-    /// policy — everything known before the dial and nothing that is only known after it (the
-    /// status, bytes, usage, limits charged, labels and reach are the outcome's). Clones only
-    /// those fields; [`Self::write_decision_line`] serialises them.
+    /// The request's decision record: what was decided, about what, for whom (with the
+    /// identity's labels and the digest of its reach), under which policy — everything known
+    /// before the dial and nothing only known after it (the status, bytes, usage and limits
+    /// charged are the outcome's). Clones only those fields; [`Self::write_decision_line`]
+    /// serialises them.
     pub fn decision_record(&self) -> Record {
         Record {
             phase: Phase::Decision,
@@ -302,8 +303,8 @@ impl Record {
             usage: None,
             websocket: None,
             mcp: None,
-            labels: Default::default(),
-            reach: None,
+            labels: self.labels.clone(),
+            reach: self.reach.clone(),
             session: self.session.clone(),
             step: self.step.clone(),
             attempt: self.attempt,
@@ -315,7 +316,8 @@ impl Record {
 
     /// Serialises the record as a decision line (book "Audit record"): the fields of
     /// [`Self::decision_record`], without the outcome's (no `status`, `upstream`, byte counts,
-    /// `duration_ms`, `redactions`, `reach`): about half an outcome line, to serialise and hash.
+    /// `duration_ms`, `redactions`, `limits`, `usage`): about half an outcome line, to
+    /// serialise and hash.
     ///
     /// Written field by field (keys as constants, values escaped by serde_json): the same
     /// bytes as serialising [`DecisionLine`] (the tests hold it to that), at about half the
@@ -387,6 +389,11 @@ impl Record {
             out.extend_from_slice(b",\"approval\":");
             serde_json::to_writer(&mut *out, a)?;
         }
+        if !self.labels.is_empty() {
+            out.extend_from_slice(b",\"labels\":");
+            serde_json::to_writer(&mut *out, &self.labels)?;
+        }
+        skip_none(out, b",\"reach\":", self.reach.as_deref())?;
         skip_none(out, b",\"session\":", self.session.as_deref())?;
         skip_none(out, b",\"step\":", self.step.as_deref())?;
         if let Some(n) = self.attempt {
@@ -427,6 +434,10 @@ struct DecisionLine<'a> {
     would_deny: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     approval: Option<&'a ApprovalInfo>,
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    labels: &'a std::collections::BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reach: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     session: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -463,6 +474,8 @@ impl<'a> DecisionLine<'a> {
             policy: &r.policy,
             would_deny: r.would_deny,
             approval: r.approval.as_ref(),
+            labels: &r.labels,
+            reach: r.reach.as_deref(),
             session: r.session.as_deref(),
             step: r.step.as_deref(),
             attempt: r.attempt,
@@ -634,6 +647,10 @@ mod tests {
             r.rule = rule; r.secrets = secrets; r.original_dst = original; r.session = session;
             r.step = step; r.attempt = attempt; r.trace_id = trace.clone(); r.span_id = trace;
             r.port = port; r.would_deny = would_deny;
+            if approved {
+                r.labels.insert("env".into(), "ci\"x".into());
+                r.reach = None;
+            }
             if approved {
                 r.approval = Some(ApprovalInfo { id: "a1".into(), state: "approved", scope: Some("1h".into()), ..Default::default() });
             }

@@ -286,7 +286,7 @@ async fn a_commit_is_answered_only_once_its_line_is_written_and_false_when_it_ca
         .collect();
     assert_eq!(phases, ["decision", "outcome"]);
     // The decision line holds what was decided and about what; what only the outcome can
-    // know (status, upstream, bytes, duration, redactions, reach) is left to the outcome.
+    // know (status, upstream, bytes, duration, redactions) is left to the outcome.
     let lines: Vec<serde_json::Value> = text
         .lines()
         .map(|l| serde_json::from_str(l).expect("json"))

@@ -224,6 +224,22 @@ fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
+/// Fields only an outcome record has (a decision line is written before they are known).
+const DECISION_LEAVES_OUT: &[&str] = &[
+    "status",
+    "upstream",
+    "bytes_up",
+    "bytes_down",
+    "duration_ms",
+    "redactions",
+    "limits",
+    "usage",
+    "websocket",
+    "mcp",
+    "captured",
+    "dns",
+];
+
 /// Reasons decided before latchkey dials anything: their refusals have no `upstream`.
 const REFUSED_BEFORE_DIAL: &[&str] = &[
     "no_rule",
@@ -350,6 +366,18 @@ pub fn check_record(record: &Value) -> Result<(), String> {
         .ok_or_else(|| "secrets is not an array".to_string())?;
     if secrets.iter().any(|s| !s.is_string()) {
         return Err("secrets holds something other than names".into());
+    }
+    if obj.get("phase").and_then(Value::as_str) == Some("decision") {
+        // A decision line holds what was decided; what only the outcome knows is not in it.
+        for f in DECISION_LEAVES_OUT {
+            if obj.contains_key(*f) {
+                return Err(format!("a decision line carries the outcome's {f:?}"));
+            }
+        }
+        if !string("policy")?.starts_with("sha256:") {
+            return Err("policy is not a sha256: digest".into());
+        }
+        return Ok(());
     }
     match get("redactions")?.as_u64() {
         Some(_) => {}
