@@ -191,14 +191,14 @@ impl Shared {
             return false;
         };
         q.inline_pending = true;
-        let shared = self.clone();
+        let pending = PendingFlush(Some(self.clone()));
         runtime.spawn(async move {
             // Runs after the tasks that are ready now (and the I/O they wait on): every
             // request that commits in this turn of the runtime joins the one write.
             for _ in 0..INLINE_TURNS {
                 tokio::task::yield_now().await;
             }
-            shared.flush_inline();
+            pending.run();
         });
         true
     }
@@ -247,6 +247,29 @@ impl Shared {
             let mut q = self.lock();
             q.housekeep = true;
             self.wake_writer(&mut q);
+        }
+    }
+}
+
+/// A scheduled inline flush. If its task is dropped before it runs (its runtime shut down),
+/// the records it was to write go to the writer thread instead of waiting for a flush that
+/// will never come.
+struct PendingFlush(Option<Arc<Shared>>);
+
+impl PendingFlush {
+    fn run(mut self) {
+        if let Some(shared) = self.0.take() {
+            shared.flush_inline();
+        }
+    }
+}
+
+impl Drop for PendingFlush {
+    fn drop(&mut self) {
+        if let Some(shared) = self.0.take() {
+            let mut q = shared.lock();
+            q.inline_pending = false;
+            shared.wake_writer(&mut q);
         }
     }
 }

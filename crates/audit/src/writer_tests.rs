@@ -455,3 +455,42 @@ fn an_outcome_queued_outside_a_runtime_still_reaches_a_file_log() {
         1
     );
 }
+
+#[test]
+fn records_queued_for_a_flush_whose_runtime_ended_still_reach_the_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("audit.jsonl");
+    let log = Arc::new(AuditLog::open(&path).expect("log"));
+    let client: SocketAddr = "127.0.0.1:9".parse().expect("addr");
+    {
+        // A runtime that ends before its flush task ever runs (never driven after this).
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        let _enter = rt.enter();
+        let mut e = Entry::start(log.clone(), client, "default", "sha256:x");
+        e.outcome(Reason::Allowed, Some("r"), Some(200));
+        e.finish();
+        drop(_enter);
+        drop(rt);
+    }
+    // Later records, outside any runtime, are not stuck behind the lost flush either.
+    record(&log, 200);
+    // No flush asked for: the writer thread must have been told of both by itself.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while log.written() < 2 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        log.written(),
+        2,
+        "records stuck behind a flush that never ran"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&path)
+            .expect("read")
+            .lines()
+            .count(),
+        2
+    );
+}
