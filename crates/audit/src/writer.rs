@@ -177,20 +177,27 @@ impl Shared {
         }
     }
 
-    /// Schedules an inline flush for what was just queued, if this log writes inline and the
-    /// caller is on a runtime. `true`: the records are taken care of (now or by a flush
-    /// already scheduled), nothing needs waking.
-    fn schedule_inline(self: &Arc<Self>, q: &mut Queue) -> bool {
+    /// Whether what was just queued (with `q` locked) is written by an inline flush: one
+    /// already scheduled, or one to spawn on `Inline::Spawn`'s runtime once the queue is
+    /// unlocked ([`Shared::spawn_flush`]: a runtime shutting down drops the task inside
+    /// `spawn`, and its guard takes the queue lock).
+    fn schedule_inline(&self, q: &mut Queue) -> Inline {
         if !self.inline || q.closing {
-            return false;
+            return Inline::No;
         }
         if q.inline_pending {
-            return true;
+            return Inline::Already;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return false;
+            return Inline::No;
         };
         q.inline_pending = true;
+        Inline::Spawn(runtime)
+    }
+
+    /// Spawns the inline flush [`Shared::schedule_inline`] asked for. Call with the queue
+    /// unlocked.
+    fn spawn_flush(self: &Arc<Self>, runtime: &tokio::runtime::Handle) {
         let pending = PendingFlush(Some(self.clone()));
         runtime.spawn(async move {
             // Runs after the tasks that are ready now (and the I/O they wait on): every
@@ -200,7 +207,6 @@ impl Shared {
             }
             pending.run();
         });
-        true
     }
 
     /// Writes everything queued, on the calling (runtime) thread, and answers the commits
@@ -249,6 +255,16 @@ impl Shared {
             self.wake_writer(&mut q);
         }
     }
+}
+
+/// How a record just queued gets written ([`Shared::schedule_inline`]).
+enum Inline {
+    /// By the writer thread (wake it if it waits).
+    No,
+    /// By the inline flush already scheduled.
+    Already,
+    /// By a flush to spawn on this runtime once the queue is unlocked.
+    Spawn(tokio::runtime::Handle),
 }
 
 /// A scheduled inline flush. If its task is dropped before it runs (its runtime shut down),
@@ -371,9 +387,14 @@ impl AuditLog {
         // A committing request already waited for room; the headroom covers it.
         q.records.push(record);
         q.commits.push(tx);
-        if !self.shared.schedule_inline(&mut q) {
+        match self.shared.schedule_inline(&mut q) {
             // Wake a waiting writer, lingering included: this record is waited on.
-            self.shared.wake_writer(&mut q);
+            Inline::No => self.shared.wake_writer(&mut q),
+            Inline::Already => {}
+            Inline::Spawn(runtime) => {
+                drop(q);
+                self.shared.spawn_flush(&runtime);
+            }
         }
         rx
     }
@@ -432,8 +453,15 @@ impl AuditLog {
         q.records.push(record);
         // Only the first record of a batch wakes a waiting writer; the rest ride along, so a
         // busy proxy does not pay a futex wake-up and a context switch per request.
-        if q.records.len() == 1 && !shared.schedule_inline(&mut q) {
-            shared.wake_writer(&mut q);
+        if q.records.len() == 1 {
+            match shared.schedule_inline(&mut q) {
+                Inline::No => shared.wake_writer(&mut q),
+                Inline::Already => {}
+                Inline::Spawn(runtime) => {
+                    drop(q);
+                    shared.spawn_flush(&runtime);
+                }
+            }
         }
     }
 
