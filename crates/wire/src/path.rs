@@ -299,6 +299,8 @@ mod tests {
                 let hex = b
                     .get(i + 1..i + 3)
                     .and_then(|h| std::str::from_utf8(h).ok())
+                    // Two hex digits: `from_str_radix` alone takes a sign (`%+A` is no escape).
+                    .filter(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
                     .and_then(|h| u8::from_str_radix(h, 16).ok());
                 match (b[i], hex) {
                     (b'%', Some(v)) => {
