@@ -157,12 +157,8 @@ pub async fn shared_key(store: &dyn StateStore, id: &str) -> Result<[u8; 32], St
         .ok_or_else(|| bad("vanished"))?;
     let text = std::str::from_utf8(&stored.doc).map_err(|_| bad("is not text"))?;
     let mut key = [0u8; 32];
-    if text.len() != 64 {
-        return Err(bad("is not 64 hex digits"));
-    }
-    for (i, out) in key.iter_mut().enumerate() {
-        *out = u8::from_str_radix(&text[2 * i..2 * i + 2], 16).map_err(|_| bad("is not hex"))?;
-    }
+    // Strict: 64 hex digits (`from_str_radix` would also take a sign, `+a`).
+    hex::decode_to_slice(text, &mut key).map_err(|_| bad("is not 64 hex digits"))?;
     Ok(key)
 }
 
