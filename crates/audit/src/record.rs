@@ -320,7 +320,7 @@ impl Record {
     /// serialise and hash.
     ///
     /// Written field by field (keys as constants, values escaped by serde_json): the same
-    /// bytes as serialising [`DecisionLine`] (the tests hold it to that), at about half the
+    /// bytes as serialising the test module's `DecisionLine` (a proptest holds it to that), at about half the
     /// cost, on every request's commit.
     pub fn write_decision_line(&self, out: &mut Vec<u8>) -> serde_json::Result<()> {
         fn text(out: &mut Vec<u8>, key: &[u8], v: &str) -> serde_json::Result<()> {
@@ -341,26 +341,8 @@ impl Record {
             v.map_or(Ok(()), |v| text(out, key, v))
         }
         out.extend_from_slice(b"{\"phase\":\"decision\",\"ts\":");
-        match rfc3339_millis_text(self.ts) {
-            Some(ts) => {
-                out.push(b'"');
-                out.extend_from_slice(&ts);
-                out.push(b'"');
-            }
-            None => {
-                // Outside what RFC 3339 can write (humantime refuses it too, and so does the
-                // derived form): an error, never a panic.
-                use std::fmt::Write as _;
-                let mut ts = String::new();
-                if self.ts < SystemTime::UNIX_EPOCH {
-                    return Err(serde::ser::Error::custom("time before 1970"));
-                }
-                write!(ts, "{}", humantime::format_rfc3339_millis(self.ts)).map_err(|_| {
-                    <serde_json::Error as serde::ser::Error>::custom("time out of range")
-                })?;
-                serde_json::to_writer(&mut *out, &ts)?;
-            }
-        }
+        // The derived form's own serialiser: the same text, the same error out of range.
+        rfc3339_millis(&self.ts, &mut serde_json::Serializer::new(&mut *out))?;
         text(out, b",\"id\":", &self.id)?;
         text(out, b",\"identity\":", &self.identity)?;
         text(out, b",\"client\":", &self.client)?;
@@ -410,7 +392,7 @@ impl Record {
 
 /// The fields a decision line carries, borrowed from its record: the definition
 /// [`Record::write_decision_line`] is held to by the tests.
-#[cfg_attr(not(test), allow(dead_code))]
+#[cfg(test)]
 #[derive(Serialize)]
 struct DecisionLine<'a> {
     phase: Phase,
@@ -452,7 +434,7 @@ struct DecisionLine<'a> {
     parent_span_id: Option<&'a str>,
 }
 
-#[cfg_attr(not(test), allow(dead_code))]
+#[cfg(test)]
 impl<'a> DecisionLine<'a> {
     fn of(r: &'a Record) -> Self {
         Self {
@@ -487,28 +469,15 @@ impl<'a> DecisionLine<'a> {
 }
 
 fn rfc3339_millis<S: Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
-    match rfc3339_millis_text(*t) {
-        Some(text) => {
-            s.serialize_str(std::str::from_utf8(&text).map_err(serde::ser::Error::custom)?)
-        }
-        None => {
-            // Outside the years RFC 3339 writes: humantime's `Display` fails, which serde_json's
-            // `collect_str` would turn into a panic; an error instead (the writer counts it).
-            use std::fmt::Write as _;
-            let mut text = String::new();
-            if *t < SystemTime::UNIX_EPOCH {
-                // humantime panics before the epoch.
-                return Err(serde::ser::Error::custom("time before 1970"));
-            }
-            write!(text, "{}", humantime::format_rfc3339_millis(*t))
-                .map_err(|_| serde::ser::Error::custom("time out of range for RFC 3339"))?;
-            s.serialize_str(&text)
-        }
-    }
+    // Outside 1970–9999 humantime panics (before 1970) or its `Display` fails, which
+    // serde_json's `collect_str` turns into a panic: an error instead (the writer counts it).
+    let text = rfc3339_millis_text(*t)
+        .ok_or_else(|| serde::ser::Error::custom("time outside 1970-9999 for RFC 3339"))?;
+    s.serialize_str(std::str::from_utf8(&text).map_err(serde::ser::Error::custom)?)
 }
 
 /// `YYYY-MM-DDTHH:MM:SS.mmmZ`, as `humantime::format_rfc3339_millis` writes it, without the
-/// formatting machinery (two per request); `None` before 1970 or after 9999 (humantime then).
+/// formatting machinery (two per request); `None` before 1970 or after 9999.
 fn rfc3339_millis_text(t: SystemTime) -> Option<[u8; 24]> {
     let since = t.duration_since(SystemTime::UNIX_EPOCH).ok()?;
     let secs = since.as_secs();
