@@ -41,7 +41,20 @@ impl Default for Chain {
 
 /// The hex SHA-256 of one line's bytes (without its newline).
 pub fn line_hash(line: &[u8]) -> String {
-    hex::encode(digest::digest(&digest::SHA256, line))
+    let mut out = String::with_capacity(64);
+    hash_into(line, &mut out);
+    out
+}
+
+/// [`line_hash`] into `out` (cleared first), reusing its buffer: the writer's chain, per line.
+fn hash_into(line: &[u8], out: &mut String) {
+    let digest = digest::digest(&digest::SHA256, line);
+    let mut hex = [0u8; 64];
+    out.clear();
+    // 32 bytes always fit 64 hex digits, which are ASCII.
+    if hex::encode_to_slice(digest.as_ref(), &mut hex).is_ok() {
+        out.push_str(std::str::from_utf8(&hex).unwrap_or_default());
+    }
 }
 
 impl Chain {
@@ -83,14 +96,7 @@ impl Chain {
             }
         }
         self.seq += 1;
-        let digest = digest::digest(&digest::SHA256, &out[start..]);
-        let mut hex = [0u8; 64];
-        if hex::encode_to_slice(digest.as_ref(), &mut hex).is_ok() {
-            if let Ok(text) = std::str::from_utf8(&hex) {
-                self.last.clear();
-                self.last.push_str(text);
-            }
-        }
+        hash_into(&out[start..], &mut self.last);
         out.push(b'\n');
         Ok(())
     }

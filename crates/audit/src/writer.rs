@@ -14,7 +14,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -34,6 +34,9 @@ const LINGER: Duration = Duration::from_millis(2);
 /// Turns of the runtime an inline flush waits before it writes: each lets the requests
 /// ready then (and the I/O the driver has for them) add their records to the one write.
 const INLINE_TURNS: usize = 2;
+/// Groups one inline flush writes, at most, while other flushes keep asking it to look again
+/// (then it hands the rest to a new flush: one runtime thread is not held writing forever).
+const INLINE_ROUNDS: u32 = 4;
 /// The writer appends at most this many records in one `write`.
 const BATCH_RECORDS: usize = 1024;
 
@@ -128,6 +131,9 @@ struct Queue {
     /// An inline flush started the checkpoint clock or filled the file: the writer thread has
     /// a deadline or a rotation to see to.
     housekeep: bool,
+    /// An inline flush found the sink held: its holder looks at the queue again before it
+    /// lets go ([`Shared::flush_inline`]).
+    flush_again: bool,
 }
 
 /// State shared by the request side and the writer thread.
@@ -210,49 +216,82 @@ impl Shared {
     }
 
     /// Writes everything queued, on the calling (runtime) thread, and answers the commits
-    /// among it. When the writer thread holds the sink, the batch is left to it.
-    fn flush_inline(&self) {
-        let Ok(mut w) = self.writer.try_lock() else {
-            let mut q = self.lock();
-            q.inline_pending = false;
-            self.wake_writer(&mut q);
-            return;
+    /// among it. When another flush (or the writer thread) holds the sink, the holder is told
+    /// to look at the queue again before it lets go (`flush_again`), so nothing waits on a
+    /// wake-up: the flag is set and read with the queue locked, and the holder lets go of the
+    /// sink inside that section.
+    fn flush_inline(self: &Arc<Self>) {
+        let mut w = match self.writer.try_lock() {
+            Ok(w) => w,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => {
+                {
+                    let mut q = self.lock();
+                    q.inline_pending = false;
+                    q.flush_again = true;
+                }
+                // The holder may have let go before the flag was set: try once more.
+                match self.writer.try_lock() {
+                    Ok(w) => w,
+                    Err(TryLockError::Poisoned(p)) => p.into_inner(),
+                    Err(TryLockError::WouldBlock) => return,
+                }
+            }
         };
         let mut batch = std::mem::take(&mut w.spare_records);
         let mut commits = std::mem::take(&mut w.spare_commits);
-        {
-            let mut q = self.lock();
-            q.inline_pending = false;
-            if q.writer_gone || q.closing {
-                // The thread drains a closing log; a log without one writes nothing more.
-                if q.writer_gone {
-                    for commit in q.commits.drain(..) {
-                        let _ = commit.send(false);
+        for round in 1.. {
+            {
+                let mut q = self.lock();
+                q.inline_pending = false;
+                q.flush_again = false;
+                if q.writer_gone || q.closing {
+                    // The thread drains a closing log; a log without one writes nothing more.
+                    if q.writer_gone {
+                        for commit in q.commits.drain(..) {
+                            let _ = commit.send(false);
+                        }
                     }
+                    self.wake_writer(&mut q);
+                    return;
                 }
-                self.wake_writer(&mut q);
-                return;
+                std::mem::swap(&mut batch, &mut q.records);
+                std::mem::swap(&mut commits, &mut q.commits);
             }
-            std::mem::swap(&mut batch, &mut q.records);
-            std::mem::swap(&mut commits, &mut q.commits);
-        }
-        if batch.len() >= self.capacity {
-            self.room.notify_all();
-        }
-        self.room_async.notify_waiters();
-        let had_deadline = w.next_deadline().is_some();
-        let ok = w.write_batch(self, &mut batch);
-        for commit in commits.drain(..) {
-            let _ = commit.send(ok);
-        }
-        w.spare_records = batch;
-        w.spare_commits = commits;
-        let housekeep = w.rotation_due() || (!had_deadline && w.next_deadline().is_some());
-        drop(w);
-        if housekeep {
+            if batch.len() >= self.capacity {
+                self.room.notify_all();
+            }
+            self.room_async.notify_waiters();
+            let had_deadline = w.next_deadline().is_some();
+            let ok = w.write_batch(self, &mut batch);
+            for commit in commits.drain(..) {
+                let _ = commit.send(ok);
+            }
+            let housekeep = w.rotation_due() || (!had_deadline && w.next_deadline().is_some());
             let mut q = self.lock();
-            q.housekeep = true;
-            self.wake_writer(&mut q);
+            if housekeep {
+                q.housekeep = true;
+                self.wake_writer(&mut q);
+            }
+            if q.flush_again && round < INLINE_ROUNDS {
+                continue;
+            }
+            w.spare_records = std::mem::take(&mut batch);
+            w.spare_commits = std::mem::take(&mut commits);
+            // Let go of the sink with the queue locked: a flush that found it busy set
+            // `flush_again` before this (and is seen here) or tries the lock after it.
+            drop(w);
+            if q.flush_again && !q.records.is_empty() {
+                // Rounds used up: another turn of the runtime takes the rest.
+                q.flush_again = false;
+                if let Inline::Spawn(runtime) = self.schedule_inline(&mut q) {
+                    drop(q);
+                    self.spawn_flush(&runtime);
+                } else {
+                    self.wake_writer(&mut q);
+                }
+            }
+            return;
         }
     }
 }

@@ -306,9 +306,14 @@ pub fn normalize_host(raw: &str) -> Result<String, HostError> {
 #[derive(Clone, Copy, Debug)]
 pub struct Bracketed<'a>(pub &'a str);
 
+/// Whether `host` is written bracketed in an authority (an IPv6 literal not yet bracketed).
+fn needs_brackets(host: &str) -> bool {
+    host.contains(':') && !host.starts_with('[')
+}
+
 impl fmt::Display for Bracketed<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.0.contains(':') && !self.0.starts_with('[') {
+        if needs_brackets(self.0) {
             write!(f, "[{}]", self.0)
         } else {
             f.write_str(self.0)
@@ -349,11 +354,7 @@ pub fn display_authority(host: &str, port: u16) -> String {
 /// The length of [`display_authority`]`(host, port)`, without writing it (a request's
 /// `bytes_up` estimate needs only the count).
 pub fn authority_len(host: &str, port: u16) -> usize {
-    let brackets = if host.contains(':') && !host.starts_with('[') {
-        2
-    } else {
-        0
-    };
+    let brackets = if needs_brackets(host) { 2 } else { 0 };
     host.len() + brackets + 1 + itoa::Buffer::new().format(port).len()
 }
 

@@ -196,6 +196,8 @@ impl Writer {
             let mut w = shared.writer();
             let closing = {
                 let mut q = shared.lock();
+                // What a busy-sink flush asked to have looked at is taken here.
+                q.flush_again = false;
                 std::mem::swap(&mut batch, &mut q.records);
                 acks.append(&mut q.flushes);
                 commits.append(&mut q.commits);
