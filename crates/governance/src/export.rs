@@ -158,6 +158,7 @@ mod tests {
         ) -> crate::policy::Target<'a> {
             crate::policy::Target {
                 identity: None,
+                narrowing: None,
                 websocket: false,
                 scheme: crate::policy::Scheme::Https,
                 host: "api.prod.test",

@@ -22,6 +22,7 @@ pub mod limits;
 pub mod links;
 pub mod notify;
 pub mod record;
+pub mod sessions;
 pub mod usage;
 
 use std::sync::Arc;

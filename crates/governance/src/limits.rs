@@ -62,6 +62,9 @@ const WINDOW_SLACK: Duration = Duration::from_secs(3600);
 #[derive(Debug, Clone, Copy)]
 pub struct Subject<'a> {
     pub identity: &'a str,
+    /// The runtime session asking, if any (`per = "session"`; without one such a limit
+    /// counts per identity).
+    pub session: Option<&'a str>,
     pub rule: &'a str,
     pub credential: Option<&'a str>,
     /// The host as the matching rule names it (`*.example.com` for a wildcard), for
@@ -386,6 +389,10 @@ impl Limiter {
 fn subject_key(per: Per, who: &Subject<'_>) -> String {
     let (kind, name) = match per {
         Per::Identity => ("identity:", who.identity),
+        Per::Session => match who.session {
+            Some(id) => ("session:", id),
+            None => ("identity:", who.identity),
+        },
         Per::Rule => ("rule:", who.rule),
         Per::Credential => ("credential:", who.credential.unwrap_or("-")),
         Per::Global => return "global".to_string(),

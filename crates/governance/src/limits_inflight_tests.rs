@@ -40,6 +40,7 @@ fn tokens(amount: u64, queue: Option<Duration>) -> Limit {
 
 fn who(id: &str) -> Subject<'_> {
     Subject {
+        session: None,
         identity: "a",
         rule: "r",
         credential: None,

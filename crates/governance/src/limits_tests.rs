@@ -34,6 +34,7 @@ fn limit(name: &str) -> Limit {
 
 fn who<'a>(identity: &'a str, id: &'a str) -> Subject<'a> {
     Subject {
+        session: None,
         identity,
         rule: "r",
         credential: None,

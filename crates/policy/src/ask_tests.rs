@@ -39,6 +39,7 @@ fn target<'a>(host: &'a str, method: &'a Method, path: &'a str) -> Target<'a> {
         method,
         path,
         identity: None,
+        narrowing: None,
         websocket: false,
     }
 }

@@ -208,7 +208,7 @@ pub fn compile_sources_with(
     };
     let (rules, rule_names) = compile_rules(&mut parsed, &mut errors, &known);
     // Phase 3b: identities, which name rules.
-    let (identities, default_labels) = super::identity_compile::compile_identities(
+    let (mut identities, default_labels) = super::identity_compile::compile_identities(
         &mut parsed,
         &mut errors,
         super::identity_compile::Names {
@@ -217,6 +217,17 @@ pub fn compile_sources_with(
         },
         &mut keyed,
     );
+    // Phase 3c: profiles, which name rules, limits and the identities they inherit from.
+    let profiles = super::profile_compile::compile_profiles(
+        &mut parsed,
+        &mut errors,
+        super::profile_compile::Names {
+            rules: &rule_names,
+            limits: &limit_names,
+            identities: &identities,
+        },
+    );
+    identities.extend(profiles);
     // Phase 4: every secret read (or not), an error at each declaration it fails.
     let resolved = read_secrets(&parsed, &mut errors, &keyed, loading);
     if !resolved || !errors.is_empty() {

@@ -50,6 +50,9 @@ pub struct Identity {
     pub labels: std::collections::BTreeMap<String, String>,
     /// `limits = ["NAME", …]`: the `[limits.NAME]` every request of this identity is charged to.
     pub limits: Vec<String>,
+    /// Set for a `[profiles.NAME]`: never recognised by token or address, only carried by an
+    /// admitted runtime session (see [`crate::profile`]).
+    pub profile: Option<std::sync::Arc<crate::profile::Profile>>,
 }
 
 /// Why a client could not be identified.
@@ -88,7 +91,8 @@ pub fn presented_token(value: &[u8]) -> Option<zeroize::Zeroizing<Vec<u8>>> {
     None
 }
 
-/// Identifies a client among `identities` by token and source address.
+/// Identifies a client among `identities` by token and source address. A profile is never
+/// matched here: only a session carries one.
 pub async fn identify<'a>(
     identities: &'a [Identity],
     store: &SecretStore,
@@ -103,7 +107,10 @@ pub async fn identify<'a>(
             // Compare against every token (constant time each) before deciding, so timing does
             // not tell which identity came close.
             let mut found = None;
-            for id in identities.iter().filter(|i| i.has_token) {
+            for id in identities
+                .iter()
+                .filter(|i| i.has_token && i.profile.is_none())
+            {
                 let value = store.get(&token_key(&id.name)).await.map_err(|e| {
                     IdentifyError::TokenUnavailable {
                         identity: id.name.clone(),
@@ -118,7 +125,9 @@ pub async fn identify<'a>(
         }
         None => identities
             .iter()
-            .find(|id| !id.has_token && !id.sources.is_empty() && in_sources(id))
+            .find(|id| {
+                !id.has_token && id.profile.is_none() && !id.sources.is_empty() && in_sources(id)
+            })
             .ok_or(IdentifyError::Unidentified(client)),
     }
 }

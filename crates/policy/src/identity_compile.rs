@@ -176,12 +176,13 @@ fn identity(
         rules: rule_set,
         labels,
         limits: id_limits,
+        profile: None,
     });
     Some((identity, token))
 }
 
 /// An identity's `rules`: `["*"]` for every rule, else the rules named (each one known).
-fn rule_set(
+pub(super) fn rule_set(
     cx: &mut FileCx<'_>,
     field: &str,
     list: Spanned<Vec<Spanned<String>>>,

@@ -34,6 +34,8 @@ mod limits_compile;
 pub mod mcp;
 mod names;
 mod prices;
+pub mod profile;
+mod profile_compile;
 pub mod reach;
 pub mod read;
 pub mod rule;
@@ -362,6 +364,8 @@ pub struct Target<'a> {
     pub path: &'a str,
     /// The identity asking; `None` when the policy defines none (every rule applies).
     pub identity: Option<&'a Identity>,
+    /// The runtime session's narrowing of its profile (`identity`), if a session asks.
+    pub narrowing: Option<&'a profile::Narrowing>,
     /// The request asks to upgrade to a WebSocket: only a rule with `websocket = true` allows it.
     pub websocket: bool,
 }
@@ -583,7 +587,7 @@ impl Policy {
             }
         };
         for rule in self.candidates(t.host) {
-            if t.identity.is_some_and(|i| !i.rules.allows(&rule.name)) {
+            if !may_use(t.identity, t.narrowing, rule, t.host) {
                 note(Reason::IdentityNotAllowed, rule);
             } else if !rule.port_matches(t.scheme, t.port) {
                 note(Reason::PortNotAllowed, rule);
@@ -620,11 +624,7 @@ impl Policy {
             };
         };
         let why = match reason {
-            Reason::IdentityNotAllowed => format!(
-                "identity '{}' may not use rule '{}'",
-                t.identity.map_or(DEFAULT_IDENTITY, |i| i.name.as_str()),
-                rule.name
-            ),
+            Reason::IdentityNotAllowed => not_allowed(t.identity, t.narrowing, rule, t.host),
             Reason::PortNotAllowed => format!(
                 "rule '{}' allows host {} on port(s) {}",
                 rule.name,
@@ -688,7 +688,19 @@ impl Policy {
         port: u16,
         identity: Option<&Identity>,
     ) -> ConnectDecision<'_> {
-        match self.decide_connect_by_rules(host, port, identity) {
+        self.decide_connect_narrowed(host, port, identity, None)
+    }
+
+    /// [`Self::decide_connect`] for a runtime session: `identity` is its profile, and
+    /// `narrowing` what the session narrowed of it.
+    pub fn decide_connect_narrowed(
+        &self,
+        host: &str,
+        port: u16,
+        identity: Option<&Identity>,
+        narrowing: Option<&profile::Narrowing>,
+    ) -> ConnectDecision<'_> {
+        match self.decide_connect_by_rules(host, port, identity, narrowing) {
             ConnectDecision::Deny(d) if self.ask.unknown && d.reason.is_policy_denial() => {
                 ConnectDecision::Intercept
             }
@@ -702,12 +714,13 @@ impl Policy {
         host: &str,
         port: u16,
         identity: Option<&Identity>,
+        narrowing: Option<&profile::Narrowing>,
     ) -> ConnectDecision<'_> {
         let mut port_miss = None;
         let mut identity_miss = None;
         let mut scheme_miss = None;
         for rule in self.candidates(host) {
-            if identity.is_some_and(|i| !i.rules.allows(&rule.name)) {
+            if !may_use(identity, narrowing, rule, host) {
                 identity_miss.get_or_insert(rule);
                 continue;
             }
@@ -743,9 +756,8 @@ impl Policy {
                 reason: Reason::IdentityNotAllowed,
                 rule: Some(rule),
                 message: format!(
-                    "no rule allows CONNECT {target}: identity '{}' may not use rule '{}'",
-                    identity.map_or(DEFAULT_IDENTITY, |i| i.name.as_str()),
-                    rule.name
+                    "no rule allows CONNECT {target}: {}",
+                    not_allowed(identity, narrowing, rule, host)
                 ),
             },
             (None, Some(rule), _) => Decision {
@@ -763,6 +775,37 @@ impl Policy {
                 message: format!("no rule allows CONNECT {target}: no rule names host {host}"),
             },
         })
+    }
+}
+
+/// Whether `identity` (narrowed by its session's `narrowing`) may use `rule` for `host`.
+fn may_use(
+    identity: Option<&Identity>,
+    narrowing: Option<&profile::Narrowing>,
+    rule: &Rule,
+    host: &str,
+) -> bool {
+    identity.is_none_or(|i| i.rules.allows(&rule.name))
+        && narrowing.is_none_or(|n| n.admits(rule, host))
+}
+
+/// Why [`may_use`] said no, in a sentence.
+fn not_allowed(
+    identity: Option<&Identity>,
+    narrowing: Option<&profile::Narrowing>,
+    rule: &Rule,
+    host: &str,
+) -> String {
+    let name = identity.map_or(DEFAULT_IDENTITY, |i| i.name.as_str());
+    match narrowing {
+        Some(n) if identity.is_none_or(|i| i.rules.allows(&rule.name)) => {
+            if n.admits_host(host) {
+                format!("this session of profile '{name}' was narrowed to secrets that rule '{}' does not stay within", rule.name)
+            } else {
+                format!("this session of profile '{name}' was narrowed to hosts that do not include {host}")
+            }
+        }
+        _ => format!("identity '{name}' may not use rule '{}'", rule.name),
     }
 }
 

@@ -77,6 +77,8 @@ pub enum Per {
     Credential,
     /// One counter for every request the limit covers.
     Global,
+    /// Each runtime session has its own (requests outside a session: per identity).
+    Session,
 }
 
 impl Per {
@@ -86,6 +88,7 @@ impl Per {
             Per::Rule => "rule",
             Per::Credential => "credential",
             Per::Global => "global",
+            Per::Session => "session",
         }
     }
 }
@@ -492,15 +495,16 @@ pub fn parse_spend(text: &str) -> Result<Quota, String> {
     Ok(Quota { amount, period })
 }
 
-/// `per = "identity" | "rule" | "credential" | "global"`.
+/// `per = "identity" | "session" | "rule" | "credential" | "global"`.
 pub fn parse_per(text: &str) -> Result<Per, String> {
     match text {
         "identity" => Ok(Per::Identity),
+        "session" => Ok(Per::Session),
         "rule" => Ok(Per::Rule),
         "credential" => Ok(Per::Credential),
         "global" => Ok(Per::Global),
         other => Err(format!(
-            "unknown per {other:?}: use \"identity\", \"rule\", \"credential\" or \"global\""
+            "unknown per {other:?}: use \"identity\", \"session\", \"rule\", \"credential\" or \"global\""
         )),
     }
 }

@@ -89,6 +89,50 @@ pub fn reach(policy: &Policy, identity: &str) -> Result<Reach, ExplainError> {
     })
 }
 
+/// The reach of a runtime session: its profile's rules that stay within its narrowing, plus a
+/// line per narrowed host, secret and limit. A session that narrows nothing reaches exactly
+/// what its profile does (the same digest).
+pub fn session_reach(
+    policy: &Policy,
+    profile: &Identity,
+    narrowing: &super::profile::Narrowing,
+) -> Reach {
+    let mut items = if narrowing.is_empty() {
+        listing(
+            policy.rules(),
+            &profile.rules,
+            policy.ask(),
+            &policy.credentials,
+        )
+    } else {
+        let rules: Vec<&Rule> = policy
+            .rules()
+            .iter()
+            .filter(|r| profile.rules.allows(&r.name) && narrowing.admits_rule(r))
+            .collect();
+        let mut items = Vec::new();
+        for rule in rules {
+            rule_items(rule, &policy.credentials, &mut items);
+        }
+        if policy.ask().unknown {
+            items.push(format!(
+                "[ask] unknown: any request no rule allows, once a person approves ({})",
+                super::facts::ask_terms(&policy.ask().terms)
+            ));
+        }
+        items.extend(narrowing.reach_items());
+        items.sort();
+        items.dedup();
+        items
+    };
+    items.dedup();
+    Reach {
+        identity: profile.name.clone(),
+        reach: digest(&items),
+        items,
+    }
+}
+
 /// Every identity's [`Ceiling`] by name (`default` alone when there are no identities).
 pub(super) fn ceilings(
     rules: &[Rule],

@@ -8,7 +8,7 @@ use toml_edit::{Item, TableLike, Value};
 
 use super::schema::{
     Claims, Report, StringMap, CREDENTIAL_KEYS, IDENTITY_KEYS, LIMIT_KEYS, NOTIFY_KEYS, PRICE_KEYS,
-    RULE_KEYS, SECRET_KEYS,
+    PROFILE_KEYS, RULE_KEYS, SECRET_KEYS,
 };
 
 /// A named table (`[secrets.NAME]`): the name, and the table or (if it is not one) its span.
@@ -254,6 +254,7 @@ impl<'a> Fields<'a> {
         let known: &[&str] = match key {
             "secrets" => SECRET_KEYS,
             "identities" => IDENTITY_KEYS,
+            "profiles" => PROFILE_KEYS,
             "notify" => NOTIFY_KEYS,
             "limits" => LIMIT_KEYS,
             "prices" => PRICE_KEYS,

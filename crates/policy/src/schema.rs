@@ -36,6 +36,8 @@ pub struct RawPolicyFile {
     pub secrets: Vec<(Spanned<String>, Entry<RawSecret>)>,
     pub rules: Vec<Entry<RawRule>>,
     pub identities: Vec<(Spanned<String>, Entry<RawIdentity>)>,
+    /// `[profiles.NAME]`: what a runtime session made from it may do.
+    pub profiles: Vec<(Spanned<String>, Entry<RawProfile>)>,
     pub credentials: Vec<(Spanned<String>, Entry<RawCredential>)>,
     /// `[ask]`, if this file has one.
     pub ask: Option<Entry<RawAsk>>,
@@ -174,6 +176,27 @@ pub struct RawIdentity {
     pub limits: LimitList,
 }
 
+/// `[profiles.NAME]`: the reviewed ceiling of every runtime session made from it.
+#[derive(Debug, Default)]
+pub struct RawProfile {
+    /// Rule names its sessions may use (`["*"]` for all); or `inherits`.
+    pub rules: Option<Spanned<Vec<Spanned<String>>>>,
+    /// An identity whose rules (and labels, limits) the profile takes.
+    pub inherits: Option<Spanned<String>>,
+    /// Labels every session of it carries.
+    pub labels: Option<Spanned<StringMap>>,
+    /// Label keys the caller must give each session.
+    pub require_labels: Option<Spanned<Vec<Spanned<String>>>>,
+    /// The longest a session may live. Required.
+    pub ttl: Option<Spanned<String>>,
+    /// `limits = ["NAME"]`: charged to every request of its sessions.
+    pub limits: LimitList,
+    /// What a session may narrow: `hosts`, `secrets`, `limits` (default: all three).
+    pub narrow: Option<Spanned<Vec<Spanned<String>>>>,
+    /// Client address ranges its sessions may come from (and be bound to).
+    pub sources: Option<Spanned<Vec<Spanned<String>>>>,
+}
+
 /// `[secrets.NAME]`: where a secret's value comes from.
 #[derive(Debug, Default)]
 pub struct RawSecret {
@@ -273,6 +296,7 @@ const TOP_KEYS: &[&str] = &[
     "secrets",
     "rules",
     "identities",
+    "profiles",
     "credentials",
     "ask",
     "notify",
@@ -281,6 +305,16 @@ const TOP_KEYS: &[&str] = &[
 ];
 pub(super) const SECRET_KEYS: &[&str] = &["source", "ttl", "timeout"];
 pub(super) const IDENTITY_KEYS: &[&str] = &["token", "sources", "rules", "labels", "limits"];
+pub(super) const PROFILE_KEYS: &[&str] = &[
+    "rules",
+    "inherits",
+    "labels",
+    "require_labels",
+    "ttl",
+    "limits",
+    "narrow",
+    "sources",
+];
 pub(super) const NOTIFY_KEYS: &[&str] = &["url", "secret", "format"];
 pub(super) const LIMIT_KEYS: &[&str] = &[
     "per",
@@ -409,6 +443,11 @@ pub(super) fn read_file(doc: &toml_edit::Table, r: &mut dyn Report) -> RawPolicy
                 };
                 (name, entry(t, r, read))
             })
+            .collect(),
+        profiles: root
+            .named_tables("profiles", r)
+            .into_iter()
+            .map(|(name, t)| (name, entry(t, r, read_profile)))
             .collect(),
         credentials: root
             .named_tables("credentials", r)
@@ -550,6 +589,19 @@ fn read_identity(t: &Fields<'_>, r: &mut dyn Report) -> RawIdentity {
         rules: t.required(r, "rules", Fields::strings),
         labels: t.string_map(r, "labels"),
         limits: t.strings(r, "limits"),
+    }
+}
+
+fn read_profile(t: &Fields<'_>, r: &mut dyn Report) -> RawProfile {
+    RawProfile {
+        rules: t.strings(r, "rules"),
+        inherits: t.string(r, "inherits"),
+        labels: t.string_map(r, "labels"),
+        require_labels: t.strings(r, "require_labels"),
+        ttl: t.required(r, "ttl", Fields::string),
+        limits: t.strings(r, "limits"),
+        narrow: t.strings(r, "narrow"),
+        sources: t.strings(r, "sources"),
     }
 }
 

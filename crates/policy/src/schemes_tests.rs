@@ -50,6 +50,7 @@ fn decide(p: &Policy, scheme: Scheme, host: &str, port: u16) -> (Reason, Option<
         method: &method,
         path: "/v1/x",
         identity: None,
+        narrowing: None,
         websocket: false,
     });
     (d.reason, d.rule_name().map(str::to_string), d.message)
@@ -135,6 +136,7 @@ fn a_credential_in_cleartext_is_refused_in_every_mode_and_never_asked_about() {
         method: &Method::GET,
         path: "/",
         identity: None,
+        narrowing: None,
         websocket: false,
     });
     assert!(

@@ -17,6 +17,7 @@ fn target<'a>(
         method,
         path,
         identity: None,
+        narrowing: None,
         websocket: false,
     }
 }

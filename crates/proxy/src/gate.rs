@@ -228,6 +228,7 @@ impl Carries for FirstRequest<'_> {
             method: &method,
             path: self.path,
             identity,
+            narrowing: None,
             // The connection's gate: each request (an upgrade too) is decided by the pipeline.
             websocket: false,
         });

@@ -200,7 +200,7 @@ fn head(reason: Reason, rule: Option<&str>, id: &str) -> HeaderMap {
     );
     h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
     match reason {
-        Reason::ProxyAuthRequired => {
+        Reason::ProxyAuthRequired | Reason::SessionRevoked | Reason::SessionExpired => {
             h.insert(
                 http::header::PROXY_AUTHENTICATE,
                 HeaderValue::from_static("Basic realm=\"latchkey\", charset=\"UTF-8\""),

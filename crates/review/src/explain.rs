@@ -213,6 +213,7 @@ pub fn explain(
     let shown = display_url(asked.scheme, &asked.host, asked.port, &asked.path);
     let target = Target {
         identity: ident,
+        narrowing: None,
         scheme: asked.scheme,
         host: &asked.host,
         port: asked.port,

@@ -10,6 +10,7 @@ pub mod reason;
 pub mod redact;
 
 pub mod cidr;
+pub mod cut;
 pub mod hop;
 pub mod host;
 pub mod json_keys;

@@ -73,6 +73,11 @@ pub enum Reason {
     ProxyAuthRequired,
     /// A rule would allow the request, but not for this identity.
     IdentityNotAllowed,
+    /// The session the client presented was revoked (`DELETE /sessions/ID`): its requests are
+    /// refused and its open connections were cut.
+    SessionRevoked,
+    /// The session the client presented has passed its `expires_at`.
+    SessionExpired,
     /// A credential could not be applied: a token endpoint failed, key material is unusable.
     CredentialFailed,
     /// Presigned query authentication sent by the sandbox on a credentialed rule.
@@ -143,7 +148,7 @@ pub enum Reason {
 
 impl Reason {
     /// Every reason, for registry tests and documentation.
-    pub const ALL: [Reason; 55] = [
+    pub const ALL: [Reason; 57] = [
         Reason::Allowed,
         Reason::Tunnel,
         Reason::NoRule,
@@ -175,6 +180,8 @@ impl Reason {
         Reason::NonPublicAddress,
         Reason::ProxyAuthRequired,
         Reason::IdentityNotAllowed,
+        Reason::SessionRevoked,
+        Reason::SessionExpired,
         Reason::CredentialFailed,
         Reason::PresignedQuery,
         Reason::AuditUnavailable,
@@ -234,6 +241,8 @@ impl Reason {
             Reason::TooManyConnections => "too_many_connections",
             Reason::NonPublicAddress => "non_public_address",
             Reason::ProxyAuthRequired => "proxy_auth_required",
+            Reason::SessionRevoked => "session_revoked",
+            Reason::SessionExpired => "session_expired",
             Reason::IdentityNotAllowed => "identity_not_allowed",
             Reason::CredentialFailed => "credential_failed",
             Reason::PresignedQuery => "presigned_query",
@@ -289,7 +298,9 @@ impl Reason {
             | Reason::RateLimited
             | Reason::BudgetExhausted
             | Reason::BudgetReserved => StatusCode::TOO_MANY_REQUESTS,
-            Reason::ProxyAuthRequired => StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+            Reason::ProxyAuthRequired | Reason::SessionRevoked | Reason::SessionExpired => {
+                StatusCode::PROXY_AUTHENTICATION_REQUIRED
+            }
             Reason::SecretUnavailable
             | Reason::TooManyConnections
             | Reason::AuditUnavailable

@@ -33,6 +33,9 @@ pub struct Idle<T> {
     /// The connection's place under the caps: it lives as long as the socket does, also
     /// after an upgrade hands it on (a CONNECT's tunnel or interception, a WebSocket).
     _slot: Option<super::ConnectionSlot>,
+    /// Thrown when the session the connection carries ends: every read and write fails from
+    /// then on, whichever task polls them (the relay of a tunnel or a WebSocket too).
+    cut: Option<Arc<crate::wire::cut::Cut>>,
 }
 
 impl<T> Idle<T> {
@@ -56,6 +59,28 @@ impl<T> Idle<T> {
             partial: Arc::new(AtomicBool::new(false)),
             heads,
             _slot: None,
+            cut: None,
+        }
+    }
+
+    /// This connection, ended by `cut` when it is thrown.
+    #[must_use]
+    pub fn cut_by(mut self, cut: Arc<crate::wire::cut::Cut>) -> Self {
+        self.cut = Some(cut);
+        self
+    }
+
+    /// Whether the connection was cut; when not, the polling task is woken by a later cut.
+    fn poll_cut(&self, cx: &mut Context<'_>, write: bool) -> Option<io::Error> {
+        let cut = self.cut.as_ref()?;
+        let polled = if write {
+            cut.poll_write_cut(cx)
+        } else {
+            cut.poll_read_cut(cx)
+        };
+        match polled {
+            Poll::Ready(e) => Some(e),
+            Poll::Pending => None,
         }
     }
 
@@ -129,6 +154,9 @@ impl<T: AsyncRead + Unpin> AsyncRead for Idle<T> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
+        if let Some(e) = this.poll_cut(cx, false) {
+            return Poll::Ready(Err(e));
+        }
         let before = buf.filled().len();
         match Pin::new(&mut this.inner).poll_read(cx, buf) {
             Poll::Ready(r) => {
@@ -154,6 +182,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Idle<T> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
+        if let Some(e) = this.poll_cut(cx, true) {
+            return Poll::Ready(Err(e));
+        }
         let r = Pin::new(&mut this.inner).poll_write(cx, buf);
         this.wrote(cx, r)
     }
@@ -166,6 +197,9 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Idle<T> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
+        if let Some(e) = this.poll_cut(cx, true) {
+            return Poll::Ready(Err(e));
+        }
         let r = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
         this.wrote(cx, r)
     }
@@ -175,7 +209,11 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Idle<T> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+        let this = self.get_mut();
+        if let Some(e) = this.poll_cut(cx, true) {
+            return Poll::Ready(Err(e));
+        }
+        Pin::new(&mut this.inner).poll_flush(cx)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -236,5 +274,28 @@ mod tests {
         assert!(partial.load(Ordering::Relaxed));
         idle.write_all(b"HTTP/1.1 200").await.expect("write");
         assert!(!partial.load(Ordering::Relaxed));
+    }
+
+    /// A cut fails a read that is already waiting (the relay of a tunnel waits on both sides)
+    /// and every write after it.
+    #[tokio::test]
+    async fn a_cut_ends_a_waiting_read_and_every_write() {
+        let (a, _b) = tokio::io::duplex(64);
+        let cut = Arc::new(crate::wire::cut::Cut::default());
+        let mut idle = Box::pin(Idle::new(a, Duration::from_secs(60)).cut_by(cut.clone()));
+        let reader = tokio::spawn(async move {
+            let mut buf = [0u8; 8];
+            let e = idle.read(&mut buf).await.expect_err("cut");
+            let w = idle.write_all(b"x").await.expect_err("cut");
+            (e.kind(), w.kind())
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        cut.throw("session_revoked");
+        let (read, write) = tokio::time::timeout(Duration::from_secs(1), reader)
+            .await
+            .expect("woken at once")
+            .expect("joined");
+        assert_eq!(read, io::ErrorKind::ConnectionAborted);
+        assert_eq!(write, io::ErrorKind::ConnectionAborted);
     }
 }

@@ -26,6 +26,7 @@ pub(super) fn decide<'a>(at: Arrived<'a>, target: Admitted) -> Result<Req<'a>, R
     let identity = identity(policy, &at.ctx.identity)?;
     let decision = policy.decide(&Target {
         identity,
+        narrowing: None,
         scheme: target.scheme,
         host: &target.host,
         port: target.port,
@@ -256,6 +257,7 @@ mod tests {
         let report = Rule::report_only();
         let target = |host, method| crate::policy::Target {
             identity: None,
+            narrowing: None,
             websocket: false,
             scheme: crate::policy::Scheme::Https,
             host,

@@ -53,7 +53,9 @@ pub(super) enum Reply {
 pub(super) fn reply_for(reason: Reason) -> Reply {
     match reason {
         Reason::UpstreamUnreachable | Reason::UpstreamTimeout => Reply::HostUnreachable,
-        r if r == Reason::ProxyAuthRequired || r.status() == http::StatusCode::FORBIDDEN => {
+        r if r.status() == http::StatusCode::PROXY_AUTHENTICATION_REQUIRED
+            || r.status() == http::StatusCode::FORBIDDEN =>
+        {
             Reply::NotAllowed
         }
         _ => Reply::GeneralFailure,

@@ -348,6 +348,7 @@ fn target<'a>(
         method,
         path,
         identity: None,
+        narrowing: None,
         websocket: false,
     }
 }

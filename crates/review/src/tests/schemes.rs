@@ -49,6 +49,7 @@ fn decide(p: &Policy, scheme: Scheme, host: &str, port: u16) -> (Reason, Option<
         method: &method,
         path: "/v1/x",
         identity: None,
+        narrowing: None,
         websocket: false,
     });
     (d.reason, d.rule_name().map(str::to_string), d.message)

@@ -1,0 +1,138 @@
+//! [`Cut`]: a switch that ends a connection from outside its task. A session's revocation (or
+//! expiry) throws the switch of every connection the session holds; the connection's IO
+//! wrapper then fails every read and write, and its serving loop stops waiting, so a tunnel, an
+//! interception, a streaming response and a WebSocket all end within a wake-up, whichever task
+//! is polling them.
+//!
+//! Thrown once, never reset. Cheap when not thrown: one atomic load per poll, and a waker kept
+//! only when a poll would otherwise wait.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+use std::task::{Context, Poll};
+
+use futures_util::task::AtomicWaker;
+
+/// The switch of one connection. Shared (`Arc`) between the connection's IO, its serving loop
+/// and whatever may end it.
+#[derive(Debug, Default)]
+pub struct Cut {
+    thrown: AtomicBool,
+    /// Why it was thrown (the reason code the IO error and the record carry).
+    why: OnceLock<&'static str>,
+    /// The task waiting to read, and the one waiting to write (they may differ: a relay).
+    read: AtomicWaker,
+    write: AtomicWaker,
+    /// Serving loops waiting on [`Cut::thrown`].
+    notify: tokio::sync::Notify,
+}
+
+impl Cut {
+    /// Throws the switch: every read and write on the connection fails from now on, and every
+    /// waiter wakes. `why` is a stable reason code (`session_revoked`). A second throw keeps
+    /// the first reason.
+    pub fn throw(&self, why: &'static str) {
+        let _ = self.why.set(why);
+        self.thrown.store(true, Ordering::Release);
+        self.read.wake();
+        self.write.wake();
+        self.notify.notify_waiters();
+    }
+
+    /// Whether the switch was thrown.
+    pub fn is_thrown(&self) -> bool {
+        self.thrown.load(Ordering::Acquire)
+    }
+
+    /// The reason it was thrown with, if it was.
+    pub fn why(&self) -> Option<&'static str> {
+        self.why.get().copied()
+    }
+
+    /// Resolves once the switch is thrown (at once if it already was).
+    pub async fn thrown(&self) {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_thrown() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// For an IO's `poll_read`: `Ready(Err)` once thrown; otherwise registers the reading task
+    /// so a later throw wakes it, and says go on.
+    pub fn poll_read_cut(&self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        Self::poll_side(self, &self.read, cx)
+    }
+
+    /// For an IO's `poll_write` (and flush, shutdown): as [`Cut::poll_read_cut`].
+    pub fn poll_write_cut(&self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        Self::poll_side(self, &self.write, cx)
+    }
+
+    fn poll_side(&self, waker: &AtomicWaker, cx: &mut Context<'_>) -> Poll<io::Error> {
+        if self.is_thrown() {
+            return Poll::Ready(self.error());
+        }
+        waker.register(cx.waker());
+        // A throw between the check and the registration woke nobody: look again.
+        if self.is_thrown() {
+            return Poll::Ready(self.error());
+        }
+        Poll::Pending
+    }
+
+    /// The error a cut connection's IO returns.
+    pub fn error(&self) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::ConnectionAborted,
+            format!("connection cut: {}", self.why().unwrap_or("cut")),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[tokio::test]
+    async fn a_waiter_wakes_when_thrown_and_the_first_reason_stays() {
+        let cut = Arc::new(Cut::default());
+        let waiter = tokio::spawn({
+            let cut = cut.clone();
+            async move { cut.thrown().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!cut.is_thrown());
+        cut.throw("session_revoked");
+        cut.throw("session_expired");
+        tokio::time::timeout(std::time::Duration::from_secs(1), waiter)
+            .await
+            .expect("woken")
+            .expect("joined");
+        assert_eq!(cut.why(), Some("session_revoked"));
+        let waker = futures_util::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        match cut.poll_read_cut(&mut cx) {
+            Poll::Ready(e) => {
+                assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted);
+                assert!(e.to_string().contains("session_revoked"));
+            }
+            Poll::Pending => panic!("a thrown cut must fail reads"),
+        }
+    }
+
+    #[test]
+    fn an_unthrown_cut_lets_io_wait() {
+        let cut = Cut::default();
+        let waker = futures_util::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        assert!(cut.poll_write_cut(&mut cx).is_pending());
+        assert_eq!(cut.why(), None);
+    }
+}
