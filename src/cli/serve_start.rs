@@ -79,6 +79,13 @@ pub(super) async fn start_state(
             .follow(redact, proxy.shutdown_signal()),
     );
     proxy.set_limiter(crate::governance::limits::Limiter::new(store.clone()));
+    // Runtime sessions: admitted on every listener, watched for ends on every replica.
+    let sessions = crate::governance::sessions::Sessions::open(store.clone())
+        .await
+        .context("--state: cannot read the sessions' shared key")?;
+    sessions.poll().await;
+    tokio::spawn(sessions.clone().watch(proxy.shutdown_signal()));
+    proxy.set_sessions(sessions);
     // The notification outbox, delivered through the guarded client.
     let worker = {
         let p = proxy.clone();

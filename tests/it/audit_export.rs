@@ -493,6 +493,7 @@ fn every_kind_of_record_the_log_writes_is_a_valid_ocsf_event() {
             .collect(),
         reach: Some(format!("sha256:{}", "cd".repeat(32))),
         session: Some("sess-1".into()),
+        profile: None,
         step: Some("step-3".into()),
         attempt: Some(2),
         trace_id: Some(TRACE_ID.into()),

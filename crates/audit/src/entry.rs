@@ -98,6 +98,7 @@ impl Entry {
                 labels: Default::default(),
                 reach: None,
                 session: None,
+                profile: None,
                 step: None,
                 attempt: None,
                 trace_id: None,
@@ -277,6 +278,15 @@ impl Entry {
     }
 
     /// The identity's ceiling: its labels and the digest of its reach.
+    /// The runtime session the request was admitted under: its id (over any session the
+    /// sandbox sent) and its profile. Its labels and reach go in with [`Self::set_ceiling`].
+    pub fn set_session(&mut self, id: &str, profile: &str) {
+        self.update(|r| {
+            r.session = Some(id.to_string());
+            r.profile = Some(profile.to_string());
+        });
+    }
+
     pub fn set_ceiling(&mut self, labels: &BTreeMap<String, String>, reach: &str) {
         self.update(|r| {
             r.labels.clone_from(labels);

@@ -71,6 +71,7 @@ fn full() -> Record {
         ]),
         reach: Some("sha256:reach".into()),
         session: Some("sess-1".into()),
+        profile: None,
         step: Some("step-7".into()),
         attempt: Some(2),
         trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736".into()),

@@ -87,6 +87,11 @@ pub struct Record {
     /// to, and which attempt at that step this is (a retry is attempt 2 of the same step).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
+    /// The profile of the runtime session the request was admitted under (then `session` is
+    /// that session's id, not what the sandbox sent, and `labels` and `reach` are the
+    /// session's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub step: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -306,6 +311,7 @@ impl Record {
             labels: self.labels.clone(),
             reach: self.reach.clone(),
             session: self.session.clone(),
+            profile: self.profile.clone(),
             step: self.step.clone(),
             attempt: self.attempt,
             trace_id: self.trace_id.clone(),
@@ -377,6 +383,7 @@ impl Record {
         }
         skip_none(out, b",\"reach\":", self.reach.as_deref())?;
         skip_none(out, b",\"session\":", self.session.as_deref())?;
+        skip_none(out, b",\"profile\":", self.profile.as_deref())?;
         skip_none(out, b",\"step\":", self.step.as_deref())?;
         if let Some(n) = self.attempt {
             out.extend_from_slice(b",\"attempt\":");
@@ -423,6 +430,8 @@ struct DecisionLine<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     session: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    profile: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     step: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     attempt: Option<u32>,
@@ -459,6 +468,7 @@ impl<'a> DecisionLine<'a> {
             labels: &r.labels,
             reach: r.reach.as_deref(),
             session: r.session.as_deref(),
+            profile: r.profile.as_deref(),
             step: r.step.as_deref(),
             attempt: r.attempt,
             trace_id: r.trace_id.as_deref(),
@@ -569,6 +579,7 @@ mod tests {
             labels: Default::default(),
             reach: Some("sha256:r".into()),
             session: None,
+            profile: None,
             step: None,
             attempt: None,
             trace_id: None,
@@ -613,7 +624,7 @@ mod tests {
             let ts = SystemTime::UNIX_EPOCH + std::time::Duration::from_millis(secs * 1000 + millis);
             let mut r = blank(ts);
             r.id = id; r.identity = identity; r.method = method; r.host = host; r.path = path;
-            r.rule = rule; r.secrets = secrets; r.original_dst = original; r.session = session;
+            r.rule = rule; r.secrets = secrets; r.original_dst = original; r.session = session.clone(); r.profile = session;
             r.step = step; r.attempt = attempt; r.trace_id = trace.clone(); r.span_id = trace;
             r.port = port; r.would_deny = would_deny;
             if approved {

@@ -58,7 +58,16 @@ pub async fn handle(proxy: Arc<Proxy>, ctx: Arc<Ctx>, req: Request<Incoming>) ->
     }
     tokio::spawn(async move {
         match hyper::upgrade::on(req).await {
-            Ok(upgraded) => serve_opened(proxy, opened, TokioIo::new(upgraded), entry).await,
+            Ok(upgraded) => {
+                serve_opened(
+                    proxy,
+                    opened,
+                    TokioIo::new(upgraded),
+                    entry,
+                    ctx.cut.clone(),
+                )
+                .await
+            }
             Err(e) => {
                 if matches!(opened, Opened::Intercept(_)) {
                     entry.outcome(Reason::TlsHandshakeFailed, None, None);
@@ -99,6 +108,8 @@ fn knock<'r>(
     Ok(Knock {
         client: ctx.client,
         identity: ctx.identity.clone(),
+        session: ctx.session.clone(),
+        cut: ctx.cut.clone(),
         host: authority.host(),
         port,
         carries: Connection,
@@ -127,9 +138,10 @@ pub(crate) async fn serve_opened<T: ClientIo>(
     opened: Opened,
     io: T,
     entry: Entry,
+    cut: Option<Arc<crate::wire::cut::Cut>>,
 ) {
     match opened {
-        Opened::Tunnel(dialed) => tunnel(io, dialed.stream, entry).await,
+        Opened::Tunnel(dialed) => tunnel(io, dialed.stream, entry, cut).await,
         Opened::Intercept(ctx) => intercept(proxy, Arc::new(ctx), io, entry).await,
     }
 }
@@ -142,20 +154,43 @@ pub(crate) async fn tunnel<T: ClientIo>(
     mut client: T,
     mut upstream: tokio::net::TcpStream,
     mut entry: Entry,
+    session_cut: Option<Arc<crate::wire::cut::Cut>>,
 ) {
     let admission = entry
         .take_held()
         .and_then(|h| h.downcast::<crate::governance::limits::Admission>().ok());
     let upload = admission.as_ref().and_then(|a| a.upload());
-    let (up, down, cut) = match upload {
-        Some(upload) => metered_tunnel(client, upstream, &upload).await,
-        None => match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
-            Ok((up, down)) => (up, down, None),
-            Err(e) => {
-                tracing::debug!(error = %e, "tunnel closed with error");
-                (0, 0, None)
+    let relay = async {
+        match upload {
+            Some(upload) => metered_tunnel(client, upstream, &upload).await,
+            None => match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+                Ok((up, down)) => (up, down, None),
+                Err(e) => {
+                    tracing::debug!(error = %e, "tunnel closed with error");
+                    (0, 0, None)
+                }
+            },
+        }
+    };
+    // The session carrying the tunnel ends: the relay is dropped, both sockets close.
+    let ended = async {
+        match &session_cut {
+            Some(c) => {
+                c.thrown().await;
+                session_end_refusal(c)
             }
-        },
+            None => std::future::pending().await,
+        }
+    };
+    let counters = entry.counters();
+    let (up, down, cut) = tokio::select! {
+        r = relay => r,
+        refusal = ended => {
+            use std::sync::atomic::Ordering;
+            let up = counters.up.load(Ordering::Relaxed);
+            let down = counters.down.load(Ordering::Relaxed);
+            (up, down, Some(refusal))
+        }
     };
     entry.carried(up, down);
     if let Some(admission) = admission {
@@ -168,6 +203,21 @@ pub(crate) async fn tunnel<T: ClientIo>(
         entry.ended(refusal.reason);
     }
     entry.finish();
+}
+
+/// The refusal a connection cut by its session's end is recorded with.
+pub(crate) fn session_end_refusal(cut: &crate::wire::cut::Cut) -> Refusal {
+    if cut.why() == Some(Reason::SessionExpired.code()) {
+        Refusal::new(
+            Reason::SessionExpired,
+            "the session carrying this connection expired",
+        )
+    } else {
+        Refusal::new(
+            Reason::SessionRevoked,
+            "the session carrying this connection was revoked",
+        )
+    }
 }
 
 /// Relays a tunnel whose upstream bytes are reserved before they go: `(up, down, the refusal

@@ -164,7 +164,11 @@ pub struct Correlation {
 impl Correlation {
     /// Writes these fields into the record.
     pub fn record(&self, r: &mut Record) {
-        r.session.clone_from(&self.session);
+        // Under an admitted runtime session (`profile` set) the record's session is that
+        // session's id: what the sandbox sent never replaces it.
+        if r.profile.is_none() {
+            r.session.clone_from(&self.session);
+        }
         r.step.clone_from(&self.step);
         r.attempt = self.attempt;
         r.trace_id = self.trace.as_ref().map(|t| t.trace_id.clone());

@@ -30,17 +30,23 @@ use http::Method;
 use super::pipeline::{self, Ctx};
 use super::{Generation, Proxy};
 use crate::audit::Entry;
+use crate::governance::sessions::{Live, Scoped};
 use crate::policy::{normalize_host, ConnectDecision, Decision, Identity, Rule};
 use crate::policy::{Scheme, Target};
 use crate::reason::{Reason, Refusal};
 use crate::upstream::{Cidr, Dialed};
+use crate::wire::cut::Cut;
 
 /// A connection at the gate: what its listener found.
 pub(crate) struct Knock<'a, C> {
     /// The sandbox's address.
     pub client: SocketAddr,
-    /// The identity the listener found for the client (a token, a source address, `default`).
+    /// The identity the listener found for the client (a token, a source address, `default`;
+    /// a session's profile).
     pub identity: Arc<str>,
+    /// The runtime session the client presented, if any, and the connection's switch.
+    pub session: Option<Arc<Live>>,
+    pub cut: Option<Arc<Cut>>,
     /// The host as sent: a CONNECT authority's, a SOCKS5 address, an SNI, a `Host` header's.
     pub host: &'a str,
     /// The port the upstream is dialed on.
@@ -118,9 +124,18 @@ async fn decide<C: Carries>(
     knock.head?;
     pipeline::audit_healthy(proxy)?;
     let identity = pipeline::identity(policy, &knock.identity)?;
+    let scoped = match &knock.session {
+        Some(live) => {
+            Some(super::session::check(proxy, policy, live, knock.cut.as_ref(), entry).await?)
+        }
+        None => None,
+    };
     let to = Admitted {
         client: knock.client,
         identity: knock.identity,
+        session: knock.session,
+        cut: knock.cut,
+        scoped,
         host,
         port: knock.port,
         original_dst: knock.original_dst,
@@ -135,6 +150,10 @@ async fn decide<C: Carries>(
 pub(crate) struct Admitted {
     client: SocketAddr,
     identity: Arc<str>,
+    session: Option<Arc<Live>>,
+    cut: Option<Arc<Cut>>,
+    /// The session's narrowing and reach under the policy in force.
+    scoped: Option<Arc<Scoped>>,
     /// Normalised ([`normalize_host`]).
     host: String,
     port: u16,
@@ -152,14 +171,25 @@ impl Admitted {
 
     /// The context the requests inside an interception go through the pipeline under.
     fn intercepted(self) -> Ctx {
-        Ctx::pinned(self.client, self.identity, self.host, self.port)
+        let mut ctx = Ctx::pinned(self.client, self.identity, self.host, self.port)
             .with_original_dst(self.original_dst)
+            .with_cut(self.cut);
+        ctx.session = self.session;
+        ctx
+    }
+
+    /// What the session narrowed, if a session is going there.
+    fn narrowing(&self) -> Option<&crate::policy::profile::Narrowing> {
+        self.scoped.as_ref().map(|s| &s.narrowing)
     }
 
     /// The context the plain-HTTP requests on the connection go through the pipeline under.
     fn plain(self) -> Ctx {
-        Ctx::pinned_plain(self.client, self.identity, self.host, self.port)
+        let mut ctx = Ctx::pinned_plain(self.client, self.identity, self.host, self.port)
             .with_original_dst(self.original_dst)
+            .with_cut(self.cut);
+        ctx.session = self.session;
+        ctx
     }
 }
 
@@ -189,7 +219,7 @@ impl Carries for Connection {
         to: Admitted,
         entry: &mut Entry,
     ) -> Result<Opened, Refusal> {
-        match policy.decide_connect(&to.host, to.port, identity) {
+        match policy.decide_connect_narrowed(&to.host, to.port, identity, to.narrowing()) {
             ConnectDecision::Deny(d) if !reported(proxy, &d) => Err(refusal_of(d)),
             ConnectDecision::Tunnel(rule) => {
                 // Checked with the tunnel rule's own ranges, before anything is dialed.
@@ -228,7 +258,7 @@ impl Carries for FirstRequest<'_> {
             method: &method,
             path: self.path,
             identity,
-            narrowing: None,
+            narrowing: to.narrowing(),
             // The connection's gate: each request (an upgrade too) is decided by the pipeline.
             websocket: false,
         });
@@ -325,7 +355,9 @@ async fn tunnel_limits(
     to: &Admitted,
     entry: &mut Entry,
 ) -> Result<(), Refusal> {
-    let limits = policy.limits_for(rule, identity);
+    let mut limits = policy.limits_for(rule, identity);
+    // A session's lowered limits count per session, on top of its profile's.
+    limits.extend(to.scoped.iter().flat_map(|s| s.narrowing.limits.iter()));
     if limits.is_empty() {
         return Ok(());
     }
@@ -338,6 +370,7 @@ async fn tunnel_limits(
     let pattern = rule.host_for(&to.host);
     let id = entry.id().to_string();
     let who = crate::governance::limits::Subject {
+        session: to.session.as_ref().map(|l| l.id.as_str()),
         identity: &to.identity,
         rule: &rule.name,
         credential: rule.credential.as_deref(),

@@ -107,6 +107,7 @@ async fn serve_http<S: ClientIo>(
         io,
     };
     let (audit_proxy, client) = (proxy.clone(), ctx.client);
+    let session_cut = ctx.cut.clone().filter(|_| ctx.session.is_some());
     let header_timeout = proxy.limits.header_timeout;
     let service = service_fn(move |req: Request<Incoming>| {
         // HTTP/1 inside TLS: the Nth request is judged by the Nth raw head (h2 needs no sniffing).
@@ -138,12 +139,20 @@ async fn serve_http<S: ClientIo>(
     let result = {
         let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
         tokio::pin!(conn);
+        let cut = session_cut.as_deref();
         tokio::select! {
             r = conn.as_mut() => r,
             () = super::stopped(&mut shutdown) => {
                 conn.as_mut().graceful_shutdown();
                 conn.await
             }
+            // The session the connection carries ended: drop it, requests in flight too.
+            () = async move {
+                match cut {
+                    Some(cut) => cut.thrown().await,
+                    None => std::future::pending().await,
+                }
+            } => return,
         }
     };
     let timed_out = result

@@ -53,6 +53,7 @@ mod request_body;
 mod respond;
 mod response;
 mod scrub_body;
+mod session;
 mod socks;
 pub mod transparent;
 mod websocket;
@@ -127,6 +128,8 @@ pub struct Proxy {
     /// `[limits]` counters on the state store, set once when serving starts; absent, a
     /// request under a limit fails closed (`limits_unavailable`).
     limiter: std::sync::OnceLock<Arc<crate::governance::limits::Limiter>>,
+    /// Runtime sessions on the state store, set once when serving starts (`session`).
+    sessions: std::sync::OnceLock<Arc<crate::governance::sessions::Sessions>>,
     /// The empty rule a request no rule allows runs under once a person approved it
     /// (`[ask] unknown`): it injects nothing and binds no secret.
     unknown_rule: crate::policy::Rule,
@@ -192,6 +195,7 @@ impl Proxy {
             pins: Arc::new(Pins::default()),
             governance: std::sync::OnceLock::new(),
             limiter: std::sync::OnceLock::new(),
+            sessions: std::sync::OnceLock::new(),
             unknown_rule: crate::policy::Rule::unknown(),
             correlator: correlate::Correlator::new(config.correlation),
         }))

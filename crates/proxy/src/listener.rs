@@ -108,9 +108,13 @@ impl Proxy {
         };
         // The slot goes with the socket: a CONNECT (tunnel, interception, WebSocket) keeps
         // counting under the caps after hyper hands the socket on.
-        let io = limits::Idle::new(stream, self.limits.idle_timeout).holding(slot);
+        // The connection's switch: thrown when the session its requests carry ends.
+        let cut = Arc::new(crate::wire::cut::Cut::default());
+        let io = limits::Idle::new(stream, self.limits.idle_timeout)
+            .holding(slot)
+            .cut_by(cut.clone());
         let partial = io.partial();
-        let ctx = Arc::new(Ctx::proxy_hop(peer, io.heads()));
+        let ctx = Arc::new(Ctx::proxy_hop(peer, io.heads()).with_cut(Some(cut.clone())));
         let proxy = self.clone();
         let service = service_fn(move |req: Request<Incoming>| {
             let proxy = proxy.clone();
@@ -148,6 +152,9 @@ impl Proxy {
                 conn.as_mut().graceful_shutdown();
                 conn.await
             }
+            // The session this connection carries ended: drop it, requests in flight too
+            // (their records are written as their bodies are dropped).
+            () = cut.thrown() => return,
         };
         if let Err(e) = result {
             if e.is_timeout() {
@@ -216,6 +223,17 @@ impl Proxy {
             .headers()
             .get(http::header::PROXY_AUTHORIZATION)
             .map(|v| v.as_bytes());
+        // A runtime session (`SESSION_ID:TOKEN`), or one bound to the client's address.
+        let session = match self.session_by_header(auth, ctx.client).await {
+            Some(admitted) => Some(admitted),
+            None if auth.is_none() => self.session_by_source(ctx.client).await.transpose(),
+            None => None,
+        };
+        match session {
+            Some(Ok(live)) => return self.in_session(req, ctx, live, &policy).await,
+            Some(Err(refusal)) => return Err(self.unidentified(req, ctx, &policy, refusal).await),
+            None => {}
+        }
         match crate::policy::identity::identify(
             policy.identities(),
             policy.secrets(),
@@ -226,12 +244,42 @@ impl Proxy {
         {
             Ok(identity) => Ok(Arc::new(ctx.identified(&identity.name))),
             Err(e) => {
-                let mut entry = crate::open_record(self, ctx.client, "unidentified", &policy).await;
-                unidentified(&mut entry, req);
                 let refusal = Refusal::new(Reason::ProxyAuthRequired, e.to_string());
-                Err(respond::refused(entry, &refusal))
+                Err(self.unidentified(req, ctx, &policy, refusal).await)
             }
         }
+    }
+
+    /// The context of a request under session `live`. One connection carries one session: a
+    /// request on it presenting another is refused (its switch is the first one's).
+    async fn in_session(
+        &self,
+        req: &Request<Incoming>,
+        ctx: &Arc<Ctx>,
+        live: Arc<crate::governance::sessions::Live>,
+        policy: &super::Generation,
+    ) -> Result<Arc<Ctx>, http::Response<upstream::Body>> {
+        if ctx.cut.as_ref().is_some_and(|cut| !cut.owned_by(&live.id)) {
+            let refusal = Refusal::new(
+                Reason::ProxyAuthRequired,
+                "this connection already carries another session; open a new connection",
+            );
+            return Err(self.unidentified(req, ctx, policy, refusal).await);
+        }
+        Ok(Arc::new(ctx.in_session(live)))
+    }
+
+    /// A `407` (or a session's `503`): the record names what was sent, under `unidentified`.
+    async fn unidentified(
+        &self,
+        req: &Request<Incoming>,
+        ctx: &Ctx,
+        policy: &super::Generation,
+        refusal: Refusal,
+    ) -> http::Response<upstream::Body> {
+        let mut entry = crate::open_record(self, ctx.client, "unidentified", policy).await;
+        unidentified(&mut entry, req);
+        respond::refused(entry, &refusal)
     }
 
     /// Audits what hyper refused before our service saw a request.

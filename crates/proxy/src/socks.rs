@@ -34,6 +34,7 @@ use super::limits::{ConnectionSlot, Idle};
 use super::pipeline::Ctx;
 use super::{Generation, Proxy};
 use crate::audit::Entry;
+use crate::governance::sessions::Live;
 use crate::reason::{Reason, Refusal};
 
 mod wire;
@@ -85,13 +86,15 @@ impl Proxy {
         // One policy for the negotiation and the decision, as for one CONNECT.
         let policy = self.policy();
         let deadline = Instant::now() + self.limits.header_timeout;
-        let identity = match self
+        let (identity, session) = match self
             .socks_identify(&mut stream, &policy, peer, deadline)
             .await
         {
-            Ok(identity) => identity,
+            Ok(found) => found,
             Err(failed) => {
-                let who = (failed.reason == Reason::ProxyAuthRequired).then_some("unidentified");
+                let who = (failed.reason.status()
+                    == http::StatusCode::PROXY_AUTHENTICATION_REQUIRED)
+                    .then_some("unidentified");
                 return self
                     .socks_refused(&mut stream, peer, who, &policy, failed)
                     .await;
@@ -116,9 +119,15 @@ impl Proxy {
             );
             return SocksReply(&mut stream).refuse(entry, &refusal).await;
         }
+        // The connection's switch: revoking its session ends it.
+        let cut = session
+            .as_ref()
+            .map(|_| Arc::new(crate::wire::cut::Cut::default()));
         let knock = Knock {
             client: peer,
             identity,
+            session,
+            cut: cut.clone(),
             host: &request.host,
             port: request.port,
             carries: Connection,
@@ -139,8 +148,11 @@ impl Proxy {
         match opened {
             Opened::Tunnel(dialed) => {
                 // The relay's idle timeout, as a CONNECT tunnel has on the proxy hop.
-                let io = Idle::without_sniffer(stream, self.limits.idle_timeout);
-                connect::serve_opened(self, Opened::Tunnel(dialed), io, entry).await;
+                let mut io = Idle::without_sniffer(stream, self.limits.idle_timeout);
+                if let Some(cut) = &cut {
+                    io = io.cut_by(cut.clone());
+                }
+                connect::serve_opened(self, Opened::Tunnel(dialed), io, entry, cut).await;
             }
             Opened::Intercept(pinned) => self.socks_serve(stream, pinned, entry).await,
         }
@@ -159,7 +171,7 @@ impl Proxy {
         policy: &Generation,
         peer: SocketAddr,
         deadline: Instant,
-    ) -> Result<Arc<str>, Failed> {
+    ) -> Result<(Arc<str>, Option<Arc<Live>>), Failed> {
         let offered = read_greeting(io, deadline).await?;
         let identities = policy.identities();
         let default = || -> Arc<str> { Arc::from(crate::policy::DEFAULT_IDENTITY) };
@@ -168,7 +180,7 @@ impl Proxy {
         };
         if identities.is_empty() && offered.none {
             send(io, &[VERSION, METHOD_NONE]).await?;
-            return Ok(default());
+            return Ok((default(), None));
         }
         if !offered.userpass {
             if identities.is_empty() {
@@ -184,24 +196,46 @@ impl Proxy {
                     "identities are configured and the greeting does not offer username/password (0x02)".into(),
                 ));
             }
+            // A session bound to this address first, then a source-address identity.
+            match self.session_by_source(peer).await {
+                Ok(Some(live)) => {
+                    send(io, &[VERSION, METHOD_NONE]).await?;
+                    return Ok((Arc::from(live.profile.as_str()), Some(live)));
+                }
+                Ok(None) => {}
+                Err(r) => return Err(refused(r.reason, r.message)),
+            }
             let found =
                 crate::policy::identity::identify(identities, policy.secrets(), None, peer.ip())
                     .await;
             return match found {
                 Ok(identity) => {
                     send(io, &[VERSION, METHOD_NONE]).await?;
-                    Ok(Arc::from(identity.name.as_str()))
+                    Ok((Arc::from(identity.name.as_str()), None))
                 }
                 Err(e) => Err(refused(Reason::ProxyAuthRequired, e.to_string())),
             };
         }
         send(io, &[VERSION, METHOD_USERPASS]).await?;
-        let token = read_credentials(io, deadline).await?;
+        let credentials = read_credentials(io, deadline).await?;
         if identities.is_empty() {
             send(io, &[AUTH_VERSION, AUTH_OK]).await?;
-            return Ok(default());
+            return Ok((default(), None));
         }
-        let authorization = as_proxy_authorization(&token);
+        // Username SESSION_ID, password TOKEN: a runtime session.
+        if let Some(admitted) = self
+            .session_by_user(&credentials.user, &credentials.password, peer)
+            .await
+        {
+            return match admitted {
+                Ok(live) => {
+                    send(io, &[AUTH_VERSION, AUTH_OK]).await?;
+                    Ok((Arc::from(live.profile.as_str()), Some(live)))
+                }
+                Err(r) => Err(Failed::new(r.reason, Answer::Auth(AUTH_FAILED), r.message)),
+            };
+        }
+        let authorization = as_proxy_authorization(credentials.token());
         let found = crate::policy::identity::identify(
             identities,
             policy.secrets(),
@@ -212,7 +246,7 @@ impl Proxy {
         match found {
             Ok(identity) => {
                 send(io, &[AUTH_VERSION, AUTH_OK]).await?;
-                Ok(Arc::from(identity.name.as_str()))
+                Ok((Arc::from(identity.name.as_str()), None))
             }
             Err(e) => Err(Failed::new(
                 Reason::ProxyAuthRequired,
@@ -234,12 +268,14 @@ impl Proxy {
             tokio::time::timeout(self.limits.header_timeout, stream.peek(&mut first)).await;
         match peeked {
             Ok(Ok(n)) if n > 0 && first[0] == TLS_HANDSHAKE => {
-                connect::serve_opened(self, Opened::Intercept(pinned), stream, entry).await;
+                connect::serve_opened(self, Opened::Intercept(pinned), stream, entry, None).await;
             }
             Ok(Ok(n)) if n > 0 => {
                 // Each request leaves its own record from here.
                 entry.dismiss();
-                let ctx = Ctx::pinned_plain(pinned.client, pinned.identity, host, port);
+                let mut ctx = Ctx::pinned_plain(pinned.client, pinned.identity, host, port)
+                    .with_cut(pinned.cut);
+                ctx.session = pinned.session;
                 super::intercepted::serve_stream(self, Arc::new(ctx), stream, false).await;
             }
             Ok(Ok(_)) => gate_refused(

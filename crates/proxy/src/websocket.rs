@@ -73,6 +73,8 @@ pub struct Guard {
     pub upload: Option<Arc<Upload>>,
     /// The rule's `mcp`: every message is matched as JSON-RPC (`mcp_socket`).
     pub mcp: Option<mcp_socket::Rules>,
+    /// The connection's switch: thrown when its session ends, closing the socket.
+    pub cut: Option<Arc<crate::wire::cut::Cut>>,
 }
 
 /// Why the relay ended, for the record.
@@ -208,6 +210,16 @@ async fn relay(
                 Some(Err(e)) => break read_failed(e, "upstream", &mut sandbox, &mut upstream).await,
                 None => break gone("upstream", &mut sandbox, None).await,
             },
+            () = cut_thrown(guard.cut.as_deref()) => {
+                let frame = || Some(CloseFrame { code: CloseCode::Policy, reason: Utf8Bytes::from_static("latchkey: the session ended") });
+                let _ = tokio::time::timeout(CLOSE_WAIT, async {
+                    let _ = sandbox.close(frame()).await;
+                    let _ = upstream.close(frame()).await;
+                }).await;
+                let why = guard.cut.as_ref().and_then(|c| c.why());
+                let reason = if why == Some(Reason::SessionExpired.code()) { Reason::SessionExpired } else { Reason::SessionRevoked };
+                break Ended { close_code: Some(1008), closed_by: "latchkey", refused: Some(reason) };
+            }
             () = super::stopped(&mut shutdown) => {
                 let frame = || Some(CloseFrame { code: CloseCode::Away, reason: Utf8Bytes::from_static("latchkey is shutting down") });
                 let _ = tokio::time::timeout(CLOSE_WAIT, async {
@@ -225,6 +237,14 @@ async fn relay(
         entry.used_secrets(used);
     }
     ended
+}
+
+/// Resolves when `cut` is thrown; never without one.
+async fn cut_thrown(cut: Option<&crate::wire::cut::Cut>) {
+    match cut {
+        Some(cut) => cut.thrown().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// A message from the sandbox: matched as JSON-RPC first under a rule with `mcp` (a refused

@@ -50,6 +50,7 @@ fn record() -> Record {
         labels: BTreeMap::from([("env".to_string(), "ci".to_string())]),
         reach: None,
         session: Some("sess-1".into()),
+        profile: None,
         step: None,
         attempt: Some(1),
         trace_id: Some("4bf92f3577b34da6a3ce929d0e0e4736".into()),

@@ -26,6 +26,8 @@ pub struct Cut {
     write: AtomicWaker,
     /// Serving loops waiting on [`Cut::thrown`].
     notify: tokio::sync::Notify,
+    /// What the switch belongs to (a session's id): one connection carries one session.
+    owner: OnceLock<String>,
 }
 
 impl Cut {
@@ -38,6 +40,12 @@ impl Cut {
         self.read.wake();
         self.write.wake();
         self.notify.notify_waiters();
+    }
+
+    /// Whether the switch belongs to `owner`: claimed by the first owner asked about, so a
+    /// connection that carried one session refuses to carry another.
+    pub fn owned_by(&self, owner: &str) -> bool {
+        self.owner.get_or_init(|| owner.to_string()) == owner
     }
 
     /// Whether the switch was thrown.

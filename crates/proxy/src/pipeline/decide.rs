@@ -26,7 +26,7 @@ pub(super) fn decide<'a>(at: Arrived<'a>, target: Admitted) -> Result<Req<'a>, R
     let identity = identity(policy, &at.ctx.identity)?;
     let decision = policy.decide(&Target {
         identity,
-        narrowing: None,
+        narrowing: at.scoped.as_ref().map(|s| &s.narrowing),
         scheme: target.scheme,
         host: &target.host,
         port: target.port,

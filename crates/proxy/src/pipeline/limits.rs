@@ -41,7 +41,10 @@ pub const MAX_METERED_BODY: usize = 8 * 1024 * 1024;
 pub(super) async fn charge(req: &mut Req<'_>) -> Result<(), Refusal> {
     let incoming = req.take_inbound()?;
     let (proxy, policy, rule) = (req.proxy, req.policy, req.rule());
-    let limits = policy.limits_for(rule, req.identity);
+    let mut limits = policy.limits_for(rule, req.identity);
+    // A session's lowered limits count per session, on top of its profile's.
+    let scoped = req.scoped.clone();
+    limits.extend(scoped.iter().flat_map(|s| s.narrowing.limits.iter()));
     if limits.is_empty() {
         req.inbound = Some(incoming);
         return Ok(());
@@ -85,6 +88,7 @@ pub(super) async fn charge(req: &mut Req<'_>) -> Result<(), Refusal> {
     let host = rule.host_for(&req.target.host);
     let request_id = req.entry.id().to_string();
     let who = Subject {
+        session: req.ctx.session.as_ref().map(|l| l.id.as_str()),
         identity: &req.ctx.identity,
         rule: &rule.name,
         credential: rule.credential.as_deref(),

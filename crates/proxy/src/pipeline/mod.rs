@@ -76,6 +76,10 @@ pub struct Ctx {
     /// On a connection the firewall redirected to `--transparent`: the address the client sent
     /// it to, for each request's record (`original_dst`).
     pub original_dst: Option<SocketAddr>,
+    /// The runtime session the client presented (then `identity` is its profile).
+    pub session: Option<Arc<crate::governance::sessions::Live>>,
+    /// The connection's switch: attached to the session, so revoking it ends the connection.
+    pub cut: Option<Arc<crate::wire::cut::Cut>>,
 }
 
 impl Ctx {
@@ -89,6 +93,8 @@ impl Ctx {
             pinned_scheme: Scheme::Https,
             heads,
             original_dst: None,
+            session: None,
+            cut: None,
         }
     }
 
@@ -102,6 +108,8 @@ impl Ctx {
             pinned_scheme: Scheme::Https,
             heads: None,
             original_dst: None,
+            session: None,
+            cut: None,
         }
     }
 
@@ -121,6 +129,22 @@ impl Ctx {
             identity: Arc::from(identity),
             ..self.clone()
         }
+    }
+
+    /// This context under runtime session `live` (its identity is the session's profile).
+    #[must_use]
+    pub fn in_session(&self, live: Arc<crate::governance::sessions::Live>) -> Self {
+        Self {
+            identity: Arc::from(live.profile.as_str()),
+            session: Some(live),
+            ..self.clone()
+        }
+    }
+
+    /// This context on a connection ended by `cut` when its session ends.
+    #[must_use]
+    pub fn with_cut(self, cut: Option<Arc<crate::wire::cut::Cut>>) -> Self {
+        Self { cut, ..self }
     }
 
     /// This context with a raw-head view of the (HTTP/1) connection the requests arrive on.
@@ -153,6 +177,16 @@ pub async fn handle(
     let correlation = admit::correlate(&proxy, &ctx, &head, &mut entry);
     // The request body, until a phase takes it: a refusal before then drains it.
     let mut body = Some(body);
+    // The session, if one carries the request: still live, still within its profile.
+    let scoped = match &ctx.session {
+        Some(live) => {
+            match super::session::check(&proxy, &policy, live, ctx.cut.as_ref(), &mut entry).await {
+                Ok(scoped) => Some(scoped),
+                Err(refusal) => return Ok(refuse(entry, body, refusal).await),
+            }
+        }
+        None => None,
+    };
     let arrived = Arrived {
         proxy: &proxy,
         ctx: &ctx,
@@ -161,6 +195,7 @@ pub async fn handle(
         body: &mut body,
         head,
         correlation,
+        scoped,
     };
     match phases(arrived).await {
         Ok(answer) => Ok(record(&proxy, answer, entry)),
@@ -285,6 +320,7 @@ fn websocket_guard(req: &Req<'_>, plan: &outgoing::Plan) -> websocket::Guard {
             rule: rule.name.clone(),
             report: proxy.report_all || rule.report,
         }),
+        cut: req.ctx.cut.clone(),
     }
 }
 

@@ -36,6 +36,8 @@ pub(super) struct Arrived<'a> {
     pub body: &'a mut Option<Incoming>,
     pub head: Parts,
     pub correlation: Correlation,
+    /// The runtime session's narrowing and reach under this policy, if a session asks.
+    pub scoped: Option<Arc<crate::governance::sessions::Scoped>>,
 }
 
 /// The request context: an admitted request policy let on, and what each phase has settled.
@@ -48,6 +50,8 @@ pub(super) struct Req<'a> {
     /// The request head; the broker phase takes it to build the upstream request.
     pub head: Parts,
     pub correlation: Correlation,
+    /// The runtime session's narrowing and reach, if a session asks.
+    pub scoped: Option<Arc<crate::governance::sessions::Scoped>>,
     /// The target in normal form (admit).
     pub target: Admitted,
     /// The identity, when the policy defines identities (identify).
@@ -84,6 +88,7 @@ impl<'a> Req<'a> {
             body: at.body,
             head: at.head,
             correlation: at.correlation,
+            scoped: at.scoped,
             target,
             identity,
             verdict,

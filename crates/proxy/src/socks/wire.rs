@@ -180,10 +180,34 @@ pub(super) async fn read_greeting<R: AsyncRead + Unpin>(
 
 /// Reads RFC 1929's `VER ULEN UNAME PLEN PASSWD`; returns the token it presents: the password,
 /// or the username when the password is empty (as for a Basic `Proxy-Authorization`).
+/// A username/password sub-negotiation's two fields, as sent.
+pub(super) struct Credentials {
+    pub user: Zeroizing<Vec<u8>>,
+    pub password: Zeroizing<Vec<u8>>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the values: the password is a token.
+        f.write_str("Credentials { .. }")
+    }
+}
+
+impl Credentials {
+    /// The token an identity is matched by: the password, or the user when there is none.
+    pub fn token(&self) -> &[u8] {
+        if self.password.is_empty() {
+            &self.user
+        } else {
+            &self.password
+        }
+    }
+}
+
 pub(super) async fn read_credentials<R: AsyncRead + Unpin>(
     io: &mut R,
     deadline: Instant,
-) -> Result<Zeroizing<Vec<u8>>, Failed> {
+) -> Result<Credentials, Failed> {
     let mut head = [0u8; 2];
     read_by(io, &mut head, deadline, "username/password").await?;
     if head[0] != AUTH_VERSION {
@@ -204,8 +228,10 @@ pub(super) async fn read_credentials<R: AsyncRead + Unpin>(
     let mut pass = Zeroizing::new([0u8; 255]);
     let pass = &mut pass[..usize::from(len[0])];
     read_by(io, pass, deadline, "username/password").await?;
-    let token = if pass.is_empty() { &*user } else { &*pass };
-    Ok(Zeroizing::new(token.to_vec()))
+    Ok(Credentials {
+        user: Zeroizing::new(user.to_vec()),
+        password: Zeroizing::new(pass.to_vec()),
+    })
 }
 
 /// Reads the request (`VER CMD RSV ATYP DST.ADDR DST.PORT`); anything but a CONNECT to a
@@ -450,10 +476,10 @@ mod tests {
     async fn credentials_present_the_password_or_the_user_when_it_is_empty() {
         let mut io: &[u8] = &[1, 2, b'c', b'i', 3, b't', b':', b'k'];
         let token = read_credentials(&mut io, far()).await.expect("read");
-        assert_eq!(token.as_slice(), b"t:k");
+        assert_eq!(token.token(), b"t:k");
         let mut io: &[u8] = &[1, 3, b't', b'o', b'k', 0];
         let token = read_credentials(&mut io, far()).await.expect("read");
-        assert_eq!(token.as_slice(), b"tok");
+        assert_eq!(token.token(), b"tok");
         let mut io: &[u8] = &[5, 1, b'x', 1, b'y'];
         let failed = read_credentials(&mut io, far()).await.expect_err("version");
         assert_eq!(failed.answer, Answer::Auth(AUTH_FAILED));

@@ -71,7 +71,9 @@ fn read_all(bytes: &[u8], sizes: &[usize]) -> Read {
         let greeting = read_greeting(&mut io, far()).await;
         let greeting = (greeting, io.rest.len());
         let mut io = Chunked::new(bytes, sizes);
-        let credentials = read_credentials(&mut io, far()).await.map(|t| t.to_vec());
+        let credentials = read_credentials(&mut io, far())
+            .await
+            .map(|t| t.token().to_vec());
         let credentials = (credentials, io.rest.len());
         let mut io = Chunked::new(bytes, sizes);
         let request = read_request(&mut io, far()).await;

@@ -113,6 +113,9 @@ struct Conn {
     stream: TcpStream,
     peer: SocketAddr,
     identity: Arc<str>,
+    /// The session bound to the client's address, if any, and the connection's switch.
+    session: Option<Arc<crate::governance::sessions::Live>>,
+    cut: Option<Arc<crate::wire::cut::Cut>>,
     policy: Arc<Generation>,
     dest: Dest,
     started: Instant,
@@ -184,10 +187,9 @@ impl Proxy {
                 return refuse(&mut stream, entry, &refusal, false).await;
             }
         }
-        let identity = match self.captured_identity(&policy, peer).await {
-            Ok(identity) => identity,
-            Err(why) => {
-                let refusal = Refusal::new(Reason::ProxyAuthRequired, why);
+        let (identity, session) = match self.captured_identity(&policy, peer).await {
+            Ok(found) => found,
+            Err(refusal) => {
                 return refuse(
                     &mut stream,
                     record("unidentified", false).await,
@@ -212,10 +214,15 @@ impl Proxy {
                 return refuse(&mut stream, entry, &Refusal::new(reason, why), false).await;
             }
         };
+        let cut = session
+            .as_ref()
+            .map(|_| Arc::new(crate::wire::cut::Cut::default()));
         let conn = |stream, seen| Conn {
             stream,
             peer,
             identity: identity.clone(),
+            session: session.clone(),
+            cut: cut.clone(),
             policy: policy.clone(),
             dest: Dest {
                 original: dest.original,
@@ -266,6 +273,8 @@ impl Proxy {
             mut stream,
             peer,
             identity,
+            session,
+            cut,
             policy,
             dest,
             started,
@@ -294,6 +303,8 @@ impl Proxy {
         let knock = Knock {
             client: peer,
             identity,
+            session,
+            cut: cut.clone(),
             host: &sni,
             port: dest.port,
             carries: Connection,
@@ -320,7 +331,7 @@ impl Proxy {
                 }
                 drop(seen);
                 let client = Client::new(stream, Vec::new(), slot);
-                connect::tunnel(client, dialed.stream, entry).await;
+                connect::tunnel(client, dialed.stream, entry, cut).await;
             }
         }
     }
@@ -332,6 +343,8 @@ impl Proxy {
             mut stream,
             peer,
             identity,
+            session,
+            cut,
             policy,
             dest,
             started,
@@ -357,6 +370,8 @@ impl Proxy {
         let knock = Knock {
             client: peer,
             identity,
+            session,
+            cut,
             host: named.authority.host(),
             port: dest.port,
             carries: FirstRequest {
@@ -404,14 +419,18 @@ impl Proxy {
         &self,
         policy: &Generation,
         peer: SocketAddr,
-    ) -> Result<Arc<str>, String> {
+    ) -> Result<(Arc<str>, Option<Arc<crate::governance::sessions::Live>>), Refusal> {
         if policy.identities().is_empty() {
-            return Ok(Arc::from(IDENTITY_DEFAULT));
+            return Ok((Arc::from(IDENTITY_DEFAULT), None));
+        }
+        // A session bound to this address first (a store that cannot answer refuses).
+        if let Some(live) = self.session_by_source(peer).await? {
+            return Ok((Arc::from(live.profile.as_str()), Some(live)));
         }
         crate::policy::identity::identify(policy.identities(), policy.secrets(), None, peer.ip())
             .await
-            .map(|identity| Arc::from(identity.name.as_str()))
-            .map_err(|e| e.to_string())
+            .map(|identity| (Arc::from(identity.name.as_str()), None))
+            .map_err(|e| Refusal::new(Reason::ProxyAuthRequired, e.to_string()))
     }
 
     /// Whether `addr` is one of latchkey's own listen addresses, as the address guard knows
