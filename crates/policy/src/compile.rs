@@ -228,6 +228,9 @@ pub fn compile_sources_with(
         },
     );
     identities.extend(profiles);
+    // Phase 3d: admin tokens and attestation issuers, which name profiles.
+    let (admin_tokens, attest) =
+        super::access::compile_access(&mut parsed, &mut errors, &identities, &mut keyed);
     // Phase 4: every secret read (or not), an error at each declaration it fails.
     let resolved = read_secrets(&parsed, &mut errors, &keyed, loading);
     if !resolved || !errors.is_empty() {
@@ -242,6 +245,8 @@ pub fn compile_sources_with(
     let digest = hasher.finish();
     let hex = hex::encode(digest);
     Ok(index(Parts {
+        admin_tokens,
+        attest,
         rules,
         ask,
         notifiers,
@@ -497,6 +502,8 @@ fn read_secrets(
 
 /// Everything a valid set of files compiled to, before it is indexed into a [`Policy`].
 struct Parts {
+    admin_tokens: Vec<super::access::AdminToken>,
+    attest: Vec<super::access::Attest>,
     rules: Vec<Rule>,
     ask: AskPolicy,
     notifiers: Vec<Notifier>,
@@ -514,6 +521,8 @@ struct Parts {
 /// Builds the host index, ordering each host's rules by precedence (see the module docs).
 fn index(parts: Parts) -> Policy {
     let Parts {
+        admin_tokens,
+        attest,
         rules,
         ask,
         notifiers,
@@ -556,6 +565,8 @@ fn index(parts: Parts) -> Policy {
         .map(|(i, _)| i)
         .collect();
     Policy {
+        admin_tokens,
+        attest,
         rules,
         capturing,
         identities,

@@ -22,6 +22,7 @@ use latchkey_signing as signing;
 use latchkey_wire as wire;
 use latchkey_wire::reason;
 
+pub mod access;
 pub mod ask;
 mod ask_compile;
 pub mod compile;
@@ -324,6 +325,10 @@ impl Rule {
 /// with (`signing::Live`); a reload builds a new policy and reconciles that state against it.
 #[derive(Debug)]
 pub struct Policy {
+    /// `[admin.tokens.NAME]`: scoped admin API tokens (values in the secret store).
+    admin_tokens: Vec<access::AdminToken>,
+    /// `[attest.NAME]`: workload-token issuers that admit sessions.
+    attest: Vec<access::Attest>,
     rules: Vec<Rule>,
     /// Indices of the rules with `capture`: looked at on every request, so kept apart.
     capturing: Vec<usize>,
@@ -435,6 +440,16 @@ impl Policy {
     /// Every credential.
     pub fn credentials(&self) -> impl Iterator<Item = &Arc<crate::signing::Credential>> {
         self.credentials.values()
+    }
+
+    /// `[admin.tokens.NAME]`, in file order.
+    pub fn admin_tokens(&self) -> &[access::AdminToken] {
+        &self.admin_tokens
+    }
+
+    /// `[attest.NAME]`, in file order.
+    pub fn attest(&self) -> &[access::Attest] {
+        &self.attest
     }
 
     /// The identities defined; empty means every client is `default` with every rule.

@@ -7,8 +7,8 @@ use toml::Spanned;
 use toml_edit::{Item, TableLike, Value};
 
 use super::schema::{
-    Claims, Report, StringMap, CREDENTIAL_KEYS, IDENTITY_KEYS, LIMIT_KEYS, NOTIFY_KEYS, PRICE_KEYS,
-    PROFILE_KEYS, RULE_KEYS, SECRET_KEYS,
+    Claims, Report, StringMap, ADMIN_TOKEN_KEYS, ATTEST_KEYS, CREDENTIAL_KEYS, IDENTITY_KEYS,
+    LIMIT_KEYS, NOTIFY_KEYS, PRICE_KEYS, PROFILE_KEYS, RULE_KEYS, SECRET_KEYS,
 };
 
 /// A named table (`[secrets.NAME]`): the name, and the table or (if it is not one) its span.
@@ -255,6 +255,8 @@ impl<'a> Fields<'a> {
             "secrets" => SECRET_KEYS,
             "identities" => IDENTITY_KEYS,
             "profiles" => PROFILE_KEYS,
+            "attest" => ATTEST_KEYS,
+            "tokens" => ADMIN_TOKEN_KEYS,
             "notify" => NOTIFY_KEYS,
             "limits" => LIMIT_KEYS,
             "prices" => PRICE_KEYS,
@@ -263,7 +265,7 @@ impl<'a> Fields<'a> {
         let mut out = Vec::new();
         for (name, value) in table.iter() {
             let name_span = key_span(table, name, &span);
-            let path = format!("{key}.{name}");
+            let path = format!("{}.{name}", self.at(key));
             let value_span = value.span().unwrap_or_else(|| name_span.clone());
             let fields = match value.as_table_like() {
                 Some(t) if key == "credentials" => {

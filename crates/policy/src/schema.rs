@@ -38,6 +38,10 @@ pub struct RawPolicyFile {
     pub identities: Vec<(Spanned<String>, Entry<RawIdentity>)>,
     /// `[profiles.NAME]`: what a runtime session made from it may do.
     pub profiles: Vec<(Spanned<String>, Entry<RawProfile>)>,
+    /// `[attest.NAME]`: workload tokens a sandbox may prove itself with.
+    pub attest: Vec<(Spanned<String>, Entry<RawAttest>)>,
+    /// `[admin.tokens.NAME]`: scoped tokens for the admin API.
+    pub admin_tokens: Vec<(Spanned<String>, Entry<RawAdminToken>)>,
     pub credentials: Vec<(Spanned<String>, Entry<RawCredential>)>,
     /// `[ask]`, if this file has one.
     pub ask: Option<Entry<RawAsk>>,
@@ -197,6 +201,26 @@ pub struct RawProfile {
     pub sources: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
+/// `[attest.NAME]`: a workload-token issuer whose tokens admit sessions of a profile.
+#[derive(Debug, Default)]
+pub struct RawAttest {
+    pub issuer: Option<Spanned<String>>,
+    /// `file:PATH` or an `https://` URL of the issuer's JWKS.
+    pub jwks: Option<Spanned<String>>,
+    pub audience: Option<Spanned<String>>,
+    pub profile: Option<Spanned<String>>,
+    /// Session label → `claim.PATH` of the token.
+    pub labels: Option<Spanned<StringMap>>,
+}
+
+/// `[admin.tokens.NAME]`: a token for the admin API and what it may do.
+#[derive(Debug, Default)]
+pub struct RawAdminToken {
+    /// A secret source (`env:VAR`, `file:PATH`, `exec:…`).
+    pub token: Option<Spanned<String>>,
+    pub scopes: Option<Spanned<Vec<Spanned<String>>>>,
+}
+
 /// `[secrets.NAME]`: where a secret's value comes from.
 #[derive(Debug, Default)]
 pub struct RawSecret {
@@ -297,6 +321,8 @@ const TOP_KEYS: &[&str] = &[
     "rules",
     "identities",
     "profiles",
+    "attest",
+    "admin",
     "credentials",
     "ask",
     "notify",
@@ -315,6 +341,9 @@ pub(super) const PROFILE_KEYS: &[&str] = &[
     "narrow",
     "sources",
 ];
+pub(super) const ATTEST_KEYS: &[&str] = &["issuer", "jwks", "audience", "profile", "labels"];
+pub(super) const ADMIN_TOKEN_KEYS: &[&str] = &["token", "scopes"];
+const ADMIN_KEYS: &[&str] = &["tokens"];
 pub(super) const NOTIFY_KEYS: &[&str] = &["url", "secret", "format"];
 pub(super) const LIMIT_KEYS: &[&str] = &[
     "per",
@@ -449,6 +478,21 @@ pub(super) fn read_file(doc: &toml_edit::Table, r: &mut dyn Report) -> RawPolicy
             .into_iter()
             .map(|(name, t)| (name, entry(t, r, read_profile)))
             .collect(),
+        attest: root
+            .named_tables("attest", r)
+            .into_iter()
+            .map(|(name, t)| (name, entry(t, r, read_attest)))
+            .collect(),
+        admin_tokens: root
+            .table(r, "admin", ADMIN_KEYS)
+            .map(|admin| {
+                admin
+                    .named_tables("tokens", r)
+                    .into_iter()
+                    .map(|(name, t)| (name, entry(t, r, read_admin_token)))
+                    .collect()
+            })
+            .unwrap_or_default(),
         credentials: root
             .named_tables("credentials", r)
             .into_iter()
@@ -589,6 +633,23 @@ fn read_identity(t: &Fields<'_>, r: &mut dyn Report) -> RawIdentity {
         rules: t.required(r, "rules", Fields::strings),
         labels: t.string_map(r, "labels"),
         limits: t.strings(r, "limits"),
+    }
+}
+
+fn read_attest(t: &Fields<'_>, r: &mut dyn Report) -> RawAttest {
+    RawAttest {
+        issuer: t.required(r, "issuer", Fields::string),
+        jwks: t.required(r, "jwks", Fields::string),
+        audience: t.required(r, "audience", Fields::string),
+        profile: t.required(r, "profile", Fields::string),
+        labels: t.string_map(r, "labels"),
+    }
+}
+
+fn read_admin_token(t: &Fields<'_>, r: &mut dyn Report) -> RawAdminToken {
+    RawAdminToken {
+        token: t.required(r, "token", Fields::string),
+        scopes: t.required(r, "scopes", Fields::strings),
     }
 }
 
