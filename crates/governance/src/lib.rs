@@ -1,6 +1,7 @@
 //! Governance: what needs a person, and telling them. Approvals for `ask` rules and unknown
 //! destinations ([`approvals`]: parked requests, durable scoped grants), the records they keep
 //! ([`record`]), signed one-click links ([`links`]) and the notification outbox ([`notify`]).
+//! Workload-token attestation ([`attest`]) verifies who a sandbox is from a signed token.
 //!
 //! Everything durable goes through the state store (`crate::state`), so a restart loses
 //! nothing and every replica sharing the store sees the same approvals. This module depends on
@@ -17,6 +18,7 @@ use latchkey_wire as wire;
 use latchkey_wire::reason;
 
 pub mod approvals;
+pub mod attest;
 pub mod export;
 pub mod limits;
 pub mod links;
