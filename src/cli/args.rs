@@ -172,6 +172,11 @@ pub enum Command {
     /// Through a running latchkey's admin API: list, show, approve, deny, and export standing
     /// grants as policy rules.
     Approvals(super::approvals::ApprovalsArgs),
+    /// Admit, list, extend and revoke runtime sessions, via the admin API.
+    ///
+    /// A session is made from a `[profiles.NAME]` of the policy, only ever narrower; its token
+    /// is shown once. Revoking it refuses its next request and cuts its connections.
+    Sessions(super::sessions::SessionsArgs),
     /// Read and check the audit log (key, verify, query, summary).
     ///
     /// Print the signing key, verify the chain and checkpoints, query records, summarise them
@@ -472,6 +477,10 @@ pub struct ServeArgs {
     /// notifications (default: http://ADMIN, the --admin address).
     #[arg(long, env = "LATCHKEY_APPROVAL_URL", value_name = "URL")]
     pub approval_url: Option<String>,
+    /// The proxy's URL as sandboxes reach it, for the `proxy_url` and `env` that
+    /// `POST /sessions` returns (default: http://LISTEN, the --listen address).
+    #[arg(long, env = "LATCHKEY_SESSION_PROXY_URL", value_name = "URL")]
+    pub session_proxy_url: Option<String>,
     /// `enforce` (default), or `report`: let policy denials through, audited with would_deny.
     #[arg(long, env = "LATCHKEY_MODE", value_enum, default_value = "enforce")]
     pub mode: Mode,

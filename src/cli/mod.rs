@@ -8,6 +8,7 @@
 //! everything below `cli` returns its own `thiserror` types. Nothing else in the crate depends
 //! on `cli`.
 
+mod admin_client;
 pub mod approvals;
 pub mod args;
 pub mod audit;
@@ -25,6 +26,7 @@ pub mod policy;
 pub mod serve;
 mod serve_help;
 mod serve_start;
+pub mod sessions;
 pub mod trust;
 
 pub use args::{AuditAction, CaAction, Cli, Command, GatewaySetupArgs, Mode, ServeArgs};

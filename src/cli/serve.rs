@@ -58,6 +58,9 @@ pub struct Server {
     approval_url: Option<String>,
     /// `--audit-ship`: the shipper, started once the proxy (and its guarded client) serves.
     ship: Option<Arc<crate::ship::Shipper>>,
+    /// What `POST /sessions` returns as a session's environment: the trust variables (the
+    /// proxy URL is added once the listener's address is known, or `--session-proxy-url`).
+    session_env: crate::admin::sessions::SessionEnv,
 }
 
 impl std::fmt::Debug for Server {
@@ -125,6 +128,7 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
     if outcome == InitOutcome::Created {
         tracing::info!(path = %ca.cert_path().display(), "created a new CA; sandboxes must trust it (latchkey env)");
     }
+    let session_env = session_env(args)?;
     let mut options = audit_options(args, &upstream)?;
     if let Some(ship) = &ship {
         options.taps.push(ship.tap());
@@ -150,7 +154,29 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
         state_lock,
         approval_url: args.approval_url.clone(),
         ship,
+        session_env,
     })
+}
+
+/// A session's environment but for its proxy URL: what `latchkey env` prints about trust (the
+/// bundle beside the CA, the JVM's truststore), written when the first session is made.
+fn session_env(args: &ServeArgs) -> anyhow::Result<crate::admin::sessions::SessionEnv> {
+    let ca_dir = args.ca_dir.clone();
+    let make: crate::admin::sessions::TrustVars = Arc::new(move || {
+        let pem = super::ca::existing_cert(&ca_dir).map_err(|e| format!("{e:#}"))?;
+        let vars = super::env::variables("http://-", &ca_dir, &pem, super::env::DEFAULT_NO_PROXY)
+            .map_err(|e| e.to_string())?;
+        Ok(vars
+            .into_iter()
+            .filter(|(k, _)| {
+                !k.eq_ignore_ascii_case("http_proxy") && !k.eq_ignore_ascii_case("https_proxy")
+            })
+            .collect())
+    });
+    Ok(crate::admin::sessions::SessionEnv::new(
+        args.session_proxy_url.clone().unwrap_or_default(),
+        make,
+    ))
 }
 
 /// The upstream settings from the flags: `--upstream-ca`, `--connect-timeout`, the
@@ -468,11 +494,16 @@ impl Server {
             let admin = l.local_addr()?;
             tracing::info!(admin.addr = %admin, "admin API ready");
             eprintln!("latchkey: admin listening on {admin}");
+            let mut env = self.session_env;
+            if env.proxy.is_empty() {
+                env.proxy = format!("http://{addr}");
+            }
             tokio::spawn(crate::admin::serve(
                 proxy.clone(),
                 l,
                 token,
                 self.ship.clone(),
+                env,
             ));
         }
         let socks = match self.socks {

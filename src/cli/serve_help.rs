@@ -164,6 +164,12 @@ const TABLE: &[(&str, &str, &str, bool)] = &[
         false,
     ),
     (
+        "session_proxy_url",
+        STATE,
+        "Proxy URL sandboxes reach, for POST /sessions' env",
+        false,
+    ),
+    (
         "capture_key",
         STATE,
         "Key sealing captured OAuth tokens",

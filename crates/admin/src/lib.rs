@@ -27,6 +27,7 @@ use latchkey_ship as ship;
 use latchkey_wire::reason;
 
 mod approvals;
+pub mod sessions;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -39,8 +40,12 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
+use crate::policy::access::AdminScope;
 use crate::proxy::Proxy;
 use crate::secrets::SecretValue;
+
+/// The admin API's OpenAPI document (checked in; a test validates every response against it).
+pub const OPENAPI: &str = include_str!("../openapi.json");
 use crate::ship::Shipper;
 
 type Body = Full<Bytes>;
@@ -71,8 +76,10 @@ pub async fn serve(
     listener: TcpListener,
     token: Option<SecretValue>,
     ship: Option<Arc<Shipper>>,
+    env: sessions::SessionEnv,
 ) {
     let token = Arc::new(token);
+    let env = Arc::new(env);
     // Keeps serving while the proxy drains, so /readyz can say 503; the process exit ends it.
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -86,15 +93,21 @@ pub async fn serve(
         let proxy = proxy.clone();
         let token = token.clone();
         let ship = ship.clone();
+        let env = env.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| {
                 let proxy = proxy.clone();
                 let token = token.clone();
                 let ship = ship.clone();
+                let env = env.clone();
                 async move {
-                    Ok::<_, Infallible>(
-                        route(&proxy, ship.as_deref(), token.as_ref().as_ref(), peer, req).await,
-                    )
+                    let served = Served {
+                        ship: ship.as_deref(),
+                        token: token.as_ref().as_ref(),
+                        env: &env,
+                        peer,
+                    };
+                    Ok::<_, Infallible>(route(&proxy, served, req).await)
                 }
             });
             let conn = hyper::server::conn::http1::Builder::new()
@@ -108,24 +121,81 @@ pub async fn serve(
     }
 }
 
-fn authorized(token: Option<&SecretValue>, req: &Request<Incoming>) -> bool {
-    let Some(token) = token else {
-        return true;
+/// Who is calling, by the token presented, and what it may do.
+struct Caller {
+    /// The policy token's name; `admin` for `--admin-token` (or no token configured).
+    name: String,
+    scopes: std::collections::BTreeSet<AdminScope>,
+}
+
+/// The caller `req`'s `Authorization: Bearer` names: `--admin-token` may do everything, a
+/// policy's `[admin.tokens.NAME]` its scopes. With no token configured at all, every caller
+/// may do everything (the listener is loopback by default). `None`: unauthorized. Every
+/// configured token is compared, each in constant time.
+async fn caller(
+    proxy: &Proxy,
+    token: Option<&SecretValue>,
+    req: &Request<Incoming>,
+) -> Option<Caller> {
+    let policy = proxy.policy();
+    let everything = || Caller {
+        name: "admin".to_string(),
+        scopes: AdminScope::ALL.into_iter().collect(),
     };
-    req.headers()
+    if token.is_none() && policy.admin_tokens().is_empty() {
+        return Some(everything());
+    }
+    let presented = req
+        .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|presented| token.ct_eq(presented.trim().as_bytes()))
+        .map(str::trim)?;
+    let mut found = token
+        .is_some_and(|t| t.ct_eq(presented.as_bytes()))
+        .then(everything);
+    for t in policy.admin_tokens() {
+        let key = crate::policy::access::admin_token_key(&t.name);
+        let Ok(value) = policy.secrets().get(&key).await else {
+            continue;
+        };
+        if value.ct_eq(presented.as_bytes()) && found.is_none() {
+            found = Some(Caller {
+                name: t.name.clone(),
+                scopes: t.scopes.clone(),
+            });
+        }
+    }
+    found
 }
 
-async fn route(
-    proxy: &Arc<Proxy>,
-    ship: Option<&Shipper>,
-    token: Option<&SecretValue>,
+/// The scope a request needs.
+fn scope_for(method: &Method, path: &str) -> AdminScope {
+    match (method, path) {
+        (&Method::POST, "/reload") => AdminScope::Reload,
+        (&Method::POST, p) if p.starts_with("/approvals/") => AdminScope::ApprovalsAnswer,
+        (&Method::POST | &Method::DELETE, p) if p == "/sessions" || p.starts_with("/sessions/") => {
+            AdminScope::SessionsWrite
+        }
+        _ => AdminScope::Read,
+    }
+}
+
+/// What every admin request is served with.
+struct Served<'a> {
+    ship: Option<&'a Shipper>,
+    token: Option<&'a SecretValue>,
+    env: &'a sessions::SessionEnv,
     peer: std::net::SocketAddr,
-    req: Request<Incoming>,
-) -> Response<Body> {
+}
+
+async fn route(proxy: &Arc<Proxy>, served: Served<'_>, req: Request<Incoming>) -> Response<Body> {
+    let Served {
+        ship,
+        token,
+        env,
+        peer,
+    } = served;
     let path = req.uri().path().to_string();
     match (req.method(), path.as_str()) {
         (&Method::GET, "/healthz") => respond(StatusCode::OK, "text/plain", "ok\n"),
@@ -148,17 +218,49 @@ async fn route(
         }
         // A signed link carries its own credential (its HMAC): no admin token.
         (_, p) if approvals::is_link(p) => approvals::link(proxy, peer, req).await,
-        _ if !authorized(token, &req) => {
-            let mut res = respond(
-                StatusCode::UNAUTHORIZED,
-                "text/plain",
-                "admin token required\n",
-            );
-            res.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                header::HeaderValue::from_static("Bearer realm=\"latchkey-admin\""),
-            );
-            res
+        _ => match caller(proxy, token, &req).await {
+            None => {
+                let mut res = respond(
+                    StatusCode::UNAUTHORIZED,
+                    "text/plain",
+                    "admin token required\n",
+                );
+                res.headers_mut().insert(
+                    header::WWW_AUTHENTICATE,
+                    header::HeaderValue::from_static("Bearer realm=\"latchkey-admin\""),
+                );
+                res
+            }
+            Some(c) if !c.scopes.contains(&scope_for(req.method(), &path)) => json(
+                StatusCode::FORBIDDEN,
+                &serde_json::json!({
+                    "error": format!(
+                        "token {:?} lacks scope {:?} for {} {path}",
+                        c.name,
+                        scope_for(req.method(), &path).as_str(),
+                        req.method()
+                    )
+                }),
+            ),
+            Some(c) => authorized_route(proxy, ship, env, peer, &c.name, req).await,
+        },
+    }
+}
+
+/// The endpoints behind the admin token, once the caller's scope allows the request.
+async fn authorized_route(
+    proxy: &Arc<Proxy>,
+    ship: Option<&Shipper>,
+    env: &sessions::SessionEnv,
+    peer: std::net::SocketAddr,
+    by: &str,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    match (req.method(), path.as_str()) {
+        (&Method::GET, "/openapi.json") => respond(StatusCode::OK, "application/json", OPENAPI),
+        (_, p) if p == "/sessions" || p.starts_with("/sessions/") => {
+            sessions::route(proxy, env, by, req).await
         }
         (&Method::GET, "/metrics") => {
             if let Some(ship) = ship {
@@ -206,7 +308,7 @@ async fn route(
         _ => respond(
             StatusCode::NOT_FOUND,
             "text/plain",
-            "not found: try /status, /metrics, /reload, /explain, /limits, /approvals, /grants, /healthz, /readyz\n",
+            "not found: try /status, /metrics, /reload, /explain, /limits, /approvals, /grants, /sessions, /openapi.json, /healthz, /readyz\n",
         ),
     }
 }

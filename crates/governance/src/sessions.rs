@@ -17,6 +17,7 @@
 //! Depends on `policy` (profiles), `state`, `wire` (the cut switch, reasons); never on `proxy`.
 
 mod admit;
+pub mod attested;
 mod store;
 mod watch;
 

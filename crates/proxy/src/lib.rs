@@ -130,6 +130,10 @@ pub struct Proxy {
     limiter: std::sync::OnceLock<Arc<crate::governance::limits::Limiter>>,
     /// Runtime sessions on the state store, set once when serving starts (`session`).
     sessions: std::sync::OnceLock<Arc<crate::governance::sessions::Sessions>>,
+    /// Each `[attest]` table's keys, cached (`session`).
+    jwks: std::sync::Mutex<
+        std::collections::HashMap<String, Arc<crate::governance::attest::JwksCache>>,
+    >,
     /// The empty rule a request no rule allows runs under once a person approved it
     /// (`[ask] unknown`): it injects nothing and binds no secret.
     unknown_rule: crate::policy::Rule,
@@ -196,6 +200,7 @@ impl Proxy {
             governance: std::sync::OnceLock::new(),
             limiter: std::sync::OnceLock::new(),
             sessions: std::sync::OnceLock::new(),
+            jwks: std::sync::Mutex::new(std::collections::HashMap::new()),
             unknown_rule: crate::policy::Rule::unknown(),
             correlator: correlate::Correlator::new(config.correlation),
         }))

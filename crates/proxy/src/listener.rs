@@ -227,7 +227,8 @@ impl Proxy {
         let session = match self.session_by_header(auth, ctx.client).await {
             Some(admitted) => Some(admitted),
             None if auth.is_none() => self.session_by_source(ctx.client).await.transpose(),
-            None => None,
+            // A workload token the policy's `[attest]` tables trust.
+            None => self.session_by_attestation(auth, ctx.client).await,
         };
         match session {
             Some(Ok(live)) => return self.in_session(req, ctx, live, &policy).await,

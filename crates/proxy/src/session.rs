@@ -15,10 +15,13 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::Proxy;
 use crate::audit::Entry;
-use crate::governance::sessions::{self, Live, Refused, Scoped, Sessions};
+use crate::governance::attest;
+use crate::governance::sessions::{self, attested, Live, Refused, Scoped, Sessions};
+use crate::policy::access::{Attest, JwksSource};
 use crate::policy::Policy;
 use crate::reason::{Reason, Refusal};
 use crate::wire::cut::Cut;
@@ -59,6 +62,79 @@ impl Proxy {
         Some(self.admit_token(id, password, client.ip()).await)
     }
 
+    /// The session a workload token proves (`Proxy-Authorization: Bearer JWT`, or Basic with
+    /// user `attest` and the token as password), when the policy has `[attest]` tables: `None`
+    /// when none is presented.
+    pub(crate) async fn session_by_attestation(
+        &self,
+        value: Option<&[u8]>,
+        client: SocketAddr,
+    ) -> Option<Result<Arc<Live>, Refusal>> {
+        let policy = self.policy();
+        if policy.attest().is_empty() {
+            return None;
+        }
+        let token = attested_token(value?)?;
+        let Some(sessions) = self.sessions() else {
+            return Some(Err(Refusal::new(
+                Reason::StateUnavailable,
+                "a workload token was presented, and latchkey has no state store for sessions",
+            )));
+        };
+        let Some(table) = attested::table_for(&policy, &token) else {
+            let e = attested::AttestRefused::NoIssuer;
+            return Some(Err(Refusal::new(e.reason(), e.to_string())));
+        };
+        let jwks = match self
+            .jwks(table, attested::token_kid(&token).as_deref())
+            .await
+        {
+            Ok(jwks) => jwks,
+            Err(e) => return Some(Err(Refusal::new(e.reason(), e.to_string()))),
+        };
+        Some(
+            sessions
+                .admit_attested(&policy, table, &jwks, &token, client.ip())
+                .await
+                .map_err(|e| Refusal::new(e.reason(), e.to_string())),
+        )
+    }
+
+    /// `table`'s keys: from its file, or fetched from its URL through the guarded client,
+    /// cached (refreshed when a token names a key the set lacks, at most every 10 s).
+    async fn jwks(
+        &self,
+        table: &Attest,
+        kid: Option<&str>,
+    ) -> Result<Arc<attest::Jwks>, attested::AttestRefused> {
+        let cache = {
+            let mut caches = self
+                .jwks
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let key = format!("{}\n{:?}", table.name, table.jwks);
+            caches
+                .entry(key)
+                .or_insert_with(|| {
+                    Arc::new(attest::JwksCache::new(
+                        Duration::from_secs(300),
+                        Duration::from_secs(10),
+                        Duration::from_secs(3600),
+                    ))
+                })
+                .clone()
+        };
+        let source = table.jwks.clone();
+        let client = self.upstream_client();
+        cache
+            .get(kid, Instant::now(), move || fetch_jwks(client, source))
+            .await
+            .map_err(|e| attested::AttestRefused::Keys {
+                table: table.name.clone(),
+                why: e.to_string(),
+            })
+    }
+
     async fn admit_token(
         &self,
         id: &str,
@@ -90,6 +166,73 @@ impl Proxy {
             .admit_source(client.ip())
             .await
             .map_err(|e| refusal(&e))
+    }
+}
+
+/// A workload token in a `Proxy-Authorization` value: `Bearer JWT`, or `Basic` with user
+/// `attest` and the token as password.
+fn attested_token(value: &[u8]) -> Option<String> {
+    use base64::Engine;
+    let text = std::str::from_utf8(value).ok()?.trim();
+    let (scheme, rest) = text.split_once(' ')?;
+    let token = if scheme.eq_ignore_ascii_case("bearer") {
+        rest.trim().to_string()
+    } else if scheme.eq_ignore_ascii_case("basic") {
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(rest.trim())
+            .ok()?;
+        let text = String::from_utf8(decoded).ok()?;
+        text.strip_prefix("attest:")?.to_string()
+    } else {
+        return None;
+    };
+    attested::looks_like_jwt(&token).then_some(token)
+}
+
+/// Reads a JWKS: a file, or an https URL through the guarded client (5 s, 256 KiB at most).
+async fn fetch_jwks(
+    client: crate::upstream::Client,
+    source: JwksSource,
+) -> Result<Vec<u8>, String> {
+    use http_body_util::BodyExt;
+    match source {
+        JwksSource::File(path) => {
+            let bytes = tokio::fs::read(&path)
+                .await
+                .map_err(|e| format!("{}: {e}", path.display()))?;
+            if bytes.len() > attest::MAX_JWKS_BYTES {
+                return Err(format!(
+                    "{}: larger than {} bytes",
+                    path.display(),
+                    attest::MAX_JWKS_BYTES
+                ));
+            }
+            Ok(bytes)
+        }
+        JwksSource::Url(url) => {
+            let req = http::Request::get(url.as_str())
+                .header(http::header::ACCEPT, "application/json")
+                .body(super::body::empty())
+                .map_err(|e| e.to_string())?;
+            let exchange = async {
+                let res = client
+                    .request(req)
+                    .await
+                    .map_err(|e| format!("{url}: {e}"))?;
+                if !res.status().is_success() {
+                    return Err(format!("{url}: status {}", res.status()));
+                }
+                let limited = http_body_util::Limited::new(res.into_body(), attest::MAX_JWKS_BYTES);
+                limited
+                    .collect()
+                    .await
+                    .map(|b| b.to_bytes().to_vec())
+                    .map_err(|e| format!("{url}: {e}"))
+            };
+            tokio::time::timeout(Duration::from_secs(5), exchange)
+                .await
+                .map_err(|_| format!("{url}: no answer within 5 s"))?
+        }
     }
 }
 
