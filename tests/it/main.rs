@@ -92,6 +92,7 @@ mod secrets_redaction;
 mod secrets_rotation;
 mod secrets_split;
 mod secrets_streaming;
+mod sessions;
 mod shutdown;
 mod socks;
 mod state_files;

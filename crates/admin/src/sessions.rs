@@ -106,7 +106,11 @@ pub async fn route(
         (Method::GET, "") => list(&sessions, req.uri().query().unwrap_or_default()).await,
         (_, "") => error(StatusCode::METHOD_NOT_ALLOWED, "use GET or POST /sessions"),
         (method, rest) => {
-            let rest = rest.trim_start_matches('/');
+            // A client may have percent-encoded the id (`ses%5F…`): ids are ASCII, decode it.
+            let decoded = percent_encoding::percent_decode_str(rest.trim_start_matches('/'))
+                .decode_utf8_lossy()
+                .into_owned();
+            let rest = decoded.as_str();
             match (method, rest.split_once('/')) {
                 (Method::GET, None) => match sessions.view(rest).await {
                     Ok(Some(v)) => json(StatusCode::OK, &to_value(&v)),

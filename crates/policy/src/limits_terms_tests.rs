@@ -205,7 +205,7 @@ fn every_rejected_form_says_why() {
         (
             |t| parse_per(t).map(drop),
             "user",
-            "use \"identity\", \"rule\"",
+            "use \"identity\", \"session\", \"rule\"",
         ),
         (
             |t| parse_on_store_error(t).map(drop),

@@ -92,7 +92,7 @@ fn every_bad_value_is_reported_at_its_value_with_its_field() {
     assert_eq!(
         e,
         [
-            "test.toml:2:7: limits.a.per: unknown per \"user\": use \"identity\", \"rule\", \"credential\" or \"global\"",
+            "test.toml:2:7: limits.a.per: unknown per \"user\": use \"identity\", \"session\", \"rule\", \"credential\" or \"global\"",
             "test.toml:3:12: limits.a.requests: \"0/min\": a budget of 0 refuses everything: remove the rule instead, or set a positive amount",
             "test.toml:4:15: limits.a.concurrency: 0 admits nothing: remove the rule instead, or allow at least 1",
             "test.toml:5:12: limits.a.bytes_up: \"50mb/day\": unknown unit \"mb\"; did you mean MB or MiB?",

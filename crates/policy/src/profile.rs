@@ -422,7 +422,9 @@ fn lower_limit(
     wide: &mut Vec<String>,
 ) -> Option<Limit> {
     let before = wide.len();
+    // Its own name (so its own counters): the profile's limit still counts beside it.
     let mut lower = Limit {
+        name: format!("{}@session", limit.name),
         per: Per::Session,
         ..limit.clone()
     };

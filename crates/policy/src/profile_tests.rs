@@ -210,6 +210,7 @@ fn narrowing_only_narrows_and_decisions_follow_it() {
     let n = &g.narrowing;
     assert_eq!(n.limits.len(), 1);
     assert_eq!(n.limits[0].per, crate::limits::Per::Session);
+    assert_eq!(n.limits[0].name, "llm@session");
     assert_eq!(n.limits[0].requests.map(|r| r.count), Some(10));
     let agent = p.identity("agent").expect("profile");
     let get = http::Method::GET;

@@ -123,13 +123,14 @@ async fn decide<C: Carries>(
     let host = admit_authority(policy, entry, knock.host, knock.port)?;
     knock.head?;
     pipeline::audit_healthy(proxy)?;
-    let identity = pipeline::identity(policy, &knock.identity)?;
+    // A session first: its refusals (ended, its profile gone) name it on the record.
     let scoped = match &knock.session {
         Some(live) => {
             Some(super::session::check(proxy, policy, live, knock.cut.as_ref(), entry).await?)
         }
         None => None,
     };
+    let identity = pipeline::identity(policy, &knock.identity)?;
     let to = Admitted {
         client: knock.client,
         identity: knock.identity,

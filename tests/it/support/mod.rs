@@ -22,6 +22,7 @@ pub mod providers;
 pub mod redis;
 pub mod secrets;
 pub mod session;
+pub mod sessions;
 pub mod toolchain;
 pub mod upstream;
 
