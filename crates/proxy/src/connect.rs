@@ -192,6 +192,13 @@ pub(crate) async fn tunnel<T: ClientIo>(
             (up, down, Some(refusal))
         }
     };
+    // The relay may have ended on the cut IO before the cut was seen: the record says why.
+    let cut = cut.or_else(|| {
+        session_cut
+            .as_deref()
+            .filter(|c| c.is_thrown())
+            .map(session_end_refusal)
+    });
     entry.carried(up, down);
     if let Some(admission) = admission {
         let prices = crate::policy::PriceTable::empty();

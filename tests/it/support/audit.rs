@@ -53,6 +53,8 @@ pub const REASONS: &[&str] = &[
     "too_many_connections",
     // Identities: an unknown or missing token, a rule the identity may not use.
     "proxy_auth_required",
+    "session_revoked",
+    "session_expired",
     "identity_not_allowed",
     // Credentials: a token exchange or signing failed after policy allowed the request; a
     // presigned-URL query on a rule whose credential latchkey signs.
