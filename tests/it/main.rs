@@ -93,6 +93,7 @@ mod secrets_rotation;
 mod secrets_split;
 mod secrets_streaming;
 mod sessions;
+mod sessions_attest;
 mod sessions_cut;
 mod shutdown;
 mod socks;

@@ -82,21 +82,39 @@ fn revoking_cuts_an_open_tunnel_and_a_streaming_response_within_a_second() {
         let streaming = scope.spawn(|| {
             let started = Instant::now();
             let out = curl(&w.lk)
-                .args(["-N", "--proxy-user", &user(&s), &format!("https://api.test:{port}/stream")])
+                .args([
+                    "-N",
+                    "--proxy-user",
+                    &user(&s),
+                    &format!("https://api.test:{port}/stream"),
+                ])
                 .run();
             (out, started.elapsed())
         });
         // Both are open and carrying bytes before the revocation.
         std::thread::sleep(Duration::from_millis(700));
-        assert!(!streaming.is_finished(), "the stream ended before the revocation");
+        assert!(
+            !streaming.is_finished(),
+            "the stream ended before the revocation"
+        );
         let revoked_at = Instant::now();
         revoke(&w.lk, s["id"].as_str().expect("id"));
         let tunnel_cut = closed_after(tunnel, revoked_at);
         let (out, _) = streaming.join().expect("streaming thread");
         let stream_cut = revoked_at.elapsed();
-        assert!(tunnel_cut < CUT_WITHIN, "the tunnel was cut after {tunnel_cut:?}");
-        assert!(stream_cut < CUT_WITHIN + Duration::from_millis(500), "the stream ended after {stream_cut:?}");
-        assert_ne!(out.exit, Some(0), "a cut stream is an error to curl: {out:#?}");
+        assert!(
+            tunnel_cut < CUT_WITHIN,
+            "the tunnel was cut after {tunnel_cut:?}"
+        );
+        assert!(
+            stream_cut < CUT_WITHIN + Duration::from_millis(500),
+            "the stream ended after {stream_cut:?}"
+        );
+        assert_ne!(
+            out.exit,
+            Some(0),
+            "a cut stream is an error to curl: {out:#?}"
+        );
         assert!(
             String::from_utf8_lossy(&out.response.body).contains("tick"),
             "the stream carried bytes first: {out:#?}"
@@ -109,10 +127,17 @@ fn revoking_cuts_an_open_tunnel_and_a_streaming_response_within_a_second() {
     assert_eq!(again.status, 407, "{again:#?}");
     assert_eq!(again.header("x-latchkey-reason"), Some("session_revoked"));
     let later = curl(&w.lk)
-        .args(["--proxy-user", &user(&s), &format!("https://other.test:{port}/after")])
+        .args([
+            "--proxy-user",
+            &user(&s),
+            &format!("https://other.test:{port}/after"),
+        ])
         .run();
     assert_eq!(later.response.status, 407);
-    assert_eq!(later.response.header("x-latchkey-reason"), Some("session_revoked"));
+    assert_eq!(
+        later.response.header("x-latchkey-reason"),
+        Some("session_revoked")
+    );
 }
 
 #[test]
@@ -134,7 +159,13 @@ fn expiry_cuts_like_a_revocation_and_says_session_expired() {
     assert_eq!(tunnel_record(&w.lk, &s)["reason"], "session_expired");
     let (_, again) = connect_as(w.lk.addr(), &format!("tunnel.test:{port}"), &basic(&s));
     assert_eq!(again.header("x-latchkey-reason"), Some("session_expired"));
-    let (_, shown) = admin_json(&w.lk, "GET", &format!("/sessions/{}", s["id"].as_str().unwrap_or_default()), None, None);
+    let (_, shown) = admin_json(
+        &w.lk,
+        "GET",
+        &format!("/sessions/{}", s["id"].as_str().unwrap_or_default()),
+        None,
+        None,
+    );
     assert_eq!(shown["state"], "expired");
 }
 
@@ -160,7 +191,11 @@ fn two_replicas_share_sessions_and_a_revoke_on_one_cuts_the_other() {
     let s = create(&a, &json!({"profile": "agent", "labels": {"task": "rep"}}));
     // Made on A, it works on B at once.
     let on_b = curl(&b)
-        .args(["--proxy-user", &user(&s), &format!("https://other.test:{port}/on-b")])
+        .args([
+            "--proxy-user",
+            &user(&s),
+            &format!("https://other.test:{port}/on-b"),
+        ])
         .run();
     assert_eq!(on_b.ok().status, 200);
     assert_eq!(records_for(&b, "/on-b", 1)[0]["session"], s["id"]);
@@ -170,12 +205,22 @@ fn two_replicas_share_sessions_and_a_revoke_on_one_cuts_the_other() {
     let revoked_at = Instant::now();
     revoke(&b, s["id"].as_str().expect("id"));
     let cut = closed_after(tunnel, revoked_at);
-    assert!(cut < CUT_WITHIN, "A's tunnel was cut {cut:?} after B revoked the session");
+    assert!(
+        cut < CUT_WITHIN,
+        "A's tunnel was cut {cut:?} after B revoked the session"
+    );
     assert_eq!(tunnel_record(&a, &s)["reason"], "session_revoked");
     let on_a = curl(&a)
-        .args(["--proxy-user", &user(&s), &format!("https://other.test:{port}/on-a")])
+        .args([
+            "--proxy-user",
+            &user(&s),
+            &format!("https://other.test:{port}/on-a"),
+        ])
         .run();
-    assert_eq!(on_a.response.header("x-latchkey-reason"), Some("session_revoked"));
+    assert_eq!(
+        on_a.response.header("x-latchkey-reason"),
+        Some("session_revoked")
+    );
 }
 
 #[test]
@@ -183,10 +228,17 @@ fn a_socks5_client_presents_its_session_as_username_and_password() {
     let w = world_with(Upstream::https, &["--socks", "127.0.0.1:0"]);
     let port = w.upstream.port();
     let socks = socks_addr(&w.lk);
-    let s = create(&w.lk, &json!({"profile": "agent", "labels": {"task": "socks"}}));
+    let s = create(
+        &w.lk,
+        &json!({"profile": "agent", "labels": {"task": "socks"}}),
+    );
     let proxy = format!("socks5h://{}@{socks}", user(&s));
     let out = crate::support::curl(&w.lk)
-        .args(["--proxy", &proxy, &format!("https://other.test:{port}/socks")])
+        .args([
+            "--proxy",
+            &proxy,
+            &format!("https://other.test:{port}/socks"),
+        ])
         .run();
     assert_eq!(out.ok().status, 200, "{out:#?}");
     let r = &records_for(&w.lk, "/socks", 1)[0];
@@ -203,7 +255,10 @@ fn a_socks5_client_presents_its_session_as_username_and_password() {
         .run();
     assert_ne!(wrong.exit, Some(0), "{wrong:#?}");
     assert!(!w.lk.audit_text().contains("lks_wrong"));
-    assert!(!w.lk.audit_text().contains(s["token"].as_str().expect("token")));
+    assert!(!w
+        .lk
+        .audit_text()
+        .contains(s["token"].as_str().expect("token")));
 }
 
 fn socks_addr(lk: &Latchkey) -> std::net::SocketAddr {

@@ -133,16 +133,11 @@ impl Sessions {
             .ok_or_else(|| refused("is not a profile".to_string()))?;
         let mut labels: BTreeMap<String, String> = identity.labels.clone();
         labels.insert("attest".to_string(), table.name.clone());
+        // A claim the token lacks leaves its label out; a label the profile requires must
+        // be there (from a claim or the profile).
         for (label, path) in &table.labels {
-            match claims.get(path) {
-                Some(v) => {
-                    labels.insert(label.clone(), v.chars().take(256).collect());
-                }
-                None => {
-                    return Err(refused(format!(
-                        "needs label {label:?} from claim.{path}, which the token does not carry"
-                    )))
-                }
+            if let Some(v) = claims.get(path) {
+                labels.insert(label.clone(), v.chars().take(256).collect());
             }
         }
         if let Some(missing) = terms
@@ -150,10 +145,11 @@ impl Sessions {
             .iter()
             .find(|k| !labels.contains_key(*k))
         {
-            return Err(refused(format!(
-                "requires label {missing:?}; map it from a claim in [attest.{}] labels",
-                table.name
-            )));
+            let from = table.labels.get(missing).map_or(
+                String::from("no claim maps to it in [attest] labels"),
+                |p| format!("the token has no claim.{p}"),
+            );
+            return Err(refused(format!("requires label {missing:?}: {from}")));
         }
         let now = now_ms();
         let max = now + terms.max_ttl.as_millis() as u64;
