@@ -271,3 +271,71 @@ fn socks_addr(lk: &Latchkey) -> std::net::SocketAddr {
         .parse()
         .expect("socks address")
 }
+
+#[test]
+fn revoking_closes_an_open_websocket_with_a_policy_close_and_a_record() {
+    use crate::support::credentials::PyServer;
+    let ca = TestCa::new();
+    let (cert, key) = ca.issue_pem_files(crate::support::ca::UPSTREAM_NAMES, "ws");
+    let server = PyServer::start("ws_echo.py", &cert, &key, &[]);
+    let port = server.port();
+    let lk = latchkey()
+        .upstream_ca(&ca)
+        .pin("api.test")
+        .policy(
+            "main.toml",
+            &format!(
+                r#"
+[[rules]]
+name      = "realtime"
+hosts     = ["api.test"]
+ports     = [{port}]
+websocket = true
+
+[profiles.agent]
+rules = ["realtime"]
+ttl   = "1h"
+"#
+            ),
+        )
+        .run();
+    let s = create(&lk, &json!({"profile": "agent"}));
+    let proxy = format!("http://{}@{}", user(&s), lk.addr());
+    let mut cmd = std::process::Command::new(crate::support::toolchain::python());
+    cmd.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/ws_echo.py"))
+        .arg("hold")
+        .arg(format!("wss://api.test:{port}/socket"))
+        .arg(lk.ca_pem_path())
+        .arg(&proxy)
+        .arg("1")
+        .arg("262144")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    for var in crate::support::latchkey::SCRUBBED_ENV {
+        cmd.env_remove(var);
+    }
+    let child = cmd.spawn().expect("ws_echo.py hold");
+    // Wait for the socket to be open (its handshake recorded as a decision).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !lk
+        .decision_records()
+        .iter()
+        .any(|r| r["path"] == "/socket" && r["decision"] == "allow")
+    {
+        assert!(Instant::now() < deadline, "the WebSocket never opened: {}", lk.stderr_text());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let revoked_at = Instant::now();
+    revoke(&lk, s["id"].as_str().expect("id"));
+    let r = records_for(&lk, "/socket", 1).remove(0);
+    let recorded = revoked_at.elapsed();
+    assert!(recorded < CUT_WITHIN, "the socket's record came {recorded:?} after the revocation");
+    let out = child.wait_with_output().expect("ws client");
+    let v: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("ws client ({e}): {out:?}"));
+    assert_eq!(v["close_codes"], json!([1008]), "{v}");
+    assert_eq!(r["reason"], "session_revoked", "{r:#}");
+    assert_eq!(r["websocket"]["close_code"], 1008, "{r:#}");
+    assert_eq!(r["session"], s["id"]);
+}

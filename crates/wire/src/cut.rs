@@ -11,6 +11,12 @@ use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+/// How long after a throw writes still go through: long enough for a last word (a WebSocket's
+/// close frame, written by a task that stops right after), never long enough to matter. Reads
+/// fail at once.
+pub const WRITE_GRACE: Duration = Duration::from_millis(100);
 
 use futures_util::task::AtomicWaker;
 
@@ -21,6 +27,8 @@ pub struct Cut {
     thrown: AtomicBool,
     /// Why it was thrown (the reason code the IO error and the record carry).
     why: OnceLock<&'static str>,
+    /// When it was thrown.
+    at: OnceLock<Instant>,
     /// The task waiting to read, and the one waiting to write (they may differ: a relay).
     read: AtomicWaker,
     write: AtomicWaker,
@@ -36,6 +44,7 @@ impl Cut {
     /// the first reason.
     pub fn throw(&self, why: &'static str) {
         let _ = self.why.set(why);
+        let _ = self.at.set(Instant::now());
         self.thrown.store(true, Ordering::Release);
         self.read.wake();
         self.write.wake();
@@ -77,8 +86,12 @@ impl Cut {
         Self::poll_side(self, &self.read, cx)
     }
 
-    /// For an IO's `poll_write` (and flush, shutdown): as [`Cut::poll_read_cut`].
+    /// For an IO's `poll_write` (and flush): as [`Cut::poll_read_cut`], but writes still go
+    /// through for [`WRITE_GRACE`] after the throw.
     pub fn poll_write_cut(&self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        if self.is_thrown() && self.at.get().is_some_and(|t| t.elapsed() < WRITE_GRACE) {
+            return Poll::Pending;
+        }
         Self::poll_side(self, &self.write, cx)
     }
 
@@ -133,6 +146,18 @@ mod tests {
             }
             Poll::Pending => panic!("a thrown cut must fail reads"),
         }
+    }
+
+    #[test]
+    fn writes_go_through_for_a_moment_after_a_throw_reads_never() {
+        let cut = Cut::default();
+        cut.throw("session_revoked");
+        let waker = futures_util::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        assert!(cut.poll_write_cut(&mut cx).is_pending());
+        assert!(cut.poll_read_cut(&mut cx).is_ready());
+        std::thread::sleep(WRITE_GRACE + Duration::from_millis(20));
+        assert!(cut.poll_write_cut(&mut cx).is_ready());
     }
 
     #[test]
