@@ -37,6 +37,12 @@ pub struct QueryArgs {
     /// Only records of this identity.
     #[arg(long, env = "LATCHKEY_QUERY_IDENTITY", value_name = "NAME")]
     pub identity: Option<String>,
+    /// Only records of this runtime session (`ses_…`).
+    #[arg(long, value_name = "ID")]
+    pub session: Option<String>,
+    /// Only records admitted under a session of this profile.
+    #[arg(long, value_name = "NAME")]
+    pub profile: Option<String>,
     /// Only records for this host; `*` matches any run of characters (`*.example.com`: every
     /// subdomain of example.com).
     #[arg(long, value_name = "HOST", value_parser = host_pattern)]
@@ -91,6 +97,12 @@ pub struct SummaryArgs {
     /// Only this identity.
     #[arg(long, env = "LATCHKEY_SUMMARY_IDENTITY", value_name = "NAME")]
     pub identity: Option<String>,
+    /// Only this profile's sessions.
+    #[arg(long, value_name = "NAME")]
+    pub profile: Option<String>,
+    /// `identity` (default), or `session`: each runtime session apart.
+    #[arg(long, value_enum, default_value = "identity")]
+    pub by: ByArg,
     /// `text` or `json`.
     #[arg(
         long,
@@ -99,6 +111,12 @@ pub struct SummaryArgs {
         default_value = "text"
     )]
     pub format: SummaryFormat,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ByArg {
+    Identity,
+    Session,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -147,6 +165,8 @@ pub(crate) fn instant(v: &str) -> Result<SystemTime, read::ReadError> {
 pub fn query(args: &QueryArgs) -> anyhow::Result<ExitCode> {
     let filter = Filter {
         identity: args.identity.clone(),
+        session: args.session.clone(),
+        profile: args.profile.clone(),
         host: args.host.clone(),
         decision: args.decision.map(|d| match d {
             DecisionArg::Allow => Verdict::Allow,
@@ -192,6 +212,7 @@ pub fn query(args: &QueryArgs) -> anyhow::Result<ExitCode> {
 pub fn summary(args: &SummaryArgs) -> anyhow::Result<ExitCode> {
     let filter = Filter {
         identity: args.identity.clone(),
+        profile: args.profile.clone(),
         since: args.since,
         until: args.until,
         ..Filter::default()
@@ -200,6 +221,10 @@ pub fn summary(args: &SummaryArgs) -> anyhow::Result<ExitCode> {
     let mut reader = Reader::from_files(files.clone());
     let mut requests = Requests::new(Rows::PerRequest, filter);
     let mut summary = Summary::default();
+    summary.by = match args.by {
+        ByArg::Identity => read::GroupBy::Identity,
+        ByArg::Session => read::GroupBy::Session,
+    };
     let mut damage = Warnings::default();
     let mut released = Vec::new();
     loop {
@@ -492,10 +517,10 @@ fn summary_text(s: &Summary, files: usize) -> String {
 
 fn identity_text(out: &mut String, id: &IdentitySummary) {
     use std::fmt::Write as _;
-    let name = if id.identity.is_empty() {
-        "(none)"
-    } else {
-        &id.identity
+    let name = match &id.session {
+        Some(session) => format!("{session} ({})", id.identity),
+        None if id.identity.is_empty() => "(none)".to_string(),
+        None => id.identity.clone(),
     };
     let labels: Vec<String> = id.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
     if labels.is_empty() {

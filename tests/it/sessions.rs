@@ -511,3 +511,79 @@ fn latchkey_sessions_drives_the_api_from_a_terminal() {
     assert_eq!(shown["state"], "revoked");
     assert_eq!(shown["revoked_by"], "admin");
 }
+
+#[test]
+fn audit_query_and_summary_find_each_sessions_requests() {
+    let w = world();
+    let port = w.upstream.port();
+    let a = create(
+        &w.lk,
+        &json!({"profile": "agent", "labels": {"task": "qa"}}),
+    );
+    let b = create(
+        &w.lk,
+        &json!({"profile": "agent", "labels": {"task": "qb"}}),
+    );
+    for (s, n) in [(&a, 2), (&b, 1)] {
+        for i in 0..n {
+            let url = format!("https://other.test:{port}/q{i}");
+            assert_eq!(
+                curl(&w.lk)
+                    .args(["--proxy-user", &user(s), &url])
+                    .run()
+                    .ok()
+                    .status,
+                200
+            );
+        }
+    }
+    records_for(&w.lk, "/q0", 2);
+    let audit = w.lk.scratch().join("audit.jsonl");
+    let audit = audit.display().to_string();
+    let id_a = a["id"].as_str().expect("id");
+    let q = run_cli([
+        "audit",
+        "query",
+        &audit,
+        "--session",
+        id_a,
+        "--format",
+        "json",
+    ]);
+    assert_eq!(q.code(), Some(0), "{q:#?}");
+    let rows: Vec<Value> = q
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{rows:#?}");
+    assert!(rows.iter().all(|r| r["session"] == id_a));
+    let by = run_cli([
+        "audit", "summary", &audit, "--by", "session", "--format", "json",
+    ]);
+    assert_eq!(by.code(), Some(0), "{by:#?}");
+    let v: Value = serde_json::from_str(&by.stdout).expect("summary json");
+    let groups = v["identities"].as_array().expect("groups");
+    let of = |id: &str| {
+        groups
+            .iter()
+            .find(|g| g["session"] == id)
+            .unwrap_or_else(|| panic!("no group for {id}: {v:#}"))
+    };
+    assert_eq!(of(id_a)["requests"], 2);
+    assert_eq!(of(b["id"].as_str().expect("id"))["requests"], 1);
+    assert_eq!(of(id_a)["identity"], "agent");
+    let text = run_cli([
+        "audit",
+        "summary",
+        &audit,
+        "--by",
+        "session",
+        "--profile",
+        "agent",
+    ]);
+    assert!(
+        text.stdout.contains(&format!("{id_a} (agent)")),
+        "{text:#?}"
+    );
+}

@@ -302,15 +302,18 @@ ttl   = "1h"
     let s = create(&lk, &json!({"profile": "agent"}));
     let proxy = format!("http://{}@{}", user(&s), lk.addr());
     let mut cmd = std::process::Command::new(crate::support::toolchain::python());
-    cmd.arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients/ws_echo.py"))
-        .arg("hold")
-        .arg(format!("wss://api.test:{port}/socket"))
-        .arg(lk.ca_pem_path())
-        .arg(&proxy)
-        .arg("1")
-        .arg("262144")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
+    cmd.arg(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/clients/ws_echo.py"
+    ))
+    .arg("hold")
+    .arg(format!("wss://api.test:{port}/socket"))
+    .arg(lk.ca_pem_path())
+    .arg(&proxy)
+    .arg("1")
+    .arg("262144")
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped());
     for var in crate::support::latchkey::SCRUBBED_ENV {
         cmd.env_remove(var);
     }
@@ -322,7 +325,11 @@ ttl   = "1h"
         .iter()
         .any(|r| r["path"] == "/socket" && r["decision"] == "allow")
     {
-        assert!(Instant::now() < deadline, "the WebSocket never opened: {}", lk.stderr_text());
+        assert!(
+            Instant::now() < deadline,
+            "the WebSocket never opened: {}",
+            lk.stderr_text()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_millis(300));
@@ -330,10 +337,13 @@ ttl   = "1h"
     revoke(&lk, s["id"].as_str().expect("id"));
     let r = records_for(&lk, "/socket", 1).remove(0);
     let recorded = revoked_at.elapsed();
-    assert!(recorded < CUT_WITHIN, "the socket's record came {recorded:?} after the revocation");
+    assert!(
+        recorded < CUT_WITHIN,
+        "the socket's record came {recorded:?} after the revocation"
+    );
     let out = child.wait_with_output().expect("ws client");
-    let v: Value = serde_json::from_slice(&out.stdout)
-        .unwrap_or_else(|e| panic!("ws client ({e}): {out:?}"));
+    let v: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("ws client ({e}): {out:?}"));
     assert_eq!(v["close_codes"], json!([1008]), "{v}");
     assert_eq!(r["reason"], "session_revoked", "{r:#}");
     assert_eq!(r["websocket"]["close_code"], 1008, "{r:#}");

@@ -106,6 +106,12 @@ pub struct Fields {
     pub usage: Option<Usage>,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// The runtime session (or the session header's value, without `profile`).
+    #[serde(default)]
+    pub session: Option<String>,
+    /// The profile of the runtime session the request was admitted under.
+    #[serde(default)]
+    pub profile: Option<String>,
     #[serde(default)]
     checkpoint: Option<serde::de::IgnoredAny>,
 }

@@ -132,6 +132,17 @@ fn filters_combine_with_and() {
         rule: Some("api".into()),
         since: Some(at("2026-05-01T10:00:00Z")),
         until: Some(at("2026-05-01T10:00:01Z")),
+        session: None,
+        profile: None,
+    }));
+    // A session or profile filter passes only records that carry them.
+    assert!(!pass(Filter {
+        session: Some("ses_00000000000000000000000000000000".into()),
+        ..Filter::default()
+    }));
+    assert!(!pass(Filter {
+        profile: Some("agent".into()),
+        ..Filter::default()
     }));
     assert!(!pass(Filter {
         identity: Some("ci".into()),

@@ -218,8 +218,25 @@ pub struct Gauges {
     pub policy_info: String,
     /// Whether the audit log's last write succeeded (traffic is refused while it is not).
     pub audit_healthy: bool,
-    /// Each `[limits]` counter this process has charged, as last seen.
+    /// Each `[limits]` counter this process has charged, as last seen (never a per-session
+    /// key: a session id is an unbounded label).
     pub limits: Vec<LimitGauge>,
+    /// Runtime sessions on this replica, once serving set them up.
+    pub sessions: Option<SessionGauges>,
+}
+
+/// Runtime sessions as this replica sees them: by profile, never by session id.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SessionGauges {
+    /// Sessions admitted here and not ended, by profile.
+    pub live: Vec<(String, u64)>,
+    pub created: u64,
+    pub revoked: u64,
+    pub expired: u64,
+    pub admitted: u64,
+    pub refused: u64,
+    /// Admissions that had to read the store (a first presentation, or the cache not fresh).
+    pub store_reads: u64,
 }
 
 /// One limit counter for `latchkey_limit_used` / `latchkey_limit_remaining`.
@@ -477,6 +494,9 @@ impl Snapshot {
         )?;
         let labels = [("digest", g.policy_info.as_str())];
         ConstGauge::new(1u64).encode(info.encode_family(&labels)?)?;
+        if let Some(s) = &g.sessions {
+            encode_sessions(s, e)?;
+        }
         // Present once a limit has been charged (a policy without [limits] adds nothing).
         if g.limits.is_empty() {
             return Ok(());
@@ -505,6 +525,38 @@ impl Snapshot {
         }
         Ok(())
     }
+}
+
+/// Runtime sessions: live by profile, and what happened to them (never by session id).
+fn encode_sessions(s: &SessionGauges, e: &mut DescriptorEncoder) -> std::fmt::Result {
+    let mut live = e.encode_descriptor(
+        "latchkey_sessions_live",
+        "Runtime sessions admitted on this replica and not ended, by profile.",
+        None,
+        MetricType::Gauge,
+    )?;
+    for (profile, n) in &s.live {
+        let labels = [("profile", profile.as_str())];
+        ConstGauge::new(*n).encode(live.encode_family(&labels)?)?;
+    }
+    let mut events = e.encode_descriptor(
+        "latchkey_session_events",
+        "Runtime session events on this replica: created, revoked, expired (by the watcher), admitted and refused presentations, and admissions that read the state store.",
+        None,
+        MetricType::Counter,
+    )?;
+    for (event, v) in [
+        ("created", s.created),
+        ("revoked", s.revoked),
+        ("expired", s.expired),
+        ("admitted", s.admitted),
+        ("refused", s.refused),
+        ("store_read", s.store_reads),
+    ] {
+        let labels = [("event", event)];
+        ConstCounter::new(v).encode(events.encode_family(&labels)?)?;
+    }
+    Ok(())
 }
 
 /// The audit shipper's backlog and uploads (`--audit-ship`).
@@ -662,8 +714,40 @@ latchkey_policy_info{digest="sha256:ab"} 1
             policy_info: "sha256:ab".into(),
             audit_healthy: true,
             limits: Vec::new(),
+            sessions: None,
         });
         assert_eq!(text, EXPOSITION);
+    }
+
+    #[test]
+    fn sessions_are_by_profile_and_never_by_id() {
+        let text = Metrics::default().render(&Gauges {
+            connections_active: 0,
+            uptime_seconds: 0.0,
+            policy_rules: 0,
+            policy_info: String::new(),
+            audit_healthy: true,
+            limits: Vec::new(),
+            sessions: Some(SessionGauges {
+                live: vec![("agent".to_string(), 3)],
+                created: 4,
+                revoked: 1,
+                ..SessionGauges::default()
+            }),
+        });
+        assert!(
+            text.contains("latchkey_sessions_live{profile=\"agent\"} 3"),
+            "{text}"
+        );
+        assert!(
+            text.contains("latchkey_session_events_total{event=\"created\"} 4"),
+            "{text}"
+        );
+        assert!(
+            text.contains("latchkey_session_events_total{event=\"revoked\"} 1"),
+            "{text}"
+        );
+        assert!(!text.contains("ses_"));
     }
 
     #[test]

@@ -323,6 +323,8 @@ impl Proxy {
                 .map(|l| {
                     l.counters()
                         .into_iter()
+                        // Per-session counters are keyed by session id: unbounded, never a label.
+                        .filter(|c| !c.key.starts_with("session:"))
                         .map(|c| crate::metrics::LimitGauge {
                             limit: c.limit,
                             measure: c.measure,
@@ -333,6 +335,19 @@ impl Proxy {
                         .collect()
                 })
                 .unwrap_or_default(),
+            sessions: self.sessions().map(|s| {
+                use std::sync::atomic::Ordering::Relaxed;
+                let c = &s.counters;
+                crate::metrics::SessionGauges {
+                    live: s.cached_by_profile().into_iter().collect(),
+                    created: c.created.load(Relaxed),
+                    revoked: c.revoked.load(Relaxed),
+                    expired: c.expired.load(Relaxed),
+                    admitted: c.admitted.load(Relaxed),
+                    refused: c.refused.load(Relaxed),
+                    store_reads: c.store_reads.load(Relaxed),
+                }
+            }),
         }
     }
 

@@ -157,6 +157,10 @@ impl Verdict {
 #[derive(Debug, Clone, Default)]
 pub struct Filter {
     pub identity: Option<String>,
+    /// Only records of this runtime session (its id).
+    pub session: Option<String>,
+    /// Only records admitted under a session of this profile.
+    pub profile: Option<String>,
     pub host: Option<HostPattern>,
     pub decision: Option<Verdict>,
     pub reason: Option<&'static str>,
@@ -169,6 +173,14 @@ impl Filter {
     pub fn matches(&self, r: &Line) -> bool {
         let f = &r.fields;
         self.identity.as_ref().is_none_or(|i| *i == f.identity)
+            && self
+                .session
+                .as_ref()
+                .is_none_or(|s| f.session.as_ref() == Some(s))
+            && self
+                .profile
+                .as_ref()
+                .is_none_or(|p| f.profile.as_ref() == Some(p))
             && self
                 .host
                 .as_ref()

@@ -56,10 +56,13 @@ pub struct UsageTotals {
     pub cost: Option<f64>,
 }
 
-/// One identity's requests, summed.
+/// One identity's requests (or one session's: [`GroupBy::Session`]), summed.
 #[derive(Debug, Clone, Serialize)]
 pub struct IdentitySummary {
     pub identity: String,
+    /// Grouped by session: the session's id (`None`: requests under no runtime session).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
     /// One per request (its outcome, or its decision when no outcome followed).
     pub requests: u64,
     pub allowed: u64,
@@ -95,6 +98,7 @@ impl IdentitySummary {
     pub(super) fn new(identity: &str) -> Self {
         Self {
             identity: identity.to_string(),
+            session: None,
             requests: 0,
             allowed: 0,
             denied: 0,
@@ -171,9 +175,20 @@ impl IdentitySummary {
     }
 }
 
-/// Per identity, what its requests did.
+/// What a summary groups requests by.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GroupBy {
+    #[default]
+    Identity,
+    /// Each runtime session apart (requests under none grouped by identity).
+    Session,
+}
+
+/// Per identity (or session), what its requests did.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Summary {
+    pub by: GroupBy,
     /// Sorted by identity.
     pub identities: Vec<IdentitySummary>,
     /// Requests of identities past [`MAX_IDENTITIES`], counted only.
@@ -185,13 +200,20 @@ pub struct Summary {
 impl Summary {
     /// Adds one row (from [`Requests`] in [`Rows::PerRequest`]).
     pub fn add(&mut self, row: &Line) {
-        let name = row.fields.identity.as_str();
-        if let Some(s) = self.by_name.get_mut(name) {
+        let f = &row.fields;
+        // By session: only an admitted session (`profile` set) is a group of its own.
+        let session = match self.by {
+            GroupBy::Session => f.session.as_deref().filter(|_| f.profile.is_some()),
+            GroupBy::Identity => None,
+        };
+        let key = session.unwrap_or(f.identity.as_str());
+        if let Some(s) = self.by_name.get_mut(key) {
             s.add(row);
         } else if self.by_name.len() < MAX_IDENTITIES {
-            let mut s = IdentitySummary::new(name);
+            let mut s = IdentitySummary::new(&f.identity);
+            s.session = session.map(str::to_string);
             s.add(row);
-            self.by_name.insert(name.to_string(), s);
+            self.by_name.insert(key.to_string(), s);
         } else {
             self.untracked_requests += 1;
         }
