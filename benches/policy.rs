@@ -85,6 +85,7 @@ fn decide(c: &mut Criterion) {
             method,
             path,
             identity: None,
+            narrowing: None,
             websocket: false,
         };
         group.bench_function(name, |b| {

@@ -11,6 +11,7 @@
 
 mod support;
 
+mod admin_openapi;
 mod approvals;
 mod approvals_admin;
 mod approvals_notify;

@@ -300,7 +300,7 @@ async fn authorized_route(
                 None => respond(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
             }
         }
-        (_, "/healthz" | "/readyz" | "/metrics" | "/status" | "/reload" | "/explain" | "/limits") => respond(
+        (_, "/healthz" | "/readyz" | "/metrics" | "/status" | "/reload" | "/explain" | "/limits" | "/openapi.json") => respond(
             StatusCode::METHOD_NOT_ALLOWED,
             "text/plain",
             "method not allowed\n",

@@ -17,6 +17,7 @@ pub mod clients;
 pub mod credentials;
 pub mod latchkey;
 pub mod netns;
+pub mod openapi;
 pub mod problems;
 pub mod providers;
 pub mod redis;

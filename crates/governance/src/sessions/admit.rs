@@ -63,7 +63,7 @@ impl Sessions {
     ) -> Result<Arc<Live>, Refused> {
         let live = self.find(id).await?;
         let hash = self.hash(token);
-        if !aws_lc_rs::constant_time::verify_slices_are_equal(&hash, &live.token_hash).is_ok() {
+        if aws_lc_rs::constant_time::verify_slices_are_equal(&hash, &live.token_hash).is_err() {
             self.counters.refused.fetch_add(1, Ordering::Relaxed);
             return Err(Refused::BadToken { id: id.to_string() });
         }
