@@ -112,46 +112,9 @@ async fn run_async(args: SessionsArgs) -> anyhow::Result<std::process::ExitCode>
             secrets,
             format,
         } => {
-            let mut label_map = serde_json::Map::new();
-            for l in &labels {
-                let (k, v) = l
-                    .split_once('=')
-                    .with_context(|| format!("--label {l:?}: use KEY=VALUE"))?;
-                label_map.insert(k.to_string(), v.into());
-            }
-            let mut narrow = serde_json::Map::new();
-            if !hosts.is_empty() {
-                narrow.insert("hosts".into(), hosts.into());
-            }
-            if !secrets.is_empty() {
-                narrow.insert("secrets".into(), secrets.into());
-            }
-            let mut body =
-                serde_json::json!({ "profile": profile, "labels": label_map, "narrow": narrow });
-            if let Some(ttl) = ttl {
-                body["ttl"] = ttl.into();
-            }
-            if let Some(source) = source {
-                body["source"] = source.into();
-            }
+            let body = create_body(profile, ttl, &labels, source, hosts, secrets)?;
             let made = admin.post("/sessions", &body).await?;
-            match format {
-                CreateFormat::Json => writeln!(out, "{}", serde_json::to_string_pretty(&made)?)?,
-                CreateFormat::Env => {
-                    if let Some(env) = made["env"].as_object() {
-                        for (k, v) in env {
-                            let v = v.as_str().unwrap_or_default().replace('\'', "'\\''");
-                            writeln!(out, "export {k}='{v}'")?;
-                        }
-                    }
-                }
-                CreateFormat::Text => {
-                    for key in ["id", "token", "expires_at", "proxy_url"] {
-                        writeln!(out, "{key}: {}", made[key].as_str().unwrap_or_default())?;
-                    }
-                    eprintln!("latchkey: the token is shown this once; `--format env` prints a sandbox's environment");
-                }
-            }
+            print_created(&mut out, &made, format)?;
         }
         SessionsAction::List {
             profile,
@@ -219,4 +182,63 @@ async fn run_async(args: SessionsArgs) -> anyhow::Result<std::process::ExitCode>
         }
     }
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// `POST /sessions`'s body from `create`'s flags.
+fn create_body(
+    profile: String,
+    ttl: Option<String>,
+    labels: &[String],
+    source: Option<String>,
+    hosts: Vec<String>,
+    secrets: Vec<String>,
+) -> anyhow::Result<serde_json::Value> {
+    let mut label_map = serde_json::Map::new();
+    for l in labels {
+        let (k, v) = l
+            .split_once('=')
+            .with_context(|| format!("--label {l:?}: use KEY=VALUE"))?;
+        label_map.insert(k.to_string(), v.into());
+    }
+    let mut narrow = serde_json::Map::new();
+    if !hosts.is_empty() {
+        narrow.insert("hosts".into(), hosts.into());
+    }
+    if !secrets.is_empty() {
+        narrow.insert("secrets".into(), secrets.into());
+    }
+    let mut body = serde_json::json!({ "profile": profile, "labels": label_map, "narrow": narrow });
+    if let Some(ttl) = ttl {
+        body["ttl"] = ttl.into();
+    }
+    if let Some(source) = source {
+        body["source"] = source.into();
+    }
+    Ok(body)
+}
+
+/// Prints a session just made: its id, token and proxy URL, its environment, or the JSON.
+fn print_created(
+    out: &mut impl std::io::Write,
+    made: &serde_json::Value,
+    format: CreateFormat,
+) -> anyhow::Result<()> {
+    match format {
+        CreateFormat::Json => writeln!(out, "{}", serde_json::to_string_pretty(made)?)?,
+        CreateFormat::Env => {
+            if let Some(env) = made["env"].as_object() {
+                for (k, v) in env {
+                    let v = v.as_str().unwrap_or_default().replace('\'', "'\\''");
+                    writeln!(out, "export {k}='{v}'")?;
+                }
+            }
+        }
+        CreateFormat::Text => {
+            for key in ["id", "token", "expires_at", "proxy_url"] {
+                writeln!(out, "{key}: {}", made[key].as_str().unwrap_or_default())?;
+            }
+            eprintln!("latchkey: the token is shown this once; `--format env` prints a sandbox's environment");
+        }
+    }
+    Ok(())
 }

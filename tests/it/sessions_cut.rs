@@ -75,8 +75,11 @@ fn revoking_cuts_an_open_tunnel_and_a_streaming_response_within_a_second() {
         &w.lk,
         &json!({"profile": "agent", "labels": {"task": "cut"}}),
     );
-    let (tunnel, resp) = connect_as(w.lk.addr(), &format!("tunnel.test:{port}"), &basic(&s));
+    let (mut tunnel, resp) = connect_as(w.lk.addr(), &format!("tunnel.test:{port}"), &basic(&s));
     assert_eq!(resp.status, 200, "{resp:#?}");
+    // Bytes through the tunnel first (the upstream reads them as a broken ClientHello).
+    std::io::Write::write_all(&mut tunnel, &[0x16, 0x03, 0x01, 0x00, 0x05, 1, 2, 3])
+        .expect("write");
     // A streaming response inside an interception, read by curl as it comes.
     std::thread::scope(|scope| {
         let streaming = scope.spawn(|| {
@@ -122,6 +125,10 @@ fn revoking_cuts_an_open_tunnel_and_a_streaming_response_within_a_second() {
     });
     let r = tunnel_record(&w.lk, &s);
     assert_eq!(r["reason"], "session_revoked", "{r:#}");
+    assert_eq!(
+        r["bytes_up"], 8,
+        "a cut tunnel still records what it relayed: {r:#}"
+    );
     // The next attempt, with the same credentials: 407 session_revoked.
     let (_, again) = connect_as(w.lk.addr(), &format!("tunnel.test:{port}"), &basic(&s));
     assert_eq!(again.status, 407, "{again:#?}");

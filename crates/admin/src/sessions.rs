@@ -61,22 +61,27 @@ impl SessionEnv {
         }
     }
 
-    fn env(&self, url: &str) -> Result<serde_json::Map<String, serde_json::Value>, String> {
-        let trust = match self.trust.get() {
-            Some(t) => t,
-            None => {
-                let made = (self.make)()?;
-                self.trust.get_or_init(|| made)
-            }
-        };
+    /// The proxy variables always; the trust variables when they could be made (else logged:
+    /// the sandbox then needs the CA some other way).
+    fn env(&self, url: &str) -> serde_json::Map<String, serde_json::Value> {
         let mut out = serde_json::Map::new();
         for k in ["HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"] {
             out.insert(k.to_string(), url.into());
         }
-        for (k, v) in trust {
+        let trust = match self.trust.get() {
+            Some(t) => Some(t),
+            None => match (self.make)() {
+                Ok(made) => Some(self.trust.get_or_init(|| made)),
+                Err(why) => {
+                    tracing::warn!(error = %why, "session env: cannot write the trust bundle; env carries the proxy variables only");
+                    None
+                }
+            },
+        };
+        for (k, v) in trust.into_iter().flatten() {
             out.insert(k.clone(), v.clone().into());
         }
-        Ok(out)
+        out
     }
 }
 
@@ -150,13 +155,7 @@ async fn create(
     match sessions.create(&policy, &body, Some(by)).await {
         Ok(made) => {
             let url = env.proxy_url(&made.session.id, &made.token);
-            let vars = match env.env(&url) {
-                Ok(vars) => vars,
-                Err(why) => {
-                    tracing::warn!(error = %why, "session env: cannot write the trust bundle");
-                    serde_json::Map::new()
-                }
-            };
+            let vars = env.env(&url);
             let mut out = to_value(&made.session);
             if let Some(map) = out.as_object_mut() {
                 map.insert("token".to_string(), made.token.as_str().into());

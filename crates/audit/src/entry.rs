@@ -277,7 +277,6 @@ impl Entry {
         self.update(|r| r.original_dst = original.map(crate::wire::host::socket_addr_text));
     }
 
-    /// The identity's ceiling: its labels and the digest of its reach.
     /// The runtime session the request was admitted under: its id (over any session the
     /// sandbox sent) and its profile. Its labels and reach go in with [`Self::set_ceiling`].
     pub fn set_session(&mut self, id: &str, profile: &str) {
@@ -287,6 +286,7 @@ impl Entry {
         });
     }
 
+    /// The identity's (or session's) ceiling: its labels and the digest of its reach.
     pub fn set_ceiling(&mut self, labels: &BTreeMap<String, String>, reach: &str) {
         self.update(|r| {
             r.labels.clone_from(labels);

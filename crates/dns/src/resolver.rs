@@ -72,8 +72,17 @@ impl Resolver {
         transport: Transport,
     ) -> Option<Vec<u8>> {
         let policy = self.proxy.policy();
-        let identity = identity_by_source(&policy, client);
-        let entry = crate::proxy::open_record(&self.proxy, client, &identity, &policy).await;
+        // A session bound to the client's address names the query's record (its profile).
+        let session = self.proxy.source_attribution(client, &policy).await;
+        let identity = match &session {
+            Some(s) => s.profile.clone(),
+            None => identity_by_source(&policy, client),
+        };
+        let mut entry = crate::proxy::open_record(&self.proxy, client, &identity, &policy).await;
+        if let Some(s) = &session {
+            entry.set_session(&s.id, &s.profile);
+            entry.set_ceiling(&s.labels, &s.reach);
+        }
         let mut info = DnsInfo::new(transport.as_str());
         match message::read(bytes) {
             Read::Ignore(why) => {
@@ -245,7 +254,11 @@ fn identity_by_source(policy: &Policy, client: SocketAddr) -> String {
     identities
         .iter()
         .find(|id| {
-            !id.has_token && !id.sources.is_empty() && id.sources.iter().any(|c| c.contains(ip))
+            // A profile is never recognised by address: only a session carries one.
+            !id.has_token
+                && id.profile.is_none()
+                && !id.sources.is_empty()
+                && id.sources.iter().any(|c| c.contains(ip))
         })
         .map_or_else(|| UNIDENTIFIED.to_string(), |id| id.name.clone())
 }

@@ -68,7 +68,12 @@ pub fn export(grants: &[Grant]) -> (String, String) {
             quote(&url),
         );
         if g.identity != crate::policy::DEFAULT_IDENTITY {
-            let _ = writeln!(cases, "identity = {}", quote(&g.identity));
+            // A runtime session's grant (`PROFILE@SESSION_ID`) is its profile's case.
+            let identity = g
+                .identity
+                .split_once('@')
+                .map_or(g.identity.as_str(), |(p, _)| p);
+            let _ = writeln!(cases, "identity = {}", quote(identity));
         }
         let _ = writeln!(cases, "expect = \"allow\"\nrule = {}", quote(&name));
     }

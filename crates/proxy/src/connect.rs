@@ -160,16 +160,24 @@ pub(crate) async fn tunnel<T: ClientIo>(
         .take_held()
         .and_then(|h| h.downcast::<crate::governance::limits::Admission>().ok());
     let upload = admission.as_ref().and_then(|a| a.upload());
+    let metered = upload.is_some();
+    let counters = entry.counters();
     let relay = async {
         match upload {
             Some(upload) => metered_tunnel(client, upstream, &upload).await,
-            None => match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
-                Ok((up, down)) => (up, down, None),
-                Err(e) => {
+            None => {
+                // Counted as they go: a relay that ends in an error (a cut) still has its
+                // bytes recorded.
+                let mut client = Counting {
+                    inner: &mut client,
+                    counters: &counters,
+                };
+                if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
                     tracing::debug!(error = %e, "tunnel closed with error");
-                    (0, 0, None)
                 }
-            },
+                // Already in the counters.
+                (0, 0, None)
+            }
         }
     };
     // The session carrying the tunnel ends: the relay is dropped, both sockets close.
@@ -182,15 +190,10 @@ pub(crate) async fn tunnel<T: ClientIo>(
             None => std::future::pending().await,
         }
     };
-    let counters = entry.counters();
+    // What the relay returns is what it did not count as it went (a metered tunnel's).
     let (up, down, cut) = tokio::select! {
         r = relay => r,
-        refusal = ended => {
-            use std::sync::atomic::Ordering;
-            let up = counters.up.load(Ordering::Relaxed);
-            let down = counters.down.load(Ordering::Relaxed);
-            (up, down, Some(refusal))
-        }
+        refusal = ended => (0, 0, Some(refusal)),
     };
     // The relay may have ended on the cut IO before the cut was seen: the record says why.
     let cut = cut.or_else(|| {
@@ -202,7 +205,9 @@ pub(crate) async fn tunnel<T: ClientIo>(
     entry.carried(up, down);
     if let Some(admission) = admission {
         let prices = crate::policy::PriceTable::empty();
-        let (charges, _) = admission.settle(up, None, None, &prices);
+        // A metered tunnel settles what it sent; any other what its client side read.
+        let sent = if metered { up } else { counted(&counters).0 };
+        let (charges, _) = admission.settle(sent, None, None, &prices);
         entry.set_limits(charges);
     }
     if let Some(refusal) = cut {
@@ -210,6 +215,67 @@ pub(crate) async fn tunnel<T: ClientIo>(
         entry.ended(refusal.reason);
     }
     entry.finish();
+}
+
+/// A tunnel's client side, counting what it reads (up) and writes (down) into the record's
+/// counters as the bytes move.
+struct Counting<'a, T> {
+    inner: &'a mut T,
+    counters: &'a crate::audit::Counters,
+}
+
+/// `(up, down)` counted so far.
+fn counted(c: &crate::audit::Counters) -> (u64, u64) {
+    use std::sync::atomic::Ordering::Relaxed;
+    (c.up.load(Relaxed), c.down.load(Relaxed))
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Counting<'_, T> {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let r = std::pin::Pin::new(&mut *this.inner).poll_read(cx, buf);
+        let n = (buf.filled().len() - before) as u64;
+        this.counters
+            .up
+            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        r
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Counting<'_, T> {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let r = std::pin::Pin::new(&mut *this.inner).poll_write(cx, buf);
+        if let std::task::Poll::Ready(Ok(n)) = &r {
+            this.counters
+                .down
+                .fetch_add(*n as u64, std::sync::atomic::Ordering::Relaxed);
+        }
+        r
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut *self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut *self.get_mut().inner).poll_shutdown(cx)
+    }
 }
 
 /// The refusal a connection cut by its session's end is recorded with.

@@ -126,7 +126,11 @@ async fn decide<C: Carries>(
     // A session first: its refusals (ended, its profile gone) name it on the record.
     let scoped = match &knock.session {
         Some(live) => {
-            Some(super::session::check(proxy, policy, live, knock.cut.as_ref(), entry).await?)
+            let client = knock.client.ip();
+            Some(
+                super::session::check(proxy, policy, live, client, knock.cut.as_ref(), entry)
+                    .await?,
+            )
         }
         None => None,
     };

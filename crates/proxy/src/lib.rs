@@ -54,6 +54,7 @@ mod respond;
 mod response;
 mod scrub_body;
 mod session;
+pub use session::Attribution;
 mod socks;
 pub mod transparent;
 mod websocket;

@@ -155,6 +155,26 @@ impl Proxy {
 
     /// The session bound to `client`'s address, if any (a store that cannot answer refuses:
     /// the client may be a bound session).
+    /// What a record says of the session bound to `client`'s address, if one is (for the
+    /// listeners outside this crate that record a client's traffic: the DNS resolver).
+    pub async fn source_attribution(
+        &self,
+        client: SocketAddr,
+        policy: &Policy,
+    ) -> Option<Attribution> {
+        let live = self.session_by_source(client).await.ok().flatten()?;
+        let reach = live
+            .scoped(policy)
+            .map(|s| s.reach.clone())
+            .unwrap_or_default();
+        Some(Attribution {
+            id: live.id.clone(),
+            profile: live.profile.clone(),
+            labels: live.labels.clone(),
+            reach,
+        })
+    }
+
     pub(crate) async fn session_by_source(
         &self,
         client: SocketAddr,
@@ -236,6 +256,16 @@ async fn fetch_jwks(
     }
 }
 
+/// A session as a record names it.
+#[derive(Debug, Clone)]
+pub struct Attribution {
+    pub id: String,
+    pub profile: String,
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// Its reach under the policy asked about (empty when it no longer fits its profile).
+    pub reach: String,
+}
+
 /// The refusal an admission failure is.
 pub(crate) fn refusal(e: &Refused) -> Refusal {
     Refusal::new(e.reason(), e.to_string())
@@ -249,6 +279,7 @@ pub(crate) async fn check(
     proxy: &Proxy,
     policy: &Policy,
     live: &Live,
+    client: IpAddr,
     cut: Option<&Arc<Cut>>,
     entry: &mut Entry,
 ) -> Result<Arc<Scoped>, Refusal> {
@@ -263,6 +294,19 @@ pub(crate) async fn check(
     let scoped = live
         .scoped(policy)
         .map_err(|why| Refusal::new(Reason::ProxyAuthRequired, why))?;
+    // A profile's `sources` bound every session of it, token-presented ones too.
+    if let Some(profile) = policy.identity(&live.profile) {
+        let ip = client.to_canonical();
+        if !profile.sources.is_empty() && !profile.sources.iter().any(|c| c.contains(ip)) {
+            return Err(Refusal::new(
+                Reason::ProxyAuthRequired,
+                format!(
+                    "client {ip} is outside the sources of profile '{}': its sessions may be used only from there",
+                    live.profile
+                ),
+            ));
+        }
+    }
     entry.set_ceiling(&live.labels, &scoped.reach);
     if let Some(cut) = cut {
         live.attach(cut, sessions::now_ms());

@@ -136,8 +136,12 @@ impl Sessions {
         // A claim the token lacks leaves its label out; a label the profile requires must
         // be there (from a claim or the profile).
         for (label, path) in &table.labels {
+            // The profile's labels (and `attest`) are the reviewed ones: a claim never
+            // replaces them.
             if let Some(v) = claims.get(path) {
-                labels.insert(label.clone(), v.chars().take(256).collect());
+                labels
+                    .entry(label.clone())
+                    .or_insert_with(|| v.chars().take(256).collect());
             }
         }
         if let Some(missing) = terms

@@ -411,8 +411,12 @@ impl Sessions {
             let Some(v) = self.store.get(NS_SESSIONS, id).await? else {
                 return Err(CreateError::NotFound(id.to_string()));
             };
+            // Unreadable: the store's fault, not the caller's.
             let mut doc: SessionDoc = serde_json::from_slice(&v.doc).map_err(|e| {
-                CreateError::BadRequest(format!("session {id:?} is unreadable: {e}"))
+                CreateError::Store(StateError::Backend {
+                    store: self.store.describe().to_string(),
+                    message: format!("session {id:?} is unreadable: {e}"),
+                })
             })?;
             let ttl = change(&mut doc)?;
             let bytes = serde_json::to_vec(&doc)

@@ -69,6 +69,8 @@ impl Sessions {
             Ok(list) => list,
             Err(e) => {
                 tracing::warn!(error = %e, "sessions: cannot poll the state store; admissions read it directly until it answers");
+                // Expiry needs no store: sessions whose time passed end (and are cut) anyway.
+                self.expire().await;
                 return;
             }
         };

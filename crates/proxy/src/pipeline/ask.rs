@@ -83,9 +83,14 @@ pub(super) async fn ask(req: &mut Req<'_>) -> Result<(), Refusal> {
     );
     let approvals = &gov.approvals;
     let method = req.head.method.as_str();
-    let fingerprint = approvals.fingerprint(&ctx.identity, method, &full_url, &sha);
-    let credential = session_credential(req.policy, &ctx.identity).await;
-    let session = approvals.session(&ctx.identity, &credential);
+    let who = principal(ctx);
+    let fingerprint = approvals.fingerprint(&who, method, &full_url, &sha);
+    let credential = match &ctx.session {
+        // A `session` grant lasts as long as the runtime session.
+        Some(live) => live.id.as_bytes().to_vec(),
+        None => session_credential(req.policy, &ctx.identity).await,
+    };
+    let session = approvals.session(&who, &credential);
     let q = Question {
         asking,
         denial,
@@ -127,8 +132,9 @@ async fn find_or_ask(
     q: &Question<'_>,
 ) -> Result<Option<Approval>, Refusal> {
     let approvals = &gov.approvals;
+    let who = principal(req.ctx);
     let key = Key {
-        identity: &req.ctx.identity,
+        identity: &who,
         rule: q.rule,
         host: &req.target.host,
         fingerprint: q.fingerprint,
@@ -177,7 +183,7 @@ async fn find_or_ask(
                         Reason::RateLimited,
                         format!(
                             "identity '{}' asked for more than {} approvals in {}; nobody was asked about this one",
-                            req.ctx.identity,
+                            principal(req.ctx),
                             ask_policy.rate,
                             humantime::format_duration(ask_policy.rate_window)
                         ),
@@ -199,8 +205,9 @@ async fn wait(
     pending: Approval,
 ) -> Result<(), Refusal> {
     let approvals = &gov.approvals;
+    let who = principal(req.ctx);
     let key = Key {
-        identity: &req.ctx.identity,
+        identity: &who,
         rule: q.rule,
         host: &req.target.host,
         fingerprint: q.fingerprint,
@@ -336,16 +343,19 @@ fn question(req: &Req<'_>, q: &Question<'_>) -> Approval {
         target.port,
         &shown,
     ));
-    let labels = policy
-        .identity(&ctx.identity)
-        .map(|i| i.labels.clone())
-        .unwrap_or_default();
+    let labels = match &ctx.session {
+        Some(live) => live.labels.clone(),
+        None => policy
+            .identity(&ctx.identity)
+            .map(|i| i.labels.clone())
+            .unwrap_or_default(),
+    };
     Approval {
         id: crate::audit::new_id(),
         state: State::Pending,
         created: now,
         expires: now + policy.ask().expire,
-        identity: ctx.identity.to_string(),
+        identity: principal(ctx).into_owned(),
         labels,
         client: ctx.client.to_string(),
         method: entry.scrub_text(head.method.as_str()),
@@ -433,6 +443,15 @@ fn as_sent(text: &str, max: usize) -> String {
         }
     }
     out
+}
+
+/// Who asks, for approvals, grants and the approvals rate: the identity, or under a runtime
+/// session `PROFILE@SESSION_ID`, so one session's grant (or request rate) is never another's.
+fn principal(ctx: &super::Ctx) -> std::borrow::Cow<'_, str> {
+    match &ctx.session {
+        Some(live) => std::borrow::Cow::Owned(format!("{}@{}", ctx.identity, live.id)),
+        None => std::borrow::Cow::Borrowed(&ctx.identity),
+    }
 }
 
 /// What a `session` grant is tied to: the identity's token as it is now (so a new token ends

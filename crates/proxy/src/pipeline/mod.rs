@@ -180,7 +180,10 @@ pub async fn handle(
     // The session, if one carries the request: still live, still within its profile.
     let scoped = match &ctx.session {
         Some(live) => {
-            match super::session::check(&proxy, &policy, live, ctx.cut.as_ref(), &mut entry).await {
+            let client = ctx.client.ip();
+            match super::session::check(&proxy, &policy, live, client, ctx.cut.as_ref(), &mut entry)
+                .await
+            {
                 Ok(scoped) => Some(scoped),
                 Err(refusal) => return Ok(refuse(entry, body, refusal).await),
             }

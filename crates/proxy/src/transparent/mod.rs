@@ -190,13 +190,8 @@ impl Proxy {
         let (identity, session) = match self.captured_identity(&policy, peer).await {
             Ok(found) => found,
             Err(refusal) => {
-                return refuse(
-                    &mut stream,
-                    record("unidentified", false).await,
-                    &refusal,
-                    false,
-                )
-                .await;
+                let entry = record("unidentified", false).await;
+                return refuse(&mut stream, entry, &refusal, false).await;
             }
         };
         let mut seen = Vec::new();
