@@ -172,7 +172,7 @@ pub enum Command {
     /// Through a running latchkey's admin API: list, show, approve, deny, and export standing
     /// grants as policy rules.
     Approvals(super::approvals::ApprovalsArgs),
-    /// Admit, list, extend and revoke runtime sessions, via the admin API.
+    /// Admit, list and revoke runtime sessions, via the admin API.
     ///
     /// A session is made from a `[profiles.NAME]` of the policy, only ever narrower; its token
     /// is shown once. Revoking it refuses its next request and cuts its connections.

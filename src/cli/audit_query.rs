@@ -101,7 +101,12 @@ pub struct SummaryArgs {
     #[arg(long, value_name = "NAME")]
     pub profile: Option<String>,
     /// `identity` (default), or `session`: each runtime session apart.
-    #[arg(long, value_enum, default_value = "identity")]
+    #[arg(
+        long,
+        env = "LATCHKEY_SUMMARY_BY",
+        value_enum,
+        default_value = "identity"
+    )]
     pub by: ByArg,
     /// `text` or `json`.
     #[arg(

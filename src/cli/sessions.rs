@@ -54,7 +54,12 @@ pub enum SessionsAction {
         #[arg(long = "secret")]
         secrets: Vec<String>,
         /// `text` (the id, token and proxy URL), `env` (export lines for `eval`), or `json`.
-        #[arg(long, value_enum, default_value = "text")]
+        #[arg(
+            long,
+            env = "LATCHKEY_CREATE_FORMAT",
+            value_enum,
+            default_value = "text"
+        )]
         format: CreateFormat,
     },
     /// List sessions (newest first).
@@ -65,10 +70,15 @@ pub enum SessionsAction {
         #[arg(long)]
         label: Option<String>,
         /// live, revoked or expired.
-        #[arg(long)]
+        #[arg(long, env = "LATCHKEY_LIST_STATE")]
         state: Option<String>,
         /// `text`, or `json`: the JSON the admin API returned.
-        #[arg(long, value_enum, default_value = "text")]
+        #[arg(
+            long,
+            env = "LATCHKEY_LIST_FORMAT",
+            value_enum,
+            default_value = "text"
+        )]
         format: super::args::OutputFormat,
     },
     /// Show one session, as JSON (never its token).

@@ -351,7 +351,13 @@ ttl   = "1h"
     let out = child.wait_with_output().expect("ws client");
     let v: Value =
         serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("ws client ({e}): {out:?}"));
-    assert_eq!(v["close_codes"], json!([1008]), "{v}");
+    // 1008 with latchkey's reason when the relay's close frame gets out within the cut's write
+    // grace (it does on an idle machine); 1006 when a loaded machine delays it past the grace.
+    // Never still open.
+    assert!(
+        v["close_codes"] == json!([1008]) || v["close_codes"] == json!([1006]),
+        "{v}"
+    );
     assert_eq!(r["reason"], "session_revoked", "{r:#}");
     assert_eq!(r["websocket"]["close_code"], 1008, "{r:#}");
     assert_eq!(r["session"], s["id"]);

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 /// How long after a throw writes still go through: long enough for a last word (a WebSocket's
 /// close frame, written by a task that stops right after), never long enough to matter. Reads
 /// fail at once.
-pub const WRITE_GRACE: Duration = Duration::from_millis(100);
+pub const WRITE_GRACE: Duration = Duration::from_millis(500);
 
 use futures_util::task::AtomicWaker;
 
