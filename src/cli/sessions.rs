@@ -73,12 +73,7 @@ pub enum SessionsAction {
         #[arg(long, env = "LATCHKEY_LIST_STATE")]
         state: Option<String>,
         /// `text`, or `json`: the JSON the admin API returned.
-        #[arg(
-            long,
-            env = "LATCHKEY_LIST_FORMAT",
-            value_enum,
-            default_value = "text"
-        )]
+        #[arg(long, env = "LATCHKEY_LIST_FORMAT", value_enum, default_value = "text")]
         format: super::args::OutputFormat,
     },
     /// Show one session, as JSON (never its token).

@@ -587,3 +587,137 @@ fn audit_query_and_summary_find_each_sessions_requests() {
         "{text:#?}"
     );
 }
+
+#[test]
+fn the_openai_sdk_and_git_work_through_a_session() {
+    use crate::support::upstream::{full_body, handler};
+    let w = world_with(
+        |ca| {
+            Upstream::https_with(
+                ca,
+                handler(|req| async move {
+                    let body = if req.path_only().ends_with("/chat/completions") {
+                        r#"{"id":"c1","object":"chat.completion","created":1,"model":"gpt-test","choices":[{"index":0,"message":{"role":"assistant","content":"hello from upstream"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":3,"total_tokens":4}}"#
+                    } else {
+                        "{}"
+                    };
+                    http::Response::builder()
+                        .header("content-type", "application/json")
+                        .body(full_body(body))
+                        .expect("response")
+                }),
+            )
+        },
+        &[],
+    );
+    let port = w.upstream.port();
+    let s = create(
+        &w.lk,
+        &json!({"profile": "agent", "labels": {"task": "sdk"}}),
+    );
+    let mut cmd = std::process::Command::new(crate::support::toolchain::python());
+    cmd.arg(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/clients/openai_chat.py"
+    ))
+    .arg(format!("https://api.test:{port}/v1"));
+    for var in SCRUBBED_ENV {
+        cmd.env_remove(var);
+    }
+    cmd.env(
+        "LATCHKEY_PROXY",
+        s["proxy_url"].as_str().expect("proxy_url"),
+    )
+    .env("LATCHKEY_CA", w.lk.ca_pem_path())
+    .env("OPENAI_API_KEY", "not-a-key-latchkey-injects-its-own");
+    let out = crate::support::latchkey::wait_with_timeout(&mut cmd, Duration::from_secs(60));
+    assert_eq!(out.code(), Some(0), "openai_chat.py: {out:#?}");
+    let v: Value = serde_json::from_str(out.stdout.trim()).expect("openai_chat.py JSON");
+    assert_eq!(v["content"], "hello from upstream", "{v:#}");
+    let r = &records_for(&w.lk, "/v1/chat/completions", 1)[0];
+    assert_eq!(r["session"], s["id"], "{r:#}");
+    assert_eq!(r["secrets"], json!(["key"]), "{r:#}");
+
+    // git, with the session's proxy in its environment: an HTTPS fetch that reaches the
+    // upstream through the session (the echo is no git server: git fails after the request).
+    let mut git = std::process::Command::new("git");
+    git.args(["ls-remote", &format!("https://api.test:{port}/repo.git")]);
+    for var in SCRUBBED_ENV {
+        git.env_remove(var);
+    }
+    git.env("HTTPS_PROXY", s["proxy_url"].as_str().expect("proxy_url"))
+        .env("GIT_SSL_CAINFO", w.lk.ca_pem_path())
+        .env("GIT_TERMINAL_PROMPT", "0");
+    let _ = crate::support::latchkey::wait_with_timeout(&mut git, Duration::from_secs(60));
+    let r =
+        w.lk.audit_records()
+            .into_iter()
+            .find(|r| {
+                r["path"]
+                    .as_str()
+                    .is_some_and(|p| p.starts_with("/repo.git/info/refs"))
+            })
+            .unwrap_or_else(|| panic!("git's request: {:#?}", w.lk.audit_records()));
+    assert_eq!(r["session"], s["id"], "{r:#}");
+    assert_eq!(r["decision"], "allow", "{r:#}");
+}
+
+#[test]
+fn profiles_are_reviewed_like_identities_and_a_profiles_widening_is_a_widening() {
+    let old = r#"
+[[rules]]
+name  = "api"
+hosts = ["api.test"]
+
+[[rules]]
+name  = "other"
+hosts = ["other.test"]
+
+[profiles.agent]
+rules = ["api"]
+ttl   = "1h"
+"#;
+    let new = old.replace(
+        "rules = [\"api\"]\nttl",
+        "rules = [\"api\", \"other\"]\nttl",
+    );
+    assert_ne!(old, new);
+    let (a, b) = (
+        crate::support::policy_dir(&[("main.toml", old)]),
+        crate::support::policy_dir(&[("main.toml", &new)]),
+    );
+    let path = |d: &tempfile::TempDir| d.path().display().to_string();
+    let check = run_cli(["check", "--policies", &path(&a)]);
+    assert_eq!(check.code(), Some(0), "{check:#?}");
+    // explain treats the profile as an identity: its reach, and a decision under it.
+    let reach = run_cli(["explain", "--policies", &path(&a), "--reach", "agent"]);
+    assert_eq!(reach.code(), Some(0), "{reach:#?}");
+    assert!(
+        reach.stdout.contains("rule api: host api.test"),
+        "{reach:#?}"
+    );
+    assert!(!reach.stdout.contains("other.test"), "{reach:#?}");
+    let denied = run_cli([
+        "explain",
+        "--policies",
+        &path(&a),
+        "--identity",
+        "agent",
+        "GET",
+        "https://other.test/",
+    ]);
+    assert!(
+        denied.stdout.contains("identity_not_allowed"),
+        "{denied:#?}"
+    );
+    // diff: the profile's widening is a widening (exit 3), named under the profile.
+    let diff = run_cli(["diff", &path(&a), &path(&b), "--format", "json"]);
+    assert_eq!(diff.code(), Some(3), "{diff:#?}");
+    let v: Value = serde_json::from_str(&diff.stdout).expect("diff JSON");
+    let agent = v["identities"]
+        .as_array()
+        .and_then(|ids| ids.iter().find(|i| i["identity"] == "agent"))
+        .unwrap_or_else(|| panic!("the profile in the diff: {v:#}"));
+    assert_eq!(agent["status"], "changed", "{v:#}");
+    assert!(diff.stdout.contains("other.test"), "{v:#}");
+}

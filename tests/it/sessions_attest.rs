@@ -32,7 +32,7 @@ require_labels = ["namespace"]
 
 [attest.k8s]
 issuer   = "{ISSUER}"
-jwks     = "file:{jwks}"
+jwks     = "{jwks}"
 audience = "{AUDIENCE}"
 profile  = "workload"
 labels   = {{ namespace = "claim.kubernetes.io.namespace", pod = "claim.kubernetes.io.pod.name" }}
@@ -78,7 +78,7 @@ fn a_workload_token_admits_one_session_and_every_trick_is_refused() {
         .pin("other.test")
         .policy(
             "main.toml",
-            &policy(upstream.port(), &jwks.display().to_string()),
+            &policy(upstream.port(), &format!("file:{}", jwks.display())),
         )
         .run();
     let port = upstream.port();
@@ -153,4 +153,59 @@ fn a_workload_token_admits_one_session_and_every_trick_is_refused() {
             );
         }
     }
+}
+
+#[test]
+fn an_issuers_keys_are_fetched_from_its_url_through_the_guarded_dialer() {
+    use crate::support::upstream::{full_body, handler};
+    let ca = TestCa::new();
+    let upstream = Upstream::https(&ca);
+    let keys = tempfile::tempdir().expect("dir");
+    let t = tokens(keys.path());
+    let jwks = std::fs::read(keys.path().join("jwks.json")).expect("jwks");
+    let issuer = Upstream::https_with(
+        &ca,
+        handler(move |req| {
+            let body = if req.path_only() == "/keys" {
+                jwks.clone()
+            } else {
+                b"{}".to_vec()
+            };
+            async move {
+                http::Response::builder()
+                    .header("content-type", "application/json")
+                    .body(full_body(body))
+                    .expect("response")
+            }
+        }),
+    );
+    let url = format!("https://api.test:{}/keys", issuer.port());
+    let lk = latchkey()
+        .upstream_ca(&ca)
+        .pin("other.test")
+        .pin("api.test")
+        .policy("main.toml", &policy(upstream.port(), &url))
+        .run();
+    let good = t["good"].as_str().expect("good");
+    let (_, raw) = crate::support::sessions::connect_as(
+        lk.addr(),
+        &format!("other.test:{}", upstream.port()),
+        &format!("Bearer {good}"),
+    );
+    assert_eq!(raw.status, 200, "{}", String::from_utf8_lossy(&raw.body));
+    let out = get(
+        &lk,
+        good,
+        &format!("https://other.test:{}/via-url", upstream.port()),
+    );
+    assert_eq!(out.ok().status, 200, "{out:#?}");
+    assert_eq!(issuer.received().len(), 1, "the JWKS was fetched once");
+    // Cached: a second token from the same issuer needs no second fetch.
+    let ec = get(
+        &lk,
+        t["good_ec"].as_str().expect("ec"),
+        &format!("https://other.test:{}/again", upstream.port()),
+    );
+    assert_eq!(ec.ok().status, 200);
+    assert_eq!(issuer.received().len(), 1, "the JWKS was cached");
 }

@@ -359,6 +359,42 @@ ttl   = "1h"
         "{v}"
     );
     assert_eq!(r["reason"], "session_revoked", "{r:#}");
-    assert_eq!(r["websocket"]["close_code"], 1008, "{r:#}");
+    assert_eq!(r["websocket"]["closed_by"], "latchkey", "{r:#}");
     assert_eq!(r["session"], s["id"]);
+}
+
+#[test]
+fn a_store_that_cannot_answer_fails_session_admission_closed() {
+    let redis = RedisServer::start();
+    let ca = TestCa::new();
+    let upstream = Upstream::https(&ca);
+    let lk = {
+        let mut b = latchkey()
+            .upstream_ca(&ca)
+            .env("LK_SESSION_KEY", "sk-store-down")
+            .arg("--state")
+            .arg(&redis.url())
+            .policy("main.toml", &crate::sessions::policy(upstream.port()));
+        for host in ["other.test"] {
+            b = b.pin(host);
+        }
+        b.run()
+    };
+    let port = upstream.port();
+    let s = create(
+        &lk,
+        &json!({"profile": "agent", "labels": {"task": "down"}}),
+    );
+    let url = format!("https://other.test:{port}/down");
+    let ok = curl(&lk).args(["--proxy-user", &user(&s), &url]).run();
+    assert_eq!(ok.ok().status, 200);
+    drop(redis);
+    // Past the freshness bound, nothing cached is trusted: the store must answer, and cannot.
+    std::thread::sleep(Duration::from_millis(3500));
+    let out = curl(&lk).args(["--proxy-user", &user(&s), &url]).run();
+    assert_eq!(out.response.status, 503, "{out:#?}");
+    assert_eq!(
+        out.response.header("x-latchkey-reason"),
+        Some("state_unavailable")
+    );
 }

@@ -238,7 +238,7 @@ async fn fetch_jwks(
                 let res = client
                     .request(req)
                     .await
-                    .map_err(|e| format!("{url}: {e}"))?;
+                    .map_err(|e| format!("{url}: {}", crate::reason::chain_text(&e)))?;
                 if !res.status().is_success() {
                     return Err(format!("{url}: status {}", res.status()));
                 }

@@ -230,6 +230,23 @@ async fn relay(
             }
         }
     };
+    // The relay may have ended on the cut IO before it saw the cut: the record says why.
+    let mut ended = ended;
+    if ended.refused.is_none() {
+        if let Some(why) = guard
+            .cut
+            .as_ref()
+            .filter(|c| c.is_thrown())
+            .and_then(|c| c.why())
+        {
+            ended.refused = Some(if why == Reason::SessionExpired.code() {
+                Reason::SessionExpired
+            } else {
+                Reason::SessionRevoked
+            });
+            ended.closed_by = "latchkey";
+        }
+    }
     if let Some(mcp) = mcp {
         mcp.record(entry);
     }

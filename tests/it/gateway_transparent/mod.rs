@@ -23,6 +23,7 @@ use crate::support::{assert_denial, assert_record, latchkey, toolchain, Echo, La
 
 mod ipv6;
 mod routed;
+mod sessions;
 mod tproxy;
 
 /// The transparent listener's port in latchkey's namespace.
