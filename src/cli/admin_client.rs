@@ -10,6 +10,29 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::rt::TokioIo;
 
+/// Where the running latchkey's admin API is, and the token for it: the flags of every command
+/// that talks to it.
+#[derive(clap::Args, Debug)]
+pub struct AdminArgs {
+    /// The admin API of the running latchkey (`serve --admin`).
+    #[arg(
+        long = "admin-url",
+        env = "LATCHKEY_ADMIN_URL",
+        default_value = "http://127.0.0.1:3129",
+        global = true
+    )]
+    pub url: String,
+    /// The admin token, from `env:VAR` or `file:PATH` (as `serve --admin-token`, or a policy's
+    /// `[admin.tokens.NAME]` with the scopes the command needs).
+    #[arg(
+        long = "admin-token",
+        env = "LATCHKEY_ADMIN_TOKEN",
+        value_name = "SOURCE",
+        global = true
+    )]
+    pub token: Option<String>,
+}
+
 /// How long one admin API exchange may take.
 const DEADLINE: Duration = Duration::from_secs(15);
 /// Largest admin API answer read.

@@ -15,22 +15,8 @@ use crate::governance::record::Approval;
 /// What `latchkey approvals` was asked to do.
 #[derive(clap::Args, Debug)]
 pub struct ApprovalsArgs {
-    /// The admin API of the running latchkey (`serve --admin`).
-    #[arg(
-        long = "admin-url",
-        env = "LATCHKEY_ADMIN_URL",
-        default_value = "http://127.0.0.1:3129",
-        global = true
-    )]
-    pub admin: String,
-    /// The admin token, from `env:VAR` or `file:PATH` (as `serve --admin-token`).
-    #[arg(
-        long,
-        env = "LATCHKEY_ADMIN_TOKEN",
-        value_name = "SOURCE",
-        global = true
-    )]
-    pub admin_token: Option<String>,
+    #[command(flatten)]
+    pub admin: super::admin_client::AdminArgs,
     #[command(subcommand)]
     pub action: ApprovalsAction,
 }
@@ -98,7 +84,7 @@ pub fn run(args: ApprovalsArgs) -> anyhow::Result<std::process::ExitCode> {
 }
 
 async fn run_async(args: ApprovalsArgs) -> anyhow::Result<std::process::ExitCode> {
-    let admin = Admin::new(&args.admin, args.admin_token.as_deref())?;
+    let admin = Admin::new(&args.admin.url, args.admin.token.as_deref())?;
     let mut out = std::io::stdout().lock();
     match args.action {
         ApprovalsAction::List {

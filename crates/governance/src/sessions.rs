@@ -191,6 +191,7 @@ impl Live {
     /// Ties `cut` (a connection's switch) to this session: thrown when it ends (at once if it
     /// already has).
     pub fn attach(&self, cut: &Arc<Cut>, now_ms: u64) {
+        cut.arm();
         {
             let mut cuts = lock(&self.cuts);
             if !cuts.iter().any(|c| c.as_ptr() == Arc::as_ptr(cut)) {

@@ -4,8 +4,9 @@
 //! interception, a streaming response and a WebSocket all end within a wake-up, whichever task
 //! is polling them.
 //!
-//! Thrown once, never reset. Cheap when not thrown: one atomic load per poll, and a waker kept
-//! only when a poll would otherwise wait.
+//! Thrown once, never reset. A switch is **armed** when something that can throw it is attached
+//! (a session); until then every check is one atomic load and registers nothing, so a
+//! connection that never carries a session pays next to nothing for it.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,6 +25,8 @@ use futures_util::task::AtomicWaker;
 /// and whatever may end it.
 #[derive(Debug, Default)]
 pub struct Cut {
+    /// Something that can throw it is attached: only then are wakers kept.
+    armed: AtomicBool,
     thrown: AtomicBool,
     /// Why it was thrown (the reason code the IO error and the record carry).
     why: OnceLock<&'static str>,
@@ -43,12 +46,20 @@ impl Cut {
     /// waiter wakes. `why` is a stable reason code (`session_revoked`). A second throw keeps
     /// the first reason.
     pub fn throw(&self, why: &'static str) {
+        self.armed.store(true, Ordering::Release);
         let _ = self.why.set(why);
         let _ = self.at.set(Instant::now());
         self.thrown.store(true, Ordering::Release);
         self.read.wake();
         self.write.wake();
         self.notify.notify_waiters();
+    }
+
+    /// Arms the switch: from now on waiters are kept, so a throw wakes them. Called when
+    /// something that may throw it is attached; a waiter polled before then is polled again by
+    /// its task's next wake-up, and the IO it guards is cut at once either way.
+    pub fn arm(&self) {
+        self.armed.store(true, Ordering::Release);
     }
 
     /// Whether the switch belongs to `owner`: claimed by the first owner asked about, so a
@@ -67,16 +78,12 @@ impl Cut {
         self.why.get().copied()
     }
 
-    /// Resolves once the switch is thrown (at once if it already was).
-    pub async fn thrown(&self) {
-        loop {
-            let notified = self.notify.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.is_thrown() {
-                return;
-            }
-            notified.await;
+    /// Resolves once the switch is thrown (at once if it already was). Unarmed, it registers
+    /// nothing: see [`Cut::arm`].
+    pub fn thrown(&self) -> Thrown<'_> {
+        Thrown {
+            cut: self,
+            notified: None,
         }
     }
 
@@ -96,6 +103,9 @@ impl Cut {
     }
 
     fn poll_side(&self, waker: &AtomicWaker, cx: &mut Context<'_>) -> Poll<io::Error> {
+        if !self.armed.load(Ordering::Acquire) {
+            return Poll::Pending;
+        }
         if self.is_thrown() {
             return Poll::Ready(self.error());
         }
@@ -116,6 +126,42 @@ impl Cut {
     }
 }
 
+/// The future of [`Cut::thrown`].
+pub struct Thrown<'a> {
+    cut: &'a Cut,
+    /// Made once the switch is armed, so an unarmed switch costs no allocation.
+    notified: Option<std::pin::Pin<Box<tokio::sync::futures::Notified<'a>>>>,
+}
+
+impl std::future::Future for Thrown<'_> {
+    type Output = ();
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let cut = self.cut;
+        if !cut.armed.load(Ordering::Acquire) {
+            return Poll::Pending;
+        }
+        loop {
+            if cut.is_thrown() {
+                return Poll::Ready(());
+            }
+            let notified = self.notified.get_or_insert_with(|| {
+                let mut n = Box::pin(cut.notify.notified());
+                n.as_mut().enable();
+                n
+            });
+            // Enabled before the check above was repeated: a throw in between is not missed.
+            if cut.is_thrown() {
+                return Poll::Ready(());
+            }
+            match notified.as_mut().poll(cx) {
+                Poll::Ready(()) => self.notified = None,
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,6 +170,7 @@ mod tests {
     #[tokio::test]
     async fn a_waiter_wakes_when_thrown_and_the_first_reason_stays() {
         let cut = Arc::new(Cut::default());
+        cut.arm();
         let waiter = tokio::spawn({
             let cut = cut.clone();
             async move { cut.thrown().await }
@@ -151,6 +198,7 @@ mod tests {
     #[test]
     fn writes_go_through_for_a_moment_after_a_throw_reads_never() {
         let cut = Cut::default();
+        cut.arm();
         cut.throw("session_revoked");
         let waker = futures_util::task::noop_waker();
         let mut cx = Context::from_waker(&waker);
@@ -161,8 +209,24 @@ mod tests {
     }
 
     #[test]
+    fn an_unarmed_cut_keeps_no_waker_and_an_armed_one_does() {
+        let cut = Cut::default();
+        let waker = futures_util::task::noop_waker();
+        let mut cx = Context::from_waker(&waker);
+        assert!(cut.poll_read_cut(&mut cx).is_pending());
+        assert!(cut.read.take().is_none(), "unarmed: nothing registered");
+        cut.arm();
+        assert!(cut.poll_read_cut(&mut cx).is_pending());
+        assert!(
+            cut.read.take().is_some(),
+            "armed: the reader is kept for a throw"
+        );
+    }
+
+    #[test]
     fn an_unthrown_cut_lets_io_wait() {
         let cut = Cut::default();
+        cut.arm();
         let waker = futures_util::task::noop_waker();
         let mut cx = Context::from_waker(&waker);
         assert!(cut.poll_write_cut(&mut cx).is_pending());

@@ -64,6 +64,12 @@ impl Sessions {
 
     /// One poll: end notes, expiries, cache upkeep; fresh if the store answered.
     pub async fn poll(&self) {
+        // Nothing admitted here: nothing to end or expire, and no cached entry whose freshness
+        // matters (every admission reads the store). A latchkey without sessions never polls.
+        if lock(&self.cache).is_empty() {
+            *lock(&self.synced) = None;
+            return;
+        }
         let started = Instant::now();
         let ends = match self.store.list(NS_ENDS, MAX_ENDS).await {
             Ok(list) => list,

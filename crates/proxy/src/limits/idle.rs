@@ -282,6 +282,7 @@ mod tests {
     async fn a_cut_ends_a_waiting_read_and_every_write() {
         let (a, _b) = tokio::io::duplex(64);
         let cut = Arc::new(crate::wire::cut::Cut::default());
+        cut.arm();
         let mut idle = Box::pin(Idle::new(a, Duration::from_secs(60)).cut_by(cut.clone()));
         let reader = tokio::spawn(async move {
             let mut buf = [0u8; 8];
