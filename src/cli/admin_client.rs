@@ -16,6 +16,7 @@ use hyper_util::rt::TokioIo;
 pub struct AdminArgs {
     /// The admin API of the running latchkey (`serve --admin`).
     #[arg(
+        id = "admin",
         long = "admin-url",
         env = "LATCHKEY_ADMIN_URL",
         default_value = "http://127.0.0.1:3129",
@@ -25,6 +26,7 @@ pub struct AdminArgs {
     /// The admin token, from `env:VAR` or `file:PATH` (as `serve --admin-token`, or a policy's
     /// `[admin.tokens.NAME]` with the scopes the command needs).
     #[arg(
+        id = "admin_token",
         long = "admin-token",
         env = "LATCHKEY_ADMIN_TOKEN",
         value_name = "SOURCE",

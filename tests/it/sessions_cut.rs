@@ -369,16 +369,14 @@ fn a_store_that_cannot_answer_fails_session_admission_closed() {
     let ca = TestCa::new();
     let upstream = Upstream::https(&ca);
     let lk = {
-        let mut b = latchkey()
+        latchkey()
             .upstream_ca(&ca)
             .env("LK_SESSION_KEY", "sk-store-down")
             .arg("--state")
             .arg(&redis.url())
-            .policy("main.toml", &crate::sessions::policy(upstream.port()));
-        for host in ["other.test"] {
-            b = b.pin(host);
-        }
-        b.run()
+            .policy("main.toml", &crate::sessions::policy(upstream.port()))
+            .pin("other.test")
+            .run()
     };
     let port = upstream.port();
     let s = create(

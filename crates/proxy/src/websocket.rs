@@ -210,16 +210,7 @@ async fn relay(
                 Some(Err(e)) => break read_failed(e, "upstream", &mut sandbox, &mut upstream).await,
                 None => break gone("upstream", &mut sandbox, None).await,
             },
-            () = cut_thrown(guard.cut.as_deref()) => {
-                let frame = || Some(CloseFrame { code: CloseCode::Policy, reason: Utf8Bytes::from_static("latchkey: the session ended") });
-                let _ = tokio::time::timeout(CLOSE_WAIT, async {
-                    let _ = sandbox.close(frame()).await;
-                    let _ = upstream.close(frame()).await;
-                }).await;
-                let why = guard.cut.as_ref().and_then(|c| c.why());
-                let reason = if why == Some(Reason::SessionExpired.code()) { Reason::SessionExpired } else { Reason::SessionRevoked };
-                break Ended { close_code: Some(1008), closed_by: "latchkey", refused: Some(reason) };
-            }
+            () = cut_thrown(guard.cut.as_deref()) => break cut_close(&mut sandbox, &mut upstream).await,
             () = super::stopped(&mut shutdown) => {
                 let frame = || Some(CloseFrame { code: CloseCode::Away, reason: Utf8Bytes::from_static("latchkey is shutting down") });
                 let _ = tokio::time::timeout(CLOSE_WAIT, async {
@@ -230,8 +221,40 @@ async fn relay(
             }
         }
     };
-    // The relay may have ended on the cut IO before it saw the cut: the record says why.
-    let mut ended = ended;
+    let ended = session_ended(ended, guard);
+    if let Some(mcp) = mcp {
+        mcp.record(entry);
+    }
+    if !used.is_empty() {
+        entry.used_secrets(used);
+    }
+    ended
+}
+
+/// The session carrying the socket ended: a policy close (1008) both ways, bounded in time.
+/// Its reason is filled in by [`session_ended`].
+async fn cut_close(sandbox: &mut Socket, upstream: &mut Socket) -> Ended {
+    let frame = || {
+        Some(CloseFrame {
+            code: CloseCode::Policy,
+            reason: Utf8Bytes::from_static("latchkey: the session ended"),
+        })
+    };
+    let _ = tokio::time::timeout(CLOSE_WAIT, async {
+        let _ = sandbox.close(frame()).await;
+        let _ = upstream.close(frame()).await;
+    })
+    .await;
+    Ended {
+        close_code: Some(1008),
+        closed_by: "latchkey",
+        refused: None,
+    }
+}
+
+/// `ended`, saying so when the session carrying the socket ended: the relay may have stopped on
+/// the cut IO before it saw the cut itself.
+fn session_ended(mut ended: Ended, guard: &Guard) -> Ended {
     if ended.refused.is_none() {
         if let Some(why) = guard
             .cut
@@ -246,12 +269,6 @@ async fn relay(
             });
             ended.closed_by = "latchkey";
         }
-    }
-    if let Some(mcp) = mcp {
-        mcp.record(entry);
-    }
-    if !used.is_empty() {
-        entry.used_secrets(used);
     }
     ended
 }
