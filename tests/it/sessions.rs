@@ -721,3 +721,49 @@ ttl   = "1h"
     assert_eq!(agent["status"], "changed", "{v:#}");
     assert!(diff.stdout.contains("other.test"), "{v:#}");
 }
+
+#[test]
+fn a_policy_admin_token_must_be_long_and_readable_and_is_named_when_it_is_not() {
+    let ca = TestCa::new();
+    let upstream = Upstream::https(&ca);
+    let tokens = "[admin.tokens.short]\ntoken  = \"env:LK_SHORT_TOKEN\"\nscopes = [\"read\"]\n\n\
+                  [admin.tokens.good]\ntoken  = \"env:LK_GOOD_TOKEN\"\nscopes = [\"read\"]\n";
+    let lk = latchkey()
+        .upstream_ca(&ca)
+        .env("LK_SESSION_KEY", KEY)
+        .env("LK_SHORT_TOKEN", "tooshort")
+        .env("LK_GOOD_TOKEN", "good-token-0a9b8c7d6e5f")
+        .policy("main.toml", &policy(upstream.port()))
+        .policy("tokens.toml", tokens)
+        .run();
+    let (short, _) = admin_json(&lk, "GET", "/sessions", None, Some("tooshort"));
+    assert_eq!(
+        short, 401,
+        "a token shorter than 16 characters admits nobody"
+    );
+    let (good, _) = admin_json(
+        &lk,
+        "GET",
+        "/sessions",
+        None,
+        Some("good-token-0a9b8c7d6e5f"),
+    );
+    assert_eq!(good, 200);
+    assert!(lk.wait_stderr_contains(
+        "[admin.tokens.short] is shorter than 16",
+        Duration::from_secs(5)
+    ));
+    assert!(
+        !lk.stderr_text().contains("tooshort"),
+        "the value is never logged"
+    );
+    // An unreadable token source is an error naming the table's field.
+    let dir = crate::support::policy_dir(&[(
+        "t.toml",
+        "[admin.tokens.gone]\ntoken = \"env:LK_NO_SUCH_TOKEN_VAR\"\nscopes = [\"read\"]\n",
+    )]);
+    let check = run_cli(["check", "--policies", &dir.path().display().to_string()]);
+    assert_ne!(check.code(), Some(0));
+    let text = format!("{}{}", check.stdout, check.stderr);
+    assert!(text.contains("admin.tokens.gone.token"), "{check:#?}");
+}

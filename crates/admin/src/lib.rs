@@ -159,6 +159,11 @@ async fn caller(
         let Ok(value) = policy.secrets().get(&key).await else {
             continue;
         };
+        // As `--admin-token`: a token short enough to guess admits nobody.
+        if value.expose().len() < MIN_TOKEN_LEN {
+            short_token_warning(&t.name);
+            continue;
+        }
         if value.ct_eq(presented.as_bytes()) && found.is_none() {
             found = Some(Caller {
                 name: t.name.clone(),
@@ -167,6 +172,25 @@ async fn caller(
         }
     }
     found
+}
+
+/// The shortest admin token accepted (as `serve --admin-token` requires).
+const MIN_TOKEN_LEN: usize = 16;
+
+/// Says once per token name that a policy's admin token is too short to be used.
+fn short_token_warning(name: &str) {
+    static WARNED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let mut warned = WARNED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !warned.iter().any(|n| n == name) {
+        warned.push(name.to_string());
+        tracing::warn!(
+            token = name,
+            min = MIN_TOKEN_LEN,
+            "[admin.tokens.{name}] is shorter than {MIN_TOKEN_LEN} characters: it admits nobody"
+        );
+    }
 }
 
 /// The scope a request needs.

@@ -486,6 +486,8 @@ fn read_secrets(
                 format!("identities.{id}.token")
             } else if let Some(n) = name.strip_prefix("notify:") {
                 format!("notify.{n}.secret")
+            } else if let Some(n) = name.strip_prefix("admin-token:") {
+                format!("admin.tokens.{n}.token")
             } else if let Some((cred, f)) = name
                 .strip_prefix("credential:")
                 .and_then(|r| r.split_once(':'))

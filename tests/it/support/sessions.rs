@@ -34,11 +34,12 @@ pub fn admin_json(
     tcp.write_all(text.as_bytes()).expect("send admin body");
     let resp = read_response(&mut tcp, false)
         .unwrap_or_else(|e| panic!("read admin answer to {method} {path}: {e}"));
+    // JSON, or (a 401's plain text) the text itself.
     let value = if resp.body.is_empty() {
         Value::Null
     } else {
         serde_json::from_slice(&resp.body)
-            .unwrap_or_else(|e| panic!("admin answer is not JSON ({e}): {resp:#?}"))
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&resp.body).into_owned()))
     };
     (resp.status, value)
 }
