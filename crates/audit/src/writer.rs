@@ -374,7 +374,10 @@ impl AuditLog {
     }
 
     fn start(mut out: Out, options: Options, capacity: usize) -> Result<Self, AuditError> {
-        let chain = out.resume();
+        // A torn end that cannot be ended yet (a full disk at start): resume on the first write.
+        let resumed = out.resume();
+        let unsealed = resumed.is_none();
+        let chain = resumed.unwrap_or_default();
         if let (Out::File(active), Some(keep)) = (&out, options.keep) {
             for gone in segments::retain(&active.path, keep, !options.keep_unshipped) {
                 tracing::info!(segment = %gone.display(), "old audit segment removed (--audit-keep)");
@@ -382,7 +385,11 @@ impl AuditLog {
         }
         let inline = matches!(out, Out::File(_)) && !options.sync;
         let shared = Arc::new(Shared {
-            writer: Mutex::new(Writer::new(out, chain, options)),
+            writer: Mutex::new({
+                let mut w = Writer::new(out, chain, options);
+                w.resync = unsealed;
+                w
+            }),
             inline,
             queue: Mutex::new(Queue::default()),
             work: Condvar::new(),

@@ -494,3 +494,49 @@ fn records_queued_for_a_flush_whose_runtime_ended_still_reach_the_file() {
         2
     );
 }
+
+/// A log ending in a torn line that cannot be ended (the disk still full: here, a handle that
+/// cannot write) is not resumed: nothing may be glued to the fragment. Once the newline goes
+/// in, the chain goes on from the last whole line.
+#[test]
+fn a_torn_end_that_cannot_be_ended_is_not_resumed() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("audit.jsonl");
+    let mut chain = Chain::default();
+    let mut whole = Vec::new();
+    chain
+        .append_with(&mut whole, |out| {
+            out.extend_from_slice(b"{\"id\":\"a\"}");
+            Ok::<(), std::io::Error>(())
+        })
+        .expect("line");
+    let mut text = whole.clone();
+    text.extend_from_slice(b"{\"seq\":2,\"prev\":\"00");
+    std::fs::write(&path, &text).expect("write");
+    let active = |file: File| task::ActiveFile {
+        path: path.clone(),
+        file,
+        size: text.len() as u64,
+        opened: SystemTime::now(),
+        first_seq: Some(1),
+    };
+    let read_only = File::open(&path).expect("read-only handle");
+    let mut out = task::Out::File(active(read_only));
+    assert!(
+        out.resume().is_none(),
+        "a fragment that cannot be ended is not resumed"
+    );
+    assert_eq!(
+        std::fs::read(&path).expect("read"),
+        text,
+        "nothing appended"
+    );
+    let append = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .expect("append handle");
+    let mut out = task::Out::File(active(append));
+    let resumed = out.resume().expect("ended, then resumed");
+    assert_eq!(resumed.seq, 1, "from the last whole line");
+    assert!(std::fs::read(&path).expect("read").ends_with(b"\n"));
+}

@@ -13,10 +13,12 @@ pub(super) enum Out {
 
 impl Out {
     /// The chain as the log left it (the active file's last line, else the newest closed
-    /// segment's), ending a torn last line first so the next line starts whole.
-    pub(super) fn resume(&mut self) -> Chain {
+    /// segment's), ending a torn last line first so the next line starts whole. `None` when the
+    /// torn line could not be ended (the disk is still full): nothing may be appended until it
+    /// is, or the next line would be glued to the fragment.
+    pub(super) fn resume(&mut self) -> Option<Chain> {
         let Out::File(active) = self else {
-            return Chain::default();
+            return Some(Chain::default());
         };
         let from = |path: &Path| match Chain::resume(path) {
             Ok(r) => r,
@@ -27,8 +29,11 @@ impl Out {
         };
         let mut found = from(&active.path);
         if found.as_ref().is_some_and(|r| r.torn) {
-            tracing::warn!(file = %active.path.display(), "the audit log ends in a partial line (a write cut short); it is ended and the chain continues from the last whole line");
-            let _ = active.file.write_all(b"\n");
+            if let Err(e) = active.file.write_all(b"\n") {
+                tracing::warn!(file = %active.path.display(), error = %e, "the audit log ends in a partial line that cannot be ended yet; nothing is appended until it can");
+                return None;
+            }
+            tracing::warn!(file = %active.path.display(), "the audit log ended in a partial line (a write cut short); it is ended and the chain continues from the last whole line");
             active.size += 1;
         }
         if found.as_ref().is_none_or(|r| r.chain.is_none()) && active.size == 0 {
@@ -39,7 +44,7 @@ impl Out {
                 found = from(&seg);
             }
         }
-        found.and_then(|r| r.chain).unwrap_or_default()
+        Some(found.and_then(|r| r.chain).unwrap_or_default())
     }
 
     pub(super) fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
@@ -244,9 +249,9 @@ impl Writer {
     /// [`BATCH_RECORDS`]; syncs once at the end when asked. Returns whether all of it is on
     /// disk (as far as `sync` promises).
     pub(super) fn write_batch(&mut self, shared: &Shared, batch: &mut Vec<Record>) -> bool {
-        if self.resync {
-            self.resync = false;
-            self.chain = self.out.resume();
+        if !self.resynced(shared, batch.len() as u64) {
+            batch.clear();
+            return false;
         }
         let mut all_ok = true;
         let mut wrote = false;
@@ -331,6 +336,29 @@ impl Writer {
         all_ok
     }
 
+    /// After a failed write, the chain read back from the log (its torn end ended first).
+    /// `false` while the torn end cannot be ended: the `lines` about to be written fail
+    /// instead of being glued to the fragment.
+    fn resynced(&mut self, shared: &Shared, lines: u64) -> bool {
+        if !self.resync {
+            return true;
+        }
+        match self.out.resume() {
+            Some(chain) => {
+                self.resync = false;
+                self.chain = chain;
+                true
+            }
+            None => {
+                let e = std::io::Error::other(
+                    "the audit log ends in a partial line that cannot be ended yet",
+                );
+                self.fail(shared, lines, &e);
+                false
+            }
+        }
+    }
+
     pub(super) fn fail(&self, shared: &Shared, lines: u64, e: &std::io::Error) {
         shared.failed.fetch_add(lines, Ordering::Relaxed);
         shared
@@ -364,9 +392,8 @@ impl Writer {
         let Some(key) = self.options.key.clone() else {
             return;
         };
-        if self.resync {
-            self.resync = false;
-            self.chain = self.out.resume();
+        if !self.resynced(shared, 0) {
+            return;
         }
         let before = self.chain.clone();
         self.buf.clear();
