@@ -1,19 +1,24 @@
-//! The token exchanger: how a request's credential reaches its token endpoint — through the
-//! proxy's guarded upstream client ([`upstream::token_transport`]), each exchange audited with
-//! `rule = "credential:NAME"` for the sandbox whose request caused it.
+//! The token exchanger: how a request's credential reaches its token endpoint, and how
+//! latchkey's own calls (secret stores, its AWS identity) reach theirs — through the proxy's
+//! guarded upstream clients ([`upstream::token_transport`]), each exchange audited under the
+//! rule it names (`credential:NAME`, `secret:NAME`, `latchkey:aws`) for the sandbox whose
+//! request caused it, or for latchkey itself ([`OwnCalls`]: identity `latchkey`, client
+//! `0.0.0.0:0`).
 //!
 //! Built per request as a borrow of the proxy (nothing allocated); it does work only when the
 //! credential has no cached token.
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use super::Proxy;
 use crate::reason::Reason;
 use crate::signing::exchange::{Answer, BoxFuture, Exchange, TokenTransport, TransportError};
-use crate::signing::token_name;
-use crate::upstream::token_transport::{ExchangeFailure, TokenClient};
+use crate::upstream::token_transport::{cleartext_refused, ExchangeFailure, TokenClient};
+
+/// The identity latchkey's own calls are recorded under (no sandbox caused them).
+pub const OWN_IDENTITY: &str = "latchkey";
 
 /// Token exchanges on behalf of one request's client and identity.
 pub struct Exchanger<'a> {
@@ -35,8 +40,38 @@ impl Proxy {
 }
 
 impl TokenTransport for Exchanger<'_> {
-    fn post(&self, ex: Exchange) -> BoxFuture<'_, Result<Answer, TransportError>> {
+    fn call(&self, ex: Exchange) -> BoxFuture<'_, Result<Answer, TransportError>> {
         Box::pin(self.exchange(ex))
+    }
+}
+
+/// latchkey's own calls that no request caused (a secret store's background refresh, its AWS
+/// identity's): through the same guarded clients, recorded under identity `latchkey`. Holds
+/// the proxy weakly (the proxy holds the secret store that holds this).
+#[derive(Clone)]
+pub struct OwnCalls {
+    proxy: Weak<Proxy>,
+}
+
+impl OwnCalls {
+    pub fn new(proxy: &Arc<Proxy>) -> Self {
+        Self {
+            proxy: Arc::downgrade(proxy),
+        }
+    }
+}
+
+impl TokenTransport for OwnCalls {
+    fn call(&self, ex: Exchange) -> BoxFuture<'_, Result<Answer, TransportError>> {
+        Box::pin(async move {
+            let proxy = self
+                .proxy
+                .upgrade()
+                .ok_or_else(|| TransportError("latchkey is shutting down".into()))?;
+            let exchanger =
+                proxy.exchanger(SocketAddr::from(([0, 0, 0, 0], 0)), Arc::from(OWN_IDENTITY));
+            exchanger.exchange(ex).await
+        })
     }
 }
 
@@ -49,8 +84,8 @@ impl Exchanger<'_> {
             .url
             .parse()
             .map_err(|e| TransportError(format!("invalid URL: {e}")))?;
-        let rule = token_name(&ex.credential);
-        entry.set_method("POST");
+        let rule = ex.rule.clone();
+        entry.set_method(ex.method.as_str());
         if let Some(scheme) = uri.scheme_str() {
             entry.set_scheme(scheme);
         }
@@ -60,13 +95,14 @@ impl Exchanger<'_> {
         entry.set_port(uri.port_u16().unwrap_or(443));
         entry.set_path(uri.path().to_string());
         entry.set_rule(&rule);
-        // A token exchange carries key material (a client secret, a signed assertion): only
-        // inside TLS, whatever URL a key file names.
-        if uri.scheme() != Some(&http::uri::Scheme::HTTPS) {
+        // A token exchange carries key material (a client secret, a signed assertion), a
+        // secret store's answer a secret: only inside TLS, whatever URL a key file names —
+        // unless the route is one that has no TLS by design (instance metadata).
+        if cleartext_refused(&uri, &ex) {
             entry.outcome(Reason::CredentialNeedsTls, Some(&rule), None);
             entry.finish();
             return Err(TransportError(format!(
-                "token endpoint {} is not https://: a credential never travels in cleartext",
+                "{} is not https://: a credential never travels in cleartext",
                 crate::audit::redact_query(&ex.url)
             )));
         }
@@ -78,7 +114,7 @@ impl Exchanger<'_> {
                 "the audit log cannot be written; the token exchange was not sent".into(),
             ));
         }
-        let transport = TokenClient::new(proxy.client.clone(), proxy.response_timeout);
+        let transport = TokenClient::new(proxy.clients().clone(), proxy.response_timeout);
         let sent = match transport.send(uri, ex).await {
             Ok(sent) => sent,
             Err(failure) => {

@@ -69,14 +69,14 @@ use arc_swap::ArcSwap;
 
 pub use broker::SCAN_LIMIT;
 pub use ca::{CertAuthority, InitOutcome};
-pub use exchange::Exchanger;
+pub use exchange::{Exchanger, OwnCalls, OWN_IDENTITY};
 pub use pins::Pins;
 pub use pipeline::Ctx;
 pub use pipeline::{open_connection_record, open_record};
 pub use reload::{Generation, ReloadError, ReloadState};
 
 use crate::audit::{AuditLog, Entry};
-use crate::upstream::{Client, Connector, Dialer, UpstreamConfig, UpstreamError};
+use crate::upstream::{Client, Dialer, UpstreamConfig, UpstreamError};
 
 /// Largest request header block accepted on the proxy hop and inside intercepted connections.
 pub const MAX_HEADER_BYTES: usize = 64 * 1024;
@@ -102,13 +102,9 @@ pub struct Proxy {
     shutdown: tokio::sync::watch::Sender<bool>,
     ca: CertAuthority,
     audit: Arc<AuditLog>,
-    /// The pooled client for rules without their own `allow_private` ranges.
-    client: Client,
-    /// One pooled client per distinct `allow_private` set, made on first use.
-    /// Clients per (`allow_private` set, HTTP/1.1 only): WebSocket handshakes need a
-    /// connection that can upgrade, which an h2 one cannot.
-    rule_clients: std::sync::Mutex<std::collections::HashMap<(Vec<upstream::Cidr>, bool), Client>>,
-    tls: Arc<rustls::ClientConfig>,
+    /// The pooled clients, one per way out (a rule's `allow_private` set, HTTP/1.1 only for an
+    /// upgrade, a secret store's own CA): see `upstream::Clients`.
+    clients: Arc<upstream::Clients>,
     dialer: Arc<Dialer>,
     response_timeout: Duration,
     /// Cap on the decoded size of one scanned response body.
@@ -172,7 +168,11 @@ impl Proxy {
     pub fn new(config: ProxyConfig) -> Result<Arc<Self>, UpstreamError> {
         let tls = Arc::new(upstream::tls_config(config.upstream.extra_ca.as_deref())?);
         let dialer = Arc::new(Dialer::new(&config.upstream));
-        let client = upstream::client(Connector::new(dialer.clone(), tls.clone(), Vec::new()));
+        let clients = Arc::new(upstream::Clients::new(
+            dialer.clone(),
+            tls.clone(),
+            config.upstream.extra_ca.as_deref(),
+        ));
         let (shutdown, _) = tokio::sync::watch::channel(false);
         Ok(Arc::new(Self {
             policy: ArcSwap::from_pointee(config.policy),
@@ -183,9 +183,7 @@ impl Proxy {
             shutdown,
             ca: config.ca,
             audit: Arc::new(config.audit),
-            client,
-            rule_clients: std::sync::Mutex::new(std::collections::HashMap::new()),
-            tls,
+            clients,
             dialer,
             response_timeout: config.response_timeout,
             max_decoded_body: config.max_decoded_body,
@@ -210,25 +208,15 @@ impl Proxy {
     /// The client whose connector opens exactly `extra` on top of `--allow-private`, offering
     /// only HTTP/1.1 when `http1` (for an upgrade).
     fn client_for(&self, extra: &[upstream::Cidr], http1: bool) -> Client {
-        if extra.is_empty() && !http1 {
-            return self.client.clone();
-        }
-        let mut map = self
-            .rule_clients
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        map.entry((extra.to_vec(), http1))
-            .or_insert_with(|| {
-                let tls = if http1 {
-                    let mut tls = (*self.tls).clone();
-                    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
-                    Arc::new(tls)
-                } else {
-                    self.tls.clone()
-                };
-                upstream::client(Connector::new(self.dialer.clone(), tls, extra.to_vec()))
-            })
-            .clone()
+        let way = upstream::Way {
+            extra: extra.to_vec(),
+            http1,
+            ca: None,
+        };
+        // Without an extra CA nothing can fail: the roots were read when the proxy was built.
+        self.clients
+            .get(&way)
+            .unwrap_or_else(|_| self.clients.default_client().clone())
     }
 
     /// The captured tokens (a rule's `capture`): one store for every generation.
@@ -277,7 +265,12 @@ impl Proxy {
     /// The pooled, guarded client (resolve, address guard, verified TLS) for what latchkey
     /// itself sends: webhook notifications.
     pub fn upstream_client(&self) -> Client {
-        self.client.clone()
+        self.clients.default_client().clone()
+    }
+
+    /// Every pooled client, by way out (latchkey's own calls pick theirs by route).
+    pub fn clients(&self) -> &Arc<upstream::Clients> {
+        &self.clients
     }
 
     /// Approvals and the state store, once serving set them up.

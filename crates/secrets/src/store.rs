@@ -3,6 +3,10 @@
 //! - `env:VAR`: read once at load; a missing or empty variable is a load error.
 //! - `file:PATH`: read at load and re-read whenever the file's modification time or size
 //!   changes (checked on use), so rotation needs no restart.
+//! - `vault:PATH#FIELD`, `aws-sm:NAME#KEY`, `aws-ssm:/NAME` ([`super::remote`]): fetched on
+//!   first use (or when serving starts) through the store's [`super::remote::Fetch`], refreshed
+//!   in the background before `refresh` (or two thirds of a lease) passes, served stale for at
+//!   most `stale_for` while the store cannot be reached (`store_remote`).
 //! - `exec:COMMAND`: run with `sh -c` on first use; its stdout (one trailing newline trimmed) is
 //!   the value, cached for `ttl` and refreshed in the background once 80 % of it has passed;
 //!   bounded by `timeout` (on timeout, or if the request waiting for it goes away, the helper's
@@ -57,6 +61,7 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 
 use super::exec::run_helper;
 use super::redaction_set::{Change, Shared, RETIRED_KEEP};
+use super::remote::{Fetch, Remote};
 use super::scrub::{ScrubError, ScrubSecret, Scrubber};
 use super::SecretValue;
 
@@ -74,6 +79,8 @@ pub enum Source {
         ttl: Duration,
         timeout: Duration,
     },
+    /// Held in an external store (Vault/OpenBao, AWS Secrets Manager or SSM).
+    Remote(Box<Remote>),
 }
 
 impl std::fmt::Debug for Source {
@@ -91,19 +98,36 @@ impl std::fmt::Debug for Source {
                 .field("ttl", ttl)
                 .field("timeout", timeout)
                 .finish(),
+            Source::Remote(remote) => f.debug_tuple("Remote").field(remote).finish(),
         }
     }
 }
 
+/// The source kinds a spec may name, for messages.
+const KINDS: &str =
+    "env:VAR, file:PATH, exec:COMMAND, vault:PATH#FIELD, aws-sm:NAME or aws-ssm:NAME";
+
 impl Source {
-    /// Parses `env:VAR`, `file:PATH` or `exec:COMMAND`.
+    /// Parses `env:VAR`, `file:PATH`, `exec:COMMAND`, or a remote store's spec
+    /// (`vault:PATH#FIELD`, `vault.NAME:PATH#FIELD`, `aws-sm:NAME#KEY`, `aws-ssm:NAME`; see
+    /// [`super::remote`]), which gets the default refresh and no stale grace.
     pub fn parse(spec: &str, ttl: Duration, timeout: Duration) -> Result<Self, String> {
         // Never echo the spec: a value written inline by mistake may be the secret itself.
         let (kind, rest) = spec
             .split_once(':')
-            .ok_or_else(|| "the value is not env:VAR, file:PATH or exec:COMMAND".to_string())?;
+            .ok_or_else(|| format!("the value is not {KINDS}"))?;
         if rest.trim().is_empty() {
-            return Err(format!("{kind}: needs a value after the colon"));
+            if kind.len() <= 20
+                && kind
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b == b'-' || b == b'.')
+            {
+                return Err(format!("{kind}: needs a value after the colon"));
+            }
+            return Err(format!("the value is not {KINDS}"));
+        }
+        if let Some(remote) = super::remote::parse(kind, rest) {
+            return remote.map(|r| Source::Remote(Box::new(r)));
         }
         match kind {
             "env" => Ok(Source::Env(rest.to_string())),
@@ -115,14 +139,27 @@ impl Source {
             }),
             // Name the kind only when it looks like one (a short lowercase word), so an inline
             // value such as `user:password` is never echoed even in part.
-            k if k.len() <= 12 && k.bytes().all(|b| b.is_ascii_lowercase()) => Err(format!(
-                "unknown source kind {k:?}: use env:VAR, file:PATH or exec:COMMAND"
-            )),
-            _ => Err(
-                "unknown source kind before ':': use env:VAR, file:PATH or exec:COMMAND"
-                    .to_string(),
-            ),
+            k if k.len() <= 12 && k.bytes().all(|b| b.is_ascii_lowercase()) => {
+                Err(format!("unknown source kind {k:?}: use {KINDS}"))
+            }
+            _ => Err(format!("unknown source kind before ':': use {KINDS}")),
         }
+    }
+
+    /// The kind, as `explain` and the audit record name it: `env`, `file`, `exec`, `vault`,
+    /// `aws-sm` or `aws-ssm`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Source::Env(_) => "env",
+            Source::File(_) => "file",
+            Source::Exec { .. } => "exec",
+            Source::Remote(r) => r.at.kind(),
+        }
+    }
+
+    /// Whether the value is fetched over the network.
+    pub fn is_remote(&self) -> bool {
+        matches!(self, Source::Remote(_))
     }
 }
 
@@ -170,11 +207,17 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 #[derive(Default)]
-struct State {
-    current: Option<SecretValue>,
-    fetched: Option<Instant>,
+pub(super) struct State {
+    pub(super) current: Option<SecretValue>,
+    pub(super) fetched: Option<Instant>,
     stamp: Option<(SystemTime, u64)>,
-    refreshing: bool,
+    pub(super) refreshing: bool,
+    /// A remote value's refresh time: served fresh before it, stale (within `stale_for`) after.
+    pub(super) due: Option<Instant>,
+    /// A remote value's lease end: never served from then on, and redacted until then.
+    pub(super) end: Option<Instant>,
+    /// The last failed fetch of a remote value: when, and why (no value in it).
+    pub(super) failed: Option<(Instant, String)>,
 }
 
 pub(super) struct Slot {
@@ -184,7 +227,7 @@ pub(super) struct Slot {
     fixed: Option<SecretValue>,
     state: Mutex<State>,
     /// Single flight for exec helpers: N concurrent first uses run the helper once.
-    fetch: tokio::sync::Mutex<()>,
+    pub(super) fetch: tokio::sync::Mutex<()>,
     /// Set when a reload left this slot out of the generation in force: a value it takes on
     /// afterwards (for a request still running on its generation) joins the set as retired.
     detached: AtomicBool,
@@ -211,8 +254,8 @@ pub struct RedactionStats {
 
 /// What every generation's store shares: the redaction set, the slots in force (whose current
 /// values the matcher holds besides the set's), and the matcher built last.
-struct Redaction {
-    shared: Arc<Shared>,
+pub(super) struct Redaction {
+    pub(super) shared: Arc<Shared>,
     /// The slots of the generation in force.
     in_force: ArcSwap<Vec<Arc<Slot>>>,
     /// The matcher of the newest generation built.
@@ -220,12 +263,14 @@ struct Redaction {
     /// Single flight for matcher builds.
     building: Mutex<()>,
     builds: AtomicU64,
+    /// How remote sources are fetched, set once when serving starts (every generation's).
+    pub(super) fetcher: std::sync::OnceLock<Arc<dyn Fetch>>,
 }
 
 /// One policy generation's secrets, by name, over the redaction set all generations share.
 pub struct SecretStore {
-    slots: HashMap<String, Arc<Slot>>,
-    redaction: Arc<Redaction>,
+    pub(super) slots: HashMap<String, Arc<Slot>>,
+    pub(super) redaction: Arc<Redaction>,
 }
 
 impl std::fmt::Debug for SecretStore {
@@ -254,6 +299,7 @@ impl SecretStore {
                 built: ArcSwapOption::empty(),
                 building: Mutex::new(()),
                 builds: AtomicU64::new(0),
+                fetcher: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -399,6 +445,7 @@ impl SecretStore {
                 .ok_or_else(|| slot.unavailable("not loaded")),
             Source::File(path) => self.get_file(slot, path),
             Source::Exec { ttl, timeout, .. } => self.get_exec(slot, *ttl, *timeout).await,
+            Source::Remote(remote) => self.get_remote(slot, remote).await,
         }
     }
 
@@ -589,7 +636,7 @@ impl Slot {
                 }
                 Err(e) => Err(format!("cannot read {}: {e}", path.display())),
             }),
-            Source::Exec { .. } => None,
+            Source::Exec { .. } | Source::Remote(_) => None,
         };
         if let Some(v) = loaded.transpose()? {
             state.current = Some(v);
@@ -609,11 +656,11 @@ impl Slot {
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         lock(&self.state)
     }
 
-    fn current(&self) -> Option<SecretValue> {
+    pub(super) fn current(&self) -> Option<SecretValue> {
         self.lock().current.clone()
     }
 
@@ -624,9 +671,10 @@ impl Slot {
         }
     }
 
-    /// Installs a new value; the old one is retired (still redacted for a while). Returns
-    /// whether the value changed.
-    fn replace(
+    /// Installs a new value; the old one is retired (still redacted for a while: an hour after
+    /// it was last handed out, and at least until its lease ends). Returns whether the value
+    /// changed.
+    pub(super) fn replace(
         &self,
         value: SecretValue,
         stamp: Option<(SystemTime, u64)>,
@@ -651,8 +699,13 @@ impl Slot {
             change.added = false;
         }
         if let Some(old) = st.current.replace(value.clone()) {
-            // In the set already (as the current value).
-            change |= v.demote(&name, old, now);
+            // In the set already (as the current value). A leased value stays until its
+            // lease ends, if that is later than an hour from now.
+            let from = st
+                .end
+                .and_then(|end| end.checked_sub(RETIRED_KEEP))
+                .map_or(now, |t| t.max(now));
+            change |= v.demote(&name, old, from);
         }
         shared.bump(change);
         drop(v);

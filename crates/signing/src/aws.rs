@@ -343,15 +343,15 @@ async fn assume(
     )
     .map_err(|why| failed(name, format!("cannot sign AssumeRole: {why}")))?;
     let answer = transport
-        .post(Exchange {
-            credential: name.to_string(),
-            url: role.sts_endpoint.clone(),
-            headers: headers
+        .call(Exchange::post(
+            super::token_name(name),
+            role.sts_endpoint.clone(),
+            headers
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
-            body: Bytes::from(form),
-        })
+            Bytes::from(form),
+        ))
         .await
         .map_err(|why| failed(name, format!("STS {}: {why}", role.sts_endpoint)))?;
     if !(200..300).contains(&answer.status) {

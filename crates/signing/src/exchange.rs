@@ -1,16 +1,23 @@
-//! Token exchanges: the one narrow way the signing code reaches a token endpoint — POST a form
-//! or JSON body to a URL, get the status and a bounded body back — and the helpers that build
-//! those requests and read their answers.
+//! latchkey's own calls: the one narrow way the signing code (and the secret stores) reach an
+//! endpoint — a token endpoint, STS, a secret store, a credentials endpoint — send a method, a
+//! URL, headers and a body, get the status and a bounded body back — and the helpers that build
+//! token requests and read their answers.
 //!
 //! [`TokenTransport`] is defined here and implemented outside (the guarded, audited upstream
-//! client): `signing` knows no sockets and imports nothing from `upstream` or `proxy`.
+//! client): `signing` knows no sockets and imports nothing from `upstream` or `proxy`. Each
+//! call says where it may go beyond the defaults ([`Route`]): an extra CA, non-public ranges,
+//! and whether plain `http://` is acceptable; by default a call goes over verified TLS to a
+//! public address only.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use std::path::PathBuf;
+
 use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue};
+use http::Method;
 
 use super::{failed, CredentialError};
 use crate::secrets::SecretValue;
@@ -19,14 +26,54 @@ use crate::secrets::SecretValue;
 /// anything larger is refused rather than buffered.
 pub const MAX_ANSWER: usize = 1024 * 1024;
 
-/// One HTTP exchange with a token endpoint.
+/// Where one of latchkey's own calls may go beyond the defaults (verified TLS with the
+/// configured roots, public addresses only).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Route {
+    /// A PEM bundle trusted for this call's TLS on top of the usual roots (a Vault server's own
+    /// CA).
+    pub ca: Option<PathBuf>,
+    /// Non-public ranges this call may reach on top of `--allow-private` (a Vault server on the
+    /// internal network, the instance metadata address when configured).
+    pub allow_private: Vec<crate::wire::cidr::Cidr>,
+    /// Plain `http://` is acceptable: only for endpoints that have no TLS by design (the
+    /// instance metadata and container credential endpoints) or that the operator pointed at
+    /// a loopback address. Otherwise a call that is not `https://` is refused unsent.
+    pub cleartext: bool,
+}
+
+/// One HTTP exchange latchkey makes itself.
 pub struct Exchange {
-    pub credential: String,
+    /// What the call is for, as its audit record's `rule` names it: `credential:NAME` for a
+    /// credential's token exchange, `secret:NAME` for a secret store read, `latchkey:aws` for
+    /// latchkey's own AWS identity.
+    pub rule: String,
+    pub method: Method,
     pub url: String,
     /// May hold an app JWT, a signed `Authorization` or a session token.
     pub headers: Vec<(HeaderName, HeaderValue)>,
     /// May hold a client secret or a JWT assertion.
     pub body: Bytes,
+    pub route: Route,
+}
+
+impl Exchange {
+    /// A POST for `rule` with the default route.
+    pub fn post(
+        rule: String,
+        url: String,
+        headers: Vec<(HeaderName, HeaderValue)>,
+        body: Bytes,
+    ) -> Self {
+        Self {
+            rule,
+            method: Method::POST,
+            url,
+            headers,
+            body,
+            route: Route::default(),
+        }
+    }
 }
 
 /// Names the endpoint and the header names only: the values and the body are secret material.
@@ -34,10 +81,12 @@ impl std::fmt::Debug for Exchange {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let names: Vec<&str> = self.headers.iter().map(|(n, _)| n.as_str()).collect();
         f.debug_struct("Exchange")
-            .field("credential", &self.credential)
+            .field("rule", &self.rule)
+            .field("method", &self.method)
             .field("url", &self.url)
             .field("headers", &names)
             .field("body_len", &self.body.len())
+            .field("route", &self.route)
             .finish()
     }
 }
@@ -69,12 +118,13 @@ pub struct TransportError(pub String);
 /// A boxed future, as a dyn-compatible trait method returns it.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// How token endpoints are reached: POST `ex` (its headers and body as given) to `ex.url` and
-/// return the status and at most [`MAX_ANSWER`] bytes of body. Implemented by the proxy's
-/// guarded client, which also audits each exchange; only an exchange that really happens costs
-/// anything (a request under a rule without a credential never calls it).
+/// How latchkey's own calls are made: send `ex` (its method, headers and body as given) to
+/// `ex.url` along `ex.route` and return the status and at most [`MAX_ANSWER`] bytes of body.
+/// Implemented by the proxy's guarded client, which also audits each exchange; only an
+/// exchange that really happens costs anything (a request under a rule without a credential
+/// never calls it).
 pub trait TokenTransport: Send + Sync {
-    fn post(&self, ex: Exchange) -> BoxFuture<'_, Result<Answer, TransportError>>;
+    fn call(&self, ex: Exchange) -> BoxFuture<'_, Result<Answer, TransportError>>;
 }
 
 pub(super) fn form_headers() -> Vec<(HeaderName, HeaderValue)> {
@@ -126,12 +176,12 @@ pub(super) async fn json(
     body: Bytes,
 ) -> Result<serde_json::Value, CredentialError> {
     let Answer { status, body } = transport
-        .post(Exchange {
-            credential: name.to_string(),
-            url: url.clone(),
+        .call(Exchange::post(
+            super::token_name(name),
+            url.clone(),
             headers,
             body,
-        })
+        ))
         .await
         .map_err(|why| failed(name, format!("token endpoint {url}: {why}")))?;
     if !(200..300).contains(&status) {
@@ -157,12 +207,12 @@ mod tests {
     fn exchange_debug_shows_no_secret_material() {
         let mut auth = HeaderValue::from_static("Bearer eyJhbGciOi.secret-jwt.sig");
         auth.set_sensitive(true);
-        let ex = Exchange {
-            credential: "oauth".into(),
-            url: "https://oauth.test/token".into(),
-            headers: vec![(AUTHORIZATION, auth)],
-            body: Bytes::from_static(b"client_secret=hunter2&client_assertion=eyJ"),
-        };
+        let ex = Exchange::post(
+            "credential:oauth".into(),
+            "https://oauth.test/token".into(),
+            vec![(AUTHORIZATION, auth)],
+            Bytes::from_static(b"client_secret=hunter2&client_assertion=eyJ"),
+        );
         let text = format!("{ex:?}");
         assert!(
             text.contains("oauth.test") && text.contains("authorization"),

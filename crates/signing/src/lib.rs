@@ -38,7 +38,7 @@ use http::HeaderMap;
 
 use crate::secrets::{SecretError, SecretStore, SecretValue};
 
-pub use exchange::{Answer, Exchange, TokenTransport, TransportError};
+pub use exchange::{Answer, Exchange, Route, TokenTransport, TransportError};
 pub use jwt::{JwtAlg, JwtClaim};
 pub use live::Live;
 pub use sigv4::{derive_region_service, Payload, UNSIGNED_HEADERS};

@@ -35,10 +35,12 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
 mod class;
+mod clients;
 pub mod guard;
 pub mod hostform;
 pub mod token_transport;
 
+pub use clients::{Clients, Way};
 pub use guard::{AddressGuard, Cidr};
 
 use crate::reason::Reason;
@@ -280,9 +282,17 @@ impl Dialer {
 
 /// Builds the upstream TLS client configuration: webpki roots plus an optional extra bundle.
 pub fn tls_config(extra_ca: Option<&Path>) -> Result<rustls::ClientConfig, UpstreamError> {
+    match extra_ca {
+        Some(path) => tls_config_bundles(&[path]),
+        None => tls_config_bundles(&[]),
+    }
+}
+
+/// [`tls_config`] trusting every bundle in `extra` besides the webpki roots.
+pub fn tls_config_bundles(extra: &[&Path]) -> Result<rustls::ClientConfig, UpstreamError> {
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-    if let Some(path) = extra_ca {
+    for path in extra {
         let bad = |why: String| UpstreamError::CaBundle {
             path: path.to_path_buf(),
             why,

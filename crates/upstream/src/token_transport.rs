@@ -1,16 +1,21 @@
-//! Token exchanges over the pooled, guarded upstream client: the implementation of signing's
-//! narrow [`TokenTransport`] (POST, status, a body of at most [`MAX_ANSWER`] bytes).
+//! latchkey's own calls (token exchanges, STS, secret stores, credential endpoints) over the
+//! pooled, guarded upstream clients: the implementation of signing's narrow [`TokenTransport`]
+//! (a method, status, a body of at most [`MAX_ANSWER`] bytes).
 //!
-//! The exchange dials like every other upstream request, through the [`super::Connector`] and
-//! its address guard; nothing here opens a socket itself. Auditing is the caller's (the proxy
-//! wraps [`TokenClient::send`] to record each exchange).
+//! The exchange dials like every other upstream request, through a [`super::Connector`] and
+//! its address guard, on the client for its route ([`Clients::get`]: the extra ranges and CA
+//! it names); nothing here opens a socket itself. A call that is not `https://` is refused
+//! unsent unless its route allows cleartext. Auditing is the caller's (the proxy wraps
+//! [`TokenClient::send`] to record each exchange).
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use http_body_util::BodyExt;
 
-use super::{find_upstream_error, Client, UpstreamAddr};
+use std::sync::Arc;
+
+use super::{find_upstream_error, Clients, UpstreamAddr, Way};
 use crate::signing::exchange::{
     Answer, BoxFuture, Exchange, TokenTransport, TransportError, MAX_ANSWER,
 };
@@ -39,21 +44,42 @@ pub struct Sent {
     pub upstream: Option<SocketAddr>,
 }
 
-/// Token endpoints reached through a pooled upstream client, with a response timeout.
+/// latchkey's own calls, reached through the pooled upstream clients, with a response timeout.
 #[derive(Clone)]
 pub struct TokenClient {
-    client: Client,
+    clients: Arc<Clients>,
     timeout: Duration,
 }
 
+/// Whether `ex` may go to `uri`: `https://`, or plain `http://` when its route allows it.
+pub fn cleartext_refused(uri: &http::Uri, ex: &Exchange) -> bool {
+    uri.scheme() != Some(&http::uri::Scheme::HTTPS)
+        && !(ex.route.cleartext && uri.scheme() == Some(&http::uri::Scheme::HTTP))
+}
+
 impl TokenClient {
-    pub fn new(client: Client, timeout: Duration) -> Self {
-        Self { client, timeout }
+    pub fn new(clients: Arc<Clients>, timeout: Duration) -> Self {
+        Self { clients, timeout }
     }
 
-    /// POSTs `ex` to `uri` (its parsed URL) and reads at most [`MAX_ANSWER`] bytes of answer.
+    /// Sends `ex` to `uri` (its parsed URL) and reads at most [`MAX_ANSWER`] bytes of answer.
     pub async fn send(&self, uri: http::Uri, ex: Exchange) -> Result<Sent, ExchangeFailure> {
-        let mut req = http::Request::post(uri);
+        if cleartext_refused(&uri, &ex) {
+            return Err(ExchangeFailure::Build(format!(
+                "{} is not https://: latchkey's own calls carry credentials and secrets, never in cleartext",
+                uri.scheme_str().unwrap_or("the URL")
+            )));
+        }
+        let way = Way {
+            extra: ex.route.allow_private.clone(),
+            http1: false,
+            ca: ex.route.ca.clone(),
+        };
+        let client = self
+            .clients
+            .get(&way)
+            .map_err(|e| ExchangeFailure::Build(e.to_string()))?;
+        let mut req = http::Request::builder().method(ex.method).uri(uri);
         for (k, v) in ex.headers {
             req = req.header(k, v);
         }
@@ -63,7 +89,7 @@ impl TokenClient {
         let req = req
             .body(body)
             .map_err(|e| ExchangeFailure::Build(e.to_string()))?;
-        let res = match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+        let res = match tokio::time::timeout(self.timeout, client.request(req)).await {
             Ok(Ok(res)) => res,
             Ok(Err(e)) => {
                 let why = match find_upstream_error(&e) {
@@ -94,7 +120,7 @@ impl TokenClient {
 }
 
 impl TokenTransport for TokenClient {
-    fn post(&self, ex: Exchange) -> BoxFuture<'_, Result<Answer, TransportError>> {
+    fn call(&self, ex: Exchange) -> BoxFuture<'_, Result<Answer, TransportError>> {
         Box::pin(async move {
             let uri: http::Uri = ex
                 .url
