@@ -183,6 +183,8 @@ pub fn compile_sources_with(
     let mut errors = Vec::new();
     // Phase 1: parse and read every file, so rules may use secrets declared in any file.
     let (mut parsed, hasher) = parse_all(sources, &mut errors);
+    // Phase 1b: Vault connections, which `vault:` sources name.
+    let vault = super::vault_compile::compile(&mut parsed, &mut errors);
     // Phase 2: secrets, by name across files.
     let mut keyed = Keyed::default();
     let secret_names = compile_secrets(&mut parsed, &mut errors, &mut keyed);
@@ -231,6 +233,8 @@ pub fn compile_sources_with(
     // Phase 3d: admin tokens and attestation issuers, which name profiles.
     let (admin_tokens, attest) =
         super::access::compile_access(&mut parsed, &mut errors, &identities, &mut keyed);
+    // Phase 3e: every `vault:` source gets its connection's settings.
+    super::vault_compile::resolve(&parsed, &mut errors, &mut keyed, &vault);
     // Phase 4: every secret read (or not), an error at each declaration it fails.
     let resolved = read_secrets(&parsed, &mut errors, &keyed, loading);
     if !resolved || !errors.is_empty() {
@@ -281,6 +285,34 @@ impl Keyed {
     pub(super) fn add(&mut self, key: String, at: DeclaredAt, source: Source) {
         self.at.insert(key.clone(), at);
         self.sources.push((key, source));
+    }
+
+    pub(super) fn sources_mut(&mut self) -> impl Iterator<Item = (&String, &mut Source)> {
+        self.sources.iter_mut().map(|(k, s)| (&*k, s))
+    }
+
+    /// Where `key` was declared: the file's index, the span of its source.
+    pub(super) fn at_of(&self, key: &str) -> Option<(usize, Range<usize>, &Origin)> {
+        self.at.get(key).map(|(fi, span, o)| (*fi, span.clone(), o))
+    }
+}
+
+/// The policy field a secret-source key was declared at (`secrets.NAME.source`,
+/// `credentials.NAME.FIELD`, …), for messages.
+pub(super) fn field_of(name: &str) -> String {
+    if let Some(id) = name.strip_prefix("identity:") {
+        format!("identities.{id}.token")
+    } else if let Some(n) = name.strip_prefix("notify:") {
+        format!("notify.{n}.secret")
+    } else if let Some(n) = name.strip_prefix("admin-token:") {
+        format!("admin.tokens.{n}.token")
+    } else if let Some((cred, f)) = name
+        .strip_prefix("credential:")
+        .and_then(|r| r.split_once(':'))
+    {
+        format!("credentials.{cred}.{f}")
+    } else {
+        format!("secrets.{name}.source")
     }
 }
 
@@ -482,21 +514,7 @@ fn read_secrets(
                 text,
                 errors: &mut *errors,
             };
-            let field = if let Some(id) = name.strip_prefix("identity:") {
-                format!("identities.{id}.token")
-            } else if let Some(n) = name.strip_prefix("notify:") {
-                format!("notify.{n}.secret")
-            } else if let Some(n) = name.strip_prefix("admin-token:") {
-                format!("admin.tokens.{n}.token")
-            } else if let Some((cred, f)) = name
-                .strip_prefix("credential:")
-                .and_then(|r| r.split_once(':'))
-            {
-                format!("credentials.{cred}.{f}")
-            } else {
-                format!("secrets.{name}.source")
-            };
-            cx.error(span.clone(), format!("{field}: {why}"));
+            cx.error(span.clone(), format!("{}: {why}", field_of(&name)));
         }
     }
     false
@@ -682,6 +700,7 @@ impl FileCx<'_> {
         // A bad ttl or timeout (reported) does not stop the source being checked.
         let durations = ttl.zip(timeout);
         let (ttl, timeout) = durations.unwrap_or_default();
+        let remote_keys = self.remote_durations(field, &secret);
         match Source::parse(raw_source.get_ref(), ttl, timeout) {
             Ok(source) => {
                 if !matches!(source, Source::Exec { .. })
@@ -693,6 +712,23 @@ impl FileCx<'_> {
                     );
                     return None;
                 }
+                let source = match (source, remote_keys) {
+                    (Source::Remote(mut remote), Some((refresh, stale_for))) => {
+                        remote.refresh = refresh.unwrap_or(remote.refresh);
+                        remote.stale_for = stale_for.unwrap_or(remote.stale_for);
+                        Source::Remote(remote)
+                    }
+                    (Source::Remote(_), None) => return None,
+                    (source, _) if secret.refresh.is_some() || secret.stale_for.is_some() => {
+                        self.error(
+                            raw_source.span(),
+                            format!("{field}: refresh and stale_for apply to vault:, aws-sm: and aws-ssm: sources only"),
+                        );
+                        let _ = source;
+                        return None;
+                    }
+                    (source, _) => source,
+                };
                 durations.map(|_| source)
             }
             Err(e) => {
@@ -700,6 +736,38 @@ impl FileCx<'_> {
                 None
             }
         }
+    }
+
+    /// A remote source's `refresh` (at least a second) and `stale_for` (may be `0s`); `None`
+    /// when either is not a duration (reported).
+    #[allow(clippy::type_complexity)]
+    fn remote_durations(
+        &mut self,
+        field: &str,
+        secret: &RawSecret,
+    ) -> Option<(Option<std::time::Duration>, Option<std::time::Duration>)> {
+        let mut ok = true;
+        let mut read = |key: &str, v: &Option<toml::Spanned<String>>, min: std::time::Duration| {
+            let v = v.as_ref()?;
+            match humantime::parse_duration(v.get_ref()) {
+                Ok(d) if d >= min => Some(d),
+                _ => {
+                    ok = false;
+                    self.error(
+                        v.span(),
+                        format!(
+                            "{field}.{key}: {:?} is not a duration of at least {} like \"5m\"",
+                            v.get_ref(),
+                            humantime::format_duration(min)
+                        ),
+                    );
+                    None
+                }
+            }
+        };
+        let refresh = read("refresh", &secret.refresh, crate::secrets::remote::MIN_REFRESH);
+        let stale_for = read("stale_for", &secret.stale_for, std::time::Duration::ZERO);
+        ok.then_some((refresh, stale_for))
     }
 }
 

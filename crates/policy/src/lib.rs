@@ -43,7 +43,9 @@ pub mod read;
 pub mod rule;
 pub mod schema;
 mod schema_sessions;
+mod schema_vault;
 pub mod schemes;
+mod vault_compile;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -56,6 +56,8 @@ pub struct RawPolicyFile {
     pub limits: Vec<(Spanned<String>, Entry<RawLimit>)>,
     /// `[prices."MODEL"]` tables.
     pub prices: Vec<(Spanned<String>, Entry<RawPrice>)>,
+    /// `[vault]` and `[vault.NAME]` connections.
+    pub vault: super::schema_vault::RawVaults,
 }
 
 /// `[limits.NAME]`: rates, concurrency and budgets; `limits_compile` checks the values.
@@ -194,6 +196,11 @@ pub struct RawSecret {
     pub ttl: Option<Spanned<String>>,
     /// exec only: how long the helper may run.
     pub timeout: Option<Spanned<String>>,
+    /// Remote stores only: how long a fetched value is used.
+    pub refresh: Option<Spanned<String>>,
+    /// Remote stores only: how long past `refresh` a value may be served while its store is
+    /// down.
+    pub stale_for: Option<Spanned<String>>,
 }
 
 /// One `[[rules]]` entry.
@@ -292,8 +299,9 @@ const TOP_KEYS: &[&str] = &[
     "notify",
     "limits",
     "prices",
+    "vault",
 ];
-pub(super) const SECRET_KEYS: &[&str] = &["source", "ttl", "timeout"];
+pub(super) const SECRET_KEYS: &[&str] = &["source", "ttl", "timeout", "refresh", "stale_for"];
 pub(super) const IDENTITY_KEYS: &[&str] = &["token", "sources", "rules", "labels", "limits"];
 pub(super) const NOTIFY_KEYS: &[&str] = &["url", "secret", "format"];
 pub(super) const LIMIT_KEYS: &[&str] = &[
@@ -467,6 +475,7 @@ pub(super) fn read_file(doc: &toml_edit::Table, r: &mut dyn Report) -> RawPolicy
             .into_iter()
             .map(|(name, t)| (name, entry(t, r, read_price)))
             .collect(),
+        vault: super::schema_vault::read(&root, r),
     }
 }
 
@@ -574,6 +583,8 @@ fn read_secret(t: &Fields<'_>, r: &mut dyn Report) -> RawSecret {
         source: t.required(r, "source", Fields::string),
         ttl: t.string(r, "ttl"),
         timeout: t.string(r, "timeout"),
+        refresh: t.string(r, "refresh"),
+        stale_for: t.string(r, "stale_for"),
     }
 }
 

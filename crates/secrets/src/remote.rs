@@ -283,14 +283,25 @@ fn arn_region(id: &str) -> Option<String> {
     (parts.next()? == "arn").then_some(())?;
     parts.next()?;
     (parts.next()? == "secretsmanager").then_some(())?;
-    Some(parts.next()?.to_string()).filter(|r| !r.is_empty())
+    Some(parts.next()?.to_string()).filter(|r| is_region(r))
+}
+
+/// Whether `v` looks like an AWS region: lowercase words and a number, dash-separated
+/// (`us-east-1`, `us-gov-west-1`, `ap-southeast-4`).
+fn is_region(v: &str) -> bool {
+    let parts: Vec<&str> = v.split('-').collect();
+    v.len() <= 32
+        && parts.len() >= 3
+        && parts[..parts.len() - 1]
+            .iter()
+            .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_lowercase()))
+        && parts
+            .last()
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
 fn region(kind: &str, v: &str) -> Result<String, String> {
-    if v.len() <= 32
-        && v.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-    {
+    if is_region(v) {
         Ok(v.to_string())
     } else {
         Err(format!("{kind}: region must look like us-east-1"))

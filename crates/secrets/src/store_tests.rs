@@ -10,7 +10,9 @@ const SECRET: &str = "sk-test-0123456789abcdef";
 fn sources_parse_and_reject_unknown_kinds() {
     let d = Duration::from_secs(1);
     assert_eq!(Source::parse("env:X", d, d), Ok(Source::Env("X".into())));
-    assert!(Source::parse("vault:x", d, d).is_err());
+    assert!(Source::parse("vault:x", d, d).is_err(), "a mount alone");
+    assert!(Source::parse("vault:secret/x#f", d, d).is_ok());
+    assert!(Source::parse("vaultx:secret/x", d, d).is_err());
     assert!(Source::parse("env:", d, d).is_err());
     assert!(Source::parse("nothing", d, d).is_err());
 }
