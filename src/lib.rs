@@ -21,6 +21,7 @@ pub use latchkey_secrets as secrets;
 pub use latchkey_ship as ship;
 pub use latchkey_signing as signing;
 pub use latchkey_state as state;
+pub use latchkey_stores as stores;
 pub use latchkey_telemetry as telemetry;
 pub use latchkey_upstream as upstream;
 pub use latchkey_wire as wire;

@@ -386,6 +386,17 @@ pub struct ServeArgs {
     /// sharing a store share this key.
     #[arg(long, env = "LATCHKEY_CAPTURE_KEY", value_name = "PATH")]
     pub capture_key: Option<PathBuf>,
+    /// When a secret held in a store (vault:, aws-sm:, aws-ssm:) cannot be fetched at start:
+    /// `refuse` (exit, naming every one), `wait` (keep trying, serving nothing until all are
+    /// fetched), or `serve` (start; requests that need them get 503 secret_unavailable until
+    /// they are fetched).
+    #[arg(
+        long,
+        env = "LATCHKEY_SECRETS_STARTUP",
+        value_enum,
+        default_value = "refuse"
+    )]
+    pub secrets_startup: SecretsStartup,
     /// Write a signed checkpoint after this many audit lines...
     #[arg(long, env = "LATCHKEY_AUDIT_CHECKPOINT_EVERY", value_name = "N", default_value_t = crate::audit::CHECKPOINT_EVERY, value_parser = clap::value_parser!(u64).range(1..))]
     pub audit_checkpoint_every: u64,
@@ -623,6 +634,18 @@ fn parse_bytes(s: &str) -> Result<usize, String> {
     };
     n.checked_mul(mult)
         .ok_or_else(|| format!("{s:?} is too large"))
+}
+
+/// What `serve` does at start when a secret held in a store cannot be fetched.
+// Plain comments on the variants: doc comments would change `--help`'s "possible values" line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SecretsStartup {
+    // Exit non-zero, naming every secret that could not be fetched.
+    Refuse,
+    // Keep trying (backing off to 30s), accepting no connection until every one is fetched.
+    Wait,
+    // Start anyway; requests that need a missing secret get 503 secret_unavailable.
+    Serve,
 }
 
 /// What `serve` does with a request policy denies.

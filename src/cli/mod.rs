@@ -26,6 +26,7 @@ pub mod policy;
 pub mod serve;
 mod serve_help;
 mod serve_start;
+mod serve_stores;
 pub mod sessions;
 pub mod trust;
 

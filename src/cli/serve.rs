@@ -58,6 +58,8 @@ pub struct Server {
     approval_url: Option<String>,
     /// `--audit-ship`: the shipper, started once the proxy (and its guarded client) serves.
     ship: Option<Arc<crate::ship::Shipper>>,
+    /// `--secrets-startup`.
+    secrets_startup: super::args::SecretsStartup,
     /// What `POST /sessions` returns as a session's environment: the trust variables (the
     /// proxy URL is added once the listener's address is known, or `--session-proxy-url`).
     session_env: crate::admin::sessions::SessionEnv,
@@ -155,6 +157,7 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
         approval_url: args.approval_url.clone(),
         ship,
         session_env,
+        secrets_startup: args.secrets_startup,
     })
 }
 
@@ -483,6 +486,8 @@ impl Server {
         let admin_listening = self.admin.as_ref().map(|(l, _)| l);
         serve_start::start_state(&self.proxy, &self.state, self.approval_url, admin_listening)
             .await?;
+        // Secrets held in stores, before the first connection is accepted.
+        super::serve_stores::start_stores(&self.proxy, self.secrets_startup).await?;
         let proxy = self.proxy;
         let listener = tokio::net::TcpListener::from_std(self.listener)?;
         let addr = listener.local_addr()?;

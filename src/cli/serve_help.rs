@@ -175,6 +175,12 @@ const TABLE: &[(&str, &str, &str, bool)] = &[
         "Key sealing captured OAuth tokens",
         false,
     ),
+    (
+        "secrets_startup",
+        POLICY,
+        "`refuse`, `wait` or `serve` when a stored secret is unreachable",
+        false,
+    ),
     ("workers", LIMITS, "Runtime worker threads", false),
     (
         "max_connections",

@@ -765,7 +765,11 @@ impl FileCx<'_> {
                 }
             }
         };
-        let refresh = read("refresh", &secret.refresh, crate::secrets::remote::MIN_REFRESH);
+        let refresh = read(
+            "refresh",
+            &secret.refresh,
+            crate::secrets::remote::MIN_REFRESH,
+        );
         let stale_for = read("stale_for", &secret.stale_for, std::time::Duration::ZERO);
         ok.then_some((refresh, stale_for))
     }

@@ -40,7 +40,11 @@ pub(super) fn compile(parsed: &mut Parsed<'_>, errors: &mut Vec<PolicyError>) ->
                 );
                 continue;
             }
-            let at = format!("{}:{}", file.display(), super::compile::line_col(text, span.start).0);
+            let at = format!(
+                "{}:{}",
+                file.display(),
+                super::compile::line_col(text, span.start).0
+            );
             if let Some((_, first)) = out.get(&name) {
                 cx.error(
                     span,
@@ -66,7 +70,10 @@ fn connection(
     let before = cx.errors.len();
     let address = match &raw.address {
         None => {
-            cx.error(span.clone(), format!("{field}: address is required (https://HOST:PORT)"));
+            cx.error(
+                span.clone(),
+                format!("{field}: address is required (https://HOST:PORT)"),
+            );
             None
         }
         Some(a) => match address(a.get_ref()) {
@@ -82,11 +89,17 @@ fn connection(
         match std::fs::metadata(&path) {
             Ok(m) if m.is_file() => Some(path),
             Ok(_) => {
-                cx.error(c.span(), format!("{field}.ca: {} is not a file", path.display()));
+                cx.error(
+                    c.span(),
+                    format!("{field}.ca: {} is not a file", path.display()),
+                );
                 None
             }
             Err(e) => {
-                cx.error(c.span(), format!("{field}.ca: cannot read {}: {e}", path.display()));
+                cx.error(
+                    c.span(),
+                    format!("{field}.ca: cannot read {}: {e}", path.display()),
+                );
                 None
             }
         }
@@ -94,14 +107,22 @@ fn connection(
     let namespace = raw.namespace.as_ref().and_then(|n| {
         let v = n.get_ref().trim_matches('/');
         if v.is_empty() || v.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            cx.error(n.span(), format!("{field}.namespace: must be a non-empty path like \"team-a\""));
+            cx.error(
+                n.span(),
+                format!("{field}.namespace: must be a non-empty path like \"team-a\""),
+            );
             None
         } else {
             Some(v.to_string())
         }
     });
     let mut allow_private = Vec::new();
-    for c in raw.allow_private.as_ref().map(|l| l.get_ref().as_slice()).unwrap_or_default() {
+    for c in raw
+        .allow_private
+        .as_ref()
+        .map(|l| l.get_ref().as_slice())
+        .unwrap_or_default()
+    {
         match Cidr::parse(c.get_ref()) {
             Ok(c) => allow_private.push(c),
             Err(e) => cx.error(c.span(), format!("{field}.allow_private: {e}")),
@@ -109,7 +130,10 @@ fn connection(
     }
     let auth = match raw.auth {
         None => {
-            cx.error(span, format!("{field}: auth is required (method = \"token\", \"approle\" or \"jwt\")"));
+            cx.error(
+                span,
+                format!("{field}: auth is required (method = \"token\", \"approle\" or \"jwt\")"),
+            );
             None
         }
         Some(a) => auth(cx, field, a),
@@ -134,7 +158,9 @@ fn address(raw: &str) -> Result<String, String> {
         return Err("must not carry credentials (use auth)".into());
     }
     if url.query().is_some() || url.fragment().is_some() || !matches!(url.path(), "" | "/") {
-        return Err(format!("{raw:?}: give only https://HOST[:PORT], no path or query"));
+        return Err(format!(
+            "{raw:?}: give only https://HOST[:PORT], no path or query"
+        ));
     }
     let host = url.host().ok_or_else(|| format!("{raw:?} has no host"))?;
     let loopback = match host {
@@ -169,7 +195,10 @@ fn login_source(
     let ten = std::time::Duration::from_secs(10);
     match Source::parse(v.get_ref(), std::time::Duration::from_secs(300), ten) {
         Ok(Source::Remote(_)) => {
-            cx.error(v.span(), format!("{at}: a login secret comes from env:, file: or exec:, not from a store"));
+            cx.error(
+                v.span(),
+                format!("{at}: a login secret comes from env:, file: or exec:, not from a store"),
+            );
             None
         }
         Ok(s) => Some(Box::new(s)),
@@ -189,24 +218,49 @@ fn auth(cx: &mut FileCx<'_>, field: &str, a: RawVaultAuth) -> Option<VaultAuth> 
             .unwrap_or_else(|| default.to_string())
     };
     let Some(method) = &a.method else {
-        cx.error(a.span.clone(), format!("{}: required: \"token\", \"approle\" or \"jwt\"", at("method")));
+        cx.error(
+            a.span.clone(),
+            format!(
+                "{}: required: \"token\", \"approle\" or \"jwt\"",
+                at("method")
+            ),
+        );
         return None;
     };
     let unused = |cx: &mut FileCx<'_>, keys: &[(&str, bool)]| {
         for (k, set) in keys {
             if *set {
-                cx.error(a.span.clone(), format!("{}: not used by method {:?}", at(k), method.get_ref()));
+                cx.error(
+                    a.span.clone(),
+                    format!("{}: not used by method {:?}", at(k), method.get_ref()),
+                );
             }
         }
     };
     match method.get_ref().as_str() {
         "token" => {
-            unused(cx, &[("role_id", a.role_id.is_some()), ("secret_id", a.secret_id.is_some()), ("role", a.role.is_some()), ("token_file", a.token_file.is_some()), ("mount", a.mount.is_some())]);
+            unused(
+                cx,
+                &[
+                    ("role_id", a.role_id.is_some()),
+                    ("secret_id", a.secret_id.is_some()),
+                    ("role", a.role.is_some()),
+                    ("token_file", a.token_file.is_some()),
+                    ("mount", a.mount.is_some()),
+                ],
+            );
             let token = login_source(cx, &at("token"), &a.token, &a.span)?;
             Some(VaultAuth::Token { token })
         }
         "approle" => {
-            unused(cx, &[("token", a.token.is_some()), ("role", a.role.is_some()), ("token_file", a.token_file.is_some())]);
+            unused(
+                cx,
+                &[
+                    ("token", a.token.is_some()),
+                    ("role", a.role.is_some()),
+                    ("token_file", a.token_file.is_some()),
+                ],
+            );
             let role_id = login_source(cx, &at("role_id"), &a.role_id, &a.span);
             let secret_id = login_source(cx, &at("secret_id"), &a.secret_id, &a.span);
             Some(VaultAuth::AppRole {
@@ -216,20 +270,39 @@ fn auth(cx: &mut FileCx<'_>, field: &str, a: RawVaultAuth) -> Option<VaultAuth> 
             })
         }
         "jwt" | "kubernetes" => {
-            unused(cx, &[("token", a.token.is_some()), ("role_id", a.role_id.is_some()), ("secret_id", a.secret_id.is_some())]);
+            unused(
+                cx,
+                &[
+                    ("token", a.token.is_some()),
+                    ("role_id", a.role_id.is_some()),
+                    ("secret_id", a.secret_id.is_some()),
+                ],
+            );
             let role = a.role.as_ref().map(|r| r.get_ref().clone());
             if role.is_none() {
                 cx.error(a.span.clone(), format!("{} is required", at("role")));
             }
             let token_file = match (&a.token_file, method.get_ref().as_str()) {
                 (Some(f), _) => Some(PathBuf::from(f.get_ref())),
-                (None, "kubernetes") => Some(PathBuf::from("/var/run/secrets/kubernetes.io/serviceaccount/token")),
+                (None, "kubernetes") => Some(PathBuf::from(
+                    "/var/run/secrets/kubernetes.io/serviceaccount/token",
+                )),
                 (None, _) => {
-                    cx.error(a.span.clone(), format!("{} is required (a projected service-account token file)", at("token_file")));
+                    cx.error(
+                        a.span.clone(),
+                        format!(
+                            "{} is required (a projected service-account token file)",
+                            at("token_file")
+                        ),
+                    );
                     None
                 }
             };
-            let default_mount = if method.get_ref() == "kubernetes" { "kubernetes" } else { "jwt" };
+            let default_mount = if method.get_ref() == "kubernetes" {
+                "kubernetes"
+            } else {
+                "jwt"
+            };
             Some(VaultAuth::Jwt {
                 mount: mount(default_mount),
                 role: role?,

@@ -6,6 +6,8 @@
 //! compiles the whole directory off the async workers, reconciles the live state against the
 //! new declarations ([`Live::reconcile`]: unchanged ones keep their values and tokens, changed
 //! ones are read anew, removed ones are dropped), then swaps the new generation in atomically;
+//! a secret held in a store (Vault, AWS) is fetched before the swap, and values already held
+//! in stores are refreshed in the background after any reload;
 //! an invalid set, or a secret that cannot be read, leaves the generation in force untouched,
 //! and the error is kept for `/status`. Requests already running keep the generation they
 //! started with, policy and values alike. This module reads files and swaps an `Arc`; it knows
@@ -178,10 +180,19 @@ impl Proxy {
             in_force.next(policy).map(Some)
         })
         .await;
-        let result = match loaded {
+        let mut result = match loaded {
             Ok(next) => next,
             Err(e) => Err(ReloadError::Task(e.to_string())),
         };
+        // A secret in a store the new generation declares (or declares anew) is fetched before
+        // it goes in force: one that cannot be leaves the generation in force alone, like an
+        // unreadable file.
+        if let Ok(Some(next)) = &result {
+            let failures = next.secrets().fetch_remote().await;
+            if !failures.is_empty() {
+                result = Err(unreadable(failures));
+            }
+        }
         let metrics = self.metrics().clone();
         let mut state = self
             .reloader
@@ -203,6 +214,9 @@ impl Proxy {
                         .policy_reloads
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }
+                // A reload also refreshes the values held in stores (in the background: the
+                // values in use stay until the new ones come).
+                self.policy().secrets().refresh_remote();
                 Ok(changed)
             }
             Err(e) => {

@@ -193,7 +193,10 @@ async fn without_a_fetcher_a_remote_secret_is_unavailable_and_named() {
     .expect("load: nothing is fetched at load");
     let e = store.get("app").await.expect_err("no fetcher");
     let text = e.to_string();
-    assert!(text.contains("\"app\"") && text.contains("vault:secret/app"), "{text}");
+    assert!(
+        text.contains("\"app\"") && text.contains("vault:secret/app"),
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -204,7 +207,11 @@ async fn a_value_is_fetched_once_and_cached_until_its_refresh() {
     assert_eq!(a.expect("a"), "value-one-0123456789");
     assert_eq!(b.expect("b"), "value-one-0123456789");
     assert_eq!(value(&store).await.expect("c"), "value-one-0123456789");
-    assert_eq!(f.calls.load(Ordering::SeqCst), 1, "single flight, then cached");
+    assert_eq!(
+        f.calls.load(Ordering::SeqCst),
+        1,
+        "single flight, then cached"
+    );
     assert_eq!(store.kind("app"), Some("vault"));
     assert!(!store.stale("app"));
 }
@@ -225,17 +232,32 @@ async fn a_failed_fetch_refuses_naming_the_secret_and_is_not_retried_by_every_re
     let _ = value(&store).await.expect_err("down again");
     tokio::time::sleep(crate::FAILURE_KEPT + Duration::from_millis(50)).await;
     assert_eq!(value(&store).await.expect("up"), "value-two-0123456789");
-    assert_eq!(store.fetch_remote().await, Vec::new(), "nothing left to fetch");
+    assert_eq!(
+        store.fetch_remote().await,
+        Vec::new(),
+        "nothing left to fetch"
+    );
 }
 
 #[tokio::test]
 async fn past_its_refresh_a_value_is_served_stale_only_within_stale_for() {
-    let f = Scripted::new(vec![Some(("value-fresh-0123456789", None)), None, None, None]);
+    let f = Scripted::new(vec![
+        Some(("value-fresh-0123456789", None)),
+        None,
+        None,
+        None,
+    ]);
     let store = remote_store(Duration::from_secs(1), Duration::from_secs(2), f.clone());
-    assert_eq!(value(&store).await.expect("fresh"), "value-fresh-0123456789");
+    assert_eq!(
+        value(&store).await.expect("fresh"),
+        "value-fresh-0123456789"
+    );
     tokio::time::sleep(Duration::from_millis(1100)).await;
     // The refresh fails (in the background); the last value is served, marked stale.
-    assert_eq!(value(&store).await.expect("stale"), "value-fresh-0123456789");
+    assert_eq!(
+        value(&store).await.expect("stale"),
+        "value-fresh-0123456789"
+    );
     assert!(store.stale("app"));
     tokio::time::sleep(Duration::from_millis(2100)).await;
     let e = value(&store).await.expect_err("past stale_for");
@@ -246,7 +268,10 @@ async fn past_its_refresh_a_value_is_served_stale_only_within_stale_for() {
 async fn without_stale_for_a_value_past_its_refresh_is_fetched_before_use() {
     let f = Scripted::new(vec![Some(("value-fresh-0123456789", None)), None, None]);
     let store = remote_store(Duration::from_secs(1), Duration::ZERO, f.clone());
-    assert_eq!(value(&store).await.expect("fresh"), "value-fresh-0123456789");
+    assert_eq!(
+        value(&store).await.expect("fresh"),
+        "value-fresh-0123456789"
+    );
     tokio::time::sleep(Duration::from_millis(1100)).await;
     let e = value(&store).await.expect_err("no grace");
     assert!(e.to_string().contains("store is down"), "{e}");
@@ -280,7 +305,11 @@ async fn a_value_whose_lease_ended_is_never_served_even_within_stale_for() {
         None,
         None,
     ]);
-    let store = remote_store(Duration::from_secs(300), Duration::from_secs(600), f.clone());
+    let store = remote_store(
+        Duration::from_secs(300),
+        Duration::from_secs(600),
+        f.clone(),
+    );
     assert_eq!(value(&store).await.expect("one"), "short-lease-0123456789");
     tokio::time::sleep(Duration::from_millis(700)).await;
     let e = value(&store).await.expect_err("the lease ended");
@@ -293,11 +322,14 @@ async fn fetch_remote_reports_every_failure_at_once_by_name() {
     let store = SecretStore::load(vec![
         ("a".into(), parse("vault:secret/a#k").expect("a")),
         ("b".into(), parse("aws-sm:prod/b").expect("b")),
-        ("c".into(), Source::Exec {
-            command: "true".into(),
-            ttl: Duration::from_secs(1),
-            timeout: Duration::from_secs(1),
-        }),
+        (
+            "c".into(),
+            Source::Exec {
+                command: "true".into(),
+                ttl: Duration::from_secs(1),
+                timeout: Duration::from_secs(1),
+            },
+        ),
     ])
     .expect("load");
     store.set_fetcher(f);
