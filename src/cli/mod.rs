@@ -28,6 +28,7 @@ mod serve_help;
 mod serve_start;
 pub mod sessions;
 pub mod trust;
+mod upstream_proxy;
 
 pub use args::{AuditAction, CaAction, Cli, Command, GatewaySetupArgs, Mode, ServeArgs};
 
