@@ -242,12 +242,14 @@ async fn the_password_is_in_no_debug_output_or_error() {
         shown.contains("alice") && !shown.contains(PASSWORD),
         "{shown}"
     );
-    let mut config = UpstreamConfig::default();
-    config.proxy = Some(UpstreamProxy {
-        url: url("http://127.0.0.1:9"),
-        auth: Some(a),
-        bypass: Bypass::default(),
-    });
+    let config = UpstreamConfig {
+        proxy: Some(UpstreamProxy {
+            url: url("http://127.0.0.1:9"),
+            auth: Some(a),
+            bypass: Bypass::default(),
+        }),
+        ..UpstreamConfig::default()
+    };
     assert!(!format!("{config:?}").contains(PASSWORD));
     // A password source that fails says why, never a value.
     let (addr, _proxy) = fake_http_proxy(Vec::new()).await;
