@@ -451,6 +451,33 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub resolve: Vec<String>,
+    /// Chain every upstream connection through this egress proxy: `http://HOST:PORT` (HTTP
+    /// CONNECT) or `socks5://HOST:PORT`. latchkey still resolves and checks every address and
+    /// asks the proxy for `CONNECT IP:PORT` (the checked address, never the name); its own TLS
+    /// runs end to end inside the tunnel, plain-http upstreams included.
+    #[arg(long, env = "LATCHKEY_UPSTREAM_PROXY", value_name = "URL")]
+    pub upstream_proxy: Option<String>,
+    /// The upstream proxy's user and where its password comes from, `USER:SOURCE` with SOURCE
+    /// `env:VAR`, `file:PATH` or `exec:COMMAND` (never the password itself): sent as
+    /// `Proxy-Authorization: Basic` or SOCKS5 username/password.
+    #[arg(
+        long,
+        env = "LATCHKEY_UPSTREAM_PROXY_CREDENTIALS",
+        value_name = "USER:SOURCE",
+        requires = "upstream_proxy"
+    )]
+    pub upstream_proxy_credentials: Option<String>,
+    /// Destinations dialed directly, not through --upstream-proxy (comma-separated): exact
+    /// hosts, `.suffix` or `*.suffix` (names under it), IP addresses and CIDRs, e.g.
+    /// `10.0.0.0/8,.internal,localhost`.
+    #[arg(
+        long,
+        env = "LATCHKEY_UPSTREAM_PROXY_BYPASS",
+        value_name = "LIST",
+        value_delimiter = ',',
+        requires = "upstream_proxy"
+    )]
+    pub upstream_proxy_bypass: Vec<String>,
     /// How long to wait for an upstream's response headers.
     #[arg(long, env = "LATCHKEY_RESPONSE_TIMEOUT", default_value = "300s", value_parser = humantime::parse_duration)]
     pub response_timeout: Duration,

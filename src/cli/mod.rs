@@ -29,6 +29,7 @@ mod serve_start;
 mod serve_stores;
 pub mod sessions;
 pub mod trust;
+mod upstream_proxy;
 
 pub use args::{AuditAction, CaAction, Cli, Command, GatewaySetupArgs, Mode, ServeArgs};
 

@@ -183,7 +183,7 @@ fn session_env(args: &ServeArgs) -> anyhow::Result<crate::admin::sessions::Sessi
 }
 
 /// The upstream settings from the flags: `--upstream-ca`, `--connect-timeout`, the
-/// `--resolve` pins and the `--allow-private` ranges.
+/// `--resolve` pins, the `--allow-private` ranges and the `--upstream-proxy` chain.
 fn upstream_config(args: &ServeArgs) -> anyhow::Result<UpstreamConfig> {
     let mut upstream = UpstreamConfig {
         extra_ca: args.upstream_ca.clone(),
@@ -200,6 +200,7 @@ fn upstream_config(args: &ServeArgs) -> anyhow::Result<UpstreamConfig> {
             .map_err(|e| anyhow::anyhow!("{} {cidr:?}: {e}", flag("allow_private")))?;
         upstream.allow_private.push(c);
     }
+    upstream.proxy = super::upstream_proxy::from_args(args)?;
     Ok(upstream)
 }
 

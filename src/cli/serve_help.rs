@@ -72,6 +72,24 @@ const TABLE: &[(&str, &str, &str, bool)] = &[
         true,
     ),
     (
+        "upstream_proxy",
+        TLS,
+        "Chain through an egress proxy (http:// or socks5://)",
+        false,
+    ),
+    (
+        "upstream_proxy_credentials",
+        TLS,
+        "Upstream proxy USER:SOURCE (env:, file:, exec:)",
+        false,
+    ),
+    (
+        "upstream_proxy_bypass",
+        TLS,
+        "Hosts, .suffixes, IPs, CIDRs dialed directly",
+        false,
+    ),
+    (
         "connect_timeout",
         TLS,
         "Upstream TCP connect timeout",

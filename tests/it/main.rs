@@ -104,6 +104,7 @@ mod token_capture;
 mod trust;
 mod tunnel;
 mod upstream_failures;
+mod upstream_proxy;
 mod websocket;
 
 // The docs, checked against the code and the built binary; the book's links and contents.

@@ -7,6 +7,10 @@
 //! roots plus `--upstream-ca`) with ALPN h2/http1.1 on top and plugs into hyper-util's pooled
 //! client, so pooled connections are reused only for the same scheme and authority.
 //!
+//! With `--upstream-proxy` (`chain.rs`, `socks5.rs`) the dialer still resolves and guards
+//! every address itself, then asks the operator's proxy for a pipe to exactly the checked
+//! address (unless `--upstream-proxy-bypass` names the host or address); TLS stays latchkey's.
+//!
 //! Depends on `reason` and `wire` (host forms, CIDRs) only: never on `policy`, whose decision
 //! reaches the dialer as plain data (a host, a port, the rule's extra ranges).
 
@@ -34,12 +38,15 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
+pub mod chain;
 mod class;
 mod clients;
 pub mod guard;
 pub mod hostform;
+mod socks5;
 pub mod token_transport;
 
+pub use chain::{Bypass, ProxyAuth, ProxyPassword, ProxyScheme, ProxyUrl, UpstreamProxy};
 pub use clients::{Clients, Way};
 pub use guard::{AddressGuard, Cidr};
 
@@ -83,6 +90,11 @@ pub enum UpstreamError {
         host: String,
         source: std::io::Error,
     },
+    #[error("cannot reach {host} through the upstream proxy: {source}")]
+    Proxy {
+        host: String,
+        source: chain::ChainError,
+    },
     #[error("invalid upstream host {host:?}: {why}")]
     BadHost { host: String, why: String },
     #[error("cannot load upstream CA bundle {path}: {why}")]
@@ -95,6 +107,7 @@ impl UpstreamError {
         match self {
             UpstreamError::Tls { .. } => Reason::UpstreamTls,
             UpstreamError::ConnectTimeout { .. } => Reason::UpstreamTimeout,
+            UpstreamError::Proxy { source, .. } if source.is_timeout() => Reason::UpstreamTimeout,
             UpstreamError::Refused { .. } => Reason::NonPublicAddress,
             _ => Reason::UpstreamUnreachable,
         }
@@ -144,6 +157,8 @@ pub struct UpstreamConfig {
     pub allow_private: Vec<Cidr>,
     /// latchkey's own listen addresses: never dialed.
     pub own: Vec<SocketAddr>,
+    /// The operator's egress proxy (`--upstream-proxy`), if any.
+    pub proxy: Option<UpstreamProxy>,
 }
 
 impl Default for UpstreamConfig {
@@ -154,6 +169,7 @@ impl Default for UpstreamConfig {
             connect_timeout: Duration::from_secs(10),
             allow_private: Vec::new(),
             own: Vec::new(),
+            proxy: None,
         }
     }
 }
@@ -185,6 +201,7 @@ pub struct Dialer {
     resolve: HashMap<String, IpAddr>,
     guard: AddressGuard,
     connect_timeout: Duration,
+    proxy: Option<UpstreamProxy>,
 }
 
 impl Dialer {
@@ -193,6 +210,7 @@ impl Dialer {
             resolve: config.resolve.clone(),
             guard: AddressGuard::new(config.allow_private.clone(), config.own.clone()),
             connect_timeout: config.connect_timeout,
+            proxy: config.proxy.clone(),
         }
     }
 
@@ -241,7 +259,8 @@ impl Dialer {
         Ok(addrs)
     }
 
-    /// Connects to `host:port` through the guard, trying each checked address in turn.
+    /// Connects to `host:port` through the guard, trying each checked address in turn: directly,
+    /// or through the upstream proxy to that same checked address unless it is bypassed.
     pub async fn dial(
         &self,
         host: &str,
@@ -251,32 +270,53 @@ impl Dialer {
         let addrs = self.resolve(host, port, extra).await?;
         let mut last = None;
         for addr in addrs {
-            // The one outbound connect in latchkey (see .clippy.toml).
-            #[allow(clippy::disallowed_methods)]
-            let connect = TcpStream::connect(addr);
-            match tokio::time::timeout(self.connect_timeout, connect).await {
-                Ok(Ok(stream)) => {
+            let attempt = match &self.proxy {
+                Some(proxy) if !proxy.bypasses(host, addr.ip()) => {
+                    tracing::debug!(upstream.addr = %addr, upstream.proxy = %proxy.url, "dialing through the upstream proxy");
+                    chain::connect_via(proxy, &self.resolve, addr, self.connect_timeout)
+                        .await
+                        .map_err(|source| UpstreamError::Proxy {
+                            host: host.to_string(),
+                            source,
+                        })
+                }
+                _ => self.connect_direct(host, addr).await,
+            };
+            match attempt {
+                Ok(stream) => {
                     let _ = stream.set_nodelay(true);
                     return Ok(Dialed { stream, addr });
                 }
-                Ok(Err(source)) => {
-                    last = Some(UpstreamError::Connect {
-                        host: host.to_string(),
-                        addr,
-                        source,
-                    })
-                }
-                Err(_) => {
-                    last = Some(UpstreamError::ConnectTimeout {
-                        host: host.to_string(),
-                        addr,
-                    })
-                }
+                Err(e) => last = Some(e),
             }
         }
         Err(last.unwrap_or_else(|| UpstreamError::NoAddress {
             host: host.to_string(),
         }))
+    }
+
+    /// One direct connection to a checked address.
+    async fn connect_direct(
+        &self,
+        host: &str,
+        addr: SocketAddr,
+    ) -> Result<TcpStream, UpstreamError> {
+        // The one outbound connect to an upstream in latchkey (see .clippy.toml); the other is
+        // to the operator's own proxy, in chain.rs.
+        #[allow(clippy::disallowed_methods)]
+        let connect = TcpStream::connect(addr);
+        match tokio::time::timeout(self.connect_timeout, connect).await {
+            Ok(Ok(stream)) => Ok(stream),
+            Ok(Err(source)) => Err(UpstreamError::Connect {
+                host: host.to_string(),
+                addr,
+                source,
+            }),
+            Err(_) => Err(UpstreamError::ConnectTimeout {
+                host: host.to_string(),
+                addr,
+            }),
+        }
     }
 }
 

@@ -39,6 +39,7 @@ const TOOLS: &[(&str, &str)] = &[
     ("nsenter", "util-linux"),
     ("setpriv", "util-linux"),
     ("redis-server", "redis-server"),
+    ("squid", "squid"),
 ];
 
 /// The pinned requirements the Python environment is built from.
