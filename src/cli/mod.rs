@@ -14,6 +14,7 @@ pub mod args;
 pub mod audit;
 pub mod audit_query;
 pub mod ca;
+mod check_stores;
 mod config;
 pub mod demo;
 pub mod diff;

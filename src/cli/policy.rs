@@ -67,6 +67,14 @@ pub fn check(dir: &Path, format: CheckFormat, secrets: SecretLoading) -> ExitCod
         Ok(p) => p,
         Err(e) => return check_failed(dir, format, &e, sources.files.len(), secrets_read),
     };
+    // Secrets held in stores are fetched once too (not with --no-secrets), every failure said.
+    if secrets_read {
+        let unreachable = super::check_stores::fetch_once(&policy);
+        if !unreachable.is_empty() {
+            let e = LoadError::Invalid(unreachable);
+            return check_failed(dir, format, &e, sources.files.len(), secrets_read);
+        }
+    }
     let warnings = lint(&policy, &sources.as_refs());
     match format {
         CheckFormat::Json => {
@@ -391,9 +399,17 @@ fn render(e: &Explanation) -> String {
         line(format!("injects:  {} (names only)", e.injected.join(", ")));
     }
     if !e.secrets.is_empty() {
+        let named: Vec<String> = e
+            .secrets
+            .iter()
+            .map(|n| match e.secret_sources.get(n) {
+                Some(kind) => format!("{n} ({kind})"),
+                None => n.clone(),
+            })
+            .collect();
         line(format!(
             "secrets:  {} (bound to this rule's hosts)",
-            e.secrets.join(", ")
+            named.join(", ")
         ));
     }
     if let Some(c) = &e.credential {

@@ -448,6 +448,8 @@ fn every_kind_of_record_the_log_writes_is_a_valid_ocsf_event() {
         rule: Some("openai".into()),
         reason: "allowed",
         secrets: vec!["openai".into()],
+        secret_sources: Default::default(),
+        stale_secrets: Vec::new(),
         captured: Vec::new(),
         status: Some(200),
         upstream: Some("192.0.2.10:443".into()),

@@ -212,7 +212,7 @@ const EVERY_ERROR: &[(&str, u32, u32, &str)] = &[
     ("a.toml", 13, 10, "secrets.bad name!: secret names use letters, digits, '-' and single '_' (at most 64)"),
     ("a.toml", 17, 10, "secrets.ttl_on_env: ttl and timeout apply to exec: sources only"),
     ("a.toml", 22, 7, "secrets.bad_ttl.ttl: \"soon\" is not a duration like \"30s\" or \"5m\""),
-    ("a.toml", 25, 10, "secrets.bad_source.source: unknown source kind \"vault\": use env:VAR, file:PATH or exec:COMMAND"),
+    ("a.toml", 25, 10, "secrets.bad_source.source: vault: the path is MOUNT/PATH (a mount alone names no secret)"),
     ("a.toml", 28, 10, "secrets.typed.source: expected a string, found an integer"),
     ("a.toml", 36, 17, "credentials.aws.access_key_id: the value is not env:VAR, file:PATH or exec:COMMAND (key material is never written inline)"),
     ("a.toml", 38, 1, "credentials.aws: unknown key `regin`; did you mean `region`?"),

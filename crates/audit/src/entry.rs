@@ -79,6 +79,8 @@ impl Entry {
                 rule: None,
                 reason: Reason::BadRequest.code(),
                 secrets: Vec::new(),
+                secret_sources: Default::default(),
+                stale_secrets: Vec::new(),
                 captured: Vec::new(),
                 status: None,
                 upstream: None,
@@ -340,6 +342,19 @@ impl Entry {
     /// The secrets the broker used, by name.
     pub fn set_secrets(&mut self, names: Vec<String>) {
         self.update(|r| r.secrets = names);
+    }
+
+    /// Where the secrets used came from (`vault`, `env`, …, by name), and which of them were
+    /// served stale.
+    pub fn set_secret_sources(
+        &mut self,
+        sources: std::collections::BTreeMap<String, &'static str>,
+        stale: Vec<String>,
+    ) {
+        self.update(|r| {
+            r.secret_sources = sources;
+            r.stale_secrets = stale;
+        });
     }
 
     /// The tokens a capture kept, by name.

@@ -27,6 +27,8 @@ fn full() -> Record {
         rule: Some("example-api".into()),
         reason: "allowed",
         secrets: vec!["example_token".into()],
+        secret_sources: Default::default(),
+        stale_secrets: Vec::new(),
         captured: Vec::new(),
         status: Some(200),
         upstream: Some("93.184.216.34:8443".into()),

@@ -33,6 +33,14 @@ pub struct Record {
     pub rule: Option<String>,
     pub reason: &'static str,
     pub secrets: Vec<String>,
+    /// Where each secret in `secrets` came from, by name: `env`, `file`, `exec`, `vault`,
+    /// `aws-sm` or `aws-ssm` (never a value or a path). Absent when no secret was used.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub secret_sources: std::collections::BTreeMap<String, &'static str>,
+    /// Secrets held in a store that were served stale — past their refresh time, within
+    /// their `stale_for`, because the store could not be reached. Absent otherwise.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub stale_secrets: Vec<String>,
     /// On a token endpoint's response under a rule with `capture`: the names the tokens it
     /// carried are now kept under (never values). Absent otherwise.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -292,6 +300,8 @@ impl Record {
             rule: self.rule.clone(),
             reason: self.reason,
             secrets: self.secrets.clone(),
+            secret_sources: Default::default(),
+            stale_secrets: Vec::new(),
             captured: Vec::new(),
             status: None,
             upstream: None,
@@ -560,6 +570,8 @@ mod tests {
             rule: None,
             reason: "allowed",
             secrets: Vec::new(),
+            secret_sources: Default::default(),
+            stale_secrets: Vec::new(),
             captured: Vec::new(),
             status: Some(200),
             upstream: None,

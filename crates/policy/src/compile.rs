@@ -243,6 +243,11 @@ pub fn compile_sources_with(
         errors.sort_by_key(|e| (order(&e.file), e.line, e.col));
         return Err(errors);
     }
+    let secret_origins = keyed
+        .at
+        .iter()
+        .map(|(k, (_, _, origin))| (k.clone(), origin.clone()))
+        .collect();
     let mut secret_sources = keyed.sources;
     secret_sources.sort_by(|a, b| a.0.cmp(&b.0));
 
@@ -261,6 +266,7 @@ pub fn compile_sources_with(
         default_labels,
         credentials: credentials.compiled,
         secrets: secret_sources,
+        secret_origins,
         digest: format!("sha256:{hex}"),
         files: sources.iter().map(|(p, _)| p.to_path_buf()).collect(),
     }))
@@ -299,7 +305,7 @@ impl Keyed {
 
 /// The policy field a secret-source key was declared at (`secrets.NAME.source`,
 /// `credentials.NAME.FIELD`, …), for messages.
-pub(super) fn field_of(name: &str) -> String {
+pub fn field_of(name: &str) -> String {
     if let Some(id) = name.strip_prefix("identity:") {
         format!("identities.{id}.token")
     } else if let Some(n) = name.strip_prefix("notify:") {
@@ -534,6 +540,7 @@ struct Parts {
     default_labels: BTreeMap<String, String>,
     credentials: HashMap<String, Arc<Credential>>,
     secrets: Vec<(String, Source)>,
+    secret_origins: HashMap<String, Origin>,
     digest: String,
     files: Vec<PathBuf>,
 }
@@ -553,6 +560,7 @@ fn index(parts: Parts) -> Policy {
         default_labels,
         credentials,
         secrets,
+        secret_origins,
         digest,
         files,
     } = parts;
@@ -594,6 +602,7 @@ fn index(parts: Parts) -> Policy {
         exact,
         wildcard,
         secrets,
+        secret_origins,
         ask,
         notifiers,
         limits,

@@ -344,6 +344,8 @@ pub struct Policy {
     /// Every secret declared, by name: `[secrets.NAME]`, credentials' key material, identity
     /// tokens and notifiers' signing secrets (under their reserved names). Sources, no values.
     secrets: Vec<(String, Source)>,
+    /// Where each of `secrets` was declared (file and line), for a problem reading it later.
+    secret_origins: HashMap<String, Origin>,
     /// `[ask]`: asking a person for unknown destinations, and the defaults for rules' `ask`.
     ask: AskPolicy,
     /// `[notify.NAME]` webhooks, by name order.
@@ -477,6 +479,13 @@ impl Policy {
         &self.secrets
     }
 
+    /// Where the secret `name` (a key of [`Policy::secret_sources`]) was declared, and the
+    /// policy field that declares it (`secrets.NAME.source`, `credentials.NAME.FIELD`, …).
+    pub fn secret_origin(&self, name: &str) -> Option<(&Origin, String)> {
+        let origin = self.secret_origins.get(name)?;
+        Some((origin, compile::field_of(name)))
+    }
+
     /// The names of the secrets this policy declares, in order.
     pub fn secret_names(&self) -> impl Iterator<Item = &str> {
         self.secrets.iter().map(|(name, _)| name.as_str())
@@ -602,6 +611,9 @@ mod validate_tests;
 
 #[cfg(test)]
 mod ask_tests;
+
+#[cfg(test)]
+mod vault_tests;
 
 #[cfg(test)]
 mod limits_tests;

@@ -34,7 +34,7 @@ fn a_key_far_from_every_known_one_lists_the_known_keys() {
     let e = errors("[secrets.k]\nsource = \"exec:true\"\ncolour = \"blue\"\n");
     assert_eq!(
         e,
-        ["test.toml:3:1: secrets.k: unknown key `colour`; known keys: source, ttl, timeout"]
+        ["test.toml:3:1: secrets.k: unknown key `colour`; known keys: source, ttl, timeout, refresh, stale_for"]
     );
 }
 

@@ -171,6 +171,9 @@ pub struct Explanation {
     pub candidates: Vec<Candidate>,
     /// Secrets the allowing rule binds (injects or lists), by name.
     pub secrets: Vec<String>,
+    /// Where each of `secrets` comes from: `env`, `file`, `exec`, `vault`, `aws-sm` or
+    /// `aws-ssm` (the kind only; never a value).
+    pub secret_sources: std::collections::BTreeMap<String, &'static str>,
     /// The credential that signs or authenticates the allowed request (`credential = "NAME"`).
     pub credential: Option<String>,
     /// That credential's kind (`aws_sigv4`, `github_app`, …).
@@ -250,7 +253,7 @@ pub fn explain(
     let deciding = rule.filter(|_| allowed);
     let injected = deciding.map(injected_of).unwrap_or_default();
     // `bound` also holds a credential's internal key names; they are reported as the credential.
-    let secrets = deciding
+    let secrets: Vec<String> = deciding
         .map(|r| {
             r.bound
                 .iter()
@@ -286,6 +289,13 @@ pub fn explain(
         method: method_text.to_string(),
         url: shown,
         candidates,
+        secret_sources: secrets
+            .iter()
+            .filter_map(|name: &String| {
+                let (_, source) = policy.secret_sources().iter().find(|(n, _)| n == name)?;
+                Some((name.clone(), source.kind()))
+            })
+            .collect(),
         secrets,
         credential,
         credential_kind,

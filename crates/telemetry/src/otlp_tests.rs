@@ -31,6 +31,8 @@ fn record() -> Record {
         rule: Some("openai".into()),
         reason: "allowed",
         secrets: vec!["openai".into()],
+        secret_sources: Default::default(),
+        stale_secrets: Vec::new(),
         captured: Vec::new(),
         status: Some(200),
         upstream: Some("192.0.2.10:443".into()),

@@ -259,6 +259,45 @@ const REFUSED_BEFORE_DIAL: &[&str] = &[
     "too_many_connections",
 ];
 
+/// `secret_sources` (name → kind, for names in `secrets` only) and `stale_secrets` (names in
+/// `secrets`), when present: never empty, never anything but names and kinds.
+fn check_secret_sources(obj: &serde_json::Map<String, Value>) -> Result<(), String> {
+    const KINDS: &[&str] = &["env", "file", "exec", "vault", "aws-sm", "aws-ssm"];
+    let secrets: Vec<&str> = obj
+        .get("secrets")
+        .and_then(Value::as_array)
+        .map(|l| l.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    if let Some(m) = obj.get("secret_sources") {
+        let m = m
+            .as_object()
+            .filter(|m| !m.is_empty())
+            .ok_or_else(|| format!("secret_sources is {m}"))?;
+        for (name, kind) in m {
+            if !secrets.contains(&name.as_str())
+                || !kind.as_str().is_some_and(|k| KINDS.contains(&k))
+            {
+                return Err(format!(
+                    "secret_sources has {name}: {kind} (secrets: {secrets:?})"
+                ));
+            }
+        }
+    }
+    if let Some(l) = obj.get("stale_secrets") {
+        let names = l
+            .as_array()
+            .filter(|l| !l.is_empty())
+            .ok_or_else(|| format!("stale_secrets is {l}"))?;
+        if names
+            .iter()
+            .any(|n| !n.as_str().is_some_and(|n| secrets.contains(&n)))
+        {
+            return Err(format!("stale_secrets is {l} (secrets: {secrets:?})"));
+        }
+    }
+    Ok(())
+}
+
 /// Checks one audit record against the schema; `Err` names the first problem.
 pub fn check_record(record: &Value) -> Result<(), String> {
     let obj = record
@@ -429,6 +468,7 @@ pub fn check_record(record: &Value) -> Result<(), String> {
     if let Some(usage) = obj.get("usage") {
         check_usage(usage)?;
     }
+    check_secret_sources(obj)?;
     if let Some(c) = obj.get("captured") {
         let names = c
             .as_array()

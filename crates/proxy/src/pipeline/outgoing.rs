@@ -124,6 +124,21 @@ pub(super) async fn broker(req: &mut Req<'_>) -> Result<Outgoing, Refusal> {
     .map_err(|r| r.under(&rule.name))?;
     req.entry
         .set_secrets(brokered.secrets.iter().cloned().collect());
+    if !brokered.secrets.is_empty() {
+        let store = policy.secrets();
+        let kinds = brokered
+            .secrets
+            .iter()
+            .filter_map(|name| Some((name.clone(), store.kind(name)?)))
+            .collect();
+        let stale = brokered
+            .secrets
+            .iter()
+            .filter(|name| store.stale(name))
+            .cloned()
+            .collect();
+        req.entry.set_secret_sources(kinds, stale);
+    }
 
     let scan = scan_for(policy, rule, &target.host)?;
     if scan.is_some() {
