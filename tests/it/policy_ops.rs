@@ -591,7 +591,7 @@ fn explain_names_the_secrets_and_headers_of_the_allowing_rule() {
         "main.toml:4): matched: decides",
         "main.toml:12): method: allows only POST",
         "injects:  authorization (names only)",
-        "secrets:  gh (bound to this rule's hosts)",
+        "secrets:  gh (env) (bound to this rule's hosts)",
     ] {
         assert!(text.contains(line), "expected {line:?} in:\n{text}");
     }

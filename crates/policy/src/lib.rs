@@ -45,6 +45,7 @@ pub mod schema;
 mod schema_sessions;
 mod schema_vault;
 pub mod schemes;
+mod secret_compile;
 mod vault_compile;
 
 use std::collections::HashMap;

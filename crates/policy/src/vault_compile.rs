@@ -13,8 +13,9 @@ use super::PolicyError;
 use crate::secrets::{Location, Source, VaultAuth, VaultConnection};
 use crate::wire::cidr::Cidr;
 
-/// The connections by name (`""`: `[vault]`), and where each was declared.
-pub(super) type Connections = BTreeMap<String, (Arc<VaultConnection>, String)>;
+/// The connections by name (`""`: `[vault]`), and where each was declared; `None` for one
+/// declared with problems (reported), so a secret naming it is not reported again.
+pub(super) type Connections = BTreeMap<String, (Option<Arc<VaultConnection>>, String)>;
 
 /// Phase 2b: every file's `[vault]` tables.
 pub(super) fn compile(parsed: &mut Parsed<'_>, errors: &mut Vec<PolicyError>) -> Connections {
@@ -52,9 +53,8 @@ pub(super) fn compile(parsed: &mut Parsed<'_>, errors: &mut Vec<PolicyError>) ->
                 );
                 continue;
             }
-            if let Some(c) = connection(&mut cx, &field, name.clone(), conn, span) {
-                out.insert(name, (Arc::new(c), at));
-            }
+            let compiled = connection(&mut cx, &field, name.clone(), conn, span).map(Arc::new);
+            out.insert(name, (compiled, at));
         }
     }
     out
@@ -84,26 +84,9 @@ fn connection(
             }
         },
     };
-    let ca = raw.ca.as_ref().and_then(|c| {
-        let path = PathBuf::from(c.get_ref());
-        match std::fs::metadata(&path) {
-            Ok(m) if m.is_file() => Some(path),
-            Ok(_) => {
-                cx.error(
-                    c.span(),
-                    format!("{field}.ca: {} is not a file", path.display()),
-                );
-                None
-            }
-            Err(e) => {
-                cx.error(
-                    c.span(),
-                    format!("{field}.ca: cannot read {}: {e}", path.display()),
-                );
-                None
-            }
-        }
-    });
+    // Read when latchkey first connects (`check` and `serve` report a file it cannot read):
+    // `check --no-secrets` and `test` need no file of the serving machine.
+    let ca = raw.ca.as_ref().map(|c| PathBuf::from(c.get_ref()));
     let namespace = raw.namespace.as_ref().and_then(|n| {
         let v = n.get_ref().trim_matches('/');
         if v.is_empty() || v.chars().any(|c| c.is_whitespace() || c.is_control()) {
@@ -338,7 +321,9 @@ pub(super) fn resolve(
             continue;
         };
         match connections.get(connection.as_str()) {
-            Some((c, _)) => *settings = Some(c.clone()),
+            Some((Some(c), _)) => *settings = Some(c.clone()),
+            // Declared with problems, already reported: the policy does not compile anyway.
+            Some((None, _)) => {}
             None => missing.push((key.clone(), connection.clone())),
         }
     }

@@ -121,7 +121,6 @@ auth = { method = "jwt", role = "r" }
     for want in [
         "vault: unknown key `colour`",
         "vault.address: \"http://vault.internal:8200/v1\": give only https://HOST[:PORT]",
-        "vault.ca: cannot read /nonexistent/ca.pem",
         "vault.auth.role_id: a login secret comes from env:, file: or exec:, not from a store",
         "vault.auth.secret_id is required",
         "vault.auth.token: not used by method \"approle\"",
