@@ -412,7 +412,7 @@ impl Collector for Snapshot {
         counter(
             &mut e,
             "latchkey_secret_fetches",
-            "Secret values fetched or refreshed from exec helpers.",
+            "Calls latchkey made itself that were answered: token exchanges, secret store reads, logins and AWS credential refreshes.",
             self.secret_fetches,
         )?;
         self.encode_gauges(&mut e)
@@ -670,7 +670,7 @@ latchkey_audit_writer_wakeups_total 0
 # HELP latchkey_audit_healthy 1 while the audit log can be written; 0 while traffic is refused because it cannot.
 # TYPE latchkey_audit_healthy gauge
 latchkey_audit_healthy 1
-# HELP latchkey_secret_fetches_total Secret values fetched or refreshed from exec helpers.
+# HELP latchkey_secret_fetches_total Calls latchkey made itself that were answered: token exchanges, secret store reads, logins and AWS credential refreshes.
 # TYPE latchkey_secret_fetches_total counter
 latchkey_secret_fetches_total 0
 # HELP latchkey_connections_active Sandbox connections open now.
