@@ -4,11 +4,9 @@
 
 use std::time::{Duration, SystemTime};
 
-use bytes::Bytes;
-use http::header::HeaderValue;
 use http::HeaderMap;
 
-use super::exchange::{Exchange, TokenTransport};
+use super::exchange::{Route, TokenTransport};
 use super::sigv4::{self, derive_region_service, Payload};
 use super::sts;
 use super::{
@@ -294,79 +292,40 @@ async fn assume(
     keys: &sigv4::Keys<'_>,
     transport: &dyn TokenTransport,
 ) -> Result<(SecretValue, Duration), CredentialError> {
-    let uri: http::Uri = role
-        .sts_endpoint
-        .parse()
-        .map_err(|e| failed(name, format!("sts_endpoint: {e}")))?;
-    let host = uri.host().unwrap_or_default().to_ascii_lowercase();
-    let port = uri.port_u16().unwrap_or(443);
-    let path = match uri.path() {
-        "" => "/",
-        p => p,
+    let call = sts::StsCall {
+        rule: super::token_name(name),
+        endpoint: &role.sts_endpoint,
+        route: Route::default(),
+        region: &role.sts_region,
     };
-    // Built in a block: the serializer (not `Send`) is gone before the exchange is awaited.
-    let form = {
-        let mut form = form_urlencoded::Serializer::new(String::new());
-        form.append_pair("Action", "AssumeRole")
-            .append_pair("Version", "2011-06-15")
-            .append_pair("RoleArn", &role.role_arn)
-            .append_pair("RoleSessionName", &role.session_name)
-            .append_pair("DurationSeconds", &role.duration.as_secs().to_string());
-        if let Some(x) = &role.external_id {
-            form.append_pair("ExternalId", x);
-        }
-        form.finish()
-    };
-    let mut headers = HeaderMap::new();
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/x-www-form-urlencoded; charset=utf-8"),
-    );
-    let target = Target {
-        method: "POST",
-        scheme: "https",
-        host: &host,
-        port,
-        identity: "",
-    };
-    sigv4::sign(
-        keys,
-        sigv4::Scope {
-            region: &role.sts_region,
-            service: "sts",
-        },
-        &target,
-        &mut headers,
-        path,
-        sigv4::SignPayload::Bytes(form.as_bytes()),
-        false,
-    )
-    .map_err(|why| failed(name, format!("cannot sign AssumeRole: {why}")))?;
-    let answer = transport
-        .call(Exchange::post(
-            super::token_name(name),
-            role.sts_endpoint.clone(),
-            headers
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-            Bytes::from(form),
-        ))
+    let keys = sts::call(call, "AssumeRole", assume_form(role), Some(keys), transport)
         .await
-        .map_err(|why| failed(name, format!("STS {}: {why}", role.sts_endpoint)))?;
-    if !(200..300).contains(&answer.status) {
-        return Err(failed(
-            name,
-            format!("STS AssumeRole answered {}", answer.status),
-        ));
-    }
-    let keys = sts::parse(&answer.body).map_err(|e| failed(name, e.to_string()))?;
+        .map_err(|why| failed(name, why))?;
     let lifetime = keys
         .expiration
         .as_deref()
         .and_then(|e| humantime::parse_rfc3339_weak(e).ok())
         .and_then(|e| e.duration_since(SystemTime::now()).ok())
         .unwrap_or(role.duration);
+    Ok((pack(&keys), lifetime))
+}
+
+/// The `AssumeRole` form for `role`.
+pub(super) fn assume_form(role: &AssumeRole) -> String {
+    let mut form = form_urlencoded::Serializer::new(String::new());
+    form.append_pair("Action", "AssumeRole")
+        .append_pair("Version", "2011-06-15")
+        .append_pair("RoleArn", &role.role_arn)
+        .append_pair("RoleSessionName", &role.session_name)
+        .append_pair("DurationSeconds", &role.duration.as_secs().to_string());
+    if let Some(x) = &role.external_id {
+        form.append_pair("ExternalId", x);
+    }
+    form.finish()
+}
+
+/// The three temporary values of an STS answer, packed in one secret (`akid\nsecret\ntoken`).
+fn pack(keys: &sts::AssumedKeys) -> SecretValue {
     let mut packed = Vec::with_capacity(
         keys.access_key_id.len() + keys.secret_access_key.len() + keys.session_token.len() + 2,
     );
@@ -383,7 +342,7 @@ async fn assume(
         }
         packed.extend_from_slice(part.as_bytes());
     }
-    Ok((SecretValue::new(packed), lifetime))
+    SecretValue::new(packed)
 }
 
 fn unpack_keys(
@@ -404,7 +363,7 @@ fn unpack_keys(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::header::HeaderName;
+    use http::header::{HeaderName, HeaderValue};
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();

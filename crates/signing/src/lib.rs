@@ -10,7 +10,9 @@
 //! [`TokenTransport`] the proxy provides (its guarded, audited client), and bodies are plain
 //! `http_body` boxes.
 //!
-//! Files: `aws` (SigV4 and STS AssumeRole), `sts` (the AssumeRole answer), `sigv4` (the
+//! Files: `aws` (SigV4 and STS AssumeRole), `aws_identity` (latchkey's own AWS identity: the
+//! provider chain), `aws_endpoints` (service, container and metadata endpoints), `aws_profile`
+//! (the shared files), `sts` (STS calls and their answer), `sigv4` (the
 //! signature), `aws_chunked` (streamed S3 uploads), `minted` (the token kinds), `jwt`,
 //! `exchange` (the transport trait and request helpers), `token_cache`, `live` (a policy
 //! generation's secret values, minted and captured tokens, reconciled on reload).
@@ -21,6 +23,8 @@ use latchkey_wire as wire;
 
 mod aws;
 pub mod aws_chunked;
+mod aws_identity;
+mod aws_profile;
 pub mod exchange;
 mod jwt;
 mod live;
@@ -38,6 +42,7 @@ use http::HeaderMap;
 
 use crate::secrets::{SecretError, SecretStore, SecretValue};
 
+pub use aws_identity::{AwsIdentity, AwsKeys, ImdsConfig, RULE as AWS_IDENTITY_RULE};
 pub use exchange::{Answer, Exchange, Route, TokenTransport, TransportError};
 pub use jwt::{JwtAlg, JwtClaim};
 pub use live::Live;
