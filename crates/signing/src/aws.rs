@@ -20,6 +20,7 @@ pub(super) struct Aws<'a> {
     pub assume_role: &'a Option<AssumeRole>,
     pub region: &'a Option<String>,
     pub service: &'a Option<String>,
+    pub static_keys: bool,
     pub has_session_token: bool,
     pub max_signed_body: usize,
 }
@@ -38,6 +39,7 @@ pub(super) async fn sign(
         assume_role,
         region,
         service,
+        static_keys,
         has_session_token,
         max_signed_body,
     } = cred;
@@ -51,7 +53,12 @@ pub(super) async fn sign(
     // sandbox's to fix.
     let form = PayloadForm::of(name, headers)?;
     let (region, service) = region_service(name, region, service, t.host)?;
-    let (akid, secret_key, token) = keys(name, assume_role, has_session_token, material).await?;
+    let base = if static_keys {
+        Base::Static { has_session_token }
+    } else {
+        Base::Identity
+    };
+    let (akid, secret_key, token) = keys(name, assume_role, base, material).await?;
     let payload = sign_payload(&form.payload, body, max_signed_body);
     let seed = sigv4::sign(
         &sigv4::Keys {
@@ -109,26 +116,77 @@ fn region_service(
     }
 }
 
+/// Where a credential's base keys come from.
+#[derive(Clone, Copy)]
+enum Base {
+    /// Its own keys in the secret store.
+    Static { has_session_token: bool },
+    /// latchkey's own AWS identity.
+    Identity,
+}
+
+/// The base keys: the credential's own, or latchkey's identity's (whose secret parts join the
+/// redaction set under the credential's name).
+async fn base_keys(
+    name: &str,
+    base: Base,
+    material: Material<'_>,
+) -> Result<(SecretValue, SecretValue, Option<SecretValue>), CredentialError> {
+    let store = material.store;
+    match base {
+        Base::Static { has_session_token } => {
+            let akid = secret(store, name, "access_key_id").await?;
+            let secret_key = secret(store, name, "secret_access_key").await?;
+            let token = if has_session_token {
+                Some(secret(store, name, "session_token").await?)
+            } else {
+                None
+            };
+            Ok((akid, secret_key, token))
+        }
+        Base::Identity => {
+            let identity = material.aws.ok_or_else(|| {
+                failed(
+                    name,
+                    "names no access_key_id/secret_access_key and latchkey has no AWS identity here",
+                )
+            })?;
+            let keys = identity
+                .keys(material.transport)
+                .await
+                .map_err(|why| failed(name, why))?;
+            store.set_minted(
+                &field_key(name, "identity_secret_access_key"),
+                "",
+                &keys.secret_access_key,
+            );
+            if let Some(t) = &keys.session_token {
+                store.set_minted(&field_key(name, "identity_session_token"), "", t);
+            }
+            Ok((
+                keys.access_key_id,
+                keys.secret_access_key,
+                keys.session_token,
+            ))
+        }
+    }
+}
+
 /// The keys to sign with: the base keys, or (with `assume_role`) a role's temporary keys
 /// from STS, cached, whose secret values join the redaction set.
 async fn keys(
     name: &str,
     assume_role: &Option<AssumeRole>,
-    has_session_token: bool,
+    base: Base,
     material: Material<'_>,
 ) -> Result<(SecretValue, SecretValue, Option<SecretValue>), CredentialError> {
     let Material {
         store,
         cache,
         transport,
+        ..
     } = material;
-    let base_akid = secret(store, name, "access_key_id").await?;
-    let base_secret = secret(store, name, "secret_access_key").await?;
-    let base_token = if has_session_token {
-        Some(secret(store, name, "session_token").await?)
-    } else {
-        None
-    };
+    let (base_akid, base_secret, base_token) = base_keys(name, base, material).await?;
     let Some(role) = assume_role else {
         return Ok((base_akid, base_secret, base_token));
     };
