@@ -301,3 +301,70 @@ fn imds_v2_and_container_stand_ins_give_the_keys_that_sign_secrets_manager() {
         );
     }
 }
+
+#[test]
+fn a_sigv4_credential_without_keys_signs_with_latchkeys_identity_through_serve() {
+    let bench = Bench::new();
+    let s3 = bench.server("s3_moto.py", &[]);
+    let event = s3.wait_events("keys", 1)[0].clone();
+    let akid = event["access_key_id"].as_str().expect("akid").to_string();
+    let secret = event["secret_access_key"]
+        .as_str()
+        .expect("secret")
+        .to_string();
+    let policy = format!(
+        r#"
+[credentials.own]
+kind = "aws_sigv4"
+region = "us-east-1"
+service = "s3"
+
+[[rules]]
+name = "s3"
+hosts = ["s3.test"]
+ports = [{port}]
+credential = "own"
+"#,
+        port = s3.port()
+    );
+    // Keys only in latchkey's own environment (the standard variables), none in the policy.
+    let w = bench.start_with(
+        &policy,
+        &[("AWS_SECRET_ACCESS_KEY", &secret)],
+        &[("AWS_ACCESS_KEY_ID", &akid)],
+    );
+    let endpoint = format!("https://s3.test:{}", s3.port());
+    let out = w.python(
+        "s3_boto3.py",
+        &[
+            "put",
+            &endpoint,
+            "lk-bucket",
+            "own.bin",
+            "960",
+            "when_supported",
+        ],
+        &[],
+    );
+    let out: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(out["ok"], true, "{out:#}\nlatchkey: {}", w.lk.stderr_text());
+    let puts: Vec<_> = s3
+        .events_of("request")
+        .into_iter()
+        .filter(|e| e["method"] == "PUT")
+        .collect();
+    assert!(
+        !puts.is_empty() && puts.iter().all(|e| e["status"] == 200),
+        "{puts:#?}"
+    );
+    let records = w.lk.wait_audit(2);
+    for r in &records {
+        assert_eq!(r["rule"], "s3", "{r:#}");
+        assert_eq!(r["status"], 200, "{r:#}");
+    }
+    let logged = format!("{} {records:?}", w.lk.stderr_text());
+    assert!(
+        !logged.contains(&secret),
+        "the identity's secret key leaked"
+    );
+}
