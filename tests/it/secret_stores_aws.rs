@@ -227,9 +227,8 @@ fn metadata_stand_in() -> (u16, Arc<Mutex<Vec<String>>>) {
                 ("200 OK", "standin-role")
             } else if line
                 .starts_with("get /latest/meta-data/iam/security-credentials/standin-role ")
+                || (line.starts_with("get /ecs ") && has("authorization: ecs-auth-token"))
             {
-                ("200 OK", creds)
-            } else if line.starts_with("get /ecs ") && has("authorization: ecs-auth-token") {
                 ("200 OK", creds)
             } else {
                 ("404 Not Found", "")

@@ -201,9 +201,9 @@ impl AwsIdentity {
         let mut tried: Vec<String> = Vec::new();
         for provider in ["env", "profile", "web identity", "container", "imds"] {
             let outcome = match provider {
-                "env" => self.from_env(),
-                "profile" => self.from_profile(transport).await,
-                "web identity" => self.from_web_identity_env(transport).await,
+                "env" => self.env_provider(),
+                "profile" => self.profile_provider(transport).await,
+                "web identity" => self.web_identity_provider(transport).await,
                 "container" => endpoints::container(|k| self.var(k), transport).await,
                 _ => match &self.imds {
                     None => Outcome::Skip("off (enable with --aws-imds)".to_string()),
@@ -234,7 +234,7 @@ impl AwsIdentity {
         ))
     }
 
-    fn from_env(&self) -> Outcome {
+    fn env_provider(&self) -> Outcome {
         let secret = |k: &str| self.var(k).map(|v| SecretValue::new(v.as_bytes().to_vec()));
         match (secret("AWS_ACCESS_KEY_ID"), secret("AWS_SECRET_ACCESS_KEY")) {
             (Some(akid), Some(secret_key)) => Outcome::Found(
@@ -299,7 +299,7 @@ impl AwsIdentity {
         Ok(profiles)
     }
 
-    async fn from_profile(&self, transport: &dyn TokenTransport) -> Outcome {
+    async fn profile_provider(&self, transport: &dyn TokenTransport) -> Outcome {
         let profiles = match self.profiles() {
             Ok(p) => p,
             Err(why) => return Outcome::Failed(why),
@@ -359,7 +359,7 @@ impl AwsIdentity {
         Outcome::Found(keys, expires)
     }
 
-    async fn from_web_identity_env(&self, transport: &dyn TokenTransport) -> Outcome {
+    async fn web_identity_provider(&self, transport: &dyn TokenTransport) -> Outcome {
         let (file, role) = match (
             self.var("AWS_WEB_IDENTITY_TOKEN_FILE"),
             self.var("AWS_ROLE_ARN"),

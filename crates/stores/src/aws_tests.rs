@@ -5,11 +5,14 @@ use crate::secrets::{Fetch, Location};
 use crate::signing::{Answer, Exchange, TransportError};
 use crate::Stores;
 
+/// A request as sent: rule, URL, headers, body.
+type Sent = (String, String, Vec<(String, String)>, String);
+
 /// Answers every call with one scripted answer; records the requests.
 struct Fake {
     status: u16,
     body: String,
-    seen: Mutex<Vec<(String, String, Vec<(String, String)>, String)>>,
+    seen: Mutex<Vec<Sent>>,
 }
 
 impl TokenTransport for Fake {
