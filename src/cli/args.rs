@@ -442,6 +442,12 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub allow_private: Vec<String>,
+    /// Let latchkey's own AWS identity use the EC2 instance metadata service (IMDSv2 only, at
+    /// 169.254.169.254 or AWS_EC2_METADATA_SERVICE_ENDPOINT) when the environment, the shared
+    /// files, web identity and the container endpoint give no keys. Off: a proxy host's
+    /// instance role is not used unless asked for.
+    #[arg(long = "aws-imds", env = "LATCHKEY_AWS_IMDS")]
+    pub aws_imds: bool,
     /// Pin a host name to an address, like curl's --resolve (repeatable): a name only this
     /// machine knows, or a test name for a local upstream.
     #[arg(

@@ -67,7 +67,10 @@ fn fetch(sources: Vec<(String, crate::secrets::Source)>) -> Result<Vec<(String, 
                 .collect::<Vec<_>>()
                 .join("; ")
         })?;
-        store.set_fetcher(Arc::new(crate::stores::Stores::new(transport)));
+        // latchkey's own AWS identity from this process's environment (no instance metadata:
+        // `check` is a review tool; `serve --aws-imds` is where metadata is opted into).
+        let aws = Arc::new(crate::signing::AwsIdentity::from_process_env(None));
+        store.set_fetcher(Arc::new(crate::stores::Stores::new(transport, aws)));
         Ok(store.fetch_remote().await)
     })
 }

@@ -363,6 +363,11 @@ fn proxy_config(
             args.otlp.is_some(),
         )
         .context("--session-header")?,
+        // latchkey's own environment, never a sandbox's (whose variables reach only the tools
+        // inside it). Read lazily: no call is made until a key is needed.
+        aws: Some(Arc::new(crate::signing::AwsIdentity::from_process_env(
+            args.aws_imds.then(crate::signing::ImdsConfig::default),
+        ))),
     })
 }
 

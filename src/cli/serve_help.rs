@@ -90,6 +90,12 @@ const TABLE: &[(&str, &str, &str, bool)] = &[
         false,
     ),
     (
+        "aws_imds",
+        TLS,
+        "latchkey's AWS identity may use EC2 instance metadata",
+        false,
+    ),
+    (
         "connect_timeout",
         TLS,
         "Upstream TCP connect timeout",

@@ -18,7 +18,11 @@ const WAIT_AT_MOST: Duration = Duration::from_secs(30);
 /// fetched and `mode` is `refuse`.
 pub(super) async fn start_stores(proxy: &Arc<Proxy>, mode: SecretsStartup) -> anyhow::Result<()> {
     let transport = Arc::new(OwnCalls::new(proxy));
-    let stores = crate::stores::Stores::new(transport);
+    let aws = proxy
+        .aws_identity()
+        .cloned()
+        .unwrap_or_else(|| Arc::new(crate::signing::AwsIdentity::from_process_env(None)));
+    let stores = crate::stores::Stores::new(transport, aws);
     let generation = proxy.policy();
     let secrets = generation.secrets();
     secrets.set_fetcher(Arc::new(stores));

@@ -46,6 +46,7 @@ fn proxy(dir: &std::path::Path) -> Arc<Proxy> {
         max_buffered_bytes_per_client: 1 << 18,
         body_timeout: Duration::from_secs(5),
         correlation: Default::default(),
+        aws: None,
     })
     .expect("proxy")
 }

@@ -22,9 +22,12 @@ fn field(name: &str, f: &str) -> String {
 /// for an unknown kind.
 fn keys_of(kind: &str) -> Option<(&'static [&'static str], &'static [&'static str])> {
     Some(match kind {
+        // Both keys or neither (then latchkey's own AWS identity signs): checked in `aws_sigv4`.
         "aws_sigv4" => (
-            &["access_key_id", "secret_access_key"],
+            &[],
             &[
+                "access_key_id",
+                "secret_access_key",
                 "session_token",
                 "region",
                 "service",
@@ -173,6 +176,26 @@ impl FileCx<'_> {
         raw: RawCredential,
         register: Register<'_>,
     ) -> CredentialKind {
+        let static_keys = raw.access_key_id.is_some() || raw.secret_access_key.is_some();
+        for (have, missing, other) in [
+            (
+                &raw.access_key_id,
+                "secret_access_key",
+                &raw.secret_access_key,
+            ),
+            (&raw.secret_access_key, "access_key_id", &raw.access_key_id),
+            (&raw.session_token, "access_key_id", &raw.access_key_id),
+        ] {
+            if let (Some(have), None) = (have, other) {
+                self.error(
+                    have.span(),
+                    format!(
+                        "{}: needs {missing} too (name both keys, or neither to sign with latchkey's own AWS identity)",
+                        field(name, missing)
+                    ),
+                );
+            }
+        }
         self.key_source(name, "access_key_id", &raw.access_key_id, register);
         self.key_source(name, "secret_access_key", &raw.secret_access_key, register);
         self.key_source(name, "session_token", &raw.session_token, register);
@@ -198,6 +221,7 @@ impl FileCx<'_> {
             assume_role,
             region: raw.region.map(|r| r.into_inner()),
             service: raw.service.map(|r| r.into_inner()),
+            static_keys,
             has_session_token: raw.session_token.is_some(),
             max_signed_body: max,
         }

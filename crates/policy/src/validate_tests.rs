@@ -137,6 +137,28 @@ fn a_misplaced_key_in_a_credential_is_reported_and_the_credential_is_not_used() 
     );
 }
 
+#[test]
+fn aws_keys_are_named_both_or_neither_and_neither_signs_with_latchkeys_identity() {
+    let e = errors(
+        "[credentials.c]\nkind = \"aws_sigv4\"\naccess_key_id = \"env:A\"\n\n[credentials.d]\nkind = \"aws_sigv4\"\nsession_token = \"env:T\"\n",
+    );
+    let needs: Vec<&String> = e.iter().filter(|e| e.contains(" too ")).collect();
+    assert_eq!(needs.len(), 2, "{e:?}");
+    assert!(needs[0].contains("credentials.c.secret_access_key: needs secret_access_key too"));
+    assert!(needs[1].contains("credentials.d.access_key_id: needs access_key_id too"));
+    let policy = compile_one("[credentials.own]\nkind = \"aws_sigv4\"\nregion = \"us-east-1\"\n")
+        .expect("no keys is valid");
+    let own = policy.credential("own").expect("declared");
+    assert!(matches!(
+        own.kind,
+        crate::signing::Kind::AwsSigV4 {
+            static_keys: false,
+            has_session_token: false,
+            ..
+        }
+    ));
+}
+
 /// Keys no policy table knows, with values of every TOML type.
 fn unknown_keys() -> impl Strategy<Value = Vec<(String, &'static str)>> {
     let key = "[a-z][a-z0-9_]{0,12}".prop_filter("not a rule key", |k| {

@@ -56,6 +56,8 @@ pub struct RequestCx<'a> {
     /// Reaches token endpoints through the guarded, audited client; called only when a
     /// credential needs a token it has not cached.
     pub exchanger: &'a dyn TokenTransport,
+    /// latchkey's own AWS identity: signs for an `aws_sigv4` credential that names no keys.
+    pub aws: Option<&'a crate::signing::AwsIdentity>,
     /// Every spelling of the host the sandbox sent, before normalisation.
     pub sent_hosts: &'a [&'a str],
     /// Who is charged for buffered body bytes.
@@ -443,6 +445,7 @@ impl<'a, 'r> Steps<'a, 'r> {
                 store: self.store,
                 cache: self.policy.tokens(),
                 transport: req.exchanger,
+                aws: req.aws,
             },
             &target,
             self.headers,

@@ -136,6 +136,9 @@ pub struct Proxy {
     unknown_rule: crate::policy::Rule,
     /// Session, step, attempt and trace context of each request (`--session-header`, `--otlp`).
     correlator: correlate::Correlator,
+    /// latchkey's own AWS identity (its environment's provider chain): signs for `aws_sigv4`
+    /// credentials that name no keys. `None`: such a credential fails closed.
+    aws: Option<Arc<crate::signing::AwsIdentity>>,
 }
 
 /// How to build a [`Proxy`].
@@ -162,6 +165,8 @@ pub struct ProxyConfig {
     pub body_timeout: Duration,
     /// `--session-header`, and whether trace context is propagated upstream (`--otlp`).
     pub correlation: correlate::Options,
+    /// latchkey's own AWS identity (`AwsIdentity::from_process_env`, `--aws-imds`).
+    pub aws: Option<Arc<crate::signing::AwsIdentity>>,
 }
 
 impl Proxy {
@@ -202,6 +207,7 @@ impl Proxy {
             jwks: std::sync::Mutex::new(std::collections::HashMap::new()),
             unknown_rule: crate::policy::Rule::unknown(),
             correlator: correlate::Correlator::new(config.correlation),
+            aws: config.aws,
         }))
     }
 
@@ -266,6 +272,11 @@ impl Proxy {
     /// itself sends: webhook notifications.
     pub fn upstream_client(&self) -> Client {
         self.clients.default_client().clone()
+    }
+
+    /// latchkey's own AWS identity (its process's, never a sandbox's), when serving set one.
+    pub fn aws_identity(&self) -> Option<&Arc<crate::signing::AwsIdentity>> {
+        self.aws.as_ref()
     }
 
     /// Every pooled client, by way out (latchkey's own calls pick theirs by route).

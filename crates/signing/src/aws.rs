@@ -4,11 +4,9 @@
 
 use std::time::{Duration, SystemTime};
 
-use bytes::Bytes;
-use http::header::HeaderValue;
 use http::HeaderMap;
 
-use super::exchange::{Exchange, TokenTransport};
+use super::exchange::{Route, TokenTransport};
 use super::sigv4::{self, derive_region_service, Payload};
 use super::sts;
 use super::{
@@ -22,6 +20,7 @@ pub(super) struct Aws<'a> {
     pub assume_role: &'a Option<AssumeRole>,
     pub region: &'a Option<String>,
     pub service: &'a Option<String>,
+    pub static_keys: bool,
     pub has_session_token: bool,
     pub max_signed_body: usize,
 }
@@ -40,6 +39,7 @@ pub(super) async fn sign(
         assume_role,
         region,
         service,
+        static_keys,
         has_session_token,
         max_signed_body,
     } = cred;
@@ -53,7 +53,12 @@ pub(super) async fn sign(
     // sandbox's to fix.
     let form = PayloadForm::of(name, headers)?;
     let (region, service) = region_service(name, region, service, t.host)?;
-    let (akid, secret_key, token) = keys(name, assume_role, has_session_token, material).await?;
+    let base = if static_keys {
+        Base::Static { has_session_token }
+    } else {
+        Base::Identity
+    };
+    let (akid, secret_key, token) = keys(name, assume_role, base, material).await?;
     let payload = sign_payload(&form.payload, body, max_signed_body);
     let seed = sigv4::sign(
         &sigv4::Keys {
@@ -111,26 +116,77 @@ fn region_service(
     }
 }
 
+/// Where a credential's base keys come from.
+#[derive(Clone, Copy)]
+enum Base {
+    /// Its own keys in the secret store.
+    Static { has_session_token: bool },
+    /// latchkey's own AWS identity.
+    Identity,
+}
+
+/// The base keys: the credential's own, or latchkey's identity's (whose secret parts join the
+/// redaction set under the credential's name).
+async fn base_keys(
+    name: &str,
+    base: Base,
+    material: Material<'_>,
+) -> Result<(SecretValue, SecretValue, Option<SecretValue>), CredentialError> {
+    let store = material.store;
+    match base {
+        Base::Static { has_session_token } => {
+            let akid = secret(store, name, "access_key_id").await?;
+            let secret_key = secret(store, name, "secret_access_key").await?;
+            let token = if has_session_token {
+                Some(secret(store, name, "session_token").await?)
+            } else {
+                None
+            };
+            Ok((akid, secret_key, token))
+        }
+        Base::Identity => {
+            let identity = material.aws.ok_or_else(|| {
+                failed(
+                    name,
+                    "names no access_key_id/secret_access_key and latchkey has no AWS identity here",
+                )
+            })?;
+            let keys = identity
+                .keys(material.transport)
+                .await
+                .map_err(|why| failed(name, why))?;
+            store.set_minted(
+                &field_key(name, "identity_secret_access_key"),
+                "",
+                &keys.secret_access_key,
+            );
+            if let Some(t) = &keys.session_token {
+                store.set_minted(&field_key(name, "identity_session_token"), "", t);
+            }
+            Ok((
+                keys.access_key_id,
+                keys.secret_access_key,
+                keys.session_token,
+            ))
+        }
+    }
+}
+
 /// The keys to sign with: the base keys, or (with `assume_role`) a role's temporary keys
 /// from STS, cached, whose secret values join the redaction set.
 async fn keys(
     name: &str,
     assume_role: &Option<AssumeRole>,
-    has_session_token: bool,
+    base: Base,
     material: Material<'_>,
 ) -> Result<(SecretValue, SecretValue, Option<SecretValue>), CredentialError> {
     let Material {
         store,
         cache,
         transport,
+        ..
     } = material;
-    let base_akid = secret(store, name, "access_key_id").await?;
-    let base_secret = secret(store, name, "secret_access_key").await?;
-    let base_token = if has_session_token {
-        Some(secret(store, name, "session_token").await?)
-    } else {
-        None
-    };
+    let (base_akid, base_secret, base_token) = base_keys(name, base, material).await?;
     let Some(role) = assume_role else {
         return Ok((base_akid, base_secret, base_token));
     };
@@ -294,79 +350,40 @@ async fn assume(
     keys: &sigv4::Keys<'_>,
     transport: &dyn TokenTransport,
 ) -> Result<(SecretValue, Duration), CredentialError> {
-    let uri: http::Uri = role
-        .sts_endpoint
-        .parse()
-        .map_err(|e| failed(name, format!("sts_endpoint: {e}")))?;
-    let host = uri.host().unwrap_or_default().to_ascii_lowercase();
-    let port = uri.port_u16().unwrap_or(443);
-    let path = match uri.path() {
-        "" => "/",
-        p => p,
+    let call = sts::StsCall {
+        rule: super::token_name(name),
+        endpoint: &role.sts_endpoint,
+        route: Route::default(),
+        region: &role.sts_region,
     };
-    // Built in a block: the serializer (not `Send`) is gone before the exchange is awaited.
-    let form = {
-        let mut form = form_urlencoded::Serializer::new(String::new());
-        form.append_pair("Action", "AssumeRole")
-            .append_pair("Version", "2011-06-15")
-            .append_pair("RoleArn", &role.role_arn)
-            .append_pair("RoleSessionName", &role.session_name)
-            .append_pair("DurationSeconds", &role.duration.as_secs().to_string());
-        if let Some(x) = &role.external_id {
-            form.append_pair("ExternalId", x);
-        }
-        form.finish()
-    };
-    let mut headers = HeaderMap::new();
-    headers.insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/x-www-form-urlencoded; charset=utf-8"),
-    );
-    let target = Target {
-        method: "POST",
-        scheme: "https",
-        host: &host,
-        port,
-        identity: "",
-    };
-    sigv4::sign(
-        keys,
-        sigv4::Scope {
-            region: &role.sts_region,
-            service: "sts",
-        },
-        &target,
-        &mut headers,
-        path,
-        sigv4::SignPayload::Bytes(form.as_bytes()),
-        false,
-    )
-    .map_err(|why| failed(name, format!("cannot sign AssumeRole: {why}")))?;
-    let answer = transport
-        .call(Exchange::post(
-            super::token_name(name),
-            role.sts_endpoint.clone(),
-            headers
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-            Bytes::from(form),
-        ))
+    let keys = sts::call(call, "AssumeRole", assume_form(role), Some(keys), transport)
         .await
-        .map_err(|why| failed(name, format!("STS {}: {why}", role.sts_endpoint)))?;
-    if !(200..300).contains(&answer.status) {
-        return Err(failed(
-            name,
-            format!("STS AssumeRole answered {}", answer.status),
-        ));
-    }
-    let keys = sts::parse(&answer.body).map_err(|e| failed(name, e.to_string()))?;
+        .map_err(|why| failed(name, why))?;
     let lifetime = keys
         .expiration
         .as_deref()
         .and_then(|e| humantime::parse_rfc3339_weak(e).ok())
         .and_then(|e| e.duration_since(SystemTime::now()).ok())
         .unwrap_or(role.duration);
+    Ok((pack(&keys), lifetime))
+}
+
+/// The `AssumeRole` form for `role`.
+pub(super) fn assume_form(role: &AssumeRole) -> String {
+    let mut form = form_urlencoded::Serializer::new(String::new());
+    form.append_pair("Action", "AssumeRole")
+        .append_pair("Version", "2011-06-15")
+        .append_pair("RoleArn", &role.role_arn)
+        .append_pair("RoleSessionName", &role.session_name)
+        .append_pair("DurationSeconds", &role.duration.as_secs().to_string());
+    if let Some(x) = &role.external_id {
+        form.append_pair("ExternalId", x);
+    }
+    form.finish()
+}
+
+/// The three temporary values of an STS answer, packed in one secret (`akid\nsecret\ntoken`).
+fn pack(keys: &sts::AssumedKeys) -> SecretValue {
     let mut packed = Vec::with_capacity(
         keys.access_key_id.len() + keys.secret_access_key.len() + keys.session_token.len() + 2,
     );
@@ -383,7 +400,7 @@ async fn assume(
         }
         packed.extend_from_slice(part.as_bytes());
     }
-    Ok((SecretValue::new(packed), lifetime))
+    SecretValue::new(packed)
 }
 
 fn unpack_keys(
@@ -404,7 +421,7 @@ fn unpack_keys(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::header::HeaderName;
+    use http::header::{HeaderName, HeaderValue};
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();

@@ -10,7 +10,9 @@
 //! [`TokenTransport`] the proxy provides (its guarded, audited client), and bodies are plain
 //! `http_body` boxes.
 //!
-//! Files: `aws` (SigV4 and STS AssumeRole), `sts` (the AssumeRole answer), `sigv4` (the
+//! Files: `aws` (SigV4 and STS AssumeRole), `aws_identity` (latchkey's own AWS identity: the
+//! provider chain), `aws_endpoints` (service, container and metadata endpoints), `aws_profile`
+//! (the shared files), `sts` (STS calls and their answer), `sigv4` (the
 //! signature), `aws_chunked` (streamed S3 uploads), `minted` (the token kinds), `jwt`,
 //! `exchange` (the transport trait and request helpers), `token_cache`, `live` (a policy
 //! generation's secret values, minted and captured tokens, reconciled on reload).
@@ -21,6 +23,8 @@ use latchkey_wire as wire;
 
 mod aws;
 pub mod aws_chunked;
+mod aws_identity;
+mod aws_profile;
 pub mod exchange;
 mod jwt;
 mod live;
@@ -38,6 +42,7 @@ use http::HeaderMap;
 
 use crate::secrets::{SecretError, SecretStore, SecretValue};
 
+pub use aws_identity::{AwsIdentity, AwsKeys, ImdsConfig, RULE as AWS_IDENTITY_RULE};
 pub use exchange::{Answer, Exchange, Route, TokenTransport, TransportError};
 pub use jwt::{JwtAlg, JwtClaim};
 pub use live::Live;
@@ -93,6 +98,9 @@ pub enum Kind {
         assume_role: Option<AssumeRole>,
         region: Option<String>,
         service: Option<String>,
+        /// The credential names `access_key_id` and `secret_access_key`; without them it
+        /// signs (or assumes its role) with latchkey's own AWS identity ([`AwsIdentity`]).
+        static_keys: bool,
         has_session_token: bool,
         max_signed_body: usize,
     },
@@ -266,14 +274,16 @@ fn now_unix() -> u64 {
 }
 
 /// Where a credential's material comes from: its keys in the secret store (which also learns
-/// every token minted, to redact it), tokens already fetched in the cache, and the transport
+/// every token minted, to redact it), tokens already fetched in the cache, the transport
 /// that reaches a token endpoint, called only when a token must be fetched (a cached one is
-/// reused).
+/// reused), and latchkey's own AWS identity, for an `aws_sigv4` credential that names no keys
+/// (`None`: such a credential fails closed).
 #[derive(Clone, Copy)]
 pub struct Material<'a> {
     pub store: &'a SecretStore,
     pub cache: &'a TokenCache,
     pub transport: &'a dyn TokenTransport,
+    pub aws: Option<&'a AwsIdentity>,
 }
 
 /// Applies a credential to a request: signs it (SigV4) or attaches a token, last. The result
@@ -292,6 +302,7 @@ pub async fn apply(
             assume_role,
             region,
             service,
+            static_keys,
             has_session_token,
             max_signed_body,
         } => {
@@ -299,6 +310,7 @@ pub async fn apply(
                 assume_role,
                 region,
                 service,
+                static_keys: *static_keys,
                 has_session_token: *has_session_token,
                 max_signed_body: *max_signed_body,
             };
@@ -352,6 +364,7 @@ mod tests {
             assume_role: None,
             region: None,
             service: None,
+            static_keys: true,
             has_session_token: false,
             max_signed_body: max,
         }

@@ -6,9 +6,16 @@
 //! Errors say what was missing or where the XML broke, never what the answer held: it carries
 //! the role's secret key.
 
+use bytes::Bytes;
+use http::header::HeaderValue;
+use http::HeaderMap;
 use quick_xml::events::Event;
 use quick_xml::Reader;
 use zeroize::Zeroizing;
+
+use super::exchange::{Exchange, Route, TokenTransport};
+use super::sigv4;
+use super::Target;
 
 /// The temporary credentials of an `AssumeRole` answer.
 pub struct AssumedKeys {
@@ -127,6 +134,101 @@ pub fn parse(body: &[u8]) -> Result<AssumedKeys, StsError> {
             Err(StsError::Missing { missing })
         }
     }
+}
+
+/// Where one STS call goes: the audit rule it is made under, the endpoint URL, the route, and
+/// the region its signature is scoped to.
+pub(super) struct StsCall<'a> {
+    pub rule: String,
+    pub endpoint: &'a str,
+    pub route: Route,
+    pub region: &'a str,
+}
+
+/// POSTs the form `form` (`Action=AssumeRole...`) to STS, signed with `keys` (or unsigned:
+/// `AssumeRoleWithWebIdentity` carries its own proof), and reads the credentials it answers.
+/// The error names the endpoint and status, never the answer's text.
+pub(super) async fn call(
+    call: StsCall<'_>,
+    action: &str,
+    form: String,
+    keys: Option<&sigv4::Keys<'_>>,
+    transport: &dyn TokenTransport,
+) -> Result<AssumedKeys, String> {
+    let endpoint = call.endpoint;
+    let uri: http::Uri = endpoint
+        .parse()
+        .map_err(|e| format!("STS endpoint {endpoint:?}: {e}"))?;
+    let scheme = uri.scheme_str().unwrap_or("https").to_string();
+    let host = uri.host().unwrap_or_default().to_ascii_lowercase();
+    let port = uri
+        .port_u16()
+        .unwrap_or(if scheme == "http" { 80 } else { 443 });
+    let path = match uri.path() {
+        "" => "/",
+        p => p,
+    };
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/x-www-form-urlencoded; charset=utf-8"),
+    );
+    if let Some(keys) = keys {
+        let target = Target {
+            method: "POST",
+            scheme: &scheme,
+            host: &host,
+            port,
+            identity: "",
+        };
+        sigv4::sign(
+            keys,
+            sigv4::Scope {
+                region: call.region,
+                service: "sts",
+            },
+            &target,
+            &mut headers,
+            path,
+            sigv4::SignPayload::Bytes(form.as_bytes()),
+            false,
+        )
+        .map_err(|why| format!("cannot sign {action}: {why}"))?;
+    }
+    let mut ex = Exchange::post(
+        call.rule,
+        endpoint.to_string(),
+        headers
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        Bytes::from(form),
+    );
+    ex.route = call.route;
+    let answer = transport
+        .call(ex)
+        .await
+        .map_err(|why| format!("STS {endpoint}: {why}"))?;
+    if !(200..300).contains(&answer.status) {
+        return Err(format!(
+            "STS {action} at {endpoint} answered {}{}",
+            answer.status,
+            error_code(&answer.body)
+                .map(|c| format!(" ({c})"))
+                .unwrap_or_default()
+        ));
+    }
+    parse(&answer.body).map_err(|e| e.to_string())
+}
+
+/// The `Code` of an STS error answer (`AccessDenied`, `ExpiredTokenException`): a short word,
+/// never a key; anything longer or odd is left out.
+fn error_code(body: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(body).ok()?;
+    let start = text.find("<Code>")? + "<Code>".len();
+    let code = &text[start..start + text[start..].find("</Code>")?];
+    (!code.is_empty() && code.len() <= 64 && code.bytes().all(|b| b.is_ascii_alphanumeric()))
+        .then(|| code.to_string())
 }
 
 #[cfg(test)]

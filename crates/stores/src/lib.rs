@@ -15,6 +15,8 @@
 use latchkey_secrets as secrets;
 use latchkey_signing as signing;
 
+mod aws;
+
 use std::sync::Arc;
 
 use crate::secrets::remote::BoxFuture;
@@ -24,11 +26,13 @@ use crate::signing::TokenTransport;
 /// Every store latchkey reads, over one transport.
 pub struct Stores {
     transport: Arc<dyn TokenTransport>,
+    /// latchkey's own AWS identity, which signs the AWS stores' calls.
+    aws: Arc<signing::AwsIdentity>,
 }
 
 impl Stores {
-    pub fn new(transport: Arc<dyn TokenTransport>) -> Self {
-        Self { transport }
+    pub fn new(transport: Arc<dyn TokenTransport>, aws: Arc<signing::AwsIdentity>) -> Self {
+        Self { transport, aws }
     }
 }
 
@@ -39,11 +43,42 @@ impl Fetch for Stores {
         at: &'a Location,
     ) -> BoxFuture<'a, Result<Fetched, String>> {
         Box::pin(async move {
-            let _ = (name, &self.transport);
-            Err(format!(
-                "{}: this store is not supported yet",
-                at.describe()
-            ))
+            let transport = self.transport.as_ref();
+            match at {
+                Location::AwsSm {
+                    id,
+                    json_key,
+                    stage,
+                    version_id,
+                    region,
+                } => {
+                    let s = aws::SmSecret {
+                        id,
+                        json_key: json_key.as_deref(),
+                        stage: stage.as_deref(),
+                        version_id: version_id.as_deref(),
+                        region: region.as_deref(),
+                    };
+                    aws::secrets_manager(&self.aws, transport, name, s).await
+                }
+                Location::AwsSsm {
+                    name: param,
+                    version,
+                    region,
+                } => {
+                    aws::ssm(
+                        &self.aws,
+                        transport,
+                        name,
+                        (param, *version, region.as_deref()),
+                    )
+                    .await
+                }
+                _ => Err(format!(
+                    "{}: this store is not supported yet",
+                    at.describe()
+                )),
+            }
         })
     }
 }

@@ -102,6 +102,7 @@ pub(super) async fn broker(req: &mut Req<'_>) -> Result<Outgoing, Refusal> {
         port: target.port,
         identity: &ctx.identity,
         exchanger: &exchanger,
+        aws: proxy.aws.as_deref(),
         sent_hosts: &sent_hosts,
         client: ctx.client.ip(),
         budget: &proxy.budget,
