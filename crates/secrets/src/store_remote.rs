@@ -229,7 +229,7 @@ async fn fetch_now(
 fn usable(slot: &Slot, remote: &Remote, now: Instant) -> bool {
     let st = slot.lock();
     st.current.is_some()
-        && !st.end.is_some_and(|end| now >= end)
+        && st.end.is_none_or(|end| now < end)
         && st.due.is_some_and(|due| now < due + remote.stale_for)
 }
 
