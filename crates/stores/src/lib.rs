@@ -15,6 +15,11 @@
 use latchkey_secrets as secrets;
 use latchkey_signing as signing;
 
+mod vault;
+mod vault_auth;
+mod vault_fields;
+mod vault_http;
+
 use std::sync::Arc;
 
 use crate::secrets::remote::BoxFuture;
@@ -24,11 +29,15 @@ use crate::signing::TokenTransport;
 /// Every store latchkey reads, over one transport.
 pub struct Stores {
     transport: Arc<dyn TokenTransport>,
+    vault: vault::Vault,
 }
 
 impl Stores {
     pub fn new(transport: Arc<dyn TokenTransport>) -> Self {
-        Self { transport }
+        Self {
+            vault: vault::Vault::new(transport.clone()),
+            transport,
+        }
     }
 }
 
@@ -39,6 +48,9 @@ impl Fetch for Stores {
         at: &'a Location,
     ) -> BoxFuture<'a, Result<Fetched, String>> {
         Box::pin(async move {
+            if let Location::Vault { .. } = at {
+                return self.vault.fetch(name, at).await;
+            }
             let _ = (name, &self.transport);
             Err(format!(
                 "{}: this store is not supported yet",
