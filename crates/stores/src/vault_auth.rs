@@ -96,6 +96,10 @@ impl Session {
             }
             Some(l) if !expired(l) => {
                 if let Err(why) = refresh(to, &mut st, now).await {
+                    if st.login.is_none() {
+                        // Refused on renewal, and the fresh login failed.
+                        return Err(why);
+                    }
                     tracing::warn!(vault = %vault_http::address(to.conn), error = %why,
                         "renewing latchkey's Vault token failed; the token in hand is used until it expires");
                     if let Some(l) = st.login.as_mut() {
