@@ -81,6 +81,7 @@ mod request_streaming;
 mod response_adversarial;
 mod response_phase;
 mod s3_moto;
+mod secret_stores_vault;
 mod secrets_cleartext;
 mod secrets_clients;
 mod secrets_exfiltration;
