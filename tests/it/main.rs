@@ -82,6 +82,7 @@ mod response_adversarial;
 mod response_phase;
 mod s3_moto;
 mod secret_stores_aws;
+mod secret_stores_serve;
 mod secret_stores_vault;
 mod secrets_cleartext;
 mod secrets_clients;

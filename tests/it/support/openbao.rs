@@ -36,12 +36,17 @@ pub struct OpenBao {
 impl OpenBao {
     /// Starts a dev server with TLS and waits until it is ready. Panics naming what failed.
     pub async fn start() -> OpenBao {
+        Self::start_on(free_port()).await
+    }
+
+    /// [`OpenBao::start`] on `port` (one a test reserved with [`free_port`] and told latchkey
+    /// about before the server is up).
+    pub async fn start_on(port: u16) -> OpenBao {
         let bao = toolchain::python_tool("bao");
         let dir = tempfile::Builder::new()
             .prefix("latchkey-openbao-")
             .tempdir()
             .expect("a temp dir for bao");
-        let port = free_port();
         let log = std::fs::File::create(dir.path().join("bao.log")).expect("bao.log");
         let child = Command::new(&bao)
             .args(["server", "-dev", "-dev-tls", "-dev-no-store-token"])
@@ -193,7 +198,8 @@ pub fn client() -> TokenClient {
     TokenClient::new(Arc::new(clients), Duration::from_secs(10))
 }
 
-fn free_port() -> u16 {
+/// A loopback port nothing listens on right now.
+pub fn free_port() -> u16 {
     let listener =
         TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("binding 127.0.0.1:0 for a free port");
     listener.local_addr().expect("the bound address").port()
