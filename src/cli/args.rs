@@ -404,8 +404,9 @@ pub struct ServeArgs {
     #[arg(long, env = "LATCHKEY_AUDIT_CHECKPOINT_INTERVAL", value_name = "AGE", default_value = "10s", value_parser = humantime::parse_duration)]
     pub audit_checkpoint_interval: Duration,
     /// Ship closed audit segments to S3-compatible storage, `s3://BUCKET/PREFIX`, signed with
-    /// SigV4 (credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
-    /// AWS_SESSION_TOKEN), through the guarded dialer; unshipped segments wait on disk.
+    /// SigV4 by latchkey's own AWS identity (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY /
+    /// AWS_SESSION_TOKEN, shared files, web identity, container credentials, IMDSv2 with
+    /// --aws-imds), through the guarded dialer; unshipped segments wait on disk.
     #[arg(long, env = "LATCHKEY_AUDIT_SHIP", value_name = "URL")]
     pub audit_ship: Option<String>,
     /// The S3 endpoint for --audit-ship (default: https://s3.REGION.amazonaws.com), e.g. a

@@ -538,8 +538,14 @@ impl Server {
         }
         // Closed segments go off the box through the same guarded client as every dial.
         if let Some(ship) = &self.ship {
+            let aws = proxy
+                .aws_identity()
+                .cloned()
+                .unwrap_or_else(|| Arc::new(crate::signing::AwsIdentity::from_process_env(None)));
             tokio::spawn(ship.clone().run(
                 proxy.upstream_client(),
+                aws,
+                Arc::new(crate::proxy::OwnCalls::new(&proxy)),
                 proxy.metrics().clone(),
                 proxy.shutdown_signal(),
             ));

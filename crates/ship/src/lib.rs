@@ -21,7 +21,6 @@
 // The crates this one uses, under the module names the code knows them by.
 use latchkey_audit as audit;
 use latchkey_metrics as metrics;
-use latchkey_secrets as secrets;
 use latchkey_signing as signing;
 use latchkey_upstream as upstream;
 use latchkey_wire as wire;
@@ -34,7 +33,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, SystemTime};
 
-pub use target::{Config, ConfigError, Credentials, Endpoint, Flags, Target};
+pub use target::{Config, ConfigError, Endpoint, Flags, Target};
 pub use upload::{hash_file, s3_error, UploadError};
 
 use crate::audit::segments;
@@ -204,10 +203,14 @@ impl Shipper {
 
     /// Ships pending segments until `shutdown` turns true: at start (what an earlier run left),
     /// on every rotation, and after a failure once its backoff has passed. `client` is the
-    /// guarded upstream client; `metrics` get the `latchkey_audit_ship_*` values.
+    /// guarded upstream client; each upload is signed with `aws`'s keys (latchkey's own AWS
+    /// identity, whose calls go through `transport`); `metrics` get the
+    /// `latchkey_audit_ship_*` values.
     pub async fn run(
         self: Arc<Self>,
         client: Client,
+        aws: Arc<crate::signing::AwsIdentity>,
+        transport: Arc<dyn crate::signing::TokenTransport>,
         metrics: Arc<Metrics>,
         mut shutdown: tokio::sync::watch::Receiver<bool>,
     ) {
@@ -247,7 +250,10 @@ impl Shipper {
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
             let attempt = tokio::select! {
-                r = upload::ship(&self.config, &client, &seg.path, &name) => r,
+                r = async {
+                    let keys = aws.keys(transport.as_ref()).await.map_err(UploadError::Keys)?;
+                    upload::ship(&self.config, &client, &keys, &seg.path, &name).await
+                } => r,
                 () = crate_shutdown(&mut shutdown) => return,
             };
             match attempt {

@@ -4,7 +4,6 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::secrets::SecretValue;
 use crate::wire::host::Authority;
 
 /// Why shipping cannot start. Messages name the flag or variable, never a credential's value.
@@ -17,8 +16,10 @@ pub enum ConfigError {
     #[error("--audit-ship-region {region:?}: {why}")]
     Region { region: String, why: String },
     #[error(
-        "--audit-ship needs the store's keys in latchkey's environment: {missing} not set \
-         (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, and AWS_SESSION_TOKEN for temporary keys)"
+        "--audit-ship: half a key pair in latchkey's environment: {missing} not set \
+         (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, and AWS_SESSION_TOKEN for temporary \
+         keys, or neither: latchkey's AWS identity then comes from its shared files, web \
+         identity, container credentials or, with --aws-imds, instance metadata)"
     )]
     Credentials { missing: String },
     #[error(
@@ -253,37 +254,20 @@ impl Endpoint {
     }
 }
 
-/// The keys uploads are signed with, read once at startup. No `Debug`: values never print.
-pub struct Credentials {
-    pub access_key_id: SecretValue,
-    pub secret_access_key: SecretValue,
-    pub session_token: Option<SecretValue>,
-}
-
-impl Credentials {
-    /// From `env` (the process environment in `serve`): both keys must be set and non-empty.
-    pub fn from_env(env: &dyn Fn(&str) -> Option<String>) -> Result<Credentials, ConfigError> {
-        let get = |name: &str| env(name).filter(|v| !v.is_empty());
-        let akid = get("AWS_ACCESS_KEY_ID");
-        let secret = get("AWS_SECRET_ACCESS_KEY");
-        let missing: Vec<&str> = [
-            ("AWS_ACCESS_KEY_ID", akid.is_none()),
-            ("AWS_SECRET_ACCESS_KEY", secret.is_none()),
-        ]
-        .into_iter()
-        .filter(|(_, gone)| *gone)
-        .map(|(n, _)| n)
-        .collect();
-        match (akid, secret) {
-            (Some(a), Some(s)) => Ok(Credentials {
-                access_key_id: SecretValue::new(a.into_bytes()),
-                secret_access_key: SecretValue::new(s.into_bytes()),
-                session_token: get("AWS_SESSION_TOKEN").map(|t| SecretValue::new(t.into_bytes())),
-            }),
-            _ => Err(ConfigError::Credentials {
-                missing: missing.join(" and "),
-            }),
-        }
+/// Checks latchkey's environment for a half-set static key pair (the other half is an
+/// operator's mistake, said at start). The keys themselves come from latchkey's own AWS
+/// identity when each upload is signed (`signing::AwsIdentity`: these variables first, then
+/// the shared files, web identity, container credentials, and IMDSv2 with `--aws-imds`).
+fn check_key_pair(env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConfigError> {
+    let set = |name: &str| env(name).is_some_and(|v| !v.is_empty());
+    match (set("AWS_ACCESS_KEY_ID"), set("AWS_SECRET_ACCESS_KEY")) {
+        (true, false) => Err(ConfigError::Credentials {
+            missing: "AWS_SECRET_ACCESS_KEY".into(),
+        }),
+        (false, true) => Err(ConfigError::Credentials {
+            missing: "AWS_ACCESS_KEY_ID".into(),
+        }),
+        _ => Ok(()),
     }
 }
 
@@ -307,7 +291,6 @@ pub struct Config {
     pub target: Target,
     pub endpoint: Endpoint,
     pub region: String,
-    pub credentials: Credentials,
     /// The active audit file; closed segments are listed beside it.
     pub active: PathBuf,
 }
@@ -339,12 +322,11 @@ impl Config {
             Some(url) => Endpoint::parse(url)?,
             None => Endpoint::aws(region),
         };
-        let credentials = Credentials::from_env(f.env)?;
+        check_key_pair(f.env)?;
         Ok(Config {
             target,
             endpoint,
             region: region.to_string(),
-            credentials,
             active: f.audit.to_path_buf(),
         })
     }

@@ -18,7 +18,7 @@ use tokio::io::{AsyncRead, ReadBuf};
 
 use super::target::Config;
 use crate::audit::segments;
-use crate::signing::{sigv4_sign, SigV4Keys, SigV4Scope, SignPayload};
+use crate::signing::{sigv4_sign, AwsKeys, SigV4Keys, SigV4Scope, SignPayload};
 use crate::upstream::{find_upstream_error, BoxError, Client};
 
 /// Bytes read from a segment at a time (hashing and sending alike).
@@ -39,6 +39,8 @@ pub enum UploadError {
     },
     #[error("cannot sign the upload: {0}")]
     Sign(String),
+    #[error("no AWS keys to sign the upload with: {0}")]
+    Keys(String),
     #[error("cannot reach the store at {origin}: {why}")]
     Unreachable { origin: String, why: String },
     #[error("the store at {origin} did not answer within {}s", timeout.as_secs())]
@@ -167,6 +169,7 @@ pub struct Shipped {
 pub async fn ship(
     config: &Config,
     client: &Client,
+    creds: &AwsKeys,
     segment: &Path,
     name: &str,
 ) -> Result<Shipped, UploadError> {
@@ -194,7 +197,6 @@ pub async fn ship(
         CONTENT_TYPE,
         HeaderValue::from_static("application/x-ndjson"),
     );
-    let creds = &config.credentials;
     let keys = SigV4Keys {
         akid: &creds.access_key_id,
         secret: &creds.secret_access_key,
