@@ -131,17 +131,20 @@ fn kinds_are_named_for_explain_and_the_audit_record() {
     assert_eq!(parse("exec:true").expect("v").kind(), "exec");
 }
 
+/// One scripted answer: a value and its lease, or a failure.
+type Answer = Option<(&'static str, Option<Duration>)>;
+
 /// Answers each fetch from a script (value, lease), or fails when the script says `None`,
 /// counting calls.
 #[derive(Default)]
 struct Scripted {
-    answers: Mutex<VecDeque<Option<(&'static str, Option<Duration>)>>>,
+    answers: Mutex<VecDeque<Answer>>,
     calls: AtomicUsize,
     delay: Duration,
 }
 
 impl Scripted {
-    fn new(answers: Vec<Option<(&'static str, Option<Duration>)>>) -> Arc<Self> {
+    fn new(answers: Vec<Answer>) -> Arc<Self> {
         Arc::new(Self {
             answers: Mutex::new(answers.into()),
             ..Default::default()

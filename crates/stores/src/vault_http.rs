@@ -117,10 +117,15 @@ pub(crate) async fn send<T: DeserializeOwned>(
             cleartext,
         },
     };
-    let answer = transport
-        .call(ex)
-        .await
-        .map_err(|e| CallError::Transport(e.0))?;
+    let answer = transport.call(ex).await.map_err(|e| {
+        // An unknown issuer: the CA belongs in the connection's table.
+        let hint = if e.0.contains("--upstream-ca") && conn.ca.is_none() {
+            "; or give this Vault connection its CA: `ca = \"PEM\"` in its [vault] table"
+        } else {
+            ""
+        };
+        CallError::Transport(format!("{}{hint}", e.0))
+    })?;
     if !(200..300).contains(&answer.status) {
         return Err(CallError::Status {
             status: answer.status,

@@ -15,7 +15,7 @@ use http_body_util::BodyExt;
 
 use std::sync::Arc;
 
-use super::{find_upstream_error, Clients, UpstreamAddr, Way};
+use super::{find_upstream_error, Clients, UpstreamAddr, UpstreamError, Way};
 use crate::signing::exchange::{
     Answer, BoxFuture, Exchange, TokenTransport, TransportError, MAX_ANSWER,
 };
@@ -70,10 +70,11 @@ impl TokenClient {
                 uri.scheme_str().unwrap_or("the URL")
             )));
         }
+        let ca = ex.route.ca.clone();
         let way = Way {
             extra: ex.route.allow_private.clone(),
             http1: false,
-            ca: ex.route.ca.clone(),
+            ca: ca.clone(),
         };
         let client = self
             .clients
@@ -92,9 +93,17 @@ impl TokenClient {
         let res = match tokio::time::timeout(self.timeout, client.request(req)).await {
             Ok(Ok(res)) => res,
             Ok(Err(e)) => {
-                let why = match find_upstream_error(&e) {
-                    Some(u) => u.to_string(),
-                    None => e.to_string(),
+                let why = match (find_upstream_error(&e), &ca) {
+                    // The fix for a call with its own CA is that CA, not `--upstream-ca`.
+                    (Some(UpstreamError::Tls { host, source }), Some(ca)) => format!(
+                        "TLS with {host} failed: {source}; its certificate must be signed by \
+                         the CA in {} (the `ca` this call trusts)",
+                        ca.display()
+                    ),
+                    (Some(u), _) => u.to_string(),
+                    // hyper's own failures (a pooled connection the server closed): the whole
+                    // chain, not only its outermost "client error (SendRequest)".
+                    (None, _) => crate::reason::chain_text(&e),
                 };
                 return Err(ExchangeFailure::Unreachable(why));
             }
