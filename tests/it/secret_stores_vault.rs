@@ -400,3 +400,44 @@ async fn a_wrong_ca_is_a_tls_error_and_a_server_that_went_away_is_named_by_its_a
     );
     assert_clean(&e, &[]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewable_token_is_renewed_in_the_background_between_reads() {
+    let bao = OpenBao::start().await;
+    policy(&bao).await;
+    kv2(&bao).await;
+    // A renewable token that lives 3 s per renewal (up to a minute): token auth cannot log in
+    // again with an expired one, so only a renewal between reads keeps it alive.
+    let made = bao
+        .ok(
+            "POST",
+            "auth/token/create",
+            json!({ "policies": ["reader"], "ttl": "3s", "explicit_max_ttl": "60s", "renewable": true }),
+        )
+        .await;
+    let child = made["auth"]["client_token"].as_str().unwrap().to_string();
+    let file = bao.file("child-token", &child);
+    let auth = VaultAuth::Token {
+        token: Box::new(Source::File(file)),
+    };
+    let stores = Stores::new(Arc::new(bao.client()), no_aws());
+    let c = conn(&bao, auth);
+    let kv = at(&c, "secret/app", Some("password"), None);
+    assert_eq!(read(&stores, &kv).await.unwrap(), V2);
+    // Past the token's first TTL, and its second: nothing read meanwhile.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    assert_eq!(
+        read(&stores, &kv)
+            .await
+            .expect("the token was renewed in the background"),
+        V2
+    );
+    let (status, looked) = bao
+        .api("POST", "auth/token/lookup", Some(json!({ "token": child })))
+        .await;
+    assert_eq!(status, 200, "{looked}");
+    assert!(
+        looked["data"]["ttl"].as_u64().is_some_and(|ttl| ttl > 0),
+        "{looked}"
+    );
+}

@@ -13,7 +13,6 @@ use super::{only, AwsIdentity, AwsKeys, Outcome};
 use crate::exchange::{Answer, Exchange, Route, TokenTransport};
 use crate::secrets::SecretValue;
 use crate::sigv4;
-use crate::Target;
 
 /// The ECS agent's credential endpoint, which `AWS_CONTAINER_CREDENTIALS_RELATIVE_URI` is on.
 const ECS_ENDPOINT: &str = "http://169.254.170.2";
@@ -313,18 +312,6 @@ impl AwsIdentity {
     ) -> Result<Answer, String> {
         let keys = self.keys(transport).await?;
         let (url, route) = self.endpoint(service, Some(region));
-        let uri: http::Uri = url
-            .parse()
-            .map_err(|_| format!("the {service} endpoint {url:?} is not a URL"))?;
-        let scheme = uri.scheme_str().unwrap_or("https").to_string();
-        let host = uri.host().unwrap_or_default().to_ascii_lowercase();
-        let port = uri
-            .port_u16()
-            .unwrap_or(if scheme == "http" { 80 } else { 443 });
-        let path = match uri.path() {
-            "" => "/",
-            p => p,
-        };
         let mut headers = HeaderMap::new();
         headers.insert(
             http::header::CONTENT_TYPE,
@@ -334,21 +321,12 @@ impl AwsIdentity {
             HeaderName::from_static("x-amz-target"),
             HeaderValue::from_str(target).map_err(|_| format!("bad target {target:?}"))?,
         );
-        let t = Target {
-            method: "POST",
-            scheme: &scheme,
-            host: &host,
-            port,
-            identity: "",
-        };
-        sigv4::sign(
+        sigv4::sign_post(
             &keys.sigv4(),
             sigv4::Scope { region, service },
-            &t,
+            &url,
             &mut headers,
-            path,
-            sigv4::SignPayload::Bytes(&body),
-            false,
+            &body,
         )
         .map_err(|why| format!("cannot sign {target}: {why}"))?;
         let mut ex = Exchange::post(

@@ -242,6 +242,47 @@ pub fn sign(
     Ok(signature)
 }
 
+/// Signs a POST of `body` to `url` — latchkey's own AWS calls (STS, Secrets Manager, SSM) —
+/// into `headers`, which already hold the call's content type (and target). The error names
+/// what could not be signed, never a key.
+pub(crate) fn sign_post(
+    keys: &Keys<'_>,
+    scope: Scope<'_>,
+    url: &str,
+    headers: &mut http::HeaderMap,
+    body: &[u8],
+) -> Result<(), String> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| format!("the endpoint {url:?} is not a URL: {e}"))?;
+    let scheme = uri.scheme_str().unwrap_or("https").to_string();
+    let host = uri.host().unwrap_or_default().to_ascii_lowercase();
+    let port = uri
+        .port_u16()
+        .unwrap_or(if scheme == "http" { 80 } else { 443 });
+    let path = match uri.path() {
+        "" => "/",
+        p => p,
+    };
+    let target = crate::Target {
+        method: "POST",
+        scheme: &scheme,
+        host: &host,
+        port,
+        identity: "",
+    };
+    sign(
+        keys,
+        scope,
+        &target,
+        headers,
+        path,
+        SignPayload::Bytes(body),
+        false,
+    )
+    .map(drop)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

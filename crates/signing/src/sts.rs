@@ -15,7 +15,6 @@ use zeroize::Zeroizing;
 
 use super::exchange::{Exchange, Route, TokenTransport};
 use super::sigv4;
-use super::Target;
 
 /// The temporary credentials of an `AssumeRole` answer.
 pub struct AssumedKeys {
@@ -156,42 +155,21 @@ pub(super) async fn call(
     transport: &dyn TokenTransport,
 ) -> Result<AssumedKeys, String> {
     let endpoint = call.endpoint;
-    let uri: http::Uri = endpoint
-        .parse()
-        .map_err(|e| format!("STS endpoint {endpoint:?}: {e}"))?;
-    let scheme = uri.scheme_str().unwrap_or("https").to_string();
-    let host = uri.host().unwrap_or_default().to_ascii_lowercase();
-    let port = uri
-        .port_u16()
-        .unwrap_or(if scheme == "http" { 80 } else { 443 });
-    let path = match uri.path() {
-        "" => "/",
-        p => p,
-    };
     let mut headers = HeaderMap::new();
     headers.insert(
         http::header::CONTENT_TYPE,
         HeaderValue::from_static("application/x-www-form-urlencoded; charset=utf-8"),
     );
     if let Some(keys) = keys {
-        let target = Target {
-            method: "POST",
-            scheme: &scheme,
-            host: &host,
-            port,
-            identity: "",
-        };
-        sigv4::sign(
+        sigv4::sign_post(
             keys,
             sigv4::Scope {
                 region: call.region,
                 service: "sts",
             },
-            &target,
+            endpoint,
             &mut headers,
-            path,
-            sigv4::SignPayload::Bytes(form.as_bytes()),
-            false,
+            form.as_bytes(),
         )
         .map_err(|why| format!("cannot sign {action}: {why}"))?;
     }

@@ -99,7 +99,11 @@ impl Vault {
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
         let client = match clients.iter().position(|c| *c.conn == **conn) {
             Some(i) => clients.remove(i),
-            None => Arc::new(Client::new(conn.clone(), self.transport.clone())),
+            None => {
+                let client = Arc::new(Client::new(conn.clone(), self.transport.clone()));
+                keep_alive(&client);
+                client
+            }
         };
         clients.push(client.clone());
         if clients.len() > MAX_CLIENTS {
@@ -107,6 +111,38 @@ impl Vault {
         }
         client
     }
+}
+
+/// How often a keeper with nothing due looks again (a login may have come meanwhile).
+const KEEPER_IDLE: Duration = Duration::from_secs(30);
+
+/// The connection's keeper: renews latchkey's token in the background when it is due (see
+/// `vault_auth`), until the client is dropped (a reload changed its connection and it left the
+/// most recently used). Outside a runtime nothing starts: renewal then happens before calls.
+fn keep_alive(client: &Arc<Client>) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let weak = Arc::downgrade(client);
+    handle.spawn(async move {
+        loop {
+            let Some(client) = weak.upgrade() else {
+                return;
+            };
+            match client.session.keep(&client.target()).await {
+                Some(due) => {
+                    drop(client);
+                    let wait = due
+                        .saturating_duration_since(Instant::now())
+                        .clamp(Duration::from_secs(1), KEEPER_IDLE);
+                    tokio::time::sleep(wait).await;
+                }
+                // Nothing to watch yet (or ever): wake on the next login, or look again later
+                // (a client dropped meanwhile lives at most that long).
+                None => client.session.wait_login(KEEPER_IDLE).await,
+            }
+        }
+    });
 }
 
 /// One secret's read.

@@ -7,13 +7,15 @@
 //! - **jwt** (Kubernetes or JWT): `POST auth/MOUNT/login` with `role` and the token in
 //!   `token_file`, read afresh at every login (a projected service-account token rotates).
 //!
-//! Lazily, before a call: once two thirds of the token's TTL have passed, a renewable token is
-//! renewed (`auth/token/renew-self`); one that is not (or whose renewal no longer extends it:
-//! its max TTL is reached) is replaced by a fresh login. An expired token is never used: the
-//! call logs in first. A call refused with 403 "permission denied"/"invalid token" logs in
-//! again and is retried once (the caller's part, [`Session::refused`]). Logins, renewals and the
-//! check of who holds the token are one flight (a tokio mutex), so concurrent fetches make one
-//! login. No background task: a connection nobody reads from costs nothing.
+//! Once two thirds of the token's TTL have passed, a renewable token is renewed
+//! (`auth/token/renew-self`); one that is not (or whose renewal no longer extends it: its max
+//! TTL is reached) is replaced by a fresh login. That happens in the background
+//! ([`Session::keep`], run by the connection's keeper task in `vault`), so a token whose TTL is
+//! shorter than the secrets' refresh stays alive between reads, and before a call when the
+//! keeper has not got to it. An expired token is never used: the call logs in first. A call
+//! refused with 403 "permission denied"/"invalid token" logs in again and is retried once (the
+//! caller's part, [`Session::refused`]). Logins, renewals and the check of who holds the token
+//! are one flight (a tokio mutex), so concurrent fetches make one login.
 //!
 //! The token is a [`SecretValue`] sent only to Vault, as `X-Vault-Token` (a sensitive header);
 //! it is never logged and never in an error.
@@ -39,6 +41,8 @@ const EXTENDS_BY: Duration = Duration::from_secs(1);
 /// One connection's login, behind its single flight.
 pub(crate) struct Session {
     state: Mutex<State>,
+    /// Told of every login, so the keeper starts watching a token as soon as there is one.
+    logged_in: tokio::sync::Notify,
 }
 
 #[derive(Default)]
@@ -82,6 +86,7 @@ impl Session {
     pub(crate) fn new() -> Self {
         Self {
             state: Mutex::new(State::default()),
+            logged_in: tokio::sync::Notify::new(),
         }
     }
 
@@ -110,6 +115,7 @@ impl Session {
             _ => {
                 let fresh = login(to, &mut st.sources).await?;
                 st.login = Some(fresh);
+                self.logged_in.notify_one();
             }
         }
         match st.login.as_ref() {
@@ -119,6 +125,31 @@ impl Session {
                 vault_http::address(to.conn)
             )),
         }
+    }
+
+    /// The background half of [`Session::token`]: renews (or replaces) the token in hand once
+    /// it is due, and says when to look next (`None`: no login yet, or nothing ever due). Never
+    /// the first login: a connection nobody has read from yet is left alone.
+    pub(crate) async fn keep(&self, to: &Target<'_>) -> Option<Instant> {
+        self.keep_once(to).await
+    }
+
+    /// Waits (at most `idle`) for a login.
+    pub(crate) async fn wait_login(&self, idle: Duration) {
+        let _ = tokio::time::timeout(idle, self.logged_in.notified()).await;
+    }
+
+    async fn keep_once(&self, to: &Target<'_>) -> Option<Instant> {
+        let due = {
+            let st = self.state.lock().await;
+            st.login.as_ref()?.due?
+        };
+        if Instant::now() >= due {
+            // Its failures are logged by `token` and retried when due again.
+            let _ = self.token(to).await;
+        }
+        let st = self.state.lock().await;
+        st.login.as_ref().and_then(|l| l.due)
     }
 
     /// A call made with `used` was refused as if the token were no good: logs in again (unless
@@ -140,6 +171,7 @@ impl Session {
         let same = fresh.token == *used;
         let token = fresh.token.clone();
         st.login = Some(fresh);
+        self.logged_in.notify_one();
         Ok((!same).then_some(token))
     }
 }
