@@ -184,7 +184,7 @@ fn session_env(args: &ServeArgs) -> anyhow::Result<crate::admin::sessions::Sessi
 
 /// The upstream settings from the flags: `--upstream-ca`, `--connect-timeout`, the
 /// `--resolve` pins, the `--allow-private` ranges and the `--upstream-proxy` chain.
-fn upstream_config(args: &ServeArgs) -> anyhow::Result<UpstreamConfig> {
+pub(super) fn upstream_config(args: &ServeArgs) -> anyhow::Result<UpstreamConfig> {
     let mut upstream = UpstreamConfig {
         extra_ca: args.upstream_ca.clone(),
         connect_timeout: args.connect_timeout,
