@@ -29,6 +29,7 @@ pub mod compile;
 mod credential;
 mod decide;
 pub mod facts;
+pub mod graphql;
 pub mod identity;
 mod identity_compile;
 pub mod limits;
