@@ -666,3 +666,34 @@ proptest! {
         prop_assert!(analyze(&generated(&levels), None).is_err());
     }
 }
+
+#[test]
+fn pathological_documents_at_the_size_limit_are_answered_quickly() {
+    let n = MAX_DOCUMENT_BYTES - 32;
+    let chain_of = |last: &str| {
+        let spreads: String = (0..8000)
+            .map(|i| format!("fragment F{i} on T {{ ...F{} }} ", i + 1))
+            .collect();
+        format!("{{ ...F0 }} {spreads}fragment F8000 on T {{ {last} }}")
+    };
+    let cases = [
+        ("{".repeat(n), None),
+        ("}".repeat(n), None),
+        ("@!$".repeat(n / 3), None),
+        (format!("{{ a(x: {}) }}", "{a:".repeat(n / 3 - 8)), None),
+        (format!("{{ {} }}", "... on T { ".repeat(n / 11 - 1)), None),
+        (chain_of("a"), Some(1)),
+        (chain_of("...F0"), None),
+    ];
+    for (document, depth) in cases {
+        assert!(document.len() <= MAX_DOCUMENT_BYTES, "{}", document.len());
+        let started = Instant::now();
+        let got = analyze(&document, None);
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(got.map(|a| a.depth).ok(), depth);
+    }
+}
