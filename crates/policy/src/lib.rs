@@ -27,6 +27,7 @@ pub mod ask;
 mod ask_compile;
 pub mod compile;
 mod credential;
+mod credential_kinds;
 mod decide;
 pub mod facts;
 pub mod identity;
@@ -42,6 +43,7 @@ pub mod reach;
 pub mod read;
 pub mod rule;
 pub mod schema;
+mod schema_credential;
 mod schema_sessions;
 mod schema_vault;
 pub mod schemes;
@@ -618,3 +620,6 @@ mod vault_tests;
 
 #[cfg(test)]
 mod limits_tests;
+
+#[cfg(test)]
+mod credential_kinds_tests;
