@@ -31,6 +31,7 @@ mod cli_surface;
 mod connect_gate;
 mod credentials_github;
 mod credentials_grants;
+mod credentials_hmac;
 mod credentials_jwt;
 mod credentials_oauth;
 mod credentials_policy;
