@@ -34,88 +34,8 @@ impl FileCx<'_> {
             .grant
             .as_ref()
             .map_or("client_credentials".to_string(), |g| g.get_ref().clone());
-        // (grant, the keys it needs, the grant-specific keys it takes)
-        let grants: [(&str, &[&str], &[&str]); 4] = [
-            ("client_credentials", &["client_id", "client_secret"], &[]),
-            ("refresh_token", &["refresh_token"], &["refresh_token"]),
-            (
-                "password",
-                &["username", "password"],
-                &["username", "password"],
-            ),
-            (
-                "jwt_bearer",
-                &["alg", "key"],
-                &["alg", "key", "ttl", "claims"],
-            ),
-        ];
-        let specific = [
-            "refresh_token",
-            "username",
-            "password",
-            "alg",
-            "key",
-            "ttl",
-            "claims",
-        ];
-        let kind_span = raw.kind.as_ref().map(|k| k.span()).unwrap_or_default();
-        match grants.iter().find(|(g, _, _)| *g == grant_name) {
-            None => {
-                let span = raw.grant.as_ref().map_or(kind_span.clone(), |g| g.span());
-                self.error(
-                    span,
-                    format!(
-                        "{}: unknown grant {grant_name:?}: use client_credentials, refresh_token, password or jwt_bearer",
-                        field(name, "grant")
-                    ),
-                );
-            }
-            Some((g, needs, takes)) => {
-                for (k, span) in &raw.keys {
-                    if specific.contains(k) && !takes.contains(k) {
-                        self.error(
-                            span.clone(),
-                            format!("{}: does not apply to grant {g:?}", field(name, k)),
-                        );
-                    }
-                }
-                for n in *needs {
-                    if !raw.keys.iter().any(|(k, _)| k == n) {
-                        let span = raw.grant.as_ref().map_or(kind_span.clone(), |g| g.span());
-                        self.error(span, format!("{}: grant {g:?} needs {n}", field(name, n)));
-                    }
-                }
-            }
-        }
-        let client_auth = match raw
-            .client_auth
-            .as_ref()
-            .map(|a| (a.get_ref().as_str(), a.span()))
-        {
-            None | Some(("client_secret_post", _)) => ClientAuth::Post,
-            Some(("client_secret_basic", span)) => {
-                if raw.client_id.is_none() || raw.client_secret.is_none() {
-                    self.error(
-                        span,
-                        format!(
-                            "{}: client_secret_basic needs client_id and client_secret",
-                            field(name, "client_auth")
-                        ),
-                    );
-                }
-                ClientAuth::Basic
-            }
-            Some((other, span)) => {
-                self.error(
-                    span,
-                    format!(
-                        "{}: {other:?} is not client_secret_post or client_secret_basic",
-                        field(name, "client_auth")
-                    ),
-                );
-                ClientAuth::Post
-            }
-        };
+        self.grant_keys(name, &raw, &grant_name);
+        let client_auth = self.client_auth(name, &raw);
         for f in ["client_secret", "refresh_token", "username", "password"] {
             let v = match f {
                 "client_secret" => &raw.client_secret,
@@ -171,6 +91,96 @@ impl FileCx<'_> {
             headers,
             alias,
         }))
+    }
+
+    /// The keys the grant needs, and the grant-specific keys it does not take.
+    fn grant_keys(&mut self, name: &str, raw: &RawCredential, grant_name: &str) {
+        // (grant, the keys it needs, the grant-specific keys it takes)
+        let grants: [(&str, &[&str], &[&str]); 4] = [
+            ("client_credentials", &["client_id", "client_secret"], &[]),
+            ("refresh_token", &["refresh_token"], &["refresh_token"]),
+            (
+                "password",
+                &["username", "password"],
+                &["username", "password"],
+            ),
+            (
+                "jwt_bearer",
+                &["alg", "key"],
+                &["alg", "key", "ttl", "claims"],
+            ),
+        ];
+        let specific = [
+            "refresh_token",
+            "username",
+            "password",
+            "alg",
+            "key",
+            "ttl",
+            "claims",
+        ];
+        let kind_span = raw.kind.as_ref().map(|k| k.span()).unwrap_or_default();
+        match grants.iter().find(|(g, _, _)| *g == grant_name) {
+            None => {
+                let span = raw.grant.as_ref().map_or(kind_span.clone(), |g| g.span());
+                self.error(
+                    span,
+                    format!(
+                        "{}: unknown grant {grant_name:?}: use client_credentials, refresh_token, password or jwt_bearer",
+                        field(name, "grant")
+                    ),
+                );
+            }
+            Some((g, needs, takes)) => {
+                for (k, span) in &raw.keys {
+                    if specific.contains(k) && !takes.contains(k) {
+                        self.error(
+                            span.clone(),
+                            format!("{}: does not apply to grant {g:?}", field(name, k)),
+                        );
+                    }
+                }
+                for n in *needs {
+                    if !raw.keys.iter().any(|(k, _)| k == n) {
+                        let span = raw.grant.as_ref().map_or(kind_span.clone(), |g| g.span());
+                        self.error(span, format!("{}: grant {g:?} needs {n}", field(name, n)));
+                    }
+                }
+            }
+        }
+    }
+
+    /// `client_auth`: `client_secret_post` (default) or `client_secret_basic`.
+    fn client_auth(&mut self, name: &str, raw: &RawCredential) -> ClientAuth {
+        match raw
+            .client_auth
+            .as_ref()
+            .map(|a| (a.get_ref().as_str(), a.span()))
+        {
+            None | Some(("client_secret_post", _)) => ClientAuth::Post,
+            Some(("client_secret_basic", span)) => {
+                if raw.client_id.is_none() || raw.client_secret.is_none() {
+                    self.error(
+                        span,
+                        format!(
+                            "{}: client_secret_basic needs client_id and client_secret",
+                            field(name, "client_auth")
+                        ),
+                    );
+                }
+                ClientAuth::Basic
+            }
+            Some((other, span)) => {
+                self.error(
+                    span,
+                    format!(
+                        "{}: {other:?} is not client_secret_post or client_secret_basic",
+                        field(name, "client_auth")
+                    ),
+                );
+                ClientAuth::Post
+            }
+        }
     }
 
     /// Header name → `{{secret.X}}` template, each secret a declared `[secrets.X]`.
