@@ -310,7 +310,7 @@ impl FileCx<'_> {
         }
         let signs = headers
             .iter()
-            .any(|(_, p)| p.iter().any(|x| *x == HmacPart::Signature));
+            .any(|(_, p)| p.contains(&HmacPart::Signature));
         if let (Some(span), false) = (span, signs) {
             self.error(
                 span,
