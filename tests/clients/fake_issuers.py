@@ -12,6 +12,13 @@ Configuration (environment; a route whose configuration is missing answers 500):
   Google SA:   FAKE_GSA_PUBLIC_KEY (PEM file), FAKE_GSA_EMAIL, FAKE_GSA_KID, FAKE_GSA_SCOPE
   OAuth2 CC:   FAKE_CC_CLIENT_ID, FAKE_CC_SECRET, FAKE_CC_SCOPE, FAKE_CC_TTL (expires_in, s),
                FAKE_CC_FAIL_FIRST (answer the first N exchanges 503)
+  OAuth2 grants (/oauth2/grant): FAKE_O2_CLIENT_ID, FAKE_O2_SECRET (checked when set, form or
+               Basic), FAKE_O2_REFRESH (the first refresh token), FAKE_O2_ROTATE ("1": each refresh
+               issues a new refresh token and revokes the old), FAKE_O2_USER, FAKE_O2_PASS,
+               FAKE_O2_JB_KEY (HS256 key of jwt_bearer assertions), FAKE_O2_HEADER ("name=value"
+               the token request must carry), FAKE_O2_TTL (expires_in, s)
+  Google ID:   FAKE_GSA_* as above, FAKE_GID_AUDIENCE, FAKE_GID_TTL (the id_token's exp - now)
+  HMAC:        FAKE_HMAC_KEY
   Generic JWT: FAKE_JWT_HS_KEY (HMAC secret), FAKE_JWT_ES_PUBLIC_KEY, FAKE_JWT_RS_PUBLIC_KEY,
   FAKE_JWT_ED_PUBLIC_KEY (PEM files)
 
@@ -26,6 +33,14 @@ Routes:
       {"access_token": "ya29.…", "expires_in": 3599, "token_type": "Bearer"}; 400 otherwise.
   POST /oauth/token                            OAuth2 client credentials: client id and secret in
       the form (or Basic), scope → {"access_token": "cc-…", "expires_in": FAKE_CC_TTL}; 401.
+  POST /oauth2/grant                           OAuth2 refresh_token, password and jwt_bearer
+      (RFC 7523: HS256, aud = this URL, iss, sub, iat, exp, jti) grants → {"access_token": "o2-…",
+      "expires_in", "refresh_token" (rotated)}; 400/401 otherwise.
+  POST /google/id                              Google ID token: like /google/ but the assertion
+      carries target_audience (no scope) → {"id_token": a JWT with aud and exp}.
+  ANY  /hmac/generic, /hmac/stripe             HMAC-SHA256 verifiers: x-signature (hex) over
+      "METHOD\nPATH?QUERY\nTS\nSHA256(body)" with x-timestamp; Stripe's stripe-signature
+      t=TS,v1=HEX over "TS.BODY". Timestamp within 60 s → 200 {"valid": true}; 401.
   ANY  /oauth/redirect                         307 to FAKE_REDIRECT_TO (a client must not follow).
   POST /oauth/fail500, /oauth/badjson          a token endpoint failing: 500; 200 with HTML;
        /oauth/echo400                          400 quoting the request form (client secret and all).
@@ -329,6 +344,160 @@ def client_credentials(handler, body):
     return 200, {"access_token": token, "expires_in": ttl, "token_type": "Bearer"}
 
 
+
+# ---------------------------------------------------------------------------------------------
+# OAuth2 grants
+
+
+def oauth2_grant(handler, body):
+    event = {"event": "o2_exchange", "path": handler.path,
+             "x_header": None}
+    form = dict(urllib.parse.parse_qsl(body.decode(errors="replace"), keep_blank_values=True))
+    grant = form.get("grant_type")
+    event["grant_type"] = grant
+    client_id, secret = form.get("client_id"), form.get("client_secret")
+    event["client_auth"] = "form" if secret else "none"
+    auth = handler.headers.get("authorization") or ""
+    if auth.lower().startswith("basic "):
+        try:
+            user, _, password = base64.b64decode(auth[6:].strip()).decode().partition(":")
+            client_id, secret = urllib.parse.unquote_plus(user), urllib.parse.unquote_plus(password)
+            event["client_auth"] = "basic"
+        except ValueError:
+            pass
+    event["client_id"] = client_id
+    presented = [secret] if secret else []
+    errors = []
+    want_header = env("FAKE_O2_HEADER")
+    if want_header:
+        name, _, value = want_header.partition("=")
+        event["x_header"] = handler.headers.get(name)
+        presented.append(handler.headers.get(name))
+        if handler.headers.get(name) != value:
+            errors.append(f"header {name} missing or wrong")
+    if env("FAKE_O2_SECRET") and (client_id != env("FAKE_O2_CLIENT_ID") or secret != env("FAKE_O2_SECRET")):
+        errors.append("client id or secret is wrong")
+    new_refresh = None
+    with LOCK:
+        current = STATE.setdefault("refresh", env("FAKE_O2_REFRESH"))
+    if grant == "refresh_token":
+        rt = form.get("refresh_token")
+        presented.append(rt)
+        event["refresh_presented"] = rt
+        if not current or rt != current:
+            errors.append("refresh token is not the live one")
+        elif env("FAKE_O2_ROTATE") == "1" and not errors:
+            new_refresh = "rt-rotated-" + secrets.token_hex(16)
+            with LOCK:
+                STATE["refresh"] = new_refresh
+    elif grant == "password":
+        presented.extend([form.get("username"), form.get("password")])
+        if form.get("username") != env("FAKE_O2_USER") or form.get("password") != env("FAKE_O2_PASS"):
+            errors.append("username or password is wrong")
+    elif grant == "urn:ietf:params:oauth:grant-type:jwt-bearer":
+        assertion = form.get("assertion")
+        presented.append(assertion)
+        try:
+            audience = f"https://{handler.headers.get('host')}{handler.path.split('?')[0]}"
+            claims = jwt.decode(assertion or "", env("FAKE_O2_JB_KEY"), algorithms=["HS256"],
+                                audience=audience,
+                                options={"require": ["iss", "sub", "aud", "exp", "iat", "jti"]})
+            event["claims"] = claims
+        except jwt.PyJWTError as e:
+            errors.append(f"assertion: {e}")
+    else:
+        errors.append(f"grant_type {grant!r}")
+    event["presented"] = [p for p in presented if p]
+    delay()
+    if errors:
+        event.update(ok=False, error="; ".join(errors))
+        emit(event)
+        return 401 if grant != "refresh_token" else 400, {"error": "invalid_grant"}
+    token = "o2-test-" + secrets.token_hex(20)
+    answer = {"access_token": token, "expires_in": int(env("FAKE_O2_TTL", "3600")),
+              "token_type": "Bearer"}
+    if new_refresh:
+        answer["refresh_token"] = new_refresh
+        event["minted_refresh"] = new_refresh
+    event.update(ok=True, minted=token)
+    emit(event)
+    return 200, answer
+
+
+def google_id_token(handler, body):
+    event = {"event": "gid_exchange", "path": handler.path}
+    try:
+        form = dict(urllib.parse.parse_qsl(body.decode(), keep_blank_values=True))
+        if form.get("grant_type") != "urn:ietf:params:oauth:grant-type:jwt-bearer":
+            raise Reject(400, f"grant_type {form.get('grant_type')!r}")
+        assertion = form.get("assertion")
+        event["presented"] = assertion
+        audience = f"https://{handler.headers.get('host')}{handler.path.split('?')[0]}"
+        claims = jwt.decode(
+            assertion or "",
+            read_file(env("FAKE_GSA_PUBLIC_KEY")),
+            algorithms=["RS256"],
+            audience=audience,
+            issuer=env("FAKE_GSA_EMAIL"),
+            options={"require": ["iat", "exp", "iss", "aud", "target_audience"]},
+            leeway=60,
+        )
+        event["claims"] = claims
+        if jwt.get_unverified_header(assertion).get("kid") != env("FAKE_GSA_KID"):
+            raise Reject(400, "kid is not the key's private_key_id")
+        if claims["target_audience"] != env("FAKE_GID_AUDIENCE"):
+            raise Reject(400, f"target_audience {claims['target_audience']!r}")
+        if "scope" in claims:
+            raise Reject(400, "an ID token assertion carries no scope")
+        now = int(time.time())
+        token = jwt.encode(
+            {"aud": claims["target_audience"], "iss": "https://accounts.google.com",
+             "email": claims["iss"], "iat": now, "exp": now + int(env("FAKE_GID_TTL", "3600")),
+             "nonce": secrets.token_hex(8)},
+            "google-side-signing-key-for-the-fake-0123456789",
+            algorithm="HS256",
+        )
+        event.update(ok=True, minted=token)
+        emit(event)
+        return 200, {"id_token": token}
+    except (Reject, jwt.PyJWTError, ValueError) as e:
+        event.update(ok=False, error=str(e))
+        emit(event)
+        return (e.status if isinstance(e, Reject) else 400), {"error": "invalid_grant"}
+
+
+def hmac_check(handler, style, body):
+    import hashlib
+    import hmac as hmac_mod
+
+    key = (env("FAKE_HMAC_KEY") or "").encode()
+    event = {"event": "hmac", "style": style, "path": handler.path, "body_len": len(body)}
+    try:
+        if style == "stripe":
+            header = handler.headers.get("stripe-signature") or ""
+            parts = dict(p.split("=", 1) for p in header.split(",") if "=" in p)
+            ts, sig = parts.get("t"), parts.get("v1")
+            message = f"{ts}.".encode() + body
+        else:
+            ts, sig = handler.headers.get("x-timestamp"), handler.headers.get("x-signature")
+            message = "\n".join([handler.command, handler.path, ts or "",
+                                 hashlib.sha256(body).hexdigest()]).encode()
+        event.update(presented=sig, timestamp=ts)
+        if not ts or not sig:
+            raise Reject(401, "no signature or timestamp")
+        if abs(int(ts) - time.time()) > 60:
+            raise Reject(401, "timestamp is not now")
+        want = hmac_mod.new(key, message, hashlib.sha256).hexdigest()
+        if not hmac_mod.compare_digest(want, sig):
+            raise Reject(401, "signature mismatch")
+        event["ok"] = True
+        emit(event)
+        handler.reply_json(200, {"valid": True})
+    except (Reject, ValueError) as e:
+        event.update(ok=False, error=str(e))
+        emit(event)
+        handler.reply_json(401, {"valid": False, "error": str(e)})
+
 # ---------------------------------------------------------------------------------------------
 # Generic JWT
 
@@ -430,6 +599,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self.reply_json(status, value)
         if path.endswith(".git/info/refs"):
             return git_info_refs(self)
+        if path == "/google/id" and self.command == "POST":
+            return self.reply_json(*google_id_token(self, body))
+        if path == "/oauth2/grant" and self.command == "POST":
+            return self.reply_json(*oauth2_grant(self, body))
+        if path in ("/hmac/generic", "/hmac/stripe"):
+            return hmac_check(self, path.rsplit("/", 1)[1], body)
         if path.startswith("/google/") and self.command == "POST":
             return self.reply_json(*google_token(self, body))
         if path == "/oauth/token" and self.command == "POST":

@@ -30,6 +30,8 @@ mod ca_and_env;
 mod cli_surface;
 mod connect_gate;
 mod credentials_github;
+mod credentials_grants;
+mod credentials_hmac;
 mod credentials_jwt;
 mod credentials_oauth;
 mod credentials_policy;

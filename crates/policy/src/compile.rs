@@ -193,7 +193,13 @@ pub fn compile_sources_with(
     let (limits, limit_names) = super::limits_compile::compile_limits(&mut parsed, &mut errors);
     let prices = super::limits_compile::compile_prices(&mut parsed, &mut errors);
     // Phase 2c: credentials; their key material joins the secret store under reserved names.
-    let credentials = compile_credentials(&mut parsed, &mut errors, &limit_names, &mut keyed);
+    let credentials = compile_credentials(
+        &mut parsed,
+        &mut errors,
+        &limit_names,
+        &secret_names,
+        &mut keyed,
+    );
     // Phase 2d: `[notify.NAME]` and `[ask]`, which rules' `ask` resolve against. A notifier's
     // signing secret joins the secret store like an identity token.
     let (ask, notifiers, ask_defaults, notify_secrets) =
@@ -393,6 +399,7 @@ fn compile_credentials(
     parsed: &mut Parsed<'_>,
     errors: &mut Vec<PolicyError>,
     limit_names: &LimitNames,
+    secrets: &HashSet<String>,
     keyed: &mut Keyed,
 ) -> Credentials {
     let mut out = Credentials {
@@ -429,7 +436,7 @@ fn compile_credentials(
                 line: line_col(text, name_span.start).0,
             };
             let mut material = Vec::new();
-            let compiled = cx.credential(&name, entry.raw, |key, span, source| {
+            let compiled = cx.credential(&name, entry.raw, secrets, |key, span, source| {
                 material.push((key, span, source));
             });
             if unique {

@@ -1,6 +1,7 @@
 //! Validation of one `[credentials.NAME]` entry: which keys its kind takes, and its key material
 //! (always a secret source, never a value).
 
+use std::collections::HashSet;
 use std::ops::Range;
 
 use http::HeaderName;
@@ -11,12 +12,15 @@ use crate::secrets::Source;
 use crate::signing::{Credential, JwtAlg, JwtClaim, Kind as CredentialKind};
 
 /// Receives each key-material source a credential names: its internal key, span and source.
-type Register<'r> = &'r mut dyn FnMut(String, Range<usize>, Source);
+pub(super) type Register<'r> = &'r mut dyn FnMut(String, Range<usize>, Source);
 
 /// `credentials.NAME.FIELD`, as errors name a credential's key.
-fn field(name: &str, f: &str) -> String {
+pub(super) fn field(name: &str, f: &str) -> String {
     format!("credentials.{name}.{f}")
 }
+
+/// The kinds, as the unknown-kind error lists them.
+const KINDS: &str = "aws_sigv4, github_app, google_service_account, google_id_token, oauth2, oauth2_client_credentials, jwt or hmac";
 
 /// Which keys each kind takes: (required, optional); key-material keys are sources. `None`
 /// for an unknown kind.
@@ -42,7 +46,31 @@ fn keys_of(kind: &str) -> Option<(&'static [&'static str], &'static [&'static st
         "google_service_account" => (&["key", "scopes"], &["token_uri"]),
         "oauth2_client_credentials" => (
             &["token_url", "client_id", "client_secret"],
-            &["scope", "audience"],
+            &["scope", "audience", "client_auth", "token_endpoint_headers"],
+        ),
+        // Which of the optional keys each grant needs or takes: checked in `oauth2`.
+        "oauth2" => (
+            &["token_url", "grant"],
+            &[
+                "client_id",
+                "client_secret",
+                "client_auth",
+                "scope",
+                "audience",
+                "token_endpoint_headers",
+                "refresh_token",
+                "username",
+                "password",
+                "alg",
+                "key",
+                "ttl",
+                "claims",
+            ],
+        ),
+        "google_id_token" => (&["key", "audience"], &["token_uri"]),
+        "hmac" => (
+            &["key", "message", "headers"],
+            &["algorithm", "encoding", "timestamp", "max_signed_body"],
         ),
         "jwt" => (&["alg", "key"], &["ttl", "header", "claims"]),
         _ => return None,
@@ -55,6 +83,7 @@ impl FileCx<'_> {
         &mut self,
         name: &str,
         raw: RawCredential,
+        secrets: &HashSet<String>,
         mut register: impl FnMut(String, Range<usize>, Source),
     ) -> Option<Credential> {
         let before = self.errors.len();
@@ -64,7 +93,10 @@ impl FileCx<'_> {
         let Some((required, optional)) = keys_of(&kind) else {
             self.error(
                 raw_kind.span(),
-                format!("{}: unknown kind {kind:?}: use aws_sigv4, github_app, google_service_account, oauth2_client_credentials or jwt", field(name, "kind")),
+                format!(
+                    "{}: unknown kind {kind:?}: use {KINDS}",
+                    field(name, "kind")
+                ),
             );
             return None;
         };
@@ -96,16 +128,9 @@ impl FileCx<'_> {
                     token_uri,
                 }
             }
-            "oauth2_client_credentials" => {
-                self.key_source(name, "client_secret", &raw.client_secret, register);
-                let token_url = self.https_url(name, "token_url", &raw.token_url);
-                CredentialKind::OAuth2ClientCredentials {
-                    token_url: token_url.unwrap_or_default(),
-                    client_id: raw.client_id.map(|v| v.into_inner()).unwrap_or_default(),
-                    scope: raw.scope.map(|v| v.into_inner()),
-                    audience: raw.audience.map(|v| v.into_inner()),
-                }
-            }
+            "oauth2" | "oauth2_client_credentials" => self.oauth2(name, raw, secrets, register),
+            "google_id_token" => self.google_id_token(name, raw, register),
+            "hmac" => self.hmac(name, raw, register),
             _ => self.jwt(name, raw, register),
         };
         if self.errors.len() > before {
@@ -118,7 +143,7 @@ impl FileCx<'_> {
     }
 
     /// Key material: a secret source, never the value itself.
-    fn key_source(
+    pub(super) fn key_source(
         &mut self,
         name: &str,
         f: &str,
@@ -145,7 +170,7 @@ impl FileCx<'_> {
     }
 
     /// An `https://` URL with a host, or an error.
-    fn https_url(
+    pub(super) fn https_url(
         &mut self,
         name: &str,
         f: &str,
@@ -199,7 +224,21 @@ impl FileCx<'_> {
         self.key_source(name, "access_key_id", &raw.access_key_id, register);
         self.key_source(name, "secret_access_key", &raw.secret_access_key, register);
         self.key_source(name, "session_token", &raw.session_token, register);
-        let max = match &raw.max_signed_body {
+        let max = self.max_signed_body(name, &raw.max_signed_body);
+        let assume_role = raw.assume_role.map(|a| self.assume_role(name, a));
+        CredentialKind::AwsSigV4 {
+            assume_role,
+            region: raw.region.map(|r| r.into_inner()),
+            service: raw.service.map(|r| r.into_inner()),
+            static_keys,
+            has_session_token: raw.session_token.is_some(),
+            max_signed_body: max,
+        }
+    }
+
+    /// `max_signed_body`: bytes held to sign a body (default and at most the scan limit).
+    pub(super) fn max_signed_body(&mut self, name: &str, v: &Option<toml::Spanned<i64>>) -> usize {
+        match v {
             None => crate::wire::limits::SCAN_LIMIT,
             Some(m) => match usize::try_from(*m.get_ref()) {
                 Ok(v) if v <= crate::wire::limits::SCAN_LIMIT => v,
@@ -215,15 +254,6 @@ impl FileCx<'_> {
                     0
                 }
             },
-        };
-        let assume_role = raw.assume_role.map(|a| self.assume_role(name, a));
-        CredentialKind::AwsSigV4 {
-            assume_role,
-            region: raw.region.map(|r| r.into_inner()),
-            service: raw.service.map(|r| r.into_inner()),
-            static_keys,
-            has_session_token: raw.session_token.is_some(),
-            max_signed_body: max,
         }
     }
 
@@ -307,7 +337,12 @@ impl FileCx<'_> {
         }
     }
 
-    fn jwt(&mut self, name: &str, raw: RawCredential, register: Register<'_>) -> CredentialKind {
+    pub(super) fn jwt(
+        &mut self,
+        name: &str,
+        raw: RawCredential,
+        register: Register<'_>,
+    ) -> CredentialKind {
         self.key_source(name, "key", &raw.key, register);
         let alg = raw.alg.as_ref().and_then(|a| {
             let parsed = JwtAlg::parse(a.get_ref());

@@ -27,6 +27,7 @@ pub mod ask;
 mod ask_compile;
 pub mod compile;
 mod credential;
+mod credential_kinds;
 mod decide;
 pub mod facts;
 pub mod graphql;
@@ -43,6 +44,7 @@ pub mod reach;
 pub mod read;
 pub mod rule;
 pub mod schema;
+mod schema_credential;
 mod schema_sessions;
 mod schema_vault;
 pub mod schemes;
@@ -619,3 +621,6 @@ mod vault_tests;
 
 #[cfg(test)]
 mod limits_tests;
+
+#[cfg(test)]
+mod credential_kinds_tests;

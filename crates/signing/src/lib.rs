@@ -26,9 +26,11 @@ pub mod aws_chunked;
 mod aws_identity;
 mod aws_profile;
 pub mod exchange;
+mod hmac_sign;
 mod jwt;
 mod live;
 mod minted;
+mod oauth2;
 mod sigv4;
 mod sts;
 mod token_cache;
@@ -44,8 +46,13 @@ use crate::secrets::{SecretError, SecretStore, SecretValue};
 
 pub use aws_identity::{AwsIdentity, AwsKeys, ImdsConfig, RULE as AWS_IDENTITY_RULE};
 pub use exchange::{Answer, Exchange, Route, TokenTransport, TransportError};
+pub use hmac_sign::{
+    parse_template as parse_hmac_template, Encoding as HmacEncoding, Hmac, HmacAlg,
+    Part as HmacPart, Timestamp as HmacTimestamp, Use as HmacUse,
+};
 pub use jwt::{JwtAlg, JwtClaim};
 pub use live::Live;
+pub use oauth2::{ClientAuth, Grant, OAuth2};
 pub use sigv4::{derive_region_service, Payload, UNSIGNED_HEADERS};
 /// SigV4 over a request latchkey sends itself (the audit shipper's uploads).
 pub use sigv4::{sign as sigv4_sign, Keys as SigV4Keys, Scope as SigV4Scope, SignPayload};
@@ -115,12 +122,16 @@ pub enum Kind {
         scopes: Vec<String>,
         token_uri: Option<String>,
     },
-    OAuth2ClientCredentials {
-        token_url: String,
-        client_id: String,
-        scope: Option<String>,
-        audience: Option<String>,
+    /// `oauth2` (and `oauth2_client_credentials`, its client-credentials alias).
+    OAuth2(Box<OAuth2>),
+    /// A Google-signed ID token for `audience` (Cloud Run, IAP), exchanged for a
+    /// service-account assertion with `target_audience`.
+    GoogleIdToken {
+        audience: String,
+        token_uri: Option<String>,
     },
+    /// A request signature: HMAC over a message templated from the request.
+    Hmac(Box<Hmac>),
     Jwt {
         alg: JwtAlg,
         ttl: Option<Duration>,
@@ -135,7 +146,10 @@ impl Kind {
             Kind::AwsSigV4 { .. } => "aws_sigv4",
             Kind::GithubApp { .. } => "github_app",
             Kind::GoogleServiceAccount { .. } => "google_service_account",
-            Kind::OAuth2ClientCredentials { .. } => "oauth2_client_credentials",
+            Kind::OAuth2(o) if o.alias => "oauth2_client_credentials",
+            Kind::OAuth2(_) => "oauth2",
+            Kind::GoogleIdToken { .. } => "google_id_token",
+            Kind::Hmac(_) => "hmac",
             Kind::Jwt { .. } => "jwt",
         }
     }
@@ -231,6 +245,7 @@ pub fn whole_body_needed(kind: &Kind, headers: &HeaderMap) -> Option<usize> {
             Ok(sigv4::Payload::Classic) => Some(*max_signed_body),
             _ => None,
         },
+        Kind::Hmac(h) if h.uses_body() => Some(h.max_signed_body),
         _ => None,
     }
 }
@@ -315,6 +330,10 @@ pub async fn apply(
                 max_signed_body: *max_signed_body,
             };
             aws::sign(name, aws, material, t, headers, path_and_query, body).await
+        }
+        Kind::Hmac(h) => {
+            hmac_sign::sign(name, h, material, t, headers, path_and_query, body).await?;
+            Ok(Applied::default())
         }
         kind => {
             minted::attach(name, kind, material, t, headers).await?;

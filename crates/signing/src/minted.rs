@@ -7,11 +7,11 @@ use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use base64::Engine;
-use bytes::Bytes;
 use http::header::{HeaderName, HeaderValue, AUTHORIZATION};
 use http::HeaderMap;
 
 use super::exchange::{self, json_str};
+use super::oauth2;
 use super::{
     failed, field_key, jwt, now_unix, secret, sensitive, set_bearer, token_name, CredentialError,
     JwtAlg, JwtClaim, Kind, Material, Target, REFRESH_MARGIN,
@@ -47,15 +47,16 @@ pub(super) async fn attach(
             minter.register("", &token);
             set_bearer(headers, &AUTHORIZATION, &token, true)
         }
-        Kind::OAuth2ClientCredentials {
-            token_url,
-            client_id,
-            scope,
+        Kind::OAuth2(o) => {
+            let token = oauth2::token(name, o, material, t.identity, t.host).await?;
+            minter.register("", &token);
+            set_bearer(headers, &AUTHORIZATION, &token, true)
+        }
+        Kind::GoogleIdToken {
             audience,
+            token_uri,
         } => {
-            let token = minter
-                .oauth2_client_credentials(token_url, client_id, scope, audience)
-                .await?;
+            let token = minter.google_id_token(audience, token_uri).await?;
             minter.register("", &token);
             set_bearer(headers, &AUTHORIZATION, &token, true)
         }
@@ -70,10 +71,9 @@ pub(super) async fn attach(
             let bearer = *header == AUTHORIZATION;
             set_bearer(headers, header, &token, bearer)
         }
-        Kind::AwsSigV4 { .. } => Err(failed(
-            name,
-            "an aws_sigv4 credential signs; it mints no token",
-        )),
+        Kind::AwsSigV4 { .. } | Kind::Hmac(_) => {
+            Err(failed(name, "a signing credential mints no token"))
+        }
     }
 }
 
@@ -144,90 +144,76 @@ impl Minter<'_> {
         scopes: &[String],
         token_uri: &Option<String>,
     ) -> Result<SecretValue, CredentialError> {
-        let (name, store, transport) = (self.name, self.material.store, self.material.transport);
+        let name = self.name;
         self.material
             .cache
             .get(name, REFRESH_MARGIN, || async {
-                let key = secret(store, name, "key").await?;
-                let sa: serde_json::Value = serde_json::from_slice(key.expose())
-                    .map_err(|e| failed(name, format!("key is not a service-account JSON file: {e}")))?;
-                let field = |f: &str| {
-                    json_str(&sa, f).ok_or_else(|| failed(name, format!("service-account key has no {f}")))
-                };
-                let email = field("client_email")?;
-                let pem = SecretValue::new(field("private_key")?.into_bytes());
-                store.set_minted(&field_key(name, "private_key"), "", &pem);
-                let kid = json_str(&sa, "private_key_id");
-                let uri = match token_uri {
-                    Some(u) => u.clone(),
-                    None => field("token_uri")?,
-                };
-                let now = now_unix();
-                let claims = serde_json::json!({
-                    "iss": email, "scope": scopes.join(" "), "aud": uri, "iat": now, "exp": now + 3600,
-                });
-                let assertion = jwt::sign(JwtAlg::Rs256, pem.expose(), kid.as_deref(), &claims)
-                    .map_err(|e| failed(name, format!("cannot sign the assertion: {e}")))?;
-                let form = form_urlencoded::Serializer::new(String::new())
-                    .append_pair("grant_type", "urn:ietf:params:oauth:grant-type:jwt-bearer")
-                    .append_pair("assertion", &assertion)
-                    .finish();
-                let json = exchange::json(transport, name, uri, exchange::form_headers(), form.into()).await?;
+                let extra = serde_json::json!({"scope": scopes.join(" ")});
+                let json = self.google_exchange(token_uri, extra).await?;
                 exchange::access_token(name, &json)
             })
             .await
     }
 
-    /// An OAuth2 client-credentials access token (cached).
-    async fn oauth2_client_credentials(
+    /// A Google-signed ID token for `audience` (cached until its `exp`), exchanged for an
+    /// assertion carrying `target_audience`.
+    async fn google_id_token(
         &self,
-        token_url: &str,
-        client_id: &str,
-        scope: &Option<String>,
-        audience: &Option<String>,
+        audience: &str,
+        token_uri: &Option<String>,
     ) -> Result<SecretValue, CredentialError> {
-        let (name, store, transport) = (self.name, self.material.store, self.material.transport);
+        let name = self.name;
         self.material
             .cache
             .get(name, REFRESH_MARGIN, || async {
-                let client_secret = secret(store, name, "client_secret").await?;
-                let secret_text = std::str::from_utf8(client_secret.expose())
-                    .map_err(|_| failed(name, "client_secret is not UTF-8"))?;
-                // Sized for the worst case (every byte escaped), so it never reallocates
-                // and leaves no unwiped copy of the client secret behind.
-                let mut form = zeroize::Zeroizing::new(String::with_capacity(
-                    256 + 3
-                        * (client_id.len()
-                            + secret_text.len()
-                            + scope.as_ref().map_or(0, String::len)
-                            + audience.as_ref().map_or(0, String::len)),
-                ));
-                {
-                    let mut pairs = form_urlencoded::Serializer::new(&mut *form);
-                    pairs
-                        .append_pair("grant_type", "client_credentials")
-                        .append_pair("client_id", client_id)
-                        .append_pair("client_secret", secret_text);
-                    if let Some(s) = scope {
-                        pairs.append_pair("scope", s);
-                    }
-                    if let Some(a) = audience {
-                        pairs.append_pair("audience", a);
-                    }
-                    pairs.finish();
-                }
-                let body = Bytes::copy_from_slice(form.as_bytes());
-                let json = exchange::json(
-                    transport,
-                    name,
-                    token_url.to_string(),
-                    exchange::form_headers(),
-                    body,
-                )
-                .await?;
-                exchange::access_token(name, &json)
+                let extra = serde_json::json!({"target_audience": audience});
+                let json = self.google_exchange(token_uri, extra).await?;
+                let token = json_str(&json, "id_token")
+                    .ok_or_else(|| failed(name, "token endpoint answered without an id_token"))?;
+                let lifetime = jwt_exp(&token)
+                    .map(|exp| Duration::from_secs(exp.saturating_sub(now_unix())))
+                    .unwrap_or(Duration::from_secs(3600));
+                Ok((SecretValue::new(token.into_bytes()), lifetime))
             })
             .await
+    }
+
+    /// Signs the service account's JWT-bearer assertion (iss, aud = the token URI, an hour's
+    /// lifetime, and `extra`) and exchanges it; the endpoint's JSON answer.
+    async fn google_exchange(
+        &self,
+        token_uri: &Option<String>,
+        extra: serde_json::Value,
+    ) -> Result<serde_json::Value, CredentialError> {
+        let (name, store, transport) = (self.name, self.material.store, self.material.transport);
+        let key = secret(store, name, "key").await?;
+        let sa: serde_json::Value = serde_json::from_slice(key.expose())
+            .map_err(|e| failed(name, format!("key is not a service-account JSON file: {e}")))?;
+        let field = |f: &str| {
+            json_str(&sa, f).ok_or_else(|| failed(name, format!("service-account key has no {f}")))
+        };
+        let email = field("client_email")?;
+        let pem = SecretValue::new(field("private_key")?.into_bytes());
+        store.set_minted(&field_key(name, "private_key"), "", &pem);
+        let kid = json_str(&sa, "private_key_id");
+        let uri = match token_uri {
+            Some(u) => u.clone(),
+            None => field("token_uri")?,
+        };
+        let now = now_unix();
+        let mut claims = serde_json::json!({
+            "iss": email, "aud": uri, "iat": now, "exp": now + 3600,
+        });
+        if let (Some(c), serde_json::Value::Object(extra)) = (claims.as_object_mut(), extra) {
+            c.extend(extra);
+        }
+        let assertion = jwt::sign(JwtAlg::Rs256, pem.expose(), kid.as_deref(), &claims)
+            .map_err(|e| failed(name, format!("cannot sign the assertion: {e}")))?;
+        let form = form_urlencoded::Serializer::new(String::new())
+            .append_pair("grant_type", "urn:ietf:params:oauth:grant-type:jwt-bearer")
+            .append_pair("assertion", &assertion)
+            .finish();
+        exchange::json(transport, name, uri, exchange::form_headers(), form.into()).await
     }
 
     /// A JWT latchkey signs itself, with the key the token is cached and redacted under
@@ -273,6 +259,18 @@ impl Minter<'_> {
         };
         Ok((key_id, token))
     }
+}
+
+/// The `exp` of a JWT, read without verifying it (a token endpoint's own answer).
+fn jwt_exp(token: &str) -> Option<u64> {
+    let payload = token.split('.').nth(1)?;
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .ok()?;
+    serde_json::from_slice::<serde_json::Value>(&raw)
+        .ok()?
+        .get("exp")?
+        .as_u64()
 }
 
 /// GitHub API requests carry the installation token as a bearer token; git over HTTPS

@@ -48,6 +48,9 @@ const MAX_SLOTS: usize = 1024;
 pub struct TokenCache {
     slots: Mutex<HashMap<String, (Arc<Slot>, Instant)>>,
     exchanges: std::sync::atomic::AtomicU64,
+    /// Refresh tokens a token endpoint rotated, by credential: used for the next refresh
+    /// instead of the configured one (which the endpoint may have revoked).
+    rotated: Mutex<HashMap<String, SecretValue>>,
 }
 
 impl std::fmt::Debug for TokenCache {
@@ -99,10 +102,36 @@ impl TokenCache {
             .filter(|(key, _)| keep(credential_of(key)))
             .map(|(key, (slot, used))| (key.clone(), (slot.clone(), *used)))
             .collect();
+        let rotated = self
+            .rotated
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .filter(|(name, _)| keep(name))
+            .map(|(name, v)| (name.clone(), v.clone()))
+            .collect();
         TokenCache {
             slots: Mutex::new(kept),
             exchanges: std::sync::atomic::AtomicU64::new(0),
+            rotated: Mutex::new(rotated),
         }
+    }
+
+    /// The refresh token credential `name`'s endpoint last rotated to, if it did.
+    pub(super) fn rotated(&self, name: &str) -> Option<SecretValue> {
+        self.rotated
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(name)
+            .cloned()
+    }
+
+    /// Keeps the refresh token `name`'s endpoint rotated to, for its next refresh.
+    pub(super) fn set_rotated(&self, name: &str, value: SecretValue) {
+        self.rotated
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(name.to_string(), value);
     }
 
     /// Token slots held now.

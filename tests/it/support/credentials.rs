@@ -549,8 +549,12 @@ impl CredWorld {
     /// Tracks every token a verifier minted or was presented (`minted`, `presented` fields).
     pub fn track_events(&self, server: &PyServer) {
         for (i, event) in server.events().iter().enumerate() {
-            for field in ["minted", "presented"] {
-                if let Some(value) = event[field].as_str() {
+            for field in ["minted", "presented", "minted_refresh"] {
+                let values = match &event[field] {
+                    Value::Array(list) => list.iter().filter_map(Value::as_str).collect(),
+                    v => v.as_str().into_iter().collect::<Vec<_>>(),
+                };
+                for value in values {
                     self.track(&format!("{} {field} #{i}", event["event"]), value);
                 }
             }
