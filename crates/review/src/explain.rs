@@ -18,6 +18,7 @@ use http::{Method, Uri};
 use serde::Serialize;
 
 use crate::policy::identity::{Identity, DEFAULT_IDENTITY};
+use crate::policy::predicates::Polarity;
 use crate::policy::{display_url, normalize_host, ConnectDecision, Policy, Rule, Scheme, Target};
 use crate::reason::Reason;
 
@@ -112,6 +113,9 @@ pub enum Outcome {
     /// brokers a credential covers `https` only (`credential_needs_tls`), or its `schemes`
     /// leave it out.
     Scheme,
+    /// A predicate (`query`, `headers`, `body`, `graphql`) of the rule does not hold; for a
+    /// denial, one does not select the request.
+    Predicate,
     /// Every check passed.
     Matched,
 }
@@ -126,6 +130,7 @@ impl Outcome {
             Outcome::Path => "path",
             Outcome::WebSocket => "websocket",
             Outcome::Scheme => "scheme",
+            Outcome::Predicate => "predicate",
             Outcome::Matched => "matched",
         }
     }
@@ -143,6 +148,20 @@ pub struct Candidate {
     pub decides: bool,
     /// What the rule allows for the failed check, e.g. `allows only GET, HEAD`.
     pub detail: String,
+    /// A `[[deny]]` table (checked before every rule, for every identity), not a rule.
+    pub denial: bool,
+    /// Its predicates, one per line (`query requires q`, `header x-api-version matches 2024-*`).
+    pub predicates: Vec<String>,
+}
+
+/// What a request carries beyond its method and URL, for predicates: headers and a body.
+/// Without a body, the request is explained as one with an empty body, as the proxy decides a
+/// request that sends none.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Carried<'a> {
+    pub headers: Option<&'a http::HeaderMap>,
+    pub content_type: Option<&'a str>,
+    pub body: &'a [u8],
 }
 
 /// Everything `explain` says about one request. Serialisable as is for `--json` and the admin
@@ -209,6 +228,18 @@ pub fn explain(
     method: &str,
     url: &str,
 ) -> Result<Explanation, ExplainError> {
+    explain_with(policy, identity, method, url, Carried::default())
+}
+
+/// [`explain`], with the headers and body the request carries (for predicates; the URL's
+/// query string is always used).
+pub fn explain_with(
+    policy: &Policy,
+    identity: Option<&str>,
+    method: &str,
+    url: &str,
+    carried: Carried<'_>,
+) -> Result<Explanation, ExplainError> {
     let ident = identity_of(policy, identity)?;
     let unidentified = ident.is_none() && !policy.identities().is_empty();
     let method_text = method;
@@ -223,6 +254,8 @@ pub fn explain(
         method: &asked.method,
         path: &asked.path,
         websocket: asked.websocket,
+        query: asked.query.as_deref(),
+        headers: carried.headers,
     };
     let (reason, rule, message) = if unidentified {
         unidentified_refusal(policy)
@@ -233,22 +266,49 @@ pub fn explain(
             format!("URL {url:?} carries userinfo ('@'): latchkey refuses such requests"),
         )
     } else {
-        decide(policy, &target)
+        decide(policy, &target, carried)
     };
     let allowed = reason.is_allow();
     let ask = ask_of(policy, reason, rule);
-    let candidates = policy
-        .candidates(&asked.host)
-        .map(|r| {
-            let (outcome, detail) = check(r, &target);
-            Candidate {
-                rule: r.name.clone(),
-                origin: r.origin.to_string(),
-                outcome,
-                decides: rule.is_some_and(|d| std::ptr::eq(d, r)),
-                detail,
+    let candidate = |r: &Rule, (outcome, detail): (Outcome, String), denial: bool| {
+        let decides = rule.is_some_and(|d| std::ptr::eq(d, r));
+        // A rule whose head matched but whose body predicate failed decided the refusal.
+        let (outcome, detail) = match outcome {
+            Outcome::Matched if decides && reason == Reason::PredicateMismatch => {
+                (Outcome::Predicate, message.clone())
             }
-        })
+            Outcome::Matched
+                if denial && !decides && r.predicates.as_ref().is_some_and(|p| p.needs_body()) =>
+            {
+                (
+                    Outcome::Predicate,
+                    "does not select this request's body".to_string(),
+                )
+            }
+            other => (other, detail),
+        };
+        Candidate {
+            rule: r.name.clone(),
+            origin: r.origin.to_string(),
+            outcome,
+            decides,
+            detail,
+            denial,
+            predicates: r
+                .predicates
+                .as_ref()
+                .map(|p| p.describe())
+                .unwrap_or_default(),
+        }
+    };
+    let candidates = policy
+        .denials_for(&asked.host)
+        .map(|d| candidate(d, check_denial(d, &target), true))
+        .chain(
+            policy
+                .candidates(&asked.host)
+                .map(|r| candidate(r, check(r, &target), false)),
+        )
         .collect();
     let deciding = rule.filter(|_| allowed);
     let injected = deciding.map(injected_of).unwrap_or_default();
@@ -342,6 +402,8 @@ struct Asked {
     path: String,
     /// The URL carries userinfo (`user@host`).
     userinfo: bool,
+    /// The raw query string, without `?`.
+    query: Option<String>,
 }
 
 impl Asked {
@@ -382,6 +444,7 @@ impl Asked {
             port,
             path: path.to_string(),
             userinfo: authority.as_str().contains('@'),
+            query: uri.query().map(str::to_string),
         })
     }
 }
@@ -405,7 +468,11 @@ fn unidentified_refusal(policy: &Policy) -> (Reason, Option<&Rule>, String) {
 
 /// The decision as the proxy makes it: CONNECT first (https), the path's ambiguity, then the
 /// request under the rule that allows it (which may refuse `;` parameters and `//`).
-fn decide<'p>(policy: &'p Policy, target: &Target<'_>) -> (Reason, Option<&'p Rule>, String) {
+fn decide<'p>(
+    policy: &'p Policy,
+    target: &Target<'_>,
+    carried: Carried<'_>,
+) -> (Reason, Option<&'p Rule>, String) {
     let (host, port, path) = (target.host, target.port, target.path);
     let connect = (target.scheme == Scheme::Https)
         .then(|| policy.decide_connect(host, port, target.identity));
@@ -430,6 +497,14 @@ fn decide<'p>(policy: &'p Policy, target: &Target<'_>) -> (Reason, Option<&'p Ru
         ),
         _ => {
             let d = policy.decide_explained(target);
+            // Predicates that read the body: decided on the body given (none: empty).
+            let d = policy.decide_body(
+                &d,
+                target.method,
+                target.query,
+                carried.content_type,
+                carried.body,
+            );
             // The proxy refuses `;` parameters and `//` under the rule that allowed a request
             // when that rule restricts paths; say so here too.
             let rule_check = d.rule.filter(|_| d.reason.is_allow()).map(|r| {
@@ -456,6 +531,7 @@ fn ask_of(policy: &Policy, reason: Reason, rule: Option<&Rule>) -> Option<AskExp
         reason,
         rule,
         message: String::new(),
+        body: None,
     };
     policy.asks(&decided).map(|a| AskExplained {
         rule: a.rule_name().to_string(),
@@ -561,6 +637,41 @@ fn check(rule: &Rule, t: &Target<'_>) -> (Outcome, String) {
             _ => format!("covers only schemes {}", rule.schemes.listed()),
         };
         return (Outcome::Scheme, detail);
+    }
+    let head = rule
+        .predicates
+        .as_ref()
+        .map_or(Ok(()), |p| p.head(Polarity::Require, t.query, t.headers));
+    if let Err(why) = head {
+        return (Outcome::Predicate, why);
+    }
+    (Outcome::Matched, String::new())
+}
+
+/// The first check denial `d` fails for `t` (it applies on every port unless it lists ports,
+/// and to every identity); `Matched` when its head selects the request.
+fn check_denial(d: &Rule, t: &Target<'_>) -> (Outcome, String) {
+    if d.ports.as_ref().is_some_and(|p| !p.contains(&t.port)) {
+        let ports = crate::policy::join(d.ports.iter().flatten());
+        return (Outcome::Port, format!("denies port(s) {ports}"));
+    }
+    if !d.method_matches(t.method) {
+        let methods = crate::policy::join(d.methods.iter().flatten());
+        return (Outcome::Method, format!("denies only {methods}"));
+    }
+    if !d.path_matches(t.path) {
+        let paths = crate::policy::join(d.paths.iter().flat_map(|p| p.globs.iter()));
+        return (Outcome::Path, format!("denies only paths {paths}"));
+    }
+    let head = d
+        .predicates
+        .as_ref()
+        .map_or(Ok(()), |p| p.head(Polarity::Select, t.query, t.headers));
+    if let Err(why) = head {
+        return (
+            Outcome::Predicate,
+            format!("selects only a request that {why}"),
+        );
     }
     (Outcome::Matched, String::new())
 }
