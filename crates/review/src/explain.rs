@@ -270,46 +270,7 @@ pub fn explain_with(
     };
     let allowed = reason.is_allow();
     let ask = ask_of(policy, reason, rule);
-    let candidate = |r: &Rule, (outcome, detail): (Outcome, String), denial: bool| {
-        let decides = rule.is_some_and(|d| std::ptr::eq(d, r));
-        // A rule whose head matched but whose body predicate failed decided the refusal.
-        let (outcome, detail) = match outcome {
-            Outcome::Matched if decides && reason == Reason::PredicateMismatch => {
-                (Outcome::Predicate, message.clone())
-            }
-            Outcome::Matched
-                if denial && !decides && r.predicates.as_ref().is_some_and(|p| p.needs_body()) =>
-            {
-                (
-                    Outcome::Predicate,
-                    "does not select this request's body".to_string(),
-                )
-            }
-            other => (other, detail),
-        };
-        Candidate {
-            rule: r.name.clone(),
-            origin: r.origin.to_string(),
-            outcome,
-            decides,
-            detail,
-            denial,
-            predicates: r
-                .predicates
-                .as_ref()
-                .map(|p| p.describe())
-                .unwrap_or_default(),
-        }
-    };
-    let candidates = policy
-        .denials_for(&asked.host)
-        .map(|d| candidate(d, check_denial(d, &target), true))
-        .chain(
-            policy
-                .candidates(&asked.host)
-                .map(|r| candidate(r, check(r, &target), false)),
-        )
-        .collect();
+    let candidates = candidates_of(policy, &target, (reason, rule, &message));
     let deciding = rule.filter(|_| allowed);
     let injected = deciding.map(injected_of).unwrap_or_default();
     // `bound` also holds a credential's internal key names; they are reported as the credential.
@@ -365,6 +326,56 @@ pub fn explain_with(
         report_only: !allowed && reason.is_policy_denial() && rule.is_some_and(|r| r.report),
         policy: policy.digest().to_string(),
     })
+}
+
+/// Every denial and rule naming the request's host, in decision order, with the first check
+/// each failed; `decided` is the decision's reason, rule and sentence.
+fn candidates_of(
+    policy: &Policy,
+    target: &Target<'_>,
+    decided: (Reason, Option<&Rule>, &str),
+) -> Vec<Candidate> {
+    let (reason, rule, message) = decided;
+    let candidate = |r: &Rule, (outcome, detail): (Outcome, String), denial: bool| {
+        let decides = rule.is_some_and(|d| std::ptr::eq(d, r));
+        // A rule whose head matched but whose body predicate failed decided the refusal.
+        let (outcome, detail) = match outcome {
+            Outcome::Matched if decides && reason == Reason::PredicateMismatch => {
+                (Outcome::Predicate, message.to_string())
+            }
+            Outcome::Matched
+                if denial && !decides && r.predicates.as_ref().is_some_and(|p| p.needs_body()) =>
+            {
+                (
+                    Outcome::Predicate,
+                    "does not select this request's body".to_string(),
+                )
+            }
+            other => (other, detail),
+        };
+        Candidate {
+            rule: r.name.clone(),
+            origin: r.origin.to_string(),
+            outcome,
+            decides,
+            detail,
+            denial,
+            predicates: r
+                .predicates
+                .as_ref()
+                .map(|p| p.describe())
+                .unwrap_or_default(),
+        }
+    };
+    policy
+        .denials_for(target.host)
+        .map(|d| candidate(d, check_denial(d, target), true))
+        .chain(
+            policy
+                .candidates(target.host)
+                .map(|r| candidate(r, check(r, target), false)),
+        )
+        .collect()
 }
 
 /// The identity asked about: `None` for the default one; an error for one the policy does
