@@ -179,12 +179,14 @@ impl Policy {
             .filter_map(|suffix| self.deny_wildcard.get(suffix))
             .flatten();
         let mut seen = Vec::new();
-        exact.chain(suffixes).filter_map(move |&i| {
-            (!seen.contains(&i)).then(|| {
+        exact
+            .chain(suffixes)
+            .filter(move |&&i| {
+                let first = !seen.contains(&i);
                 seen.push(i);
-                &self.denials[i]
+                first
             })
-        })
+            .map(|&i| &self.denials[i])
     }
 }
 

@@ -190,6 +190,7 @@ mod tests {
             reason,
             rule,
             message: format!("because {reason}"),
+            body: None,
         }
     }
 
