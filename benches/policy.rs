@@ -87,6 +87,8 @@ fn decide(c: &mut Criterion) {
             identity: None,
             narrowing: None,
             websocket: false,
+            query: None,
+            headers: None,
         };
         group.bench_function(name, |b| {
             b.iter(|| black_box(policy.decide(black_box(&target))))

@@ -392,7 +392,11 @@ fn render(e: &Explanation) -> String {
                 }
             };
             decided |= c.decides && allowed;
-            line(format!("  - {} ({}): {what}", c.rule, c.origin));
+            let kind = if c.denial { "deny " } else { "" };
+            line(format!("  - {kind}{} ({}): {what}", c.rule, c.origin));
+            for p in &c.predicates {
+                line(format!("      {p}"));
+            }
         }
     }
     if !e.injected.is_empty() {

@@ -170,6 +170,8 @@ mod tests {
                 port,
                 method,
                 path,
+                query: None,
+                headers: None,
             }
         }
         let (post, get, delete) = (http::Method::POST, http::Method::GET, http::Method::DELETE);

@@ -162,10 +162,16 @@ impl super::Policy {
                 rule: Some(rule),
                 terms,
             }),
-            _ if self.ask.unknown && decision.reason.is_policy_denial() => Some(Asking {
-                rule: None,
-                terms: &self.ask.terms,
-            }),
+            // A `[[deny]]` is never put to a person.
+            _ if self.ask.unknown
+                && decision.reason.is_policy_denial()
+                && decision.reason != crate::reason::Reason::DeniedByRule =>
+            {
+                Some(Asking {
+                    rule: None,
+                    terms: &self.ask.terms,
+                })
+            }
             _ => None,
         }
     }

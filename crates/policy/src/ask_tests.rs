@@ -41,6 +41,8 @@ fn target<'a>(host: &'a str, method: &'a Method, path: &'a str) -> Target<'a> {
         identity: None,
         narrowing: None,
         websocket: false,
+        query: None,
+        headers: None,
     }
 }
 

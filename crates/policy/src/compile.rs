@@ -215,6 +215,10 @@ pub fn compile_sources_with(
         limits: &limit_names,
     };
     let (rules, rule_names) = compile_rules(&mut parsed, &mut errors, &known);
+    // Phase 3a: `[[deny]]`, named apart from rules' names, and the tunnel rules that could
+    // not enforce one.
+    let denials = super::deny::compile_denials(&mut parsed, &mut errors, &mut rule_names.clone());
+    super::deny::check_tunnels(&rules, &denials, &mut errors);
     // Phase 3b: identities, which name rules.
     let (mut identities, default_labels) = super::identity_compile::compile_identities(
         &mut parsed,
@@ -263,6 +267,7 @@ pub fn compile_sources_with(
         admin_tokens,
         attest,
         rules,
+        denials,
         ask,
         notifiers,
         limits,
@@ -538,6 +543,7 @@ struct Parts {
     admin_tokens: Vec<super::access::AdminToken>,
     attest: Vec<super::access::Attest>,
     rules: Vec<Rule>,
+    denials: Vec<Rule>,
     ask: AskPolicy,
     notifiers: Vec<Notifier>,
     limits: Vec<Limit>,
@@ -558,6 +564,7 @@ fn index(parts: Parts) -> Policy {
         admin_tokens,
         attest,
         rules,
+        denials,
         ask,
         notifiers,
         limits,
@@ -599,10 +606,14 @@ fn index(parts: Parts) -> Policy {
         .filter(|(_, r)| r.capture.is_some())
         .map(|(i, _)| i)
         .collect();
+    let (deny_exact, deny_wildcard) = super::deny::index(&denials);
     Policy {
         admin_tokens,
         attest,
         rules,
+        denials,
+        deny_exact,
+        deny_wildcard,
         capturing,
         identities,
         credentials,

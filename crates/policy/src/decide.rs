@@ -3,17 +3,113 @@
 //! docs). An identity's `rules`, and a runtime session's narrowing of its profile, decide which
 //! candidates it may use.
 
+use super::deny::{connect_level, deny_port};
 use super::identity::{Identity, DEFAULT_IDENTITY};
+use super::predicates::{Polarity, MAX_BODY};
 use super::profile::Narrowing;
 use super::{
-    display_authority, join, ConnectDecision, Decision, Policy, Rule, Scheme, Target, UrlDisplay,
+    display_authority, join, BodyCheck, ConnectDecision, Decision, Policy, Rule, Scheme, Target,
+    UrlDisplay,
 };
 use crate::reason::Reason;
+
+/// The refusal of a request or CONNECT by denial `d`.
+fn denied(d: &Rule) -> Decision<'_> {
+    Decision {
+        reason: Reason::DeniedByRule,
+        rule: Some(d),
+        message: super::deny::message(d),
+        body: None,
+    }
+}
 
 impl Policy {
     /// Decides one HTTP request. An allow carries an empty message: the proxy's allow path is
     /// the hot one and never reads it ([`Self::decide_explained`] words it too).
+    ///
+    /// Denials first, for every identity: the first whose matchers and head predicates hold
+    /// refuses; one that also reads the body is left pending in the allow's
+    /// [`Decision::body`], with the allowing rule's own body predicates.
     pub fn decide(&self, t: &Target<'_>) -> Decision<'_> {
+        let mut pending = Vec::new();
+        for d in self.denials_for(t.host) {
+            let head = deny_port(d, t.port)
+                && d.method_matches(t.method)
+                && d.path_matches(t.path)
+                && d.predicates
+                    .as_ref()
+                    .is_none_or(|p| p.head(Polarity::Select, t.query, t.headers).is_ok());
+            if !head {
+                continue;
+            }
+            match &d.predicates {
+                Some(p) if p.needs_body() => pending.push(d),
+                _ => return denied(d),
+            }
+        }
+        let mut decision = self.decide_rules(t);
+        if let (true, Some(rule)) = (decision.allowed(), decision.rule) {
+            let own = rule.predicates.as_ref().is_some_and(|p| p.needs_body());
+            if own || !pending.is_empty() {
+                decision.body = Some(BodyCheck {
+                    denials: pending,
+                    rule: own.then_some(rule),
+                    max_bytes: MAX_BODY,
+                });
+            }
+        }
+        decision
+    }
+
+    /// The final decision once the body is read, for a decision whose [`Decision::body`] is
+    /// `Some` (any other is returned as is): a pending denial whose body predicates hold (or
+    /// that cannot read the body: fail closed) refuses with `denied_by_rule`; the allowing
+    /// rule's body predicates failing refuse with `predicate_mismatch` (later rules are not
+    /// tried); otherwise the allow stands.
+    pub fn decide_body<'p>(
+        &'p self,
+        d: &Decision<'p>,
+        method: &http::Method,
+        query: Option<&str>,
+        content_type: Option<&str>,
+        body: &[u8],
+    ) -> Decision<'p> {
+        let Some(check) = &d.body else {
+            return d.clone();
+        };
+        for &deny in &check.denials {
+            let applies = deny.predicates.as_ref().is_none_or(|p| {
+                p.body(Polarity::Select, method, query, content_type, body)
+                    .is_ok()
+            });
+            if applies {
+                return denied(deny);
+            }
+        }
+        if let Some(rule) = check.rule {
+            let held = rule.predicates.as_ref().map_or(Ok(()), |p| {
+                p.body(Polarity::Require, method, query, content_type, body)
+            });
+            if let Err(why) = held {
+                return Decision {
+                    reason: Reason::PredicateMismatch,
+                    rule: Some(rule),
+                    message: format!(
+                        "no rule allows this {method} request: rule '{}' {why}",
+                        rule.name
+                    ),
+                    body: None,
+                };
+            }
+        }
+        Decision {
+            body: None,
+            ..d.clone()
+        }
+    }
+
+    /// [`Self::decide`] by the rules alone, after the denials.
+    fn decide_rules(&self, t: &Target<'_>) -> Decision<'_> {
         // Built only where a message needs it: the allow path is the hot one.
         let url = UrlDisplay(t.scheme, t.host, t.port, t.path);
         // The closest miss, ranked port < method < path.
@@ -25,6 +121,7 @@ impl Policy {
                 Reason::PathNotAllowed => 3,
                 Reason::WebSocketNotAllowed => 4,
                 Reason::CredentialNeedsTls | Reason::SchemeNotAllowed => 5,
+                Reason::PredicateMismatch => 6,
                 _ => 0,
             };
             if closest.is_none_or(|(r, _)| rank(reason) > rank(r)) {
@@ -50,11 +147,14 @@ impl Policy {
                 // Last: this rule would allow the request, sent another way. A credential it
                 // brokers never goes in cleartext (nothing is sent, nothing rendered).
                 note(rule.scheme_refusal(t.scheme), rule);
+            } else if head_fails(rule, t).is_some() {
+                note(Reason::PredicateMismatch, rule);
             } else {
                 return Decision {
                     reason: Reason::Allowed,
                     rule: Some(rule),
                     message: String::new(),
+                    body: None,
                 };
             }
         }
@@ -66,6 +166,7 @@ impl Policy {
                     "no rule allows {} {url}: no rule names host {}",
                     t.method, t.host
                 ),
+                body: None,
             };
         };
         let why = match reason {
@@ -99,6 +200,11 @@ impl Policy {
                 rule.name,
                 rule.schemes.listed()
             ),
+            Reason::PredicateMismatch => format!(
+                "rule '{}' {}",
+                rule.name,
+                head_fails(rule, t).unwrap_or_default()
+            ),
             _ => format!(
                 "rule '{}' allows only paths {}",
                 rule.name,
@@ -109,6 +215,7 @@ impl Policy {
             reason,
             rule: Some(rule),
             message: format!("no rule allows {} {url}: {why}", t.method),
+            body: None,
         }
     }
 
@@ -145,6 +252,14 @@ impl Policy {
         identity: Option<&Identity>,
         narrowing: Option<&Narrowing>,
     ) -> ConnectDecision<'_> {
+        // A denial of this host and port alone refuses before any TLS, for every identity, and
+        // is never turned into a question.
+        if let Some(d) = self
+            .denials_for(host)
+            .find(|d| connect_level(d) && deny_port(d, port))
+        {
+            return ConnectDecision::Deny(denied(d));
+        }
         match self.decide_connect_by_rules(host, port, identity, narrowing) {
             ConnectDecision::Deny(d) if self.ask.unknown && d.reason.is_policy_denial() => {
                 ConnectDecision::Intercept
@@ -196,6 +311,7 @@ impl Policy {
                     rule.name,
                     rule.schemes.listed()
                 ),
+                body: None,
             },
             (None, None, Some(rule)) => Decision {
                 reason: Reason::IdentityNotAllowed,
@@ -204,6 +320,7 @@ impl Policy {
                     "no rule allows CONNECT {target}: {}",
                     not_allowed(identity, narrowing, rule, host)
                 ),
+                body: None,
             },
             (None, Some(rule), _) => Decision {
                 reason: Reason::PortNotAllowed,
@@ -213,14 +330,22 @@ impl Policy {
                     rule.name,
                     join(rule.ports_for(Scheme::Https))
                 ),
+                body: None,
             },
             (None, None, None) => Decision {
                 reason: Reason::NoRule,
                 rule: None,
                 message: format!("no rule allows CONNECT {target}: no rule names host {host}"),
+                body: None,
             },
         })
     }
+}
+
+/// Why `rule`'s head predicates (`query`, `headers`) refuse the request, if they do.
+fn head_fails(rule: &Rule, t: &Target<'_>) -> Option<String> {
+    let p = rule.predicates.as_ref()?;
+    p.head(Polarity::Require, t.query, t.headers).err()
 }
 
 /// Whether `identity` (narrowed by its session's `narrowing`) may use `rule` for `host`.

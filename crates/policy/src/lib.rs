@@ -29,6 +29,7 @@ pub mod compile;
 mod credential;
 mod credential_kinds;
 mod decide;
+mod deny;
 pub mod facts;
 pub mod graphql;
 pub mod identity;
@@ -37,6 +38,8 @@ pub mod limits;
 mod limits_compile;
 pub mod mcp;
 mod names;
+pub mod predicates;
+mod predicates_compile;
 mod prices;
 pub mod profile;
 mod profile_compile;
@@ -45,6 +48,7 @@ pub mod read;
 pub mod rule;
 pub mod schema;
 mod schema_credential;
+mod schema_predicates;
 mod schema_sessions;
 mod schema_vault;
 pub mod schemes;
@@ -195,6 +199,9 @@ pub struct Rule {
     /// `dangerously_allow_cleartext = true`: this rule's credentials may go upstream over
     /// plain `http`.
     pub cleartext: bool,
+    /// `query`, `headers`, `body`, `graphql`: what a request must carry for this rule to allow
+    /// it (for a denial: what selects the request). `None`: no predicate.
+    pub predicates: Option<Arc<predicates::Predicates>>,
     pub origin: Origin,
 }
 
@@ -280,6 +287,7 @@ impl Rule {
             capture: None,
             schemes: Schemes::BOTH,
             cleartext: false,
+            predicates: None,
             origin: Origin {
                 file: PathBuf::from("--mode report"),
                 line: 0,
@@ -338,6 +346,11 @@ pub struct Policy {
     /// `[attest.NAME]`: workload-token issuers that admit sessions.
     attest: Vec<access::Attest>,
     rules: Vec<Rule>,
+    /// `[[deny]]` tables, compiled as rules and indexed by host like them; checked before any
+    /// rule, for every identity.
+    denials: Vec<Rule>,
+    deny_exact: HashMap<String, Vec<usize>>,
+    deny_wildcard: HashMap<String, Vec<usize>>,
     /// Indices of the rules with `capture`: looked at on every request, so kept apart.
     capturing: Vec<usize>,
     identities: Vec<Identity>,
@@ -383,6 +396,10 @@ pub struct Target<'a> {
     pub narrowing: Option<&'a profile::Narrowing>,
     /// The request asks to upgrade to a WebSocket: only a rule with `websocket = true` allows it.
     pub websocket: bool,
+    /// The raw query string, without `?`; `None` when there is none (or it is not known).
+    pub query: Option<&'a str>,
+    /// The request's headers; `None` when not known (read as no headers).
+    pub headers: Option<&'a http::HeaderMap>,
 }
 
 /// A policy decision: which rule, and a human reason.
@@ -394,6 +411,20 @@ pub struct Decision<'p> {
     /// A sentence for the deny body, logs and `explain`; empty on an allow from
     /// [`Policy::decide`] (see [`Policy::decide_explained`]).
     pub message: String,
+    /// `Some` when the head decided but predicates that read the body remain: the request must
+    /// not be sent before [`Policy::decide_body`] says so.
+    pub body: Option<BodyCheck<'p>>,
+}
+
+/// What a decision still needs the body for: the denials whose head matched and that have
+/// `body`/`graphql` predicates, and the allowing rule if its own remain.
+#[derive(Debug, Clone)]
+pub struct BodyCheck<'p> {
+    pub denials: Vec<&'p Rule>,
+    pub rule: Option<&'p Rule>,
+    /// Bodies larger than this are not evaluated (the rule's requirement fails, a denial
+    /// applies).
+    pub max_bytes: usize,
 }
 
 impl Decision<'_> {
@@ -624,3 +655,6 @@ mod limits_tests;
 
 #[cfg(test)]
 mod credential_kinds_tests;
+
+#[cfg(test)]
+mod predicates_tests;

@@ -224,6 +224,8 @@ fn narrowing_only_narrows_and_decisions_follow_it() {
             identity: Some(agent),
             narrowing: Some(n),
             websocket: false,
+            query: None,
+            headers: None,
         })
         .reason
     };

@@ -63,6 +63,11 @@ impl<'a> Fields<'a> {
         }
     }
 
+    /// `rules[0]`, `deny[1]`: how this table's messages name it.
+    pub(super) fn path(&self) -> &str {
+        &self.path
+    }
+
     fn at(&self, key: &str) -> String {
         if self.path.is_empty() {
             key.to_string()

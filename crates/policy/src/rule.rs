@@ -36,14 +36,30 @@ pub(super) struct Known<'a> {
     pub limits: &'a LimitNames,
 }
 
-/// `rules[INDEX].FIELD`: how a rule's messages name a key.
-fn at(index: usize, field: &str) -> String {
-    format!("rules[{index}].{field}")
+/// Which entry a message names: `rules[3]` (a rule) or `deny[0]` (a denial).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct At(pub &'static str, pub usize);
+
+impl From<usize> for At {
+    fn from(index: usize) -> At {
+        At("rules", index)
+    }
+}
+
+impl std::fmt::Display for At {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}[{}]", self.0, self.1)
+    }
+}
+
+/// `rules[INDEX].FIELD` (or `deny[INDEX].FIELD`): how an entry's messages name a key.
+fn at(index: impl Into<At>, field: &str) -> String {
+    format!("{}.{field}", index.into())
 }
 
 /// A rule's hosts, and where errors about them point (the `hosts` key, or the rule).
-struct Hosts {
-    list: Vec<HostPattern>,
+pub(super) struct Hosts {
+    pub(super) list: Vec<HostPattern>,
     span: Range<usize>,
 }
 
@@ -65,8 +81,18 @@ impl FileCx<'_> {
         let methods = raw.methods.map(|m| self.rule_methods(index, m));
         let paths = raw.paths.and_then(|p| self.rule_paths(index, p));
         let tunnel = raw.tunnel.map(|t| (*t.get_ref(), t.span()));
+        let predicates = self.predicates(&At::from(index).to_string(), raw.predicates);
         let restricted = methods.is_some() || paths.is_some() || raw.inject.is_some();
         self.rule_tunnel(index, tunnel.as_ref(), restricted);
+        if let (Some((true, tspan)), Some(_)) = (&tunnel, &predicates) {
+            self.error(
+                tspan.clone(),
+                format!(
+                    "{}: a tunnel rule relays encrypted bytes that latchkey cannot see, so it cannot check query, headers, body or graphql; remove those keys or set tunnel = false",
+                    at(index, "tunnel")
+                ),
+            );
+        }
         let is_tunnel = matches!(tunnel, Some((true, _)));
         let websocket = self.rule_websocket(index, raw.websocket, is_tunnel, methods.as_ref());
         let mut bound: BTreeSet<String> = BTreeSet::new();
@@ -145,6 +171,7 @@ impl FileCx<'_> {
             capture,
             schemes: Schemes::BOTH,
             cleartext: false,
+            predicates,
             origin,
         };
         self.rule_schemes(&mut rule, raw_schemes, index);
@@ -156,9 +183,9 @@ impl FileCx<'_> {
 
     /// A rule's `name`, trimmed: letters, digits, `-`, `_`, `.`, `:`, and not the reserved
     /// "unknown". A missing name was reported while reading.
-    fn rule_name(
+    pub(super) fn rule_name(
         &mut self,
-        index: usize,
+        index: impl Into<At> + Copy,
         raw_name: Option<&toml::Spanned<String>>,
     ) -> Option<String> {
         let raw_name = raw_name?;
@@ -191,7 +218,12 @@ impl FileCx<'_> {
     /// A rule's `hosts`: at least one, each a name, an address or `*.domain`. A missing or
     /// mistyped `hosts` was reported while reading; errors about the hosts then point at the
     /// rule (`span`).
-    fn rule_hosts(&mut self, index: usize, raw: Option<List>, span: Range<usize>) -> Hosts {
+    pub(super) fn rule_hosts(
+        &mut self,
+        index: impl Into<At> + Copy,
+        raw: Option<List>,
+        span: Range<usize>,
+    ) -> Hosts {
         let hosts_span = raw.as_ref().map_or(span, |h| h.span());
         let raw_hosts = raw.map(|h| h.into_inner());
         if raw_hosts.as_ref().is_some_and(|h| h.is_empty()) {
@@ -217,9 +249,9 @@ impl FileCx<'_> {
     }
 
     /// A rule's `ports`: not empty, each 1 to 65535.
-    fn rule_ports(
+    pub(super) fn rule_ports(
         &mut self,
-        index: usize,
+        index: impl Into<At> + Copy,
         ports: toml::Spanned<Vec<toml::Spanned<i64>>>,
     ) -> Vec<u16> {
         let span = ports.span();
@@ -252,7 +284,11 @@ impl FileCx<'_> {
 
     /// A rule's `methods`: not empty, each an upper-case token (with a did-you-mean for a
     /// lower-case one).
-    fn rule_methods(&mut self, index: usize, methods: List) -> Vec<Method> {
+    pub(super) fn rule_methods(
+        &mut self,
+        index: impl Into<At> + Copy,
+        methods: List,
+    ) -> Vec<Method> {
         let span = methods.span();
         let methods = methods.into_inner();
         if methods.is_empty() {
@@ -295,7 +331,11 @@ impl FileCx<'_> {
     }
 
     /// A rule's `paths`: not empty, each a glob from `/` without a query.
-    fn rule_paths(&mut self, index: usize, paths: List) -> Option<PathMatcher> {
+    pub(super) fn rule_paths(
+        &mut self,
+        index: impl Into<At> + Copy,
+        paths: List,
+    ) -> Option<PathMatcher> {
         let span = paths.span();
         let paths = paths.into_inner();
         if paths.is_empty() {

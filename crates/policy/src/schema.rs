@@ -41,6 +41,8 @@ pub struct Entry<T> {
 pub struct RawPolicyFile {
     pub secrets: Vec<(Spanned<String>, Entry<RawSecret>)>,
     pub rules: Vec<Entry<RawRule>>,
+    /// `[[deny]]`: read as rules (a rule-only key is an error), compiled as denials.
+    pub deny: Vec<Entry<RawRule>>,
     pub identities: Vec<(Spanned<String>, Entry<RawIdentity>)>,
     /// `[profiles.NAME]`: what a runtime session made from it may do.
     pub profiles: Vec<(Spanned<String>, Entry<RawProfile>)>,
@@ -198,6 +200,9 @@ pub struct RawRule {
     /// `capture = { fields, as, hosts }`: tokens in this endpoint's responses are kept by
     /// latchkey and the sandbox gets placeholders.
     pub capture: Option<Spanned<RawCapture>>,
+    /// `query`, `headers`, `body`, `graphql`: what the request must carry (a rule) or what
+    /// selects it (a denial).
+    pub predicates: super::schema_predicates::RawPredicates,
 }
 
 /// A rule's `mcp` table.
@@ -237,6 +242,7 @@ pub struct RawBasicAuth {
 const TOP_KEYS: &[&str] = &[
     "secrets",
     "rules",
+    "deny",
     "identities",
     "profiles",
     "attest",
@@ -293,6 +299,10 @@ pub(super) const RULE_KEYS: &[&str] = &[
     "limits",
     "mcp",
     "capture",
+    "query",
+    "headers",
+    "body",
+    "graphql",
 ];
 const MCP_KEYS: &[&str] = &["tools", "deny_tools", "methods", "args", "filter_list"];
 const CAPTURE_KEYS: &[&str] = &["fields", "as", "hosts", "ttl"];
@@ -329,6 +339,11 @@ pub(super) fn read_file(doc: &toml_edit::Table, r: &mut dyn Report) -> RawPolicy
             .table_list("rules", r)
             .into_iter()
             .map(|t| entry(t, r, read_rule))
+            .collect(),
+        deny: root
+            .table_list_of("deny", RULE_KEYS, r)
+            .into_iter()
+            .map(|t| entry(t, r, read_deny))
             .collect(),
         identities: root
             .named_tables("identities", r)
@@ -521,8 +536,15 @@ fn read_default_identity(t: &Fields<'_>, r: &mut dyn Report) -> RawIdentity {
     }
 }
 
+/// A `[[deny]]` entry: a rule's reader, after refusing the keys only a rule takes.
+fn read_deny(t: &Fields<'_>, r: &mut dyn Report) -> RawRule {
+    super::schema_predicates::refuse_rule_only_keys(t, t.path(), r);
+    read_rule(t, r)
+}
+
 fn read_rule(t: &Fields<'_>, r: &mut dyn Report) -> RawRule {
     RawRule {
+        predicates: super::schema_predicates::read_predicates(t, r),
         name: t.required(r, "name", Fields::string),
         description: t.string(r, "description").map(Spanned::into_inner),
         hosts: t.required(r, "hosts", Fields::strings),

@@ -52,6 +52,8 @@ fn decide(p: &Policy, scheme: Scheme, host: &str, port: u16) -> (Reason, Option<
         identity: None,
         narrowing: None,
         websocket: false,
+        query: None,
+        headers: None,
     });
     (d.reason, d.rule_name().map(str::to_string), d.message)
 }
@@ -138,6 +140,8 @@ fn a_credential_in_cleartext_is_refused_in_every_mode_and_never_asked_about() {
         identity: None,
         narrowing: None,
         websocket: false,
+        query: None,
+        headers: None,
     });
     assert!(
         p.asks(&d).is_none(),

@@ -19,6 +19,8 @@ fn target<'a>(
         identity: None,
         narrowing: None,
         websocket: false,
+        query: None,
+        headers: None,
     }
 }
 

@@ -266,6 +266,8 @@ impl Carries for FirstRequest<'_> {
             narrowing: to.narrowing(),
             // The connection's gate: each request (an upgrade too) is decided by the pipeline.
             websocket: false,
+            query: None,
+            headers: None,
         });
         let extra: &[Cidr] = match decision.rule {
             Some(rule) if decision.allowed() => &rule.allow_private,

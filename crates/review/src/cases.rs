@@ -385,7 +385,7 @@ fn reason_of(cx: &mut Cx<'_>, index: usize, raw: &RawCase) -> Option<Reason> {
             cx.error(
                 r.span(),
                 format!(
-                    "{}: unknown reason code {:?}; policy decisions use allowed, tunnel, no_rule, port_not_allowed, method_not_allowed, path_not_allowed, identity_not_allowed, scheme_not_allowed, credential_needs_tls, proxy_auth_required, userinfo_in_url, ambiguous_path",
+                    "{}: unknown reason code {:?}; policy decisions use allowed, tunnel, no_rule, port_not_allowed, method_not_allowed, path_not_allowed, identity_not_allowed, scheme_not_allowed, denied_by_rule, predicate_mismatch, credential_needs_tls, proxy_auth_required, userinfo_in_url, ambiguous_path",
                     at(index, "reason"),
                     r.get_ref()
                 ),
@@ -405,7 +405,9 @@ fn check_names(
     policy: &Policy,
 ) {
     if let Some(r) = &raw.rule {
-        if !policy.rules().iter().any(|rule| &rule.name == r.get_ref()) {
+        // A case may name the `[[deny]]` that refuses it, as a refusal names it.
+        let named = |rule: &crate::policy::Rule| &rule.name == r.get_ref();
+        if !policy.rules().iter().any(named) && !policy.denials().iter().any(named) {
             cx.error(
                 r.span(),
                 format!(

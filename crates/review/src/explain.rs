@@ -18,6 +18,7 @@ use http::{Method, Uri};
 use serde::Serialize;
 
 use crate::policy::identity::{Identity, DEFAULT_IDENTITY};
+use crate::policy::predicates::Polarity;
 use crate::policy::{display_url, normalize_host, ConnectDecision, Policy, Rule, Scheme, Target};
 use crate::reason::Reason;
 
@@ -112,6 +113,9 @@ pub enum Outcome {
     /// brokers a credential covers `https` only (`credential_needs_tls`), or its `schemes`
     /// leave it out.
     Scheme,
+    /// A predicate (`query`, `headers`, `body`, `graphql`) of the rule does not hold; for a
+    /// denial, one does not select the request.
+    Predicate,
     /// Every check passed.
     Matched,
 }
@@ -126,6 +130,7 @@ impl Outcome {
             Outcome::Path => "path",
             Outcome::WebSocket => "websocket",
             Outcome::Scheme => "scheme",
+            Outcome::Predicate => "predicate",
             Outcome::Matched => "matched",
         }
     }
@@ -143,6 +148,20 @@ pub struct Candidate {
     pub decides: bool,
     /// What the rule allows for the failed check, e.g. `allows only GET, HEAD`.
     pub detail: String,
+    /// A `[[deny]]` table (checked before every rule, for every identity), not a rule.
+    pub denial: bool,
+    /// Its predicates, one per line (`query requires q`, `header x-api-version matches 2024-*`).
+    pub predicates: Vec<String>,
+}
+
+/// What a request carries beyond its method and URL, for predicates: headers and a body.
+/// Without a body, the request is explained as one with an empty body, as the proxy decides a
+/// request that sends none.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Carried<'a> {
+    pub headers: Option<&'a http::HeaderMap>,
+    pub content_type: Option<&'a str>,
+    pub body: &'a [u8],
 }
 
 /// Everything `explain` says about one request. Serialisable as is for `--json` and the admin
@@ -209,6 +228,18 @@ pub fn explain(
     method: &str,
     url: &str,
 ) -> Result<Explanation, ExplainError> {
+    explain_with(policy, identity, method, url, Carried::default())
+}
+
+/// [`explain`], with the headers and body the request carries (for predicates; the URL's
+/// query string is always used).
+pub fn explain_with(
+    policy: &Policy,
+    identity: Option<&str>,
+    method: &str,
+    url: &str,
+    carried: Carried<'_>,
+) -> Result<Explanation, ExplainError> {
     let ident = identity_of(policy, identity)?;
     let unidentified = ident.is_none() && !policy.identities().is_empty();
     let method_text = method;
@@ -223,6 +254,8 @@ pub fn explain(
         method: &asked.method,
         path: &asked.path,
         websocket: asked.websocket,
+        query: asked.query.as_deref(),
+        headers: carried.headers,
     };
     let (reason, rule, message) = if unidentified {
         unidentified_refusal(policy)
@@ -233,23 +266,11 @@ pub fn explain(
             format!("URL {url:?} carries userinfo ('@'): latchkey refuses such requests"),
         )
     } else {
-        decide(policy, &target)
+        decide(policy, &target, carried)
     };
     let allowed = reason.is_allow();
     let ask = ask_of(policy, reason, rule);
-    let candidates = policy
-        .candidates(&asked.host)
-        .map(|r| {
-            let (outcome, detail) = check(r, &target);
-            Candidate {
-                rule: r.name.clone(),
-                origin: r.origin.to_string(),
-                outcome,
-                decides: rule.is_some_and(|d| std::ptr::eq(d, r)),
-                detail,
-            }
-        })
-        .collect();
+    let candidates = candidates_of(policy, &target, (reason, rule, &message));
     let deciding = rule.filter(|_| allowed);
     let injected = deciding.map(injected_of).unwrap_or_default();
     // `bound` also holds a credential's internal key names; they are reported as the credential.
@@ -307,6 +328,56 @@ pub fn explain(
     })
 }
 
+/// Every denial and rule naming the request's host, in decision order, with the first check
+/// each failed; `decided` is the decision's reason, rule and sentence.
+fn candidates_of(
+    policy: &Policy,
+    target: &Target<'_>,
+    decided: (Reason, Option<&Rule>, &str),
+) -> Vec<Candidate> {
+    let (reason, rule, message) = decided;
+    let candidate = |r: &Rule, (outcome, detail): (Outcome, String), denial: bool| {
+        let decides = rule.is_some_and(|d| std::ptr::eq(d, r));
+        // A rule whose head matched but whose body predicate failed decided the refusal.
+        let (outcome, detail) = match outcome {
+            Outcome::Matched if decides && reason == Reason::PredicateMismatch => {
+                (Outcome::Predicate, message.to_string())
+            }
+            Outcome::Matched
+                if denial && !decides && r.predicates.as_ref().is_some_and(|p| p.needs_body()) =>
+            {
+                (
+                    Outcome::Predicate,
+                    "does not select this request's body".to_string(),
+                )
+            }
+            other => (other, detail),
+        };
+        Candidate {
+            rule: r.name.clone(),
+            origin: r.origin.to_string(),
+            outcome,
+            decides,
+            detail,
+            denial,
+            predicates: r
+                .predicates
+                .as_ref()
+                .map(|p| p.describe())
+                .unwrap_or_default(),
+        }
+    };
+    policy
+        .denials_for(target.host)
+        .map(|d| candidate(d, check_denial(d, target), true))
+        .chain(
+            policy
+                .candidates(target.host)
+                .map(|r| candidate(r, check(r, target), false)),
+        )
+        .collect()
+}
+
 /// The identity asked about: `None` for the default one; an error for one the policy does
 /// not define.
 fn identity_of<'p>(
@@ -342,6 +413,8 @@ struct Asked {
     path: String,
     /// The URL carries userinfo (`user@host`).
     userinfo: bool,
+    /// The raw query string, without `?`.
+    query: Option<String>,
 }
 
 impl Asked {
@@ -382,6 +455,7 @@ impl Asked {
             port,
             path: path.to_string(),
             userinfo: authority.as_str().contains('@'),
+            query: uri.query().map(str::to_string),
         })
     }
 }
@@ -405,7 +479,11 @@ fn unidentified_refusal(policy: &Policy) -> (Reason, Option<&Rule>, String) {
 
 /// The decision as the proxy makes it: CONNECT first (https), the path's ambiguity, then the
 /// request under the rule that allows it (which may refuse `;` parameters and `//`).
-fn decide<'p>(policy: &'p Policy, target: &Target<'_>) -> (Reason, Option<&'p Rule>, String) {
+fn decide<'p>(
+    policy: &'p Policy,
+    target: &Target<'_>,
+    carried: Carried<'_>,
+) -> (Reason, Option<&'p Rule>, String) {
     let (host, port, path) = (target.host, target.port, target.path);
     let connect = (target.scheme == Scheme::Https)
         .then(|| policy.decide_connect(host, port, target.identity));
@@ -430,6 +508,14 @@ fn decide<'p>(policy: &'p Policy, target: &Target<'_>) -> (Reason, Option<&'p Ru
         ),
         _ => {
             let d = policy.decide_explained(target);
+            // Predicates that read the body: decided on the body given (none: empty).
+            let d = policy.decide_body(
+                &d,
+                target.method,
+                target.query,
+                carried.content_type,
+                carried.body,
+            );
             // The proxy refuses `;` parameters and `//` under the rule that allowed a request
             // when that rule restricts paths; say so here too.
             let rule_check = d.rule.filter(|_| d.reason.is_allow()).map(|r| {
@@ -456,6 +542,7 @@ fn ask_of(policy: &Policy, reason: Reason, rule: Option<&Rule>) -> Option<AskExp
         reason,
         rule,
         message: String::new(),
+        body: None,
     };
     policy.asks(&decided).map(|a| AskExplained {
         rule: a.rule_name().to_string(),
@@ -562,170 +649,44 @@ fn check(rule: &Rule, t: &Target<'_>) -> (Outcome, String) {
         };
         return (Outcome::Scheme, detail);
     }
+    let head = rule
+        .predicates
+        .as_ref()
+        .map_or(Ok(()), |p| p.head(Polarity::Require, t.query, t.headers));
+    if let Err(why) = head {
+        return (Outcome::Predicate, why);
+    }
+    (Outcome::Matched, String::new())
+}
+
+/// The first check denial `d` fails for `t` (it applies on every port unless it lists ports,
+/// and to every identity); `Matched` when its head selects the request.
+fn check_denial(d: &Rule, t: &Target<'_>) -> (Outcome, String) {
+    if d.ports.as_ref().is_some_and(|p| !p.contains(&t.port)) {
+        let ports = crate::policy::join(d.ports.iter().flatten());
+        return (Outcome::Port, format!("denies port(s) {ports}"));
+    }
+    if !d.method_matches(t.method) {
+        let methods = crate::policy::join(d.methods.iter().flatten());
+        return (Outcome::Method, format!("denies only {methods}"));
+    }
+    if !d.path_matches(t.path) {
+        let paths = crate::policy::join(d.paths.iter().flat_map(|p| p.globs.iter()));
+        return (Outcome::Path, format!("denies only paths {paths}"));
+    }
+    let head = d
+        .predicates
+        .as_ref()
+        .map_or(Ok(()), |p| p.head(Polarity::Select, t.query, t.headers));
+    if let Err(why) = head {
+        return (
+            Outcome::Predicate,
+            format!("selects only a request that {why}"),
+        );
+    }
     (Outcome::Matched, String::new())
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::policy::{compile_sources_with, SecretLoading};
-    use std::path::Path;
-
-    const POLICY: &str = r#"
-[secrets.k]
-source = "env:LATCHKEY_EXPLAIN_TEST_UNSET"
-
-[[rules]]
-name = "read"
-hosts = ["api.corp.test"]
-methods = ["GET"]
-paths = ["/v1/**"]
-[rules.inject.headers]
-authorization = "Bearer {{secret.k}}"
-
-[[rules]]
-name = "write"
-hosts = ["api.corp.test"]
-methods = ["POST"]
-
-[[rules]]
-name = "alt-port"
-hosts = ["*.corp.test"]
-ports = [8443]
-"#;
-
-    fn policy(text: &str) -> Policy {
-        compile_sources_with(&[(Path::new("p.toml"), text)], SecretLoading::Skip)
-            .unwrap_or_else(|e| panic!("{e:?}"))
-    }
-
-    fn outcomes(e: &Explanation) -> Vec<(&str, Outcome, bool)> {
-        e.candidates
-            .iter()
-            .map(|c| (c.rule.as_str(), c.outcome, c.decides))
-            .collect()
-    }
-
-    #[test]
-    fn an_allowed_request_names_its_rule_secrets_and_headers_and_every_candidate() {
-        let p = policy(POLICY);
-        let e = explain(&p, None, "GET", "https://api.corp.test/v1/x?q=1").expect("explains");
-        assert_eq!(e.decision, Verdict::Allow);
-        assert_eq!(e.rule.as_deref(), Some("read"));
-        assert_eq!(e.secrets, vec!["k"]);
-        assert_eq!(e.injected, vec!["authorization"]);
-        assert_eq!(e.url, "https://api.corp.test/v1/x");
-        assert_eq!(
-            outcomes(&e),
-            vec![
-                ("read", Outcome::Matched, true),
-                ("write", Outcome::Method, false),
-                ("alt-port", Outcome::Port, false),
-            ]
-        );
-    }
-
-    #[test]
-    fn a_denied_request_says_why_each_candidate_failed_and_binds_nothing() {
-        let p = policy(POLICY);
-        let e = explain(&p, None, "DELETE", "https://api.corp.test/v1/x").expect("explains");
-        assert_eq!(e.decision, Verdict::Deny);
-        assert_eq!(e.reason, "method_not_allowed");
-        assert!(e.secrets.is_empty() && e.injected.is_empty());
-        assert_eq!(e.candidates[0].detail, "allows only GET");
-        let e = explain(&p, None, "GET", "https://api.corp.test/v2").expect("explains");
-        assert_eq!(e.reason, "path_not_allowed", "read comes closest: {e:?}");
-        assert_eq!(e.candidates[0].outcome, Outcome::Path);
-    }
-
-    #[test]
-    fn a_host_no_rule_names_has_no_candidates() {
-        let p = policy(POLICY);
-        let e = explain(&p, None, "GET", "http://other.example/").expect("explains");
-        assert_eq!(e.reason, "no_rule");
-        assert!(e.candidates.is_empty());
-    }
-
-    #[test]
-    fn identities_gate_rules_and_an_unidentified_client_is_refused() {
-        let text = format!(
-            "{POLICY}\n[identities.ci]\nsources = [\"10.0.0.0/24\"]\nrules = [\"write\"]\n"
-        );
-        let p = policy(&text);
-        let e = explain(&p, Some("ci"), "GET", "https://api.corp.test/v1/x").expect("explains");
-        assert_eq!(e.reason, "method_not_allowed");
-        assert_eq!(e.candidates[0].outcome, Outcome::Identity);
-        assert_eq!(e.identity, "ci");
-        let e = explain(&p, None, "GET", "https://api.corp.test/v1/x").expect("explains");
-        assert_eq!(e.reason, "proxy_auth_required");
-        assert!(matches!(
-            explain(&p, Some("nobody"), "GET", "https://api.corp.test/"),
-            Err(ExplainError::UnknownIdentity { .. })
-        ));
-    }
-
-    #[test]
-    fn bad_input_is_an_error_and_odd_urls_are_refused_like_the_proxy_does() {
-        let p = policy(POLICY);
-        assert!(matches!(
-            explain(&p, None, "G ET", "https://api.corp.test/"),
-            Err(ExplainError::InvalidMethod(_))
-        ));
-        assert!(matches!(
-            explain(&p, None, "GET", "ftp://api.corp.test/"),
-            Err(ExplainError::InvalidUrl { .. })
-        ));
-        assert!(matches!(
-            explain(&p, Some("ci"), "GET", "https://api.corp.test/"),
-            Err(ExplainError::NoIdentities { .. })
-        ));
-        let e = explain(&p, None, "GET", "https://u:p@api.corp.test/v1/x").expect("explains");
-        assert_eq!(e.reason, "userinfo_in_url");
-        let e = explain(&p, None, "GET", "https://api.corp.test/v1/../admin").expect("explains");
-        assert_eq!(e.reason, "ambiguous_path");
-    }
-
-    #[test]
-    fn a_credential_is_named_with_its_kind_and_its_key_material_is_not_listed_as_secrets() {
-        let text = format!(
-            "{POLICY}\n[credentials.gh]\nkind = \"github_app\"\napp_id = \"1\"\ninstallation_id = \"2\"\nprivate_key = \"file:/nonexistent/gh.pem\"\n\n[[rules]]\nname = \"gh\"\nhosts = [\"api.gh.example\"]\nmethods = [\"GET\"]\ncredential = \"gh\"\n"
-        );
-        let p = policy(&text);
-        let e = explain(&p, None, "GET", "https://api.gh.example/zen").expect("explains");
-        assert_eq!(e.rule.as_deref(), Some("gh"));
-        assert_eq!(e.credential.as_deref(), Some("gh"));
-        assert_eq!(e.credential_kind.as_deref(), Some("github_app"));
-        assert!(e.secrets.is_empty(), "{:?}", e.secrets);
-    }
-
-    #[test]
-    fn an_allowed_request_lists_the_limits_it_is_charged_to_in_order_and_a_denied_one_none() {
-        let text = format!(
-            "{POLICY}\n[limits.rate]\nrequests = \"10/min\"\n[limits.budget]\nper = \"global\"\nspend = \"2.5 USD/day\"\nllm_tokens = \"1M/day\"\n[[rules]]\nname = \"llm\"\nhosts = [\"llm.test\"]\nlimits = [\"rate\", \"budget\"]\n"
-        );
-        let p = policy(&text);
-        let e = explain(&p, None, "POST", "https://llm.test/v1/chat").expect("explains");
-        let names: Vec<&str> = e.limits.iter().map(|l| l.name.as_str()).collect();
-        assert_eq!(names, ["rate", "budget"]);
-        assert_eq!(e.limits[1].per, "global");
-        assert_eq!(e.limits[1].measures["spend"], "2.5 USD/day");
-        assert_eq!(e.limits[1].measures["llm_tokens"], "1000000/day");
-        let v = serde_json::to_value(&e).expect("serialises");
-        assert_eq!(v["limits"][0]["measures"]["requests"], "10/min");
-        assert_eq!(v["limits"][0]["on_store_error"], "deny");
-        let e = explain(&p, None, "GET", "https://llm.test:8443/").expect("explains");
-        assert!(!e.allowed());
-        assert!(e.limits.is_empty());
-    }
-
-    #[test]
-    fn explanations_serialise_with_stable_field_names() {
-        let p = policy(POLICY);
-        let e = explain(&p, None, "GET", "https://api.corp.test/v1/x").expect("explains");
-        let v = serde_json::to_value(&e).expect("serialises");
-        assert_eq!(v["decision"], "allow");
-        assert_eq!(v["reason"], "allowed");
-        assert_eq!(v["candidates"][1]["outcome"], "method");
-        assert_eq!(v["policy"], p.digest());
-    }
-}
+#[path = "explain_tests.rs"]
+mod tests;

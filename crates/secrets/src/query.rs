@@ -13,6 +13,7 @@
 //!
 //! Depends on nothing in the crate but `secrets` itself.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use percent_encoding::{percent_decode, AsciiSet, NON_ALPHANUMERIC};
@@ -78,6 +79,34 @@ pub fn name_is(raw_name: &str, key: &str) -> bool {
         && form_urlencoded::parse(raw_name.as_bytes())
             .next()
             .is_some_and(|(name, _)| name == key)
+}
+
+/// Every non-empty parameter of `query` as the upstream decodes it: name and value
+/// percent-decoded (bytes that are not UTF-8 become U+FFFD), and with `form` also `+` read as a
+/// space first (`application/x-www-form-urlencoded`). A parameter without `=` has the empty
+/// value. Upstreams differ on `+`, so a caller that must agree with all of them checks both
+/// readings.
+pub fn decoded_pairs(
+    query: &str,
+    form: bool,
+) -> impl Iterator<Item = (Cow<'_, str>, Cow<'_, str>)> {
+    raw_pairs(query)
+        .filter(|p| !p.raw.is_empty())
+        .map(move |p| (decode(p.name, form), decode(p.value.unwrap_or(""), form)))
+}
+
+/// One raw query name or value as the upstream decodes it (see [`decoded_pairs`]).
+fn decode(raw: &str, form: bool) -> Cow<'_, str> {
+    if form && raw.contains('+') {
+        let spaced = raw.replace('+', " ");
+        Cow::Owned(
+            percent_decode(spaced.as_bytes())
+                .decode_utf8_lossy()
+                .into_owned(),
+        )
+    } else {
+        percent_decode(raw.as_bytes()).decode_utf8_lossy()
+    }
 }
 
 /// `raw` percent-decoded, with the offset in `raw` where each decoded byte starts (and

@@ -144,11 +144,16 @@ pub enum Reason {
     /// A rule would allow the request, but its `schemes` leave out the scheme latchkey would
     /// send it with (`schemes = ["https"]` and a plain `http://` request, or the reverse).
     SchemeNotAllowed,
+    /// A `[[deny]]` table matched the request: denials are checked before any rule allows.
+    DeniedByRule,
+    /// A rule would allow the request, but one of its predicates (`query`, `headers`, `body`,
+    /// `graphql`) does not hold.
+    PredicateMismatch,
 }
 
 impl Reason {
     /// Every reason, for registry tests and documentation.
-    pub const ALL: [Reason; 57] = [
+    pub const ALL: [Reason; 59] = [
         Reason::Allowed,
         Reason::Tunnel,
         Reason::NoRule,
@@ -206,6 +211,8 @@ impl Reason {
         Reason::McpNotAllowed,
         Reason::CredentialNeedsTls,
         Reason::SchemeNotAllowed,
+        Reason::DeniedByRule,
+        Reason::PredicateMismatch,
     ];
 
     /// The stable snake_case code used in headers, logs and audit records.
@@ -268,6 +275,8 @@ impl Reason {
             Reason::McpNotAllowed => "mcp_not_allowed",
             Reason::CredentialNeedsTls => "credential_needs_tls",
             Reason::SchemeNotAllowed => "scheme_not_allowed",
+            Reason::DeniedByRule => "denied_by_rule",
+            Reason::PredicateMismatch => "predicate_mismatch",
         }
     }
 
@@ -293,7 +302,9 @@ impl Reason {
             | Reason::WebSocketNotAllowed
             | Reason::McpNotAllowed
             | Reason::CredentialNeedsTls
-            | Reason::SchemeNotAllowed => StatusCode::FORBIDDEN,
+            | Reason::SchemeNotAllowed
+            | Reason::DeniedByRule
+            | Reason::PredicateMismatch => StatusCode::FORBIDDEN,
             Reason::DnsRateLimited
             | Reason::RateLimited
             | Reason::BudgetExhausted
@@ -346,6 +357,8 @@ impl Reason {
                 | Reason::WebSocketNotAllowed
                 | Reason::McpNotAllowed
                 | Reason::SchemeNotAllowed
+                | Reason::DeniedByRule
+                | Reason::PredicateMismatch
         )
     }
 

@@ -95,6 +95,9 @@ pub const REASONS: &[&str] = &[
     // A credential would travel in cleartext; a rule's `schemes` leave the request's out.
     "credential_needs_tls",
     "scheme_not_allowed",
+    // A `[[deny]]` table matched; a rule's `query`/`headers`/`body`/`graphql` predicate failed.
+    "denied_by_rule",
+    "predicate_mismatch",
 ];
 
 /// DNS records (`method = "DNS"`) whose reason allows them no name and no query type: the
@@ -124,6 +127,8 @@ pub const REPORTABLE: &[&str] = &[
     "websocket_not_allowed",
     "mcp_not_allowed",
     "scheme_not_allowed",
+    "denied_by_rule",
+    "predicate_mismatch",
 ];
 
 /// Reasons for requests that policy allowed but that failed afterwards: the upstream failed, or

@@ -33,6 +33,8 @@ pub(super) fn decide<'a>(at: Arrived<'a>, target: Admitted) -> Result<Req<'a>, R
         method: &at.head.method,
         path: target.path(),
         websocket: websocket::requested(&at.head.headers),
+        query: None,
+        headers: None,
     });
     let asking = policy.asks(&decision);
     let denial = (!decision.allowed()).then_some(decision.reason);
@@ -188,6 +190,7 @@ mod tests {
             reason,
             rule,
             message: format!("because {reason}"),
+            body: None,
         }
     }
 
@@ -264,6 +267,8 @@ mod tests {
             port: 443,
             method,
             path: "/x",
+            query: None,
+            headers: None,
         };
         let (get, post) = (http::Method::GET, http::Method::POST);
         let allow = policy.decide(&target("api.test", &get));

@@ -350,5 +350,7 @@ fn target<'a>(
         identity: None,
         narrowing: None,
         websocket: false,
+        query: None,
+        headers: None,
     }
 }

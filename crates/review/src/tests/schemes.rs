@@ -51,6 +51,8 @@ fn decide(p: &Policy, scheme: Scheme, host: &str, port: u16) -> (Reason, Option<
         identity: None,
         narrowing: None,
         websocket: false,
+        query: None,
+        headers: None,
     });
     (d.reason, d.rule_name().map(str::to_string), d.message)
 }
