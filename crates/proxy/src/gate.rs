@@ -271,6 +271,9 @@ impl Carries for FirstRequest<'_> {
         });
         let extra: &[Cidr] = match decision.rule {
             Some(rule) if decision.allowed() => &rule.allow_private,
+            // Predicates are each request's (the pipeline decides every request with its query,
+            // headers and body): the gate, which has none of them, checks the destination only.
+            Some(rule) if decision.reason == Reason::PredicateMismatch => &rule.allow_private,
             // Report-only lets a policy denial through, under no rule's ranges (as the pipeline
             // does).
             _ if reported(proxy, &decision) => &[],

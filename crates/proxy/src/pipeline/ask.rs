@@ -301,6 +301,11 @@ async fn reachable(proxy: &Proxy, asking: &Asking<'_>, target: &Admitted) -> Res
 /// Reads the request body whole, charged to the buffer budget, at most [`MAX_HELD_BODY`];
 /// `what` names the request in a refusal ("a request that waits for approval").
 pub(super) async fn hold_body(req: &mut Req<'_>, what: &str) -> Result<Inbound, Refusal> {
+    // Held already by an earlier phase (the predicates phase): the same bytes.
+    match req.inbound.take() {
+        Some(held @ Inbound::Held(..)) => return Ok(held),
+        other => req.inbound = other,
+    }
     let incoming = req.take_body()?;
     let proxy = req.proxy;
     let cx = BodyCx {

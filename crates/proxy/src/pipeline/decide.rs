@@ -33,9 +33,11 @@ pub(super) fn decide<'a>(at: Arrived<'a>, target: Admitted) -> Result<Req<'a>, R
         method: &at.head.method,
         path: target.path(),
         websocket: websocket::requested(&at.head.headers),
-        query: None,
-        headers: None,
+        query: target.path_and_query.split_once('?').map(|(_, q)| q),
+        headers: Some(&at.head.headers),
     });
+    // Predicates that read the body are settled by the predicates phase, body in hand.
+    let pending = (decision.allowed() && decision.body.is_some()).then(|| decision.clone());
     let asking = policy.asks(&decision);
     let denial = (!decision.allowed()).then_some(decision.reason);
     let verdict = verdict(decision, proxy.report_all, &proxy.report_rule)
@@ -49,6 +51,7 @@ pub(super) fn decide<'a>(at: Arrived<'a>, target: Admitted) -> Result<Req<'a>, R
     at.entry.allow(verdict.record_rule(), would_deny);
     let mut req = Req::new(at, target, identity, verdict);
     req.asking = asking.map(|a| (a, denial));
+    req.pending = pending;
     Ok(req)
 }
 

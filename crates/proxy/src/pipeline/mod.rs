@@ -5,15 +5,15 @@
 //! the gateway listeners (transparent, DNS-routed, SOCKS5).
 //!
 //! ```text
-//! admit ─▶ identify ─▶ decide ─▶ (ask) ─▶ limits ─▶ broker ─▶ commit ─▶ send ─▶ respond ─▶ record
-//!   │          │          │        │         │         │         │        │        │
-//!   └──────────┴──────────┴────────┴─────────┴─────────┴─────────┴────────┴────────┴──▶ refuse (drain, answer, record)
+//! admit ─▶ identify ─▶ decide ─▶ (predicates) ─▶ (ask) ─▶ limits ─▶ broker ─▶ commit ─▶ send ─▶ respond ─▶ record
+//!   │          │          │            │           │         │         │         │        │        │
+//!   └──────────┴──────────┴────────────┴───────────┴─────────┴─────────┴─────────┴────────┴────────┴──▶ refuse (drain, answer, record)
 //! ```
 //!
 //! Each phase is a function whose doc comment says what it may assume and what it guarantees;
 //! each returns `Result<_, Refusal>`, and `?` carries a refusal to [`refuse`], the one place
 //! that drains the request body, answers and records. The phases live in [`admit`], [`decide`],
-//! [`ask`] (only for a request that needs a person), [`limits`] (reserve against `[limits]`
+//! [`predicates`] (only for a decision a `body`/`graphql` predicate still reads), [`ask`] (only for a request that needs a person), [`limits`] (reserve against `[limits]`
 //! before anything is sent; settled when the response ends) and [`outgoing`] (broker, send);
 //! commit (the decision record on disk before any dial) is [`admit::commit_decision`]; respond
 //! (over [`super::response`]) and record are here. This module composes them and decides
@@ -25,6 +25,7 @@ mod decide;
 mod jsonrpc;
 mod limits;
 mod outgoing;
+mod predicates;
 mod record;
 mod request;
 
@@ -223,6 +224,7 @@ async fn phases(mut at: Arrived<'_>) -> Result<Answer, Refusal> {
     let target = admit::admit(&mut at)?;
     let mut req = decide::decide(at, target)?;
     handshake(&mut req)?;
+    predicates::check(&mut req).await?;
     if let Some(answer) = jsonrpc::check(&mut req).await? {
         return Ok(answer);
     }

@@ -70,6 +70,9 @@ pub(super) struct Req<'a> {
     pub tools_list: Option<(Arc<McpRules>, Vec<Value>)>,
     /// The reservation against `[limits]`, settled when the response ends (limits).
     pub admission: Option<Admission>,
+    /// A decision whose denials or rule still read the body (decide; the predicates phase
+    /// settles it before anything is sent).
+    pub pending: Option<crate::policy::Decision<'a>>,
 }
 
 impl<'a> Req<'a> {
@@ -97,6 +100,7 @@ impl<'a> Req<'a> {
             inbound: None,
             tools_list: None,
             admission: None,
+            pending: None,
         }
     }
 
