@@ -70,6 +70,7 @@ mod policy_cli;
 mod policy_diff;
 mod policy_learn;
 mod policy_ops;
+mod policy_predicates;
 mod policy_repo_example;
 mod policy_roundtrip;
 mod presets;
