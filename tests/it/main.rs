@@ -91,6 +91,7 @@ mod secrets_clients;
 mod secrets_exfiltration;
 mod secrets_hygiene;
 mod secrets_inject;
+mod secrets_path;
 mod secrets_placeholders;
 mod secrets_plain_http;
 mod secrets_policy;
