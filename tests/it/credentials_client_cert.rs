@@ -228,3 +228,24 @@ fn bad_material_fails_closed_naming_the_credential_and_never_the_key() {
     let other_key = w.key.with_file_name("other-key.pem");
     w.no_key_bytes(&[&w.key, &other_key]);
 }
+
+#[test]
+fn explain_says_the_rule_presents_a_client_certificate() {
+    let dir = crate::support::policy_dir(&[(
+        "main.toml",
+        &POLICY
+            .replace("OTHER_KEY", "/nonexistent/other.pem")
+            .replace("GARBAGE", "/nonexistent/garbage.pem")
+            .replace("CERT", "/nonexistent/cert.pem")
+            .replace("KEY", "/nonexistent/key.pem")
+            .replace("PORT", "443"),
+    )]);
+    let p = dir.path().to_str().expect("utf-8");
+    let out = crate::support::run_cli(["explain", "--policies", p, "GET", "https://api.test/x"]);
+    assert!(
+        out.stdout.contains(
+            "credential partner_tls (client_cert), a TLS client certificate its upstream connections present"
+        ),
+        "{out:#?}"
+    );
+}
