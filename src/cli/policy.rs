@@ -418,7 +418,13 @@ fn render(e: &Explanation) -> String {
     }
     if let Some(c) = &e.credential {
         let kind = e.credential_kind.as_deref().unwrap_or("credential");
-        line(format!("auth:     credential {c} ({kind}), applied last"));
+        if kind == "client_cert" {
+            line(format!(
+                "auth:     credential {c} ({kind}), a TLS client certificate its upstream connections present"
+            ));
+        } else {
+            line(format!("auth:     credential {c} ({kind}), applied last"));
+        }
     }
     for (i, l) in e.limits.iter().enumerate() {
         let head = if i == 0 { "limits:  " } else { "         " };

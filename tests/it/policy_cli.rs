@@ -227,7 +227,7 @@ const EVERY_ERROR: &[(&str, u32, u32, &str)] = &[
     ("a.toml", 58, 8, "credentials.gh.installation_id: kind \"github_app\" needs installation_id"),
     ("a.toml", 61, 7, "credentials.gh.api: \"ftp://github.test\" is not an https:// URL"),
     ("a.toml", 63, 1, "credentials.nokind: missing key `kind`"),
-    ("a.toml", 67, 8, "credentials.weird.kind: unknown kind \"kerberos\": use aws_sigv4, github_app, google_service_account, google_id_token, oauth2, oauth2_client_credentials, jwt or hmac"),
+    ("a.toml", 67, 8, "credentials.weird.kind: unknown kind \"kerberos\": use aws_sigv4, github_app, google_service_account, google_id_token, oauth2, oauth2_client_credentials, jwt, hmac or client_cert"),
     ("a.toml", 71, 7, "credentials.token.alg: \"none\" is not RS256, ES256, HS256 or EdDSA"),
     ("a.toml", 73, 7, "credentials.token.ttl: \"never\" is not a duration like \"5m\""),
     ("a.toml", 74, 10, "credentials.token.header: invalid header name \"bad header\""),

@@ -20,7 +20,7 @@ pub(super) fn field(name: &str, f: &str) -> String {
 }
 
 /// The kinds, as the unknown-kind error lists them.
-const KINDS: &str = "aws_sigv4, github_app, google_service_account, google_id_token, oauth2, oauth2_client_credentials, jwt or hmac";
+const KINDS: &str = "aws_sigv4, github_app, google_service_account, google_id_token, oauth2, oauth2_client_credentials, jwt, hmac or client_cert";
 
 /// Which keys each kind takes: (required, optional); key-material keys are sources. `None`
 /// for an unknown kind.
@@ -73,6 +73,7 @@ fn keys_of(kind: &str) -> Option<(&'static [&'static str], &'static [&'static st
             &["algorithm", "encoding", "timestamp", "max_signed_body"],
         ),
         "jwt" => (&["alg", "key"], &["ttl", "header", "claims"]),
+        "client_cert" => (&["cert", "key"], &[]),
         _ => return None,
     })
 }
@@ -131,6 +132,13 @@ impl FileCx<'_> {
             "oauth2" | "oauth2_client_credentials" => self.oauth2(name, raw, secrets, register),
             "google_id_token" => self.google_id_token(name, raw, register),
             "hmac" => self.hmac(name, raw, register),
+            "client_cert" => {
+                // Both PEM, read through the secret store: the key is key material, and the
+                // certificate rotates with it.
+                self.key_source(name, "cert", &raw.cert, register);
+                self.key_source(name, "key", &raw.key, register);
+                CredentialKind::ClientCert
+            }
             _ => self.jwt(name, raw, register),
         };
         if self.errors.len() > before {

@@ -1,5 +1,5 @@
-//! The OAuth2 grants, `google_id_token` and `hmac` credential kinds: what compiles, and errors
-//! that name the field.
+//! The OAuth2 grants, `google_id_token`, `hmac` and `client_cert` credential kinds: what compiles,
+//! and errors that name the field.
 
 use super::compile::compile_one;
 use crate::signing::{ClientAuth, Grant, Kind};
@@ -152,4 +152,41 @@ headers = { "stripe-signature" = "t={{timestamp}},v1={{signature}}" }
         e,
         ["test.toml:2:8: credentials.g.audience: kind \"google_id_token\" needs audience"]
     );
+}
+
+#[test]
+fn client_cert_takes_a_cert_and_a_key_both_secret_sources() {
+    let text = r#"
+[credentials.partner_tls]
+kind = "client_cert"
+cert = "exec:echo c"
+key = "exec:echo k"
+
+[[rules]]
+name = "partner"
+hosts = ["api.partner.example"]
+credential = "partner_tls"
+"#;
+    assert!(matches!(kind(text, "partner_tls"), Kind::ClientCert));
+    let bad = errors(
+        r#"
+[credentials.a]
+kind = "client_cert"
+cert = "-----BEGIN CERTIFICATE-----"
+key = "exec:echo k"
+alg = "RS256"
+
+[credentials.b]
+kind = "client_cert"
+key = "exec:echo k"
+"#,
+    );
+    for want in [
+        "credentials.a.cert: ",
+        "(key material is never written inline)",
+        "credentials.a.alg: does not apply to kind \"client_cert\"",
+        "credentials.b.cert: kind \"client_cert\" needs cert",
+    ] {
+        assert!(bad.iter().any(|e| e.contains(want)), "{want}: {bad:#?}");
+    }
 }

@@ -172,6 +172,9 @@ pub struct Rule {
     pub inject_basic: Option<(Template, Template)>,
     /// Every header name this rule sets (stripped from the sandbox's request first).
     pub injected_names: Vec<HeaderName>,
+    /// Prepended to the path sent upstream (`/bot{{secret.telegram}}`); policy decides on the
+    /// path as the sandbox sent it.
+    pub inject_path_prefix: Option<Template>,
     /// Secrets bound to this rule's hosts: injected or listed in `secrets`.
     pub bound: BTreeSet<String>,
     /// Where placeholders for bound secrets may be replaced.
@@ -275,6 +278,7 @@ impl Rule {
             inject_query: Vec::new(),
             inject_basic: None,
             injected_names: Vec::new(),
+            inject_path_prefix: None,
             bound: BTreeSet::new(),
             placeholders: Vec::new(),
             keep_headers: Vec::new(),
@@ -326,6 +330,7 @@ impl Rule {
         !self.inject_headers.is_empty()
             || !self.inject_query.is_empty()
             || self.inject_basic.is_some()
+            || self.inject_path_prefix.is_some()
     }
 
     /// The ports this rule allows for a scheme, for messages.

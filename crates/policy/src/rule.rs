@@ -159,6 +159,7 @@ impl FileCx<'_> {
             inject_query: injected.query,
             inject_basic: injected.basic,
             injected_names: injected.names,
+            inject_path_prefix: injected.path_prefix,
             bound,
             placeholders,
             keep_headers,

@@ -1,4 +1,5 @@
-//! What a rule binds and sends: `inject` (headers, query parameters, basic auth), `secrets`,
+//! What a rule binds and sends: `inject` (headers, query parameters, basic auth, a path
+//! prefix), `secrets`,
 //! `placeholders`, `keep_headers`, `credential` and `ask`, and the checks across them (a secret
 //! bound to a wildcard host, a tunnel that would have to see inside).
 
@@ -24,6 +25,7 @@ pub(super) struct Injected {
     pub(super) basic: Option<(Template, Template)>,
     /// Every header the injection sets (`Authorization` for basic auth).
     pub(super) names: Vec<HeaderName>,
+    pub(super) path_prefix: Option<Template>,
 }
 
 impl FileCx<'_> {
@@ -140,6 +142,19 @@ impl FileCx<'_> {
                 out.names.push(http::header::AUTHORIZATION);
                 out.basic = Some((u, p));
             }
+        }
+        if let Some(prefix) = inject.path_prefix {
+            let field = at("inject.path_prefix");
+            out.path_prefix =
+                self.template(&field, &prefix, secrets, bound).filter(
+                    |t| match path_prefix_problem(&t.shape("x")) {
+                        None => true,
+                        Some(why) => {
+                            self.error(prefix.span(), format!("{field}: {why}"));
+                            false
+                        }
+                    },
+                );
         }
         out
     }
@@ -350,4 +365,35 @@ impl FileCx<'_> {
         }
         self.ask_terms(&field, a.get_ref(), &d.terms, &d.notifiers, d.expire)
     }
+}
+
+/// What is wrong with a path prefix's literal shape (each reference stood in for by one safe
+/// character), if anything: it must be an absolute path of whole segments that each stay as
+/// written — no query, fragment, percent-escape, empty or dot segment, trailing `/`.
+fn path_prefix_problem(shape: &str) -> Option<String> {
+    if !shape.starts_with('/') {
+        return Some(format!(
+            "{shape:?} must start with '/' (it is prepended to the path: \"/bot{{{{secret.NAME}}}}\")"
+        ));
+    }
+    if shape.ends_with('/') {
+        return Some(
+            "must not end with '/': the sandbox's path, which starts with one, follows it"
+                .to_string(),
+        );
+    }
+    if let Some(c) = shape.chars().find(|c| {
+        *c != '/' && !u8::try_from(*c).is_ok_and(crate::secrets::inject::path_segment_byte)
+    }) {
+        return Some(format!(
+            "{c:?} is not allowed in a path prefix (allowed: '/', letters, digits and -._~!$&'()*+,;=:@; no query, fragment or percent-escape)"
+        ));
+    }
+    if shape[1..]
+        .split('/')
+        .any(|seg| seg.is_empty() || seg == "." || seg == "..")
+    {
+        return Some("must not have an empty, '.' or '..' segment".to_string());
+    }
+    None
 }

@@ -230,6 +230,8 @@ pub struct RawInject {
     pub headers: StringMap,
     pub query: StringMap,
     pub basic_auth: Option<Spanned<RawBasicAuth>>,
+    /// `path_prefix = "/bot{{secret.x}}"`: prepended to the path latchkey sends upstream.
+    pub path_prefix: Option<Spanned<String>>,
 }
 
 /// `inject.basic_auth = { user = "...", password = "{{secret.x}}" }`.
@@ -306,7 +308,7 @@ pub(super) const RULE_KEYS: &[&str] = &[
 ];
 const MCP_KEYS: &[&str] = &["tools", "deny_tools", "methods", "args", "filter_list"];
 const CAPTURE_KEYS: &[&str] = &["fields", "as", "hosts", "ttl"];
-const INJECT_KEYS: &[&str] = &["headers", "query", "basic_auth"];
+const INJECT_KEYS: &[&str] = &["headers", "query", "basic_auth", "path_prefix"];
 const BASIC_KEYS: &[&str] = &["user", "password"];
 
 /// Parses one file's text into a spanned document; a syntax error stops this file only.
@@ -571,6 +573,7 @@ fn read_rule(t: &Fields<'_>, r: &mut dyn Report) -> RawRule {
                     },
                 )
             }),
+            path_prefix: i.string(r, "path_prefix"),
         }),
         secrets: t.strings(r, "secrets"),
         placeholders: t.strings(r, "placeholders"),

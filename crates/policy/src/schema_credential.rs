@@ -76,6 +76,9 @@ pub struct RawCredential {
     pub timestamp: Option<Spanned<String>>,
     /// Header name → value template (`{{signature}}`, `{{timestamp}}`).
     pub headers: Option<Spanned<StringMap>>,
+    // client_cert (and `key`)
+    /// The PEM certificate chain presented to upstreams (a secret source).
+    pub cert: Option<Spanned<String>>,
     /// `limits = ["NAME"]`: charged to every request this credential authenticates (any kind).
     pub limits: LimitList,
 }
@@ -127,6 +130,7 @@ pub(super) const CREDENTIAL_KEYS: &[&str] = &[
     "message",
     "timestamp",
     "headers",
+    "cert",
 ];
 
 pub(super) fn read_credential(t: &Fields<'_>, r: &mut dyn Report) -> RawCredential {
@@ -201,6 +205,7 @@ pub(super) fn read_credential(t: &Fields<'_>, r: &mut dyn Report) -> RawCredenti
         message: t.string(r, "message"),
         timestamp: t.string(r, "timestamp"),
         headers: t.string_map(r, "headers"),
+        cert: t.string(r, "cert"),
         limits: t.strings(r, "limits"),
     }
 }

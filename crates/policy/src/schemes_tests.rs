@@ -80,6 +80,10 @@ const WAYS: &[(&str, &str)] = &[
         "[rules.inject.basic_auth]\nuser = \"u\"\npassword = \"{{secret.k}}\"",
     ),
     (
+        "a path prefix",
+        "[rules.inject]\npath_prefix = \"/bot{{secret.k}}\"",
+    ),
+    (
         "placeholders",
         "secrets = [\"k\"]\nplaceholders = [\"header\", \"body\", \"query\"]",
     ),
@@ -358,5 +362,48 @@ proptest::proptest! {
         proptest::prop_assert_eq!(reason, want);
         let (reason, _, _) = decide(&p, Scheme::Https, "api.test", port);
         proptest::prop_assert_eq!(reason == Reason::Allowed, ports.contains(&port));
+    }
+}
+
+#[test]
+fn a_path_prefix_binds_its_secret_and_shows_in_the_rule() {
+    let p = policy(&brokering(
+        "[rules.inject]\npath_prefix = \"/bot{{secret.k}}\"",
+    ));
+    let rule = p.rules().iter().find(|r| r.name == "b").expect("rule b");
+    assert!(rule.injects() && rule.bound.contains("k"));
+    let prefix = rule.inject_path_prefix.as_ref().expect("prefix");
+    assert_eq!(prefix.to_string(), "/bot{{secret.k}}");
+}
+
+#[test]
+fn a_bad_path_prefix_is_refused_at_its_file_line_and_column() {
+    // The snippet's `path_prefix` is on its 6th line, the value from column 15.
+    for (prefix, why) in [
+        ("bot{{secret.k}}", "must start with '/'"),
+        ("/bot{{secret.k}}/", "must not end with '/'"),
+        (
+            "/bot{{secret.k}}?x=1",
+            "'?' is not allowed in a path prefix",
+        ),
+        ("/b%41{{secret.k}}", "'%' is not allowed in a path prefix"),
+        ("/a b/{{secret.k}}", "' ' is not allowed in a path prefix"),
+        ("/../{{secret.k}}", "empty, '.' or '..' segment"),
+        ("//{{secret.k}}", "empty, '.' or '..' segment"),
+        ("/bot{{secret.nope}}", "unknown secret \"nope\""),
+        ("/bot{{secret.k", "unclosed '{{'"),
+    ] {
+        let errors = compile(&brokering(&format!(
+            "[rules.inject]\npath_prefix = \"{prefix}\""
+        )))
+        .err()
+        .unwrap_or_else(|| panic!("{prefix:?} compiled"));
+        let want = format!("p.toml:{}:15: rules[0].inject.path_prefix: ", line(6));
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.starts_with(&want) && e.contains(why)),
+            "{prefix:?}: want {want}…{why}, got {errors:#?}"
+        );
     }
 }

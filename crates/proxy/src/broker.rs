@@ -11,7 +11,8 @@
 //!    Every held byte is charged to the buffer budget ([`super::budget`]);
 //! 3. a body held whole is checked like the head (placeholders, secret values, trailers);
 //! 4. strip the sandbox's auth headers on a rule that injects;
-//! 5. replace allowed placeholders; 6. inject the rule's headers, query and basic auth;
+//! 5. replace allowed placeholders; 6. inject the rule's headers, query, basic auth and path
+//!    prefix;
 //! 7. sign, or attach a minted token, last.
 //!
 //! Each step is a function in `secrets` or `signing` that takes plain data; this module only
@@ -396,7 +397,7 @@ impl<'a, 'r> Steps<'a, 'r> {
         Ok(())
     }
 
-    /// Step 6: the rule's headers, query parameters and basic auth.
+    /// Step 6: the rule's headers, query parameters, basic auth and path prefix.
     async fn inject(&mut self) -> Result<(), Refusal> {
         let (rule, store, identity) = (self.rule, self.store, self.req.identity);
         inject::headers(
@@ -417,6 +418,11 @@ impl<'a, 'r> Steps<'a, 'r> {
         .await?;
         if let Some(basic) = &rule.inject_basic {
             inject::basic(self.headers, basic, store, identity, &mut self.used).await?;
+        }
+        // The path the sandbox sent (which policy decided on, and the record keeps) follows it.
+        if let Some(prefix) = &rule.inject_path_prefix {
+            inject::path_prefix(self.path_and_query, prefix, store, identity, &mut self.used)
+                .await?;
         }
         Ok(())
     }

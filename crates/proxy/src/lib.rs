@@ -212,17 +212,35 @@ impl Proxy {
     }
 
     /// The client whose connector opens exactly `extra` on top of `--allow-private`, offering
-    /// only HTTP/1.1 when `http1` (for an upgrade).
-    fn client_for(&self, extra: &[upstream::Cidr], http1: bool) -> Client {
+    /// only HTTP/1.1 when `http1` (for an upgrade), its connections presenting `identity` (a
+    /// `client_cert` credential) when there is one: a pool of its own per identity.
+    fn client_for(
+        &self,
+        extra: &[upstream::Cidr],
+        http1: bool,
+        identity: Option<upstream::ClientIdentity>,
+    ) -> Client {
         let way = upstream::Way {
             extra: extra.to_vec(),
             http1,
             ca: None,
+            identity,
         };
         // Without an extra CA nothing can fail: the roots were read when the proxy was built.
         self.clients
             .get(&way)
             .unwrap_or_else(|_| self.clients.default_client().clone())
+    }
+
+    /// The client identity of `client_cert` credential `name` from its PEM bytes as read now
+    /// (parsed again only when they change).
+    fn client_identity(
+        &self,
+        name: &str,
+        cert: &[u8],
+        key: &[u8],
+    ) -> Result<upstream::ClientIdentity, upstream::IdentityError> {
+        self.clients.identity(name, cert, key)
     }
 
     /// The captured tokens (a rule's `capture`): one store for every generation.

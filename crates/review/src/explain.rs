@@ -556,7 +556,8 @@ fn ask_of(policy: &Policy, reason: Reason, rule: Option<&Rule>) -> Option<AskExp
     })
 }
 
-/// What the deciding rule injects: header names, `?query` keys, basic authorization.
+/// What the deciding rule injects: header names, `?query` keys, basic authorization, the path
+/// prefix as written (secrets by name).
 fn injected_of(r: &Rule) -> Vec<String> {
     let mut v: Vec<String> = r
         .inject_headers
@@ -566,6 +567,9 @@ fn injected_of(r: &Rule) -> Vec<String> {
     v.extend(r.inject_query.iter().map(|(k, _)| format!("?{k}")));
     if r.inject_basic.is_some() {
         v.push("authorization (basic)".to_string());
+    }
+    if let Some(prefix) = &r.inject_path_prefix {
+        v.push(format!("path prefix {prefix}"));
     }
     v
 }

@@ -76,6 +76,18 @@ impl Template {
         })
     }
 
+    /// The template with every reference (`{{secret.NAME}}`, `{{identity}}`) replaced by
+    /// `stand_in`: its literal shape, for checks made when a policy is compiled.
+    pub fn shape(&self, stand_in: &str) -> String {
+        self.parts
+            .iter()
+            .map(|p| match p {
+                Part::Lit(l) => l.as_str(),
+                Part::Secret(_) | Part::Identity => stand_in,
+            })
+            .collect()
+    }
+
     /// Renders the template. The result holds secret bytes: wipe it (it is `Zeroizing`).
     ///
     /// The values are fetched first and the output sized to fit them, so it is written once
@@ -85,10 +97,27 @@ impl Template {
         store: &SecretStore,
         identity: &str,
     ) -> Result<zeroize::Zeroizing<Vec<u8>>, SecretError> {
+        self.render_where(store, identity, |_| Ok(())).await
+    }
+
+    /// Renders the template like [`Self::render`], each secret's value first checked by `fits`
+    /// (where it goes may not hold every byte: a URL path). A value `fits` refuses makes the
+    /// secret unavailable, the error naming the secret and why, never the value.
+    pub async fn render_where(
+        &self,
+        store: &SecretStore,
+        identity: &str,
+        fits: impl Fn(&[u8]) -> Result<(), String>,
+    ) -> Result<zeroize::Zeroizing<Vec<u8>>, SecretError> {
         // `SecretValue`s wipe themselves on drop.
         let mut values = Vec::with_capacity(self.secrets().count());
         for name in self.secrets() {
-            values.push(store.get(name).await?);
+            let value = store.get(name).await?;
+            fits(value.expose()).map_err(|why| SecretError::Unavailable {
+                name: name.to_string(),
+                why,
+            })?;
+            values.push(value);
         }
         let len: usize = self
             .parts
@@ -115,6 +144,20 @@ impl Template {
         }
         debug_assert_eq!(out.len(), out.capacity());
         Ok(out)
+    }
+}
+
+/// The template as written (references by name; it holds no value).
+impl std::fmt::Display for Template {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for p in &self.parts {
+            match p {
+                Part::Lit(l) => f.write_str(l)?,
+                Part::Secret(name) => write!(f, "{{{{secret.{name}}}}}")?,
+                Part::Identity => f.write_str("{{identity}}")?,
+            }
+        }
+        Ok(())
     }
 }
 
@@ -159,6 +202,13 @@ mod tests {
                 .await,
             Err(SecretError::Unknown(_))
         ));
+    }
+
+    #[test]
+    fn shows_itself_as_written_and_its_literal_shape() {
+        let t = Template::parse("/bot{{ secret.tg }}/{{identity}}").expect("parse");
+        assert_eq!(t.to_string(), "/bot{{secret.tg}}/{{identity}}");
+        assert_eq!(t.shape("x"), "/botx/x");
     }
 
     #[test]

@@ -138,6 +138,10 @@ pub enum Kind {
         header: HeaderName,
         claims: Vec<(String, JwtClaim)>,
     },
+    /// A TLS client certificate (`cert`) and its key (`key`), both PEM from secret sources,
+    /// presented on the rule's upstream connections (mTLS). Nothing is added to the request:
+    /// the proxy picks a client whose connections present it.
+    ClientCert,
 }
 
 impl Kind {
@@ -151,6 +155,7 @@ impl Kind {
             Kind::GoogleIdToken { .. } => "google_id_token",
             Kind::Hmac(_) => "hmac",
             Kind::Jwt { .. } => "jwt",
+            Kind::ClientCert => "client_cert",
         }
     }
 }
@@ -256,6 +261,8 @@ pub fn stripped_headers(kind: &Kind) -> &'static [&'static str] {
         // `x-amz-content-sha256` stays until signing: it declares the payload form, and
         // [`apply`] replaces it.
         Kind::AwsSigV4 { .. } => &["authorization", "x-amz-date", "x-amz-security-token"],
+        // It authenticates the connection, not the request: the request is left as it is.
+        Kind::ClientCert => &[],
         _ => &["authorization"],
     }
 }
@@ -335,6 +342,8 @@ pub async fn apply(
             hmac_sign::sign(name, h, material, t, headers, path_and_query, body).await?;
             Ok(Applied::default())
         }
+        // Presented by the connection (the proxy's client for the rule), not on the request.
+        Kind::ClientCert => Ok(Applied::default()),
         kind => {
             minted::attach(name, kind, material, t, headers).await?;
             Ok(Applied::default())

@@ -71,9 +71,10 @@ pub(super) async fn attach(
             let bearer = *header == AUTHORIZATION;
             set_bearer(headers, header, &token, bearer)
         }
-        Kind::AwsSigV4 { .. } | Kind::Hmac(_) => {
-            Err(failed(name, "a signing credential mints no token"))
-        }
+        Kind::AwsSigV4 { .. } | Kind::Hmac(_) | Kind::ClientCert => Err(failed(
+            name,
+            "a signing or client-certificate credential mints no token",
+        )),
     }
 }
 

@@ -43,12 +43,14 @@ mod class;
 mod clients;
 pub mod guard;
 pub mod hostform;
+mod identity;
 mod socks5;
 pub mod token_transport;
 
 pub use chain::{Bypass, ProxyAuth, ProxyPassword, ProxyScheme, ProxyUrl, UpstreamProxy};
 pub use clients::{Clients, Way};
 pub use guard::{AddressGuard, Cidr};
+pub use identity::{ClientIdentity, IdentityError};
 
 use crate::reason::Reason;
 use crate::wire::host::normalize_host;
@@ -536,9 +538,44 @@ pub fn find_upstream_error<'a>(
     crate::reason::find_cause(err)
 }
 
+/// Whether a client error chain holds a TLS failure after the handshake seemed done: under
+/// TLS 1.3 a server that refuses the client's certificate (none, or one it does not trust)
+/// says so with an alert on the first read, after hyper sent the request. rustls's error sits
+/// inside an `io::Error`, whose `source` skips it, so each one is looked into.
+pub fn tls_failure_in(err: &(dyn std::error::Error + 'static)) -> bool {
+    crate::reason::causes(err).any(|e| {
+        let mut e = e;
+        // An `io::Error` may wrap another before rustls's (at most a few deep).
+        for _ in 0..8 {
+            if e.downcast_ref::<rustls::Error>().is_some() {
+                return true;
+            }
+            match e
+                .downcast_ref::<std::io::Error>()
+                .and_then(std::io::Error::get_ref)
+            {
+                Some(inner) => e = inner,
+                None => return false,
+            }
+        }
+        false
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tls_alert_inside_an_io_error_is_a_tls_failure() {
+        let alert = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRequired),
+        );
+        assert!(tls_failure_in(&alert));
+        let other = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        assert!(!tls_failure_in(&other));
+    }
 
     #[test]
     fn parses_resolve_pins() {

@@ -75,6 +75,7 @@ impl TokenClient {
             extra: ex.route.allow_private.clone(),
             http1: false,
             ca: ca.clone(),
+            identity: None,
         };
         let client = self
             .clients

@@ -55,6 +55,25 @@ impl TestCa {
 
     /// A leaf certificate for `names`, signed by this CA, and its private key.
     pub fn issue(&self, names: &[&str]) -> (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
+        self.leaf(names, ExtendedKeyUsagePurpose::ServerAuth)
+    }
+
+    /// A client certificate (`clientAuth`) whose subject is `CN=<cn>`, written as PEM files in
+    /// this CA's directory: (certificate, key, the certificate's DER).
+    pub fn issue_client_pem_files(&self, cn: &str, stem: &str) -> (PathBuf, PathBuf, Vec<u8>) {
+        let (chain, key) = self.leaf(&[cn], ExtendedKeyUsagePurpose::ClientAuth);
+        let cert = self.dir.path().join(format!("{stem}-cert.pem"));
+        let key_path = self.dir.path().join(format!("{stem}-key.pem"));
+        std::fs::write(&cert, pem("CERTIFICATE", &chain[0])).expect("write client cert");
+        std::fs::write(&key_path, pem("PRIVATE KEY", key.secret_der())).expect("write client key");
+        (cert, key_path, chain[0].to_vec())
+    }
+
+    fn leaf(
+        &self,
+        names: &[&str],
+        usage: ExtendedKeyUsagePurpose,
+    ) -> (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
         let key = KeyPair::generate().expect("generate leaf key");
         let mut params =
             CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<String>>())
@@ -62,7 +81,7 @@ impl TestCa {
         params.distinguished_name.push(DnType::CommonName, names[0]);
         params.use_authority_key_identifier_extension = true;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.extended_key_usages = vec![usage];
         let cert = params
             .signed_by(&key, &self.issuer)
             .expect("sign leaf with test CA");

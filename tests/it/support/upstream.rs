@@ -30,6 +30,8 @@ use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
+use rustls_pki_types::pem::PemObject;
+
 use super::ca::{TestCa, UPSTREAM_NAMES};
 
 /// The body type handlers answer with.
@@ -103,6 +105,8 @@ pub struct Received {
     pub trailers: Vec<(String, String)>,
     /// Whether the body ended cleanly (false: the proxy aborted or reset the upload).
     pub complete: bool,
+    /// The client certificate (DER) the connection presented, on an upstream that asks for one.
+    pub client_cert: Option<Vec<u8>>,
 }
 
 impl std::fmt::Debug for Received {
@@ -116,6 +120,7 @@ impl std::fmt::Debug for Received {
             .field("body", &self.body_text())
             .field("trailers", &self.trailers)
             .field("complete", &self.complete)
+            .field("client_cert", &self.client_cert.as_ref().map(Vec::len))
             .finish()
     }
 }
@@ -209,6 +214,50 @@ impl Upstream {
         })
     }
 
+    /// An HTTPS echo server like [`Upstream::https`] that requires a client certificate signed
+    /// by `ca`; each request records the one presented. It speaks TLS 1.2 only, so a client
+    /// without a certificate fails in the handshake itself (under TLS 1.3 the server's refusal
+    /// arrives after the client's handshake is done, racing its first write).
+    pub fn https_requiring_client_cert(ca: &TestCa) -> Self {
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls_pki_types::CertificateDer::pem_file_iter(ca.pem_path()).expect("CA PEM")
+        {
+            roots
+                .add(cert.expect("CA cert"))
+                .expect("trust the test CA");
+        }
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider.clone(),
+        )
+        .build()
+        .expect("client verifier");
+        let (chain, key) = ca.issue(UPSTREAM_NAMES);
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS12])
+            .expect("TLS 1.2")
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(chain, key)
+            .expect("upstream certificate");
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        Self::start(handler(echo), move |tcp, mut service| {
+            let acceptor = acceptor.clone();
+            async move {
+                if let Ok(tls) = acceptor.accept(tcp).await {
+                    service.peer = tls
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|c| c.first())
+                        .map(|c| c.to_vec());
+                    serve(TokioIo::new(tls), service).await;
+                }
+            }
+        })
+    }
+
     /// A plain HTTP echo server.
     pub fn http() -> Self {
         Self::http_with(handler(echo))
@@ -237,6 +286,7 @@ impl Upstream {
         let service = Service {
             handler,
             received: received.clone(),
+            peer: None,
         };
         let counter = connections.clone();
         let rt = runtime();
@@ -291,6 +341,8 @@ impl Drop for Upstream {
 struct Service {
     handler: Handler,
     received: Arc<Mutex<Vec<Received>>>,
+    /// The client certificate this connection presented (DER), if any.
+    peer: Option<Vec<u8>>,
 }
 
 async fn serve<I>(io: TokioIo<I>, service: Service)
@@ -303,7 +355,7 @@ where
             service_fn(move |req: Request<Incoming>| {
                 let service = service.clone();
                 async move {
-                    let received = receive(req, &service.received).await;
+                    let received = receive(req, &service.received, service.peer.clone()).await;
                     Ok::<_, Infallible>((service.handler)(received).await)
                 }
             }),
@@ -313,7 +365,11 @@ where
 
 /// Records the request as it arrives (head first, then each body frame), so that what arrived of
 /// an upload the proxy aborted is recorded too, then returns it whole.
-async fn receive(req: Request<Incoming>, log: &Mutex<Vec<Received>>) -> Received {
+async fn receive(
+    req: Request<Incoming>,
+    log: &Mutex<Vec<Received>>,
+    client_cert: Option<Vec<u8>>,
+) -> Received {
     let (parts, mut body) = req.into_parts();
     let head = Received {
         method: parts.method.as_str().to_string(),
@@ -338,6 +394,7 @@ async fn receive(req: Request<Incoming>, log: &Mutex<Vec<Received>>) -> Received
         body: Vec::new(),
         trailers: Vec::new(),
         complete: false,
+        client_cert,
     };
     let index = {
         let mut log = log.lock().expect("received requests");

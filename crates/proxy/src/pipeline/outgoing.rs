@@ -21,7 +21,7 @@ use crate::audit::Stage;
 use crate::policy::{display_url, Rule, Scheme};
 use crate::reason::{chain_text, Reason, Refusal};
 use crate::secrets::scrub::Scrubber;
-use crate::upstream::{find_upstream_error, Body};
+use crate::upstream::{find_upstream_error, tls_failure_in, Body, ClientIdentity};
 use crate::wire::hop;
 
 /// The request as latchkey sends it, and what the response phase needs to know about it.
@@ -39,6 +39,8 @@ pub(super) struct Plan {
     pub scan: Option<Arc<Scrubber>>,
     /// A HEAD request: its response has no body whatever the headers say.
     pub is_head: bool,
+    /// The client certificate the rule's `client_cert` credential presents upstream.
+    pub identity: Option<ClientIdentity>,
 }
 
 /// The broker phase: strips what is the sandbox's own, checks and brokers credentials, and
@@ -141,6 +143,7 @@ pub(super) async fn broker(req: &mut Req<'_>) -> Result<Outgoing, Refusal> {
         req.entry.set_secret_sources(kinds, stale);
     }
 
+    let identity = client_identity(proxy, policy, rule).await?;
     let scan = scan_for(policy, rule, &target.host)?;
     if scan.is_some() {
         narrow_accept_encoding(&mut head.headers);
@@ -160,8 +163,46 @@ pub(super) async fn broker(req: &mut Req<'_>) -> Result<Outgoing, Refusal> {
             body_refused: brokered.refused,
             scan,
             is_head,
+            identity,
         },
     })
+}
+
+/// The client certificate a rule's `client_cert` credential presents on its upstream
+/// connections, from this generation's secret store (a rotated `file:` is read again, and its
+/// new bytes make a new identity, so a new pool); `None` for a rule without one. A certificate
+/// or key that cannot be read or used refuses the request (`credential_failed`, naming the
+/// credential, never the bytes).
+async fn client_identity(
+    proxy: &Proxy,
+    policy: &Generation,
+    rule: &Rule,
+) -> Result<Option<ClientIdentity>, Refusal> {
+    let Some(c) = rule.credential.as_ref().and_then(|n| policy.credential(n)) else {
+        return Ok(None);
+    };
+    if !matches!(c.kind, crate::signing::Kind::ClientCert) {
+        return Ok(None);
+    }
+    let failed = |why: String| {
+        Refusal::new(
+            Reason::CredentialFailed,
+            format!("credential '{}': {why}", c.name),
+        )
+        .under(&rule.name)
+    };
+    let store = policy.secrets();
+    let read = |field: &'static str| async move {
+        store
+            .get(&crate::signing::field_key(&c.name, field))
+            .await
+            .map_err(|e| failed(e.to_string()))
+    };
+    let (cert, key) = (read("cert").await?, read("key").await?);
+    proxy
+        .client_identity(&c.name, cert.expose(), key.expose())
+        .map(Some)
+        .map_err(|e| failed(e.to_string()))
 }
 
 /// Whether a request could carry a captured token's placeholder where it is replaced: the token
@@ -241,7 +282,11 @@ pub(super) async fn send(
     let Outgoing { request, plan } = out;
     let body_refused = &plan.body_refused;
     // An upgrade needs an HTTP/1.1 connection: its client never negotiates h2.
-    let client = proxy.client_for(&rule.allow_private, req.handshake.is_some());
+    let client = proxy.client_for(
+        &rule.allow_private,
+        req.handshake.is_some(),
+        plan.identity.clone(),
+    );
     let sent_at = Instant::now();
     let sent = tokio::time::timeout(proxy.response_timeout, client.request(request)).await;
     let res = match sent {
@@ -252,6 +297,8 @@ pub(super) async fn send(
             }
             let (reason, why) = match find_upstream_error(&e) {
                 Some(u) => (u.reason(), u.to_string()),
+                // An alert after the handshake (a client certificate refused, under TLS 1.3).
+                None if tls_failure_in(&e) => (Reason::UpstreamTls, chain_text(&e)),
                 None => (Reason::UpstreamError, chain_text(&e)),
             };
             let url = display_url(target.scheme, &target.host, target.port, target.path());
