@@ -331,6 +331,13 @@ fn a_case_expecting_the_wrong_denial_fails_naming_the_one_that_refused() {
     .err()
     .unwrap_or_default();
     let e: Vec<String> = e.iter().map(ToString::to_string).collect();
-    assert!(e.iter().any(|m| m.contains("did you mean \"no-delete\"")), "{e:?}");
-    assert!(e.iter().any(|m| m.contains("cases[0].headers.x-a: invalid header value")), "{e:?}");
+    assert!(
+        e.iter().any(|m| m.contains("did you mean \"no-delete\"")),
+        "{e:?}"
+    );
+    assert!(
+        e.iter()
+            .any(|m| m.contains("cases[0].headers.x-a: invalid header value")),
+        "{e:?}"
+    );
 }
