@@ -123,6 +123,18 @@ impl Case {
         map
     }
 
+    /// The case's request explained with its headers and body.
+    fn explain(&self, policy: &Policy) -> Result<Explanation, ExplainError> {
+        let headers = self.header_map();
+        let carried = Carried {
+            headers: Some(&headers),
+            content_type: self.body_type(),
+            body: self.body.as_deref().unwrap_or_default().as_bytes(),
+        };
+        let identity = self.identity.as_deref();
+        explain_with(policy, identity, &self.method, &self.url, carried)
+    }
+
     /// The body's content type: `content_type`, else a `content-type` in `headers`.
     fn body_type(&self) -> Option<&str> {
         self.content_type.as_deref().or_else(|| {
@@ -594,19 +606,7 @@ fn check_request(
 
 /// Runs one case against `policy`.
 pub fn run_case(policy: &Policy, case: &Case) -> CaseResult {
-    let headers = case.header_map();
-    let carried = Carried {
-        headers: Some(&headers),
-        content_type: case.body_type(),
-        body: case.body.as_deref().unwrap_or_default().as_bytes(),
-    };
-    let e = match explain_with(
-        policy,
-        case.identity.as_deref(),
-        &case.method,
-        &case.url,
-        carried,
-    ) {
+    let e = match case.explain(policy) {
         Ok(e) => e,
         Err(err) => {
             return CaseResult {
