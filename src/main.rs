@@ -78,10 +78,14 @@ fn run(args: Cli) -> anyhow::Result<ExitCode> {
             json,
             reach: None,
             request,
+            headers,
+            body,
+            content_type,
         } => {
             let (method, url) = cli::policy::method_and_url(&request)?;
             let json = json || format == cli::args::OutputFormat::Json;
-            cli::policy::explain(&policies, Some(&identity), json, method, url)
+            let carried = cli::policy::Carrying::read(&headers, body.as_deref(), content_type)?;
+            cli::policy::explain(&policies, Some(&identity), json, (method, url), &carried)
         }
         Command::Ca { action } => cli::ca::run(action),
         Command::Demo { dir, listen, once } => {

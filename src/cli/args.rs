@@ -105,6 +105,17 @@ pub enum Command {
             conflicts_with = "request"
         )]
         reach: Option<String>,
+        /// A request header `NAME:VALUE`, for `headers` predicates and denials (repeatable).
+        #[arg(long = "header", value_name = "NAME:VALUE", conflicts_with = "reach")]
+        headers: Vec<String>,
+        /// The request body, for `body` and `graphql` predicates: `@FILE` reads a file, anything
+        /// else is the body itself (none: an empty body, as the proxy decides a request without
+        /// one).
+        #[arg(long, value_name = "@FILE|STRING", conflicts_with = "reach")]
+        body: Option<String>,
+        /// The body's content type (sent as `content-type` too unless a --header gives one).
+        #[arg(long, value_name = "TYPE", conflicts_with = "reach")]
+        content_type: Option<String>,
         /// `[METHOD] URL`: the HTTP method (default GET) and the absolute URL, e.g. `POST
         /// https://api.github.com/repos`.
         #[arg(

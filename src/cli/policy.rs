@@ -16,7 +16,7 @@ use serde_json::json;
 
 use crate::policy::{LoadError, Policy, PolicySources, SecretLoading};
 use crate::review::cases::{load_cases_dir, run_case};
-use crate::review::explain::{explain as explain_request, Explanation, Outcome};
+use crate::review::explain::{explain_with, Carried, Explanation, Outcome};
 use crate::review::lint::lint;
 
 /// How `check` prints its findings.
@@ -249,6 +249,71 @@ pub fn test(policies: &Path, tests: Option<&Path>) -> ExitCode {
     }
 }
 
+/// What `explain --header/--body/--content-type` says the request carries.
+#[derive(Debug, Default)]
+pub struct Carrying {
+    headers: http::HeaderMap,
+    content_type: Option<String>,
+    body: Vec<u8>,
+}
+
+impl Carrying {
+    /// Reads `NAME:VALUE` headers, a body (`@FILE`: the file's bytes) and a content type
+    /// (also sent as `content-type` unless a header gives one; a `content-type` header is the
+    /// body's type otherwise).
+    pub fn read(
+        headers: &[String],
+        body: Option<&str>,
+        content_type: Option<String>,
+    ) -> anyhow::Result<Carrying> {
+        use anyhow::Context as _;
+        let mut map = http::HeaderMap::new();
+        for h in headers {
+            let (name, value) = h.split_once(':').with_context(|| {
+                format!("--header {h:?}: give it as NAME:VALUE, e.g. --header 'x-api-version: 2024-06-01'")
+            })?;
+            let name = http::HeaderName::from_bytes(name.trim().as_bytes())
+                .with_context(|| format!("--header {h:?}: invalid header name"))?;
+            let value = http::HeaderValue::from_str(value.trim())
+                .with_context(|| format!("--header {h:?}: invalid header value"))?;
+            map.append(name, value);
+        }
+        if let Some(ct) = &content_type {
+            let value = http::HeaderValue::from_str(ct)
+                .with_context(|| format!("--content-type {ct:?}: invalid header value"))?;
+            if !map.contains_key(http::header::CONTENT_TYPE) {
+                map.insert(http::header::CONTENT_TYPE, value);
+            }
+        }
+        let content_type = content_type.or_else(|| {
+            map.get(http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        });
+        let body = match body {
+            Some(b) => match b.strip_prefix('@') {
+                Some(file) => std::fs::read(file)
+                    .with_context(|| format!("--body @{file}: cannot read the file"))?,
+                None => b.as_bytes().to_vec(),
+            },
+            None => Vec::new(),
+        };
+        Ok(Carrying {
+            headers: map,
+            content_type,
+            body,
+        })
+    }
+
+    fn as_carried(&self) -> Carried<'_> {
+        Carried {
+            headers: Some(&self.headers),
+            content_type: self.content_type.as_deref(),
+            body: &self.body,
+        }
+    }
+}
+
 /// `explain`'s words: `URL` (the method is GET) or `METHOD URL`.
 pub fn method_and_url(words: &[String]) -> anyhow::Result<(&str, &str)> {
     match words {
@@ -271,14 +336,14 @@ pub fn explain(
     dir: &Path,
     identity: Option<&str>,
     json: bool,
-    method: &str,
-    url: &str,
+    (method, url): (&str, &str),
+    carried: &Carrying,
 ) -> anyhow::Result<ExitCode> {
     let policy = match load_for_evaluation(dir) {
         Ok(p) => p,
         Err(code) => return Ok(code),
     };
-    let e = explain_request(&policy, identity, method, url)?;
+    let e = explain_with(&policy, identity, method, url, carried.as_carried())?;
     if json {
         println!("{}", serde_json::to_string(&e)?);
     } else {
@@ -334,6 +399,22 @@ fn render_reach(r: &crate::policy::Reach) -> String {
 }
 
 /// The text form of an explanation.
+/// Which denial or predicate decided, when one did.
+fn decided_by(e: &Explanation) -> Option<String> {
+    let rule = e.rule.as_deref()?;
+    if e.reason == crate::reason::Reason::DeniedByRule.code() {
+        Some(format!(
+            "by denial '{rule}' ([[deny]], checked before every rule)"
+        ))
+    } else if e.reason == crate::reason::Reason::PredicateMismatch.code() {
+        Some(format!(
+            "by a predicate of rule '{rule}' (see its predicates below)"
+        ))
+    } else {
+        None
+    }
+}
+
 fn render(e: &Explanation) -> String {
     let mut out = String::new();
     let mut line = |s: String| {
@@ -351,6 +432,9 @@ fn render(e: &Explanation) -> String {
         line(format!("about:    {d}"));
     }
     line(format!("why:      {}", e.message));
+    if let Some(by) = decided_by(e) {
+        line(format!("decided:  {by}"));
+    }
     if let Some(ask) = &e.ask {
         line(format!("ask:      asks a person ({})", ask.summary()));
         if let Some(m) = &ask.message {
@@ -444,7 +528,7 @@ mod tests {
         let text = "[limits.rate]\nrequests = \"10/min\"\n[limits.spend]\nper = \"global\"\nspend = \"5 USD/day\"\n[[rules]]\nname = \"llm\"\nhosts = [\"llm.test\"]\nlimits = [\"rate\", \"spend\"]\n";
         let p = compile_sources_with(&[(Path::new("p.toml"), text)], SecretLoading::Skip)
             .unwrap_or_else(|e| panic!("{e:?}"));
-        let e = explain_request(&p, None, "POST", "https://llm.test/v1").unwrap();
+        let e = crate::review::explain::explain(&p, None, "POST", "https://llm.test/v1").unwrap();
         let out = render(&e);
         assert!(
             out.contains(
@@ -452,7 +536,8 @@ mod tests {
             ),
             "{out}"
         );
-        let denied = explain_request(&p, None, "GET", "https://other.test/").unwrap();
+        let denied =
+            crate::review::explain::explain(&p, None, "GET", "https://other.test/").unwrap();
         assert!(!render(&denied).contains("limits:"));
     }
 }

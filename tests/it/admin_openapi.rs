@@ -405,6 +405,23 @@ fn fixed_paths(api: &Api, w: &AskWorld) {
     );
     assert_eq!(asks["decision"], "ask", "{asks:#}");
     api.expect(400, "GET", "/explain?method=GET", Body::Empty);
+    // What the request carries reaches the decision; a header without a colon is refused.
+    let carried = api.expect(
+        200,
+        "GET",
+        &format!(
+            "/explain?method=GET&url={}&identity=bot&header=x-a%3A+1&content_type=application%2Fjson&body=%7B%7D",
+            url("/v1/r")
+        ),
+        Body::Empty,
+    );
+    assert_eq!(carried["decision"], "allow", "{carried:#}");
+    api.expect(
+        400,
+        "GET",
+        &format!("/explain?method=GET&url={}&header=nocolon", url("/v1/r")),
+        Body::Empty,
+    );
     api.expect(
         400,
         "GET",

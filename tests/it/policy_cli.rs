@@ -582,3 +582,75 @@ fn explain_with_only_a_url_asks_about_a_get_and_a_misspelt_identity_gets_a_guess
         "{out:#?}"
     );
 }
+
+const GUARDED_POLICY: &str = r#"
+[[deny]]
+name        = "no-admin-action"
+description = "Agents never run admin actions."
+hosts       = ["api.test"]
+methods     = ["POST"]
+paths       = ["/v1/actions"]
+body        = { "/action" = "admin*" }
+
+[[rules]]
+name    = "versioned"
+hosts   = ["api.test"]
+headers = { "x-api-version" = "2024-*" }
+"#;
+
+#[test]
+fn explain_takes_headers_and_a_body_and_says_which_denial_or_predicate_decided() {
+    let dir = policy_dir(&[("main.toml", GUARDED_POLICY)]);
+    let body_file = dir.path().join("body.json");
+    std::fs::write(&body_file, r#"{"action": "admin.wipe"}"#).expect("write body");
+    let run = |extra: &[&str]| {
+        let mut full: Vec<std::ffi::OsString> = vec![
+            "explain".into(),
+            "--policies".into(),
+            dir.path().as_os_str().into(),
+        ];
+        full.extend(extra.iter().map(std::ffi::OsString::from));
+        run_cli(full)
+    };
+    let url = "https://api.test/v1/actions";
+    let out = run(&["POST", url]);
+    assert_eq!(out.code(), Some(1), "{out:#?}");
+    assert!(
+        out.stdout.contains("reason:   predicate_mismatch"),
+        "{out:#?}"
+    );
+    assert!(
+        out.stdout
+            .contains("decided:  by a predicate of rule 'versioned'"),
+        "{out:#?}"
+    );
+    let version = "--header=X-Api-Version: 2024-06-01";
+    let out = run(&[
+        version,
+        "--content-type",
+        "application/json",
+        "--body",
+        r#"{"action":"read"}"#,
+        "POST",
+        url,
+    ]);
+    assert_eq!(out.code(), Some(0), "{out:#?}");
+    let at_file = format!("--body=@{}", body_file.display());
+    let out = run(&[
+        version,
+        "--content-type",
+        "application/json",
+        &at_file,
+        "POST",
+        url,
+    ]);
+    assert_eq!(out.code(), Some(1), "{out:#?}");
+    assert!(out.stdout.contains("reason:   denied_by_rule"), "{out:#?}");
+    assert!(
+        out.stdout.contains("decided:  by denial 'no-admin-action'"),
+        "{out:#?}"
+    );
+    let out = run(&["--header", "no-colon", url]);
+    assert_eq!(out.code(), Some(1), "{out:#?}");
+    assert!(out.stderr.contains("give it as NAME:VALUE"), "{out:#?}");
+}

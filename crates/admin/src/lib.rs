@@ -8,7 +8,9 @@
 //!   and with `--audit-ship` how far shipping lags (`audit_ship`).
 //! - `GET /metrics`: Prometheus text format.
 //! - `POST /reload`: reload the policy now (422 with the errors if invalid; the old one stays).
-//! - `GET /explain?method=GET&url=...&identity=...`: the decision for one request, as JSON.
+//! - `GET /explain?method=GET&url=...&identity=...`: the decision for one request, as JSON
+//!   (`header=NAME:VALUE`, repeatable, `content_type` and `body`: what it carries, for
+//!   predicates and denials).
 //! - `GET /approvals`, `GET|POST /approvals/ID`, `GET /grants`: requests waiting for a person,
 //!   and the answers (`approvals`).
 //! - `GET /limits`: the `[limits]` in force and every counter charged, with its use now.
@@ -428,15 +430,51 @@ fn explain(proxy: &Proxy, query: &str) -> Response<Body> {
     let mut method = None;
     let mut url = None;
     let mut identity = None;
+    let mut headers = http::HeaderMap::new();
+    let mut content_type = None;
+    let mut body = None;
     // A form-encoded query (`+` is a space), as browsers and `curl --data-urlencode -G` send it.
     for (k, v) in form_urlencoded::parse(query.as_bytes()) {
         match &*k {
             "method" => method = Some(v.into_owned()),
             "url" => url = Some(v.into_owned()),
             "identity" => identity = Some(v.into_owned()),
+            "header" => match carried_header(&v) {
+                Some((name, value)) => {
+                    headers.append(name, value);
+                }
+                None => {
+                    return json(
+                        StatusCode::BAD_REQUEST,
+                        &serde_json::json!({"error": "header: give it as NAME:VALUE (a valid header name and value)"}),
+                    )
+                }
+            },
+            "content_type" => content_type = Some(v.into_owned()),
+            "body" => body = Some(v.into_owned()),
             _ => {}
         }
     }
+    if let Some(ct) = content_type.as_deref() {
+        match http::HeaderValue::from_str(ct) {
+            Ok(v) if !headers.contains_key(http::header::CONTENT_TYPE) => {
+                headers.insert(http::header::CONTENT_TYPE, v);
+            }
+            Ok(_) => {}
+            Err(_) => {
+                return json(
+                    StatusCode::BAD_REQUEST,
+                    &serde_json::json!({"error": "content_type: not a valid header value"}),
+                )
+            }
+        }
+    }
+    let content_type = content_type.or_else(|| {
+        headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    });
     let (Some(method), Some(url)) = (method, url) else {
         return json(
             StatusCode::BAD_REQUEST,
@@ -444,7 +482,13 @@ fn explain(proxy: &Proxy, query: &str) -> Response<Body> {
         );
     };
     let policy = proxy.policy();
-    match crate::review::explain::explain(&policy, identity.as_deref(), &method, &url) {
+    let carried = crate::review::explain::Carried {
+        headers: Some(&headers),
+        content_type: content_type.as_deref(),
+        body: body.as_deref().unwrap_or_default().as_bytes(),
+    };
+    match crate::review::explain::explain_with(&policy, identity.as_deref(), &method, &url, carried)
+    {
         Ok(e) => match serde_json::to_value(&e) {
             Ok(v) => json(StatusCode::OK, &v),
             Err(err) => json(
@@ -457,4 +501,12 @@ fn explain(proxy: &Proxy, query: &str) -> Response<Body> {
             &serde_json::json!({"error": err.to_string()}),
         ),
     }
+}
+
+/// One `header=NAME:VALUE` of `/explain`.
+fn carried_header(text: &str) -> Option<(http::HeaderName, http::HeaderValue)> {
+    let (name, value) = text.split_once(':')?;
+    let name = http::HeaderName::from_bytes(name.trim().as_bytes()).ok()?;
+    let value = http::HeaderValue::from_str(value.trim()).ok()?;
+    Some((name, value))
 }

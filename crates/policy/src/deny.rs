@@ -121,14 +121,8 @@ pub(super) fn check_tunnels(rules: &[Rule], denials: &[Rule], errors: &mut Vec<P
     }
 }
 
-/// Whether two host patterns can name one host.
 fn overlap(a: &HostPattern, b: &HostPattern) -> bool {
-    match (a, b) {
-        (HostPattern::Exact(x), p) | (p, HostPattern::Exact(x)) => p.matches(x),
-        (HostPattern::Wildcard(x), HostPattern::Wildcard(y)) => {
-            x == y || x.ends_with(&format!(".{y}")) || y.ends_with(&format!(".{x}"))
-        }
-    }
+    a.overlaps(b)
 }
 
 /// A denial of hosts and ports alone: it refuses a CONNECT before any TLS.

@@ -29,6 +29,10 @@ pub enum Kind {
     Port,
     Method,
     Path,
+    /// A `[[deny]]` table added, removed or changed (denials apply to every identity).
+    Deny,
+    /// A rule's predicates (`query`, `headers`, `body`, `graphql`) added, removed or changed.
+    Predicate,
     ReportOnly,
     AllowPrivate,
     /// `websocket = true`: requests to the host may upgrade to a WebSocket.

@@ -125,6 +125,16 @@ impl HostPattern {
                 .is_some_and(|rest| rest.len() > 1 && rest.ends_with('.')),
         }
     }
+
+    /// Whether this pattern and `other` can both match one host.
+    pub fn overlaps(&self, other: &HostPattern) -> bool {
+        match (self, other) {
+            (HostPattern::Exact(x), p) | (p, HostPattern::Exact(x)) => p.matches(x),
+            (HostPattern::Wildcard(x), HostPattern::Wildcard(y)) => {
+                x == y || x.ends_with(&format!(".{y}")) || y.ends_with(&format!(".{x}"))
+            }
+        }
+    }
 }
 
 impl std::fmt::Display for HostPattern {

@@ -560,7 +560,8 @@ impl GraphqlPredicate {
         Verdict::Holds
     }
 
-    fn describe(&self) -> Vec<String> {
+    /// Each part in a line, for `explain`, `diff` and the admin API.
+    pub fn describe(&self) -> Vec<String> {
         let mut out = Vec::new();
         if let Some(ops) = &self.operations {
             out.push(format!("graphql operations {}", kind_list(ops)));

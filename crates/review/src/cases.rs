@@ -7,9 +7,12 @@
 //! identity = "ci-agent"                  # optional
 //! method = "GET"
 //! url = "https://api.github.com/zen"
-//! headers = { "x-foo" = "bar" }          # optional, informational for now
+//! headers = { "x-api-version" = "2024-06-01" }  # optional: for `headers` predicates
+//! content_type = "application/json"      # optional: the body's type (also a header)
+//! body = '{"action": "read"}'            # optional: for `body` and `graphql` predicates
 //! expect = "allow"                       # allow | deny | ask (waits for a person)
-//! rule = "github-read"                   # optional: the deciding (or, on deny, closest) rule
+//! rule = "github-read"                   # optional: the deciding (or, on deny, closest) rule,
+//!                                        #   or the `[[deny]]` that refuses it
 //! ask_rule = "prod-writes"               # optional (ask only): the rule asking, or "unknown"
 //! reason = "method_not_allowed"          # optional: the reason code
 //! secrets = ["openai"]                   # optional (allow only): bound by the deciding rule
@@ -19,7 +22,9 @@
 //!
 //! A case file is validated as strictly as a policy file (unknown keys, unknown rules, reasons
 //! and identities, malformed URLs are errors at `file:line:col`). A case runs through
-//! [`crate::explain::explain`]: pure evaluation, no network, no secret value.
+//! [`crate::explain::explain_with`] with its headers and body, as the proxy decides a request:
+//! denials and the rule's `query`/`headers` predicates on the head, then `body`/`graphql` on
+//! the body (none given: an empty one). Pure evaluation, no network, no secret value.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -28,7 +33,7 @@ use std::path::{Path, PathBuf};
 
 use toml::Spanned;
 
-use crate::explain::{explain, ExplainError, Explanation, Verdict};
+use crate::explain::{explain, explain_with, Carried, ExplainError, Explanation, Verdict};
 use crate::policy::compile::line_col;
 use crate::policy::read::Fields;
 use crate::policy::schema::Report;
@@ -48,6 +53,8 @@ struct RawCase {
     method: Spanned<String>,
     url: Spanned<String>,
     headers: BTreeMap<Spanned<String>, Spanned<String>>,
+    content_type: Option<Spanned<String>>,
+    body: Option<Spanned<String>>,
     expect: Spanned<String>,
     rule: Option<Spanned<String>>,
     reason: Option<Spanned<String>>,
@@ -68,8 +75,12 @@ pub struct Case {
     pub identity: Option<String>,
     pub method: String,
     pub url: String,
-    /// Request headers (informational for now: decisions do not depend on headers).
+    /// Request headers, for `headers` predicates (names as written; validated).
     pub headers: BTreeMap<String, String>,
+    /// The body's content type (also sent as `content-type` unless `headers` gives one).
+    pub content_type: Option<String>,
+    /// The request body (none: an empty body, as the proxy decides a request without one).
+    pub body: Option<String>,
     pub expect: Verdict,
     pub rule: Option<String>,
     pub reason: Option<Reason>,
@@ -87,6 +98,51 @@ impl Case {
     /// `file:line:col` of the case, for reports.
     pub fn location(&self) -> String {
         format!("{}:{}:{}", self.file.display(), self.line, self.col)
+    }
+
+    /// The request's headers as sent: `headers`, and `content_type` as `content-type` unless
+    /// `headers` names one (names and values were validated when the case was read).
+    pub fn header_map(&self) -> http::HeaderMap {
+        let mut map = http::HeaderMap::new();
+        for (k, v) in &self.headers {
+            if let (Ok(k), Ok(v)) = (
+                http::HeaderName::from_bytes(k.as_bytes()),
+                http::HeaderValue::from_str(v),
+            ) {
+                map.append(k, v);
+            }
+        }
+        if let Some(ct) = &self.content_type {
+            if let (false, Ok(v)) = (
+                map.contains_key(http::header::CONTENT_TYPE),
+                http::HeaderValue::from_str(ct),
+            ) {
+                map.insert(http::header::CONTENT_TYPE, v);
+            }
+        }
+        map
+    }
+
+    /// The case's request explained with its headers and body.
+    fn explain(&self, policy: &Policy) -> Result<Explanation, ExplainError> {
+        let headers = self.header_map();
+        let carried = Carried {
+            headers: Some(&headers),
+            content_type: self.body_type(),
+            body: self.body.as_deref().unwrap_or_default().as_bytes(),
+        };
+        let identity = self.identity.as_deref();
+        explain_with(policy, identity, &self.method, &self.url, carried)
+    }
+
+    /// The body's content type: `content_type`, else a `content-type` in `headers`.
+    fn body_type(&self) -> Option<&str> {
+        self.content_type.as_deref().or_else(|| {
+            self.headers
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+                .map(|(_, v)| v.as_str())
+        })
     }
 }
 
@@ -173,6 +229,8 @@ const CASE_KEYS: &[&str] = &[
     "method",
     "url",
     "headers",
+    "content_type",
+    "body",
     "expect",
     "rule",
     "reason",
@@ -211,6 +269,8 @@ fn read_case_file(table: &toml_edit::Table, cx: &mut Cx<'_>) -> RawCaseFile {
                 .string_map(cx, "headers")
                 .map(|m| m.into_inner().into_iter().collect())
                 .unwrap_or_default(),
+            content_type: f.string(cx, "content_type"),
+            body: f.string(cx, "body"),
             expect,
             rule: f.string(cx, "rule"),
             reason: f.string(cx, "reason"),
@@ -309,6 +369,8 @@ fn validate(
         method,
         url,
         headers,
+        content_type: raw.content_type.map(|c| c.into_inner()),
+        body: raw.body.map(|b| b.into_inner()),
         expect: expect?,
         rule: raw.rule.map(|r| r.into_inner()),
         reason,
@@ -416,7 +478,11 @@ fn check_names(
                     r.get_ref(),
                     crate::policy::did_you_mean(
                         r.get_ref(),
-                        policy.rules().iter().map(|r| r.name.as_str())
+                        policy
+                            .rules()
+                            .iter()
+                            .chain(policy.denials())
+                            .map(|r| r.name.as_str())
                     )
                 ),
             );
@@ -490,8 +556,27 @@ fn headers_of(cx: &mut Cx<'_>, index: usize, raw: &RawCase) -> BTreeMap<String, 
                     k.get_ref()
                 ),
             );
+        } else if http::HeaderValue::from_str(v.get_ref()).is_err() {
+            cx.error(
+                v.span(),
+                format!(
+                    "{}: invalid header value (control characters or non-visible bytes)",
+                    at(index, &format!("headers.{}", k.get_ref())),
+                ),
+            );
         } else {
             headers.insert(k.get_ref().clone(), v.get_ref().clone());
+        }
+    }
+    if let Some(ct) = &raw.content_type {
+        if http::HeaderValue::from_str(ct.get_ref()).is_err() {
+            cx.error(
+                ct.span(),
+                format!(
+                    "{}: invalid content type (control characters or non-visible bytes)",
+                    at(index, "content_type")
+                ),
+            );
         }
     }
     headers
@@ -521,7 +606,7 @@ fn check_request(
 
 /// Runs one case against `policy`.
 pub fn run_case(policy: &Policy, case: &Case) -> CaseResult {
-    let e = match explain(policy, case.identity.as_deref(), &case.method, &case.url) {
+    let e = match case.explain(policy) {
         Ok(e) => e,
         Err(err) => {
             return CaseResult {

@@ -204,3 +204,140 @@ fn a_malformed_case_file_reports_every_problem_with_line_and_column() {
     let e = errors("");
     assert!(e[0].contains("no [[cases]]"), "{e:?}");
 }
+
+const GUARDED: &str = r#"
+[[deny]]
+name        = "no-delete"
+description = "Never delete."
+hosts       = ["api.test"]
+methods     = ["DELETE"]
+
+[[deny]]
+name    = "no-admin-action"
+hosts   = ["api.test"]
+methods = ["POST"]
+paths   = ["/v1/actions"]
+body    = { "/action" = "admin*" }
+
+[[rules]]
+name    = "versioned"
+hosts   = ["api.test"]
+headers = { "x-api-version" = "2024-*" }
+query   = { forbidden = ["debug"] }
+
+[[rules]]
+name    = "graph"
+hosts   = ["gql.test"]
+paths   = ["/graphql"]
+graphql = { operations = ["query"] }
+"#;
+
+fn run_guarded(text: &str) -> Vec<CaseResult> {
+    let p = compile_sources_with(&[(Path::new("p.toml"), GUARDED)], SecretLoading::Skip)
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let cases = parse_cases(Path::new("t.toml"), text, &p).unwrap_or_else(|e| panic!("{e:?}"));
+    cases.iter().map(|c| run_case(&p, c)).collect()
+}
+
+#[test]
+fn cases_carry_headers_query_and_body_to_denials_and_predicates() {
+    let r = run_guarded(
+        r#"
+[[cases]]
+method = "GET"
+url = "https://api.test/v1/x"
+headers = { "x-api-version" = "2024-06-01" }
+expect = "allow"
+rule = "versioned"
+
+[[cases]]
+method = "GET"
+url = "https://api.test/v1/x"
+expect = "deny"
+reason = "predicate_mismatch"
+rule = "versioned"
+
+[[cases]]
+method = "GET"
+url = "https://api.test/v1/x?debug=1"
+headers = { "X-Api-Version" = "2024-06-01" }
+expect = "deny"
+reason = "predicate_mismatch"
+
+[[cases]]
+method = "DELETE"
+url = "https://api.test/v1/x"
+headers = { "x-api-version" = "2024-06-01" }
+expect = "deny"
+reason = "denied_by_rule"
+rule = "no-delete"
+
+[[cases]]
+method = "POST"
+url = "https://api.test/v1/actions"
+headers = { "x-api-version" = "2024-06-01" }
+content_type = "application/json"
+body = '{"action": "admin.delete"}'
+expect = "deny"
+reason = "denied_by_rule"
+rule = "no-admin-action"
+
+[[cases]]
+method = "POST"
+url = "https://api.test/v1/actions"
+headers = { "x-api-version" = "2024-06-01", "content-type" = "application/x-www-form-urlencoded" }
+body = 'action=read'
+expect = "allow"
+
+[[cases]]
+method = "POST"
+url = "https://gql.test/graphql"
+content_type = "application/json"
+body = '{"query": "mutation { deleteRepository(id: 1) { id } }"}'
+expect = "deny"
+reason = "predicate_mismatch"
+rule = "graph"
+
+[[cases]]
+method = "POST"
+url = "https://gql.test/graphql"
+content_type = "application/json"
+body = '{"query": "{ viewer { login } }"}'
+expect = "allow"
+rule = "graph"
+"#,
+    );
+    for c in &r {
+        assert!(c.passed(), "{}: {:?}", c.case.name, c.failures);
+    }
+}
+
+#[test]
+fn a_case_expecting_the_wrong_denial_fails_naming_the_one_that_refused() {
+    let r = run_guarded(
+        "[[cases]]\nmethod = \"DELETE\"\nurl = \"https://api.test/\"\nexpect = \"deny\"\nrule = \"no-admin-action\"\n",
+    );
+    assert_eq!(
+        r[0].failures,
+        vec!["expected rule 'no-admin-action', got rule 'no-delete'"]
+    );
+    let p = compile_sources_with(&[(Path::new("p.toml"), GUARDED)], SecretLoading::Skip)
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let e = parse_cases(
+        Path::new("t.toml"),
+        "[[cases]]\nmethod = \"GET\"\nurl = \"https://api.test/\"\nexpect = \"deny\"\nrule = \"no-delet\"\nheaders = { \"x-a\" = \"\\u0001\" }\n",
+        &p,
+    )
+    .err()
+    .unwrap_or_default();
+    let e: Vec<String> = e.iter().map(ToString::to_string).collect();
+    assert!(
+        e.iter().any(|m| m.contains("did you mean \"no-delete\"")),
+        "{e:?}"
+    );
+    assert!(
+        e.iter()
+            .any(|m| m.contains("cases[0].headers.x-a: invalid header value")),
+        "{e:?}"
+    );
+}

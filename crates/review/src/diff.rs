@@ -44,6 +44,8 @@ mod requests;
 use requests::*;
 mod facts;
 use facts::*;
+mod guards;
+use guards::*;
 
 /// Product states walked per path comparison before giving up on finding an example (the
 /// change is then still reported, without one).
@@ -223,8 +225,14 @@ pub struct Decided {
 }
 
 impl Decided {
-    /// 0 denied, 1 waits for a person, 2 goes through (a report-only denial goes through).
+    /// 0 denied, 1 waits for a person, 2 goes through (a report-only denial goes through). A
+    /// request refused only because it lacks what a rule's predicates require reaches as far
+    /// as that rule: some request carrying it goes through (predicate changes are compared
+    /// apart, in `guards`).
     fn level(&self) -> u8 {
+        if self.reason == Reason::PredicateMismatch.code() {
+            return 2;
+        }
         match self.decision {
             Verdict::Allow => 2,
             Verdict::Deny if self.report_only => 2,
@@ -286,6 +294,7 @@ pub fn diff(old: (&Policy, &str), new: (&Policy, &str)) -> Diff {
         };
         let mut changes = facts_changes(&o, &n);
         changes.extend(request_changes(&o, &n));
+        changes.extend(guard_changes(&o, &n));
         changes.sort_by(|a, b| {
             (a.kind, a.direction, &a.host, &a.summary).cmp(&(
                 b.kind,

@@ -10,7 +10,7 @@ use proptest::prelude::*;
 use super::*;
 use crate::policy::{compile_sources_with, SecretLoading};
 
-fn compile(text: &str) -> Policy {
+pub(super) fn compile(text: &str) -> Policy {
     compile_sources_with(&[(Path::new("p.toml"), text)], SecretLoading::Skip)
         .unwrap_or_else(|e| panic!("{e:?}"))
 }
@@ -26,7 +26,7 @@ key = "env:JWT_KEY"
 header = "authorization"
 "#;
 
-fn run(old: &str, new: &str) -> Diff {
+pub(super) fn run(old: &str, new: &str) -> Diff {
     let (o, n) = (
         compile(&format!("{HEAD}{old}")),
         compile(&format!("{HEAD}{new}")),
@@ -37,7 +37,7 @@ fn run(old: &str, new: &str) -> Diff {
 }
 
 /// Every example is what `explain` decides on each side, and it differs the way it says.
-fn check_examples(d: &Diff, o: &Policy, n: &Policy) {
+pub(super) fn check_examples(d: &Diff, o: &Policy, n: &Policy) {
     for id in &d.identities {
         let who = (id.identity != DEFAULT_IDENTITY).then_some(id.identity.as_str());
         for c in &id.changes {
@@ -66,7 +66,7 @@ fn check_examples(d: &Diff, o: &Policy, n: &Policy) {
 }
 
 /// (identity, direction, kind, host) of every change.
-fn kinds(d: &Diff) -> Vec<(String, Direction, Kind, String)> {
+pub(super) fn kinds(d: &Diff) -> Vec<(String, Direction, Kind, String)> {
     let mut v: Vec<_> = d
         .identities
         .iter()

@@ -389,3 +389,36 @@ proptest! {
         round_trip(&reqs)?;
     }
 }
+
+/// Learn proposes rules only: never a `[[deny]]` and never a predicate, even over traffic a
+/// denial would refuse (deleting a repository) or that carried queries a predicate could pin.
+#[test]
+fn learn_proposes_only_rules_never_a_denial_or_a_predicate() {
+    let reqs: Vec<Seen> = [
+        ("DELETE", "/repos/acme/app"),
+        ("GET", "/repos/acme/app/actions/secrets"),
+        ("POST", "/graphql"),
+        ("GET", "/search/issues"),
+    ]
+    .iter()
+    .map(|(m, p)| seen("default", "api.github.com", 443, m, p))
+    .collect();
+    let mut l = Learner::new(Caps::default());
+    for s in &reqs {
+        l.add(s.clone());
+    }
+    let p = l.propose(1, &BTreeSet::new());
+    let text = render_policy(&["learned".to_string()], &p.rules);
+    for key in ["[[deny]]", "query", "headers", "body", "graphql ="] {
+        assert!(!text.contains(key), "{key} in:\n{text}");
+    }
+    let policy = compile_sources_with(&[(Path::new("l.toml"), text.as_str())], SecretLoading::Skip)
+        .unwrap_or_else(|e| panic!("{e:?}\n{text}"));
+    assert!(policy.denials().is_empty(), "{text}");
+    assert!(
+        policy.rules().iter().all(|r| r.predicates.is_none()),
+        "{text}"
+    );
+    // What it learned allows the traffic, deletes included: refusing is the reviewer's call.
+    round_trip(&reqs).expect("round trip");
+}

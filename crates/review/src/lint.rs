@@ -25,6 +25,11 @@
 //! - `cleartext_credential`: a rule that brokers a credential over plain http
 //!   (`dangerously_allow_cleartext = true`); `useless_cleartext`: the key on a rule it does not
 //!   change (one that brokers nothing, or whose `schemes` leave out http).
+//! - `unreachable_denial`: a `[[deny]]` whose hosts no rule names (and no `[ask] unknown`):
+//!   harmless, since nothing reaches them, but likely a typo in a host;
+//! - `graphql_without_post_or_get`: a `graphql` predicate on a rule or denial whose methods
+//!   leave out both POST and GET, the methods GraphQL is sent with: such a rule allows nothing,
+//!   such a denial refuses every request it matches (what it cannot read selects).
 //! - `price_matches_nothing`: a `[prices."MODEL"]` written as a pattern or prefix (`o3-*`,
 //!   `gpt-5-`, a space): model names are matched exactly (less a snapshot suffix), so it prices
 //!   no model and the variants it meant stay unpriced.
@@ -47,6 +52,9 @@ use crate::policy::compile::line_col;
 use crate::policy::identity::RuleSet;
 use crate::policy::schema;
 use crate::policy::{HostPattern, Policy, Rule, Scheme};
+
+#[path = "lint_guards.rs"]
+mod guards;
 
 /// One warning, located like a [`crate::policy::PolicyError`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -135,7 +143,8 @@ fn spans(sources: &[(&Path, &str)]) -> Spans {
         let Some(raw) = schema::read_lenient(text) else {
             continue;
         };
-        for rule in &raw.rules {
+        // Denials share the rules' names (unique across both).
+        for rule in raw.rules.iter().chain(&raw.deny) {
             let rule = &rule.raw;
             let Some(name) = &rule.name else {
                 continue;
@@ -229,6 +238,8 @@ pub fn lint(policy: &Policy, sources: &[(&Path, &str)]) -> Vec<Warning> {
     cleartext(policy, &spans, &rule_loc, &mut warn);
     asks(policy, &spans, &rule_loc, &mut warn);
     limits(policy, &spans, &mut warn);
+    guards::denials(policy, &rule_loc, &mut warn);
+    guards::graphql_methods(policy, &rule_loc, &mut warn);
 
     out.sort_by(|a, b| (&a.file, a.line, a.col).cmp(&(&b.file, b.line, b.col)));
     out

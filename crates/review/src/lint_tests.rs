@@ -120,3 +120,37 @@ fn a_tokenless_identity_with_every_rule_and_a_wide_range_warns_at_the_range() {
     assert_eq!(codes(&w), vec![("wide_identity", 5)]);
     assert_eq!(w[0].col, 27);
 }
+
+#[test]
+fn a_denial_on_hosts_no_rule_reaches_warns_at_its_name() {
+    let w = lint_text(
+        "[[rules]]\nname = \"gh\"\nhosts = [\"api.github.com\"]\n\n[[deny]]\nname = \"typo\"\nhosts = [\"api.githb.com\"]\n\n[[deny]]\nname = \"fine\"\nhosts = [\"*.github.com\"]\nmethods = [\"DELETE\"]\n",
+    );
+    assert_eq!(codes(&w), vec![("unreachable_denial", 6)]);
+    assert!(w[0]
+        .message
+        .contains("\"typo\" names hosts no rule reaches (api.githb.com)"));
+    // Under [ask] unknown a request there may be asked about: the denial matters.
+    let w = lint_text(
+        "[ask]\nunknown = true\n[[rules]]\nname = \"gh\"\nhosts = [\"api.github.com\"]\n[[deny]]\nname = \"typo\"\nhosts = [\"api.githb.com\"]\n",
+    );
+    assert!(!w.iter().any(|w| w.code == "unreachable_denial"), "{w:?}");
+}
+
+#[test]
+fn a_graphql_predicate_without_post_or_get_warns() {
+    let w = lint_text(
+        "[[rules]]\nname = \"g\"\nhosts = [\"api.test\"]\nmethods = [\"PUT\"]\ngraphql = { operations = [\"query\"] }\n\n[[rules]]\nname = \"ok\"\nhosts = [\"api.test\"]\nmethods = [\"POST\"]\ngraphql = { operations = [\"query\"] }\n\n[[deny]]\nname = \"d\"\nhosts = [\"api.test\"]\nmethods = [\"PATCH\"]\ngraphql = { deny_fields = [\"x\"] }\n",
+    );
+    assert_eq!(
+        codes(&w),
+        vec![
+            ("graphql_without_post_or_get", 2),
+            ("graphql_without_post_or_get", 14)
+        ]
+    );
+    assert!(w[0].message.starts_with("rule \"g\" allows nothing"));
+    assert!(w[1]
+        .message
+        .starts_with("denial \"d\" refuses every request"));
+}

@@ -149,15 +149,15 @@ fn explain_says_a_cleartext_request_is_refused_and_why() {
         "{}",
         e.message
     );
-    assert_eq!(e.candidates[0].outcome, crate::explain::Outcome::Scheme);
+    // The preset's denial is listed first (checked before every rule); the rule follows.
+    let rule = e.candidates.iter().find(|c| !c.denial).expect("the rule");
+    assert_eq!(rule.outcome, crate::explain::Outcome::Scheme);
     assert!(
-        e.candidates[0]
-            .detail
-            .contains("dangerously_allow_cleartext"),
+        rule.detail.contains("dangerously_allow_cleartext"),
         "{e:#?}"
     );
     // A WebSocket over cleartext under a brokering rule that allows upgrades: the same.
-    let ws = preset.replace("paths = [", "websocket = true\npaths = [");
+    let ws = preset.replacen("paths = [", "websocket = true\npaths = [", 1);
     let p = compile_sources_with(
         &[(Path::new("openai.toml"), ws.as_str())],
         SecretLoading::Skip,
