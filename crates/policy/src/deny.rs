@@ -166,9 +166,17 @@ impl Policy {
         &'s self,
         host: &'h str,
     ) -> impl Iterator<Item = &'s Rule> + use<'s, 'h> {
-        let exact = self.deny_exact.get(host).into_iter().flatten();
+        // No denial: no lookup at all (every decision comes here first; a policy without
+        // denials pays nothing for them).
+        let any = !self.denials.is_empty();
+        let exact = any
+            .then(|| self.deny_exact.get(host))
+            .flatten()
+            .into_iter()
+            .flatten();
         let suffixes = host
             .match_indices('.')
+            .take_while(move |_| any)
             .map(move |(i, _)| &host[i + 1..])
             .filter_map(|suffix| self.deny_wildcard.get(suffix))
             .flatten();
