@@ -482,21 +482,10 @@ fn compile_rules(
                 file: file.to_path_buf(),
                 line: line_col(text, entry.span.start).0,
             };
-            let mut unique = true;
-            if let Some(name) = &entry.raw.name {
-                let trimmed = name.get_ref().trim().to_string();
-                if let Some(first) = names.get(&trimmed) {
-                    cx.error(
-                        name.span(),
-                        format!(
-                            "rules[{index}].name: duplicate rule name {trimmed:?}, first defined at {first}"
-                        ),
-                    );
-                    unique = false;
-                } else {
-                    names.insert(trimmed, origin.clone());
-                }
-            }
+            let field = format!("rules[{index}].name");
+            let unique = entry.raw.name.as_ref().is_none_or(|name| {
+                cx.claim_name(&mut names, name, &origin, (&field, "rule name", ""))
+            });
             if let Some(rule) = cx.rule(index, entry, origin, known) {
                 if unique {
                     rules.push(rule);
@@ -505,6 +494,35 @@ fn compile_rules(
         }
     }
     (rules, names)
+}
+
+impl FileCx<'_> {
+    /// Claims the `[[rules]]` or `[[deny]]` name `name` (trimmed) for the entry at `origin`;
+    /// `false`, with an error at the name, when an earlier entry has it. `what` is (the field,
+    /// what the name is called, a note after the name) for the message.
+    pub(super) fn claim_name(
+        &mut self,
+        names: &mut HashMap<String, Origin>,
+        name: &toml::Spanned<String>,
+        origin: &Origin,
+        what: (&str, &str, &str),
+    ) -> bool {
+        let (field, called, note) = what;
+        let trimmed = name.get_ref().trim().to_string();
+        match names.get(&trimmed) {
+            Some(first) => {
+                let message = format!(
+                    "{field}: duplicate {called} {trimmed:?}{note}, first defined at {first}"
+                );
+                self.error(name.span(), message);
+                false
+            }
+            None => {
+                names.insert(trimmed, origin.clone());
+                true
+            }
+        }
+    }
 }
 
 /// Phase 4: reads env and file secrets now (unless `loading` skips them); a missing one is an

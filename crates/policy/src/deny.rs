@@ -71,19 +71,13 @@ pub(super) fn compile_denials(
                 file: file.to_path_buf(),
                 line: line_col(text, entry.span.start).0,
             };
-            let mut unique = true;
-            if let Some(name) = &entry.raw.name {
-                let trimmed = name.get_ref().trim().to_string();
-                if let Some(first) = names.get(&trimmed) {
-                    cx.error(
-                        name.span(),
-                        format!("deny[{index}].name: duplicate name {trimmed:?} (rules and denials share names), first defined at {first}"),
-                    );
-                    unique = false;
-                } else {
-                    names.insert(trimmed, origin.clone());
-                }
-            }
+            let field = format!("deny[{index}].name");
+            let note = " (rules and denials share names)";
+            let unique = entry
+                .raw
+                .name
+                .as_ref()
+                .is_none_or(|name| cx.claim_name(names, name, &origin, (&field, "name", note)));
             if let Some(d) = cx.denial(index, entry, origin) {
                 if unique {
                     out.push(d);
