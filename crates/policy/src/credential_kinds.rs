@@ -257,27 +257,33 @@ impl FileCx<'_> {
         self.key_source(name, "key", &raw.key, register);
         let algorithm = self.choice(
             name,
-            "algorithm",
             &raw.algorithm,
-            HmacAlg::Sha256,
-            HmacAlg::parse,
-            "sha256, sha512 or sha1",
+            Choice {
+                key: "algorithm",
+                default: HmacAlg::Sha256,
+                parse: HmacAlg::parse,
+                allowed: "sha256, sha512 or sha1",
+            },
         );
         let encoding = self.choice(
             name,
-            "encoding",
             &raw.encoding,
-            HmacEncoding::Hex,
-            HmacEncoding::parse,
-            "hex or base64",
+            Choice {
+                key: "encoding",
+                default: HmacEncoding::Hex,
+                parse: HmacEncoding::parse,
+                allowed: "hex or base64",
+            },
         );
         let timestamp = self.choice(
             name,
-            "timestamp",
             &raw.timestamp,
-            HmacTimestamp::Seconds,
-            HmacTimestamp::parse,
-            "unix, unix_ms or rfc3339",
+            Choice {
+                key: "timestamp",
+                default: HmacTimestamp::Seconds,
+                parse: HmacTimestamp::parse,
+                allowed: "unix, unix_ms or rfc3339",
+            },
         );
         let message = match &raw.message {
             Some(m) => match parse_hmac_template(m.get_ref(), HmacUse::Message) {
@@ -331,26 +337,31 @@ impl FileCx<'_> {
         }))
     }
 
-    /// One of a fixed set of words; `default` when absent.
-    #[allow(clippy::too_many_arguments)]
-    fn choice<T>(
-        &mut self,
-        name: &str,
-        f: &str,
-        v: &Option<toml::Spanned<String>>,
-        default: T,
-        parse: fn(&str) -> Option<T>,
-        allowed: &str,
-    ) -> T {
+    /// One of a fixed set of words (`c`); its default when absent.
+    fn choice<T>(&mut self, name: &str, v: &Option<toml::Spanned<String>>, c: Choice<T>) -> T {
         let Some(v) = v else {
-            return default;
+            return c.default;
         };
-        parse(v.get_ref()).unwrap_or_else(|| {
+        (c.parse)(v.get_ref()).unwrap_or_else(|| {
             self.error(
                 v.span(),
-                format!("{}: {:?} is not {allowed}", field(name, f), v.get_ref()),
+                format!(
+                    "{}: {:?} is not {}",
+                    field(name, c.key),
+                    v.get_ref(),
+                    c.allowed
+                ),
             );
-            default
+            c.default
         })
     }
+}
+
+/// A key that takes one of a fixed set of words.
+struct Choice<T> {
+    key: &'static str,
+    default: T,
+    parse: fn(&str) -> Option<T>,
+    /// The words, for the error: "sha256, sha512 or sha1".
+    allowed: &'static str,
 }
