@@ -436,8 +436,13 @@ async fn a_renewable_token_is_renewed_in_the_background_between_reads() {
         .api("POST", "auth/token/lookup", Some(json!({ "token": child })))
         .await;
     assert_eq!(status, 200, "{looked}");
+    // Renewed, by the keeper (nothing else renews it): its last renewal is after its creation.
+    // (Its remaining `ttl` is whole seconds, 0 in the last second before the next renewal.)
+    let created = looked["data"]["creation_time"].as_u64().unwrap_or(u64::MAX);
     assert!(
-        looked["data"]["ttl"].as_u64().is_some_and(|ttl| ttl > 0),
+        looked["data"]["last_renewal_time"]
+            .as_u64()
+            .is_some_and(|renewed| renewed > created),
         "{looked}"
     );
 }
