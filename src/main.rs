@@ -113,6 +113,7 @@ fn run(args: Cli) -> anyhow::Result<ExitCode> {
         Command::GatewaySetup(setup) => cli::gateway_setup::run(&setup),
         Command::Approvals(args) => cli::approvals::run(args),
         Command::Sessions(args) => cli::sessions::run(args),
+        Command::Health(args) => cli::health::run(args),
         Command::Audit { action } => cli::audit::run(action),
         Command::Diff(args) => cli::diff::run(&args),
         Command::Learn(args) => cli::learn::run(&args),

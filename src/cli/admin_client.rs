@@ -49,6 +49,7 @@ pub(super) struct Admin {
     addr: SocketAddr,
     authority: String,
     token: Option<String>,
+    deadline: Duration,
 }
 
 impl Admin {
@@ -78,7 +79,24 @@ impl Admin {
             addr,
             authority: parsed[url::Position::BeforeHost..url::Position::AfterPort].to_string(),
             token,
+            deadline: DEADLINE,
         })
+    }
+
+    /// The same API, with another limit on each exchange than [`DEADLINE`].
+    pub(super) fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// A GET whose answer is plain text (`/readyz`, `/healthz`), not JSON.
+    pub(super) async fn get_text(&self, path: &str) -> anyhow::Result<String> {
+        self.exchange(http::Method::GET, path, None)
+            .await
+            .map(|v| match v {
+                serde_json::Value::String(text) => text,
+                other => other.to_string(),
+            })
     }
 
     pub(super) async fn get(&self, path: &str) -> anyhow::Result<serde_json::Value> {
@@ -137,21 +155,28 @@ impl Admin {
                 .await
                 .map_err(|e| anyhow::anyhow!("cannot read the admin API's answer: {e}"))?
                 .to_bytes();
-            let value: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_else(
-                |_| serde_json::json!({"error": String::from_utf8_lossy(&bytes).trim().to_string()}),
-            );
+            let Ok(value) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+                let text = String::from_utf8_lossy(&bytes).trim().to_string();
+                anyhow::ensure!(
+                    status.is_success(),
+                    "the admin API answered {status}: {text}"
+                );
+                return Ok(serde_json::Value::String(text));
+            };
             if !status.is_success() {
                 let why = value["error"].as_str().unwrap_or("no reason given");
                 anyhow::bail!("the admin API answered {status}: {why}");
             }
             Ok(value)
         };
-        tokio::time::timeout(DEADLINE, run).await.map_err(|_| {
-            anyhow::anyhow!(
-                "the admin API at {} did not answer within {}s",
-                self.addr,
-                DEADLINE.as_secs()
-            )
-        })?
+        tokio::time::timeout(self.deadline, run)
+            .await
+            .map_err(|_| {
+                anyhow::anyhow!(
+                    "the admin API at {} did not answer within {:?}",
+                    self.addr,
+                    self.deadline
+                )
+            })?
     }
 }

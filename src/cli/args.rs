@@ -188,6 +188,11 @@ pub enum Command {
     /// A session is made from a `[profiles.NAME]` of the policy, only ever narrower; its token
     /// is shown once. Revoking it refuses its next request and cuts its connections.
     Sessions(super::sessions::SessionsArgs),
+    /// Check that a running latchkey is ready, via the admin API (exit 0 when it is).
+    ///
+    /// `GET /readyz` (or `/healthz` with --live) on `serve --admin`: for container health
+    /// checks and init systems, so an image needs no shell or curl.
+    Health(super::health::HealthArgs),
     /// Read and check the audit log (key, verify, query, summary).
     ///
     /// Print the signing key, verify the chain and checkpoints, query records, summarise them
@@ -312,11 +317,17 @@ pub struct GatewaySetupArgs {
     /// added by --apply, deleted by --remove --tproxy). --interface only.
     #[arg(long, env = "LATCHKEY_TPROXY")]
     pub tproxy: bool,
+    /// Close this host to the sandboxes on --interface instead (latchkey runs in a container or
+    /// VM beside them): drop everything they open on this host's own addresses, but
+    /// --local-ports, in the table `inet latchkey_host`.
+    #[arg(long, env = "LATCHKEY_HOST_GUARD", conflicts_with_all = ["cgroup", "ports", "transparent_port", "dns_port", "tproxy"])]
+    pub host_guard: bool,
     /// Load the rules with `nft -f -` (replacing latchkey's earlier ones) instead of printing
     /// them.
     #[arg(long, conflicts_with = "remove")]
     pub apply: bool,
-    /// Delete the table `inet latchkey` (nothing else is touched).
+    /// Delete the table `inet latchkey` (with --host-guard: `inet latchkey_host`); nothing
+    /// else is touched.
     #[arg(long)]
     pub remove: bool,
 }
@@ -327,6 +338,11 @@ pub enum CaAction {
     Init {
         #[arg(long, env = "LATCHKEY_CA_DIR", default_value = "certs")]
         ca_dir: PathBuf,
+        /// Then write what sandboxes need to trust it into this directory, never the key: the
+        /// certificate, the bundle `env` names (system roots plus the CA) and the JVM
+        /// truststore (a compose one-shot's job, with no shell in the image).
+        #[arg(long, value_name = "DIR")]
+        export: Option<PathBuf>,
     },
     /// Print the CA certificate's path, fingerprint and PEM.
     Show {

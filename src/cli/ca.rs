@@ -10,7 +10,7 @@ use crate::proxy::{CertAuthority, InitOutcome};
 /// Runs one `ca` subcommand; the CA itself is `proxy::ca`'s (created 0600, never overwritten).
 pub fn run(action: CaAction) -> anyhow::Result<ExitCode> {
     match action {
-        CaAction::Init { ca_dir } => {
+        CaAction::Init { ca_dir, export } => {
             let outcome = crate::proxy::ca::init(&ca_dir)?;
             let ca = CertAuthority::load(&ca_dir)?;
             match outcome {
@@ -21,10 +21,17 @@ pub fn run(action: CaAction) -> anyhow::Result<ExitCode> {
             }
             println!("certificate: {}", ca.cert_path().display());
             println!("sha256:      {}", ca.fingerprint());
-            println!(
-                "trust it in a sandbox with: eval \"$(latchkey env --ca-dir {})\"",
-                ca_dir.display()
-            );
+            match export {
+                Some(dir) => {
+                    for path in export_trust(&ca.cert_pem(), &dir)? {
+                        println!("wrote {}", path.display());
+                    }
+                }
+                None => println!(
+                    "trust it in a sandbox with: eval \"$(latchkey env --ca-dir {})\"",
+                    ca_dir.display()
+                ),
+            }
         }
         CaAction::Install { ca_dir, root } => {
             // The certificate only: an image that trusts latchkey never holds its key.
@@ -43,6 +50,25 @@ pub fn run(action: CaAction) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `ca init --export DIR`: what a sandbox needs to trust the CA, never its key, written into
+/// `dir` (which must exist: it is a volume or a directory the operator made) with the names
+/// `latchkey env` gives them, so a sandbox mounting `dir` at its CA directory path gets the
+/// variables `env` renders right. Returns the paths written.
+pub fn export_trust(ca_pem: &str, dir: &Path) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    anyhow::ensure!(
+        dir.is_dir(),
+        "--export {}: not a directory (make it first; it receives the CA certificate, the \
+         bundle and the JVM truststore)",
+        dir.display()
+    );
+    let cert = dir.join(crate::proxy::ca::CA_CERT_FILE);
+    std::fs::write(&cert, ca_pem)
+        .map_err(|e| anyhow::anyhow!("--export: cannot write {}: {e}", cert.display()))?;
+    let (bundle, system) = super::env::write_bundle(dir, ca_pem)?;
+    let truststore = super::trust::write_truststore(dir, ca_pem, system.as_deref())?;
+    Ok(vec![cert, bundle, truststore])
 }
 
 /// The CA certificate (PEM) in `ca_dir`, for a command that needs the CA latchkey serves with

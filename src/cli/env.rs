@@ -90,6 +90,34 @@ pub fn run(
     Ok(std::process::ExitCode::SUCCESS)
 }
 
+/// Writes `dir/latchkey-bundle.pem` (the system roots, if any, then the CA) and returns its
+/// path with the system roots it read (the truststore holds the same).
+pub fn write_bundle(dir: &Path, ca_pem: &str) -> Result<(PathBuf, Option<String>), EnvError> {
+    let bundle = dir.join(BUNDLE_FILE);
+    let mut text = String::new();
+    let system = SYSTEM_BUNDLES
+        .iter()
+        .find_map(|p| std::fs::read_to_string(p).ok());
+    match &system {
+        Some(system) => {
+            text.push_str(system);
+            if !text.ends_with('\n') {
+                text.push('\n');
+            }
+        }
+        None => {
+            tracing::warn!("no system trust bundle found: the bundle trusts latchkey's CA only")
+        }
+    }
+    text.push_str("# latchkey CA\n");
+    text.push_str(ca_pem);
+    std::fs::write(&bundle, text).map_err(|source| EnvError::Write {
+        path: bundle.clone(),
+        source,
+    })?;
+    Ok((bundle, system))
+}
+
 /// `NO_PROXY` by default: loopback stays off the proxy, so a sandbox's local services (a dev
 /// server, a test database) keep working. The rendered output says so, because a trial
 /// against a local upstream then silently bypasses latchkey.
@@ -114,28 +142,7 @@ pub fn variables(
         path: ca_dir.to_path_buf(),
         source,
     })?;
-    let bundle = ca_dir.join(BUNDLE_FILE);
-    let mut text = String::new();
-    let system = SYSTEM_BUNDLES
-        .iter()
-        .find_map(|p| std::fs::read_to_string(p).ok());
-    match &system {
-        Some(system) => {
-            text.push_str(system);
-            if !text.ends_with('\n') {
-                text.push('\n');
-            }
-        }
-        None => {
-            tracing::warn!("no system trust bundle found: the bundle trusts latchkey's CA only")
-        }
-    }
-    text.push_str("# latchkey CA\n");
-    text.push_str(ca_pem);
-    std::fs::write(&bundle, text).map_err(|source| EnvError::Write {
-        path: bundle.clone(),
-        source,
-    })?;
+    let (bundle, system) = write_bundle(&ca_dir, ca_pem)?;
     let bundle = bundle.display().to_string();
     let mut vars = vec![
         ("HTTP_PROXY".to_string(), proxy_url.to_string()),

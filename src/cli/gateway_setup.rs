@@ -33,6 +33,9 @@ use super::args::GatewaySetupArgs;
 #[path = "gateway_tproxy.rs"]
 mod tproxy;
 
+#[path = "gateway_host_guard.rs"]
+pub mod host_guard;
+
 /// The table every ruleset owns, whole.
 pub const TABLE: &str = "inet latchkey";
 
@@ -134,6 +137,11 @@ pub enum SetupError {
          captures it)"
     )]
     TproxyCgroup,
+    #[error(
+        "--host-guard needs --interface IFACE: the interface the sandboxes' packets arrive on \
+         (compose's quick start names its bridge lk-sandbox)"
+    )]
+    HostGuardInterface,
     #[error("cannot run ip ({0}); install the iproute2 package")]
     NoIp(std::io::Error),
     #[error("{command} failed: {message}")]
@@ -147,6 +155,9 @@ pub enum SetupError {
 /// `latchkey gateway-setup`: print the ruleset, or apply it (`--apply`), or delete latchkey's
 /// table (`--remove`).
 pub fn run(args: &GatewaySetupArgs) -> anyhow::Result<ExitCode> {
+    if args.host_guard {
+        return run_host_guard(args);
+    }
     if args.remove {
         nft_apply(&removal())?;
         if args.tproxy {
@@ -173,6 +184,44 @@ pub fn run(args: &GatewaySetupArgs) -> anyhow::Result<ExitCode> {
             options.transparent_port,
             options.dns_port,
             selector_text(&options.selector)
+        );
+    } else {
+        print!("{text}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--host-guard`: print, apply or remove the table closing this host to a sandbox interface.
+fn run_host_guard(args: &GatewaySetupArgs) -> anyhow::Result<ExitCode> {
+    if args.remove {
+        nft_apply(&host_guard::removal())?;
+        eprintln!(
+            "latchkey: removed table {} (nothing else was touched)",
+            host_guard::TABLE
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let iface = args
+        .interface
+        .as_deref()
+        .ok_or(SetupError::HostGuardInterface)?;
+    let local = args.local_ports.clone().unwrap_or_default();
+    let mut made_by = format!("latchkey gateway-setup --host-guard --interface {iface}");
+    if !local.0.is_empty() {
+        let list: Vec<String> = local.0.iter().map(u16::to_string).collect();
+        let _ = write!(made_by, " --local-ports {}", list.join(","));
+    }
+    let text = host_guard::ruleset(iface, &local, &made_by);
+    if args.apply {
+        nft_apply(&text)?;
+        eprintln!(
+            "latchkey: applied table {}: nothing arriving on {iface} opens anything on this host{}",
+            host_guard::TABLE,
+            if local.0.is_empty() {
+                String::new()
+            } else {
+                format!(" but TCP {}", ports_text(&Ports::List(local.0.clone())))
+            }
         );
     } else {
         print!("{text}");

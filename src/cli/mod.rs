@@ -22,6 +22,7 @@ pub mod env;
 pub mod gateway_setup;
 pub mod generate;
 pub mod given;
+pub mod health;
 pub mod learn;
 pub mod policy;
 pub mod serve;

@@ -260,21 +260,44 @@ fn json_words(rest: &str) -> Vec<String> {
     serde_json::from_str(rest).unwrap_or_else(|e| panic!("not JSON form: {rest}: {e}"))
 }
 
+/// The Dockerfile's `ARG NAME=default` lines before its first `FROM` (what `FROM ${NAME}`
+/// takes when no --build-arg is given).
+fn global_args() -> BTreeMap<String, String> {
+    read("docker/Dockerfile")
+        .lines()
+        .map(str::trim)
+        .take_while(|l| !l.to_ascii_uppercase().starts_with("FROM "))
+        .filter_map(|l| l.strip_prefix("ARG "))
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.trim_matches('"').to_string()))
+        .collect()
+}
+
+/// The stage named `name` (`FROM ... AS name`).
+fn stage<'a>(stages: &'a [Vec<(String, String)>], name: &str) -> &'a [(String, String)] {
+    stages
+        .iter()
+        .find(|s| {
+            instruction(s, "FROM")
+                .first()
+                .is_some_and(|f| f.ends_with(&format!(" AS {name}")))
+        })
+        .unwrap_or_else(|| panic!("no stage {name}: {stages:?}"))
+}
+
 #[test]
 fn the_dockerfile_builds_locked_runs_unprivileged_and_checks_readyz() {
     let stages = dockerfile_stages();
-    assert!(stages.len() >= 2, "a multi-stage build: {stages:?}");
-    let (build, runtime) = (&stages[0], &stages[stages.len() - 1]);
-    let from = instruction(build, "FROM")[0];
+    let args = global_args();
+    let (build, runtime) = (stage(&stages, "compiled"), stage(&stages, "runtime"));
+    assert_eq!(instruction(build, "FROM")[0], "${BUILDER} AS compiled");
     assert!(
-        from.starts_with("rust:") && from.ends_with(" AS build"),
-        "{from}"
+        args["BUILDER"].starts_with("rust:") && args["BUILDER"].ends_with("-slim-bookworm"),
+        "the default builder is Rust on bookworm (the runtime's glibc): {args:?}"
     );
-    assert!(
-        instruction(build, "RUN")
-            .iter()
-            .any(|r| r.contains("cargo build --release --locked")),
-        "the build stage runs `cargo build --release --locked`"
+    assert_eq!(
+        args["BINARY"], "compiled",
+        "users build the binary in the image"
     );
     // The image is built by the very command CI runs, so CI proves the image's build works.
     let command = "cargo build --release --locked --bin latchkey";
@@ -289,12 +312,21 @@ fn the_dockerfile_builds_locked_runs_unprivileged_and_checks_readyz() {
         ci.lines().any(|l| l.trim() == command),
         ".ci/run runs the Dockerfile's build command `{command}`"
     );
-    assert!(instruction(runtime, "FROM")[0].starts_with("debian:bookworm-slim"));
+    assert_eq!(
+        env_of(build)
+            .get("CARGO_PROFILE_RELEASE_STRIP")
+            .map(String::as_str),
+        Some("symbols"),
+        "the image's binary is stripped"
+    );
+    assert_eq!(instruction(runtime, "FROM")[0], "${RUNTIME} AS runtime");
     assert!(
-        instruction(runtime, "RUN")
-            .iter()
-            .any(|r| r.contains("ca-certificates")),
-        "the runtime trusts the system roots"
+        args["RUNTIME"].starts_with("gcr.io/distroless/cc-debian12"),
+        "the runtime is distroless (glibc, libgcc, CA roots; no shell): {args:?}"
+    );
+    assert!(
+        instruction(runtime, "RUN").is_empty(),
+        "the runtime stage runs nothing: it has no shell to run it with"
     );
 
     let user = instruction(runtime, "USER");
@@ -306,11 +338,13 @@ fn the_dockerfile_builds_locked_runs_unprivileged_and_checks_readyz() {
     assert!(uid > 0, "runs as a numeric non-root user: {user:?}");
 
     let env = env_of(runtime);
-    let (_, known_vars) = help_of("serve");
+    let (_, mut known_vars) = help_of("serve");
+    // `latchkey health` (the HEALTHCHECK) reads the admin API's URL.
+    known_vars.extend(help_of("health").1);
     for name in env.keys().filter(|k| k.starts_with("LATCHKEY_")) {
         assert!(
             known_vars.contains(name),
-            "ENV {name}: serve reads no such variable"
+            "ENV {name}: neither serve nor health reads such a variable"
         );
     }
     let volumes: Vec<String> = instruction(runtime, "VOLUME")
@@ -329,14 +363,22 @@ fn the_dockerfile_builds_locked_runs_unprivileged_and_checks_readyz() {
         assert!(volumes.contains(&dir), "{dir} is not a VOLUME: {volumes:?}");
     }
 
-    // The health check asks the admin API the image configures (on loopback: never on the
-    // container's networks), at /readyz.
+    // The health check is latchkey's own (no curl, no shell), asking the admin API the image
+    // configures (on loopback: never on the container's networks).
     let admin = &env["LATCHKEY_ADMIN"];
     assert!(admin.starts_with("127.0.0.1:"), "LATCHKEY_ADMIN={admin}");
+    assert_eq!(
+        env.get("LATCHKEY_ADMIN_URL"),
+        Some(&format!("http://{admin}")),
+        "`latchkey health` asks the admin API serve listens on"
+    );
     let health = instruction(runtime, "HEALTHCHECK");
     let check = health.first().copied().unwrap_or_default();
-    assert!(
-        check.contains(&format!("http://{admin}/readyz")),
+    let (_, command) = check.split_once("CMD ").unwrap_or_default();
+    let words = json_words(command);
+    assert_eq!(
+        words.get(..2),
+        Some(&["/usr/local/bin/latchkey".to_string(), "health".to_string()][..]),
         "HEALTHCHECK {check}"
     );
     let entry = json_words(instruction(runtime, "ENTRYPOINT")[0]);
@@ -443,16 +485,22 @@ fn compose_puts_the_sandbox_behind_latchkey_on_an_internal_network() {
     assert!(trust.ends_with(":ro"), "{trust} is read-only");
     let trust_volume = trust.split(':').next().unwrap_or_default();
     let copier = &services["trust"];
-    let script = strings(&copier["command"]).join("\n");
-    assert!(
-        strings(&copier["volumes"])
-            .iter()
-            .any(|v| v.starts_with(&format!("{trust_volume}:"))),
-        "the trust service fills {trust_volume}"
+    let entry = strings(&copier["entrypoint"]);
+    let trust_dir = strings(&copier["volumes"])
+        .iter()
+        .find_map(|v| {
+            v.strip_prefix(&format!("{trust_volume}:"))
+                .map(|d| d.trim_end_matches(":ro").to_string())
+        })
+        .unwrap_or_else(|| panic!("the trust service does not mount {trust_volume}"));
+    assert_eq!(
+        entry.get(1..3),
+        Some(&["ca".to_string(), "init".to_string()][..]),
+        "the trust service runs `latchkey ca init`: {entry:?}"
     );
     assert!(
-        script.contains("latchkey-ca.pem") && !script.contains(".key"),
-        "copies the certificate, never the key:\n{script}"
+        entry.contains(&format!("--export={trust_dir}")),
+        "it exports the public half (never the key) into {trust_dir}: {entry:?}"
     );
 
     // The sandbox's environment is what `latchkey env` renders for this proxy and path.
@@ -489,10 +537,10 @@ fn every_probe_path_the_deployments_use_answers_on_a_real_latchkey() {
     for stage in dockerfile_stages() {
         for check in instruction(&stage, "HEALTHCHECK") {
             let (_, command) = check.split_once("CMD ").unwrap_or_default();
-            for url in json_words(command) {
-                if let Some(rest) = url.strip_prefix("http://") {
-                    paths.insert(rest.find('/').map_or("/".into(), |i| rest[i..].to_string()));
-                }
+            let words = json_words(command);
+            if words.get(1).map(String::as_str) == Some("health") {
+                let live = words.iter().any(|w| w == "--live");
+                paths.insert(if live { "/healthz" } else { "/readyz" }.to_string());
             }
         }
     }

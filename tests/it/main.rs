@@ -38,6 +38,7 @@ mod credentials_oauth;
 mod credentials_policy;
 mod credentials_sigv4;
 mod demo;
+mod deploy_compose;
 mod deploy_manifests;
 mod dns;
 mod first_run;

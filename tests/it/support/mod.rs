@@ -15,6 +15,7 @@ pub mod audit;
 pub mod ca;
 pub mod clients;
 pub mod credentials;
+pub mod docker;
 pub mod latchkey;
 pub mod netns;
 pub mod openapi;

@@ -40,6 +40,10 @@ const TOOLS: &[(&str, &str)] = &[
     ("setpriv", "util-linux"),
     ("redis-server", "redis-server"),
     ("squid", "squid"),
+    ("dockerd", "docker.io"),
+    ("docker-compose", "docker-compose"),
+    ("debootstrap", "debootstrap"),
+    ("objcopy", "binutils"),
 ];
 
 /// The pinned requirements the Python environment is built from.
