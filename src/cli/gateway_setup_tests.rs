@@ -403,3 +403,39 @@ fn tproxy_with_a_cgroup_is_refused_naming_why() {
         "{err}"
     );
 }
+
+#[test]
+fn the_host_guard_drops_what_the_sandbox_opens_on_this_host_in_its_own_table() {
+    let text = super::host_guard::ruleset(
+        "lk-sandbox",
+        &PortList(vec![22, 3128]),
+        "latchkey gateway-setup --host-guard --interface lk-sandbox --local-ports 22,3128",
+    );
+    // Its own table, rebuilt whole: never the gateway's `inet latchkey`.
+    assert!(text.contains("table inet latchkey_host\ndelete table inet latchkey_host\n"));
+    assert!(!text.contains("table inet latchkey\n"), "{text}");
+    assert!(text.contains("type filter hook input priority filter - 10; policy accept;"));
+    let chain = text
+        .split("chain from_sandbox {")
+        .nth(1)
+        .expect("the from_sandbox chain");
+    let lines: Vec<&str> = chain
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    // Answers first, the local ports, ND, then everything else dropped: nothing after the drop.
+    assert_eq!(lines[0], "ct state established,related accept");
+    assert_eq!(lines[1], "tcp dport { 22, 3128 } accept");
+    assert!(lines[2].starts_with("icmpv6 type { nd-neighbor-solicit, nd-neighbor-advert }"));
+    assert!(lines[3].starts_with("counter drop"), "{lines:?}");
+    assert_eq!(lines[4], "}");
+    assert!(text.contains("iifname \"lk-sandbox\" jump from_sandbox"));
+    // No local ports: no accept rule for any port.
+    let none = super::host_guard::ruleset("br0", &PortList::default(), "x");
+    assert!(!none.contains("dport"), "{none}");
+    assert_eq!(
+        super::host_guard::removal(),
+        "table inet latchkey_host\ndelete table inet latchkey_host\n"
+    );
+}

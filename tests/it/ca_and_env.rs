@@ -495,3 +495,84 @@ fn a_loopback_upstream_bypasses_latchkey_under_the_default_no_proxy_and_not_with
         json!({"path": "/through", "decision": "allow", "rule": "local", "status": 200}),
     );
 }
+
+#[test]
+fn ca_init_export_writes_the_public_half_where_a_sandbox_mounts_it_never_the_key() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (ca_dir, out_dir) = (dir.path().join("ca"), dir.path().join("trust"));
+    let export = |target: &Path| {
+        run_cli([
+            "ca".as_ref(),
+            "init".as_ref(),
+            "--ca-dir".as_ref(),
+            ca_dir.as_os_str(),
+            "--export".as_ref(),
+            target.as_os_str(),
+        ])
+    };
+    // The directory must exist: a typo is an error naming it, not a new directory somewhere.
+    let out = export(&out_dir);
+    assert_eq!(out.code(), Some(1), "{out:#?}");
+    assert!(out.stderr.contains("--export") && out.stderr.contains("not a directory"));
+    std::fs::create_dir(&out_dir).expect("mkdir");
+    let out = export(&out_dir);
+    assert_eq!(out.code(), Some(0), "{out:#?}");
+    assert_ca_files(&ca_dir);
+    let mut names: Vec<String> = std::fs::read_dir(&out_dir)
+        .expect("read the export")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "latchkey-bundle.pem",
+            "latchkey-ca.pem",
+            "latchkey-truststore.p12"
+        ]
+    );
+    let ca = certs_in(&ca_dir.join("latchkey-ca.pem"));
+    assert_eq!(certs_in(&out_dir.join("latchkey-ca.pem")), ca);
+    let bundle = certs_in(&out_dir.join("latchkey-bundle.pem"));
+    assert!(bundle.contains(&ca[0]), "the bundle trusts the CA");
+    let key = std::fs::read(ca_dir.join("latchkey-ca.key")).expect("the key");
+    for name in &names {
+        let bytes = std::fs::read(out_dir.join(name)).expect("an exported file");
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(!text.contains("PRIVATE KEY"), "{name} holds a private key");
+        assert!(
+            !bytes.windows(key.len()).any(|w| w == key.as_slice()),
+            "{name} holds the CA key"
+        );
+    }
+    // Run again (a compose restart): the same CA, exported again.
+    let out = export(&out_dir);
+    assert_eq!(out.code(), Some(0), "{out:#?}");
+    assert!(out.stdout.contains("left unchanged"), "{}", out.stdout);
+    assert_eq!(certs_in(&out_dir.join("latchkey-ca.pem")), ca);
+}
+
+#[test]
+fn health_exits_zero_only_while_latchkey_serves() {
+    let lk = latchkey()
+        .policy(
+            "main.toml",
+            "[[rules]]\nname = \"a\"\nhosts = [\"a.test\"]\n",
+        )
+        .run();
+    let url = format!("http://{}", lk.admin_addr());
+    for extra in [&[][..], &["--live"][..]] {
+        let mut args = vec!["health", "--admin-url", url.as_str()];
+        args.extend_from_slice(extra);
+        let out = run_cli(&args);
+        assert_eq!(out.code(), Some(0), "health {extra:?}: {out:#?}");
+    }
+    drop(lk);
+    let out = run_cli(["health", "--admin-url", url.as_str(), "--timeout", "1s"]);
+    assert_eq!(out.code(), Some(1), "{out:#?}");
+    assert!(
+        out.stderr.contains("cannot reach the admin API"),
+        "{}",
+        out.stderr
+    );
+}

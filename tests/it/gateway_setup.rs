@@ -257,6 +257,14 @@ fn every_ruleset_it_prints_passes_nft_check_and_a_broken_one_does_not() {
             "--local-ports",
             "3128",
         ],
+        vec!["--host-guard", "--interface", "lk-sandbox"],
+        vec![
+            "--host-guard",
+            "--interface",
+            "tap-sbx*",
+            "--local-ports",
+            "22,3128",
+        ],
     ];
     for args in &cases {
         let text = printed(args);
@@ -347,6 +355,26 @@ fn bad_flags_are_refused_with_the_flag_named() {
         ),
         (
             &["--interface", "v", "--apply", "--remove"][..],
+            2,
+            "cannot be used with",
+        ),
+        (
+            &["--host-guard"][..],
+            1,
+            "--host-guard needs --interface IFACE",
+        ),
+        (
+            &["--host-guard", "--interface", "v", "--ports", "80"][..],
+            2,
+            "'--host-guard' cannot be used with '--ports",
+        ),
+        (
+            &["--host-guard", "--cgroup", "a/b"][..],
+            2,
+            "'--host-guard' cannot be used with '--cgroup",
+        ),
+        (
+            &["--host-guard", "--interface", "v", "--tproxy"][..],
             2,
             "cannot be used with",
         ),
