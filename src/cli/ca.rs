@@ -23,7 +23,7 @@ pub fn run(action: CaAction) -> anyhow::Result<ExitCode> {
             println!("sha256:      {}", ca.fingerprint());
             match export {
                 Some(dir) => {
-                    for path in export_trust(&ca.cert_pem(), &dir)? {
+                    for path in export_trust(ca.cert_pem(), &dir)? {
                         println!("wrote {}", path.display());
                     }
                 }
