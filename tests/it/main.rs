@@ -39,6 +39,7 @@ mod credentials_policy;
 mod credentials_sigv4;
 mod demo;
 mod deploy_manifests;
+mod deploy_systemd;
 mod dns;
 mod first_run;
 mod gateway;
