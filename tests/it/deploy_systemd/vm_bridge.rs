@@ -17,16 +17,17 @@
 //! changes. Needs root, like the other gateway tests.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde_json::json;
 
 use super::{read, values};
 use crate::gateway_setup::{expect, nft_tables, probe, spec, traffic, CLIENTS};
+use crate::gateway_transparent::record_with;
 use crate::support::latchkey::{wait_with_timeout, BIN, SCRUBBED_ENV};
 use crate::support::netns::{curl_in, link, EchoOptions, Netns, NsEcho, NsProcess};
 use crate::support::toolchain::{python, tool};
-use crate::support::{assert_record, latchkey, Latchkey, TestCa};
+use crate::support::{assert_record, latchkey, TestCa};
 
 const BRIDGE: &str = "br-sbx";
 const BRIDGE_IP: &str = "10.201.0.1";
@@ -211,7 +212,7 @@ fn a_vm_on_the_sandbox_bridge_reaches_an_allowed_upstream_through_latchkey_and_n
     let body: serde_json::Value = serde_json::from_slice(&ok.response.body).expect("echo JSON");
     assert_eq!(body["server"], "up-tls");
     assert_eq!(tls.connections(), 1);
-    let request = request_record(&lk, "up.test");
+    let request = record_with(&lk, json!({"host": "up.test", "method": "GET"}));
     assert_record(
         &request,
         json!({"host": "up.test", "decision": "allow", "rule": "upstream", "status": 200}),
@@ -260,24 +261,4 @@ fn a_vm_on_the_sandbox_bridge_reaches_an_allowed_upstream_through_latchkey_and_n
         "{}",
         host_server.output()
     );
-}
-
-/// The audit record of the request to `host`, once it is written (at most 5 s).
-fn request_record(lk: &Latchkey, host: &str) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let records = lk.audit_records();
-        if let Some(r) = records
-            .iter()
-            .find(|r| r["host"] == host && r["method"] == "GET")
-        {
-            return r.clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no request record for {host}: {records:#?}\n{}",
-            lk.stderr_text()
-        );
-        std::thread::sleep(Duration::from_millis(25));
-    }
 }
