@@ -96,7 +96,7 @@ fn host_of(addr: &str) -> &str {
 // The binary's own flags and variables
 
 /// Long flags and `LATCHKEY_…` variables of `latchkey COMMAND --help`.
-fn help_of(command: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+pub(crate) fn help_of(command: &str) -> (BTreeSet<String>, BTreeSet<String>) {
     let mut cmd = Command::new(BIN);
     cmd.args([command, "--help"])
         .env_clear()
@@ -140,7 +140,11 @@ fn help_of(command: &str) -> (BTreeSet<String>, BTreeSet<String>) {
 }
 
 /// Checks that each flag `where` uses is a real `serve` flag; returns the problems.
-fn check_serve_flags(where_: &str, args: &[String], known: &BTreeSet<String>) -> Vec<String> {
+pub(crate) fn check_serve_flags(
+    where_: &str,
+    args: &[String],
+    known: &BTreeSet<String>,
+) -> Vec<String> {
     let mut problems = Vec::new();
     for arg in args.iter().filter(|a| a.starts_with("--")) {
         let flag = arg.split('=').next().unwrap_or_default();

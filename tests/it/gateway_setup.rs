@@ -28,7 +28,7 @@ use crate::support::toolchain::{python, tool};
 
 mod cgroup;
 
-const CLIENTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients");
+pub(crate) const CLIENTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/clients");
 
 /// IPv6 addresses added to the gateway harness: the sandbox link and the upstream link.
 const SANDBOX_IP6: &str = "fd00:200::2";
@@ -83,7 +83,7 @@ fn nft_check(ns: &Netns, ruleset: &str) -> CliOutput {
     wait_with_timeout(&mut cmd, Duration::from_secs(20))
 }
 
-fn nft_tables(ns: &Netns) -> String {
+pub(crate) fn nft_tables(ns: &Netns) -> String {
     let mut cmd = ns.command(tool("nft"));
     cmd.args(["list", "tables"]);
     let out = wait_with_timeout(&mut cmd, Duration::from_secs(20));
@@ -135,7 +135,7 @@ impl Drop for TestCgroup {
 
 /// Runs `capture_probe.py` with `cmd` (a command for the interpreter, in the right namespace)
 /// and returns each probe's outcome: `answer TEXT` or `none WHY`.
-fn probe(mut cmd: Command, specs: &[String]) -> BTreeMap<String, String> {
+pub(crate) fn probe(mut cmd: Command, specs: &[String]) -> BTreeMap<String, String> {
     cmd.arg(Path::new(CLIENTS).join("capture_probe.py"))
         .args(["--timeout", "1"])
         .args(specs);
@@ -154,7 +154,11 @@ fn probe(mut cmd: Command, specs: &[String]) -> BTreeMap<String, String> {
 /// `None` must get no answer at all: silence until the timeout, or EPERM when the packet is the
 /// host's own and its output chain dropped it (cgroup mode) — never a refusal, which would be
 /// an answer from something. Panics listing every mismatch.
-fn expect(when: &str, got: &BTreeMap<String, String>, want: &[(String, Option<String>)]) {
+pub(crate) fn expect(
+    when: &str,
+    got: &BTreeMap<String, String>,
+    want: &[(String, Option<String>)],
+) {
     let mut problems = Vec::new();
     for (spec, answer) in want {
         let outcome = got.get(spec).map(String::as_str).unwrap_or("(not run)");
@@ -178,7 +182,7 @@ fn expect(when: &str, got: &BTreeMap<String, String>, want: &[(String, Option<St
 /// The lines a capture server printed about traffic (not its `listening on` line), once at
 /// least `n` are there (at most 5 s: its output is read by a thread), then a moment more so a
 /// line too many would show.
-fn traffic(server: &NsProcess, n: usize) -> Vec<String> {
+pub(crate) fn traffic(server: &NsProcess, n: usize) -> Vec<String> {
     let lines = || -> Vec<String> {
         server
             .output()
@@ -195,7 +199,7 @@ fn traffic(server: &NsProcess, n: usize) -> Vec<String> {
     lines()
 }
 
-fn spec(proto: &str, host: &str, port: u16) -> String {
+pub(crate) fn spec(proto: &str, host: &str, port: u16) -> String {
     if host.contains(':') {
         format!("{proto}:[{host}]:{port}")
     } else {

@@ -40,6 +40,7 @@ mod credentials_sigv4;
 mod demo;
 mod deploy_compose;
 mod deploy_manifests;
+mod deploy_systemd;
 mod dns;
 mod first_run;
 mod gateway;

@@ -170,7 +170,7 @@ except (ssl.SSLError, OSError) as e:
 "#;
 
 /// Waits (5 s) for a record with every field of `fields`, and returns it.
-fn record_with(lk: &Latchkey, fields: Value) -> Value {
+pub(crate) fn record_with(lk: &Latchkey, fields: Value) -> Value {
     let want = fields.as_object().expect("fields as an object").clone();
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {

@@ -54,6 +54,7 @@ pub fn latchkey() -> LatchkeyBuilder {
         listen: None,
         netns: None,
         audit: None,
+        no_capabilities: false,
     }
 }
 
@@ -76,6 +77,8 @@ pub struct LatchkeyBuilder {
     netns: Option<String>,
     /// `--audit` other than `audit.jsonl` in the scratch directory.
     audit: Option<PathBuf>,
+    /// Run under `setpriv` with every capability dropped.
+    no_capabilities: bool,
 }
 
 impl LatchkeyBuilder {
@@ -134,6 +137,13 @@ impl LatchkeyBuilder {
         self
     }
 
+    /// Runs latchkey with no capability at all (`setpriv --bounding-set -all`: this uid, but
+    /// none of root's privileges), as a systemd unit with an empty `CapabilityBoundingSet=`.
+    pub fn without_capabilities(mut self) -> Self {
+        self.no_capabilities = true;
+        self
+    }
+
     /// Pins `host` to 127.0.0.1 (`--resolve host=127.0.0.1`).
     pub fn pin(mut self, host: &str) -> Self {
         self.pins.push(host.to_string());
@@ -156,13 +166,40 @@ impl LatchkeyBuilder {
         for (name, contents) in &self.policies {
             std::fs::write(policies.join(name), contents).expect("write policy file");
         }
-        let mut cmd = match &self.netns {
-            Some(ns) => {
+        // As a systemd unit with an empty `CapabilityBoundingSet=`: this uid, none of root's
+        // privileges (setpriv execs latchkey, so the child's PID is latchkey's).
+        let setpriv = self.no_capabilities.then(|| {
+            (
+                toolchain::tool("setpriv"),
+                [
+                    "--bounding-set",
+                    "-all",
+                    "--inh-caps",
+                    "-all",
+                    "--ambient-caps",
+                    "-all",
+                    "--no-new-privs",
+                    "--",
+                    BIN,
+                ],
+            )
+        });
+        let mut cmd = match (&self.netns, setpriv) {
+            (Some(ns), wrap) => {
                 let mut cmd = Command::new(toolchain::tool("ip"));
-                cmd.args(["netns", "exec", ns.as_str(), BIN]);
+                cmd.args(["netns", "exec", ns.as_str()]);
+                match wrap {
+                    Some((program, args)) => cmd.arg(program).args(args),
+                    None => cmd.arg(BIN),
+                };
                 cmd
             }
-            None => Command::new(BIN),
+            (None, Some((program, args))) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args);
+                cmd
+            }
+            (None, None) => Command::new(BIN),
         };
         cmd.arg("serve")
             .arg("--policies")

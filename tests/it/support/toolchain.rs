@@ -44,6 +44,7 @@ const TOOLS: &[(&str, &str)] = &[
     ("docker-compose", "docker-compose"),
     ("debootstrap", "debootstrap"),
     ("objcopy", "binutils"),
+    ("systemd-analyze", "systemd"),
 ];
 
 /// The pinned requirements the Python environment is built from.
