@@ -40,6 +40,7 @@ const TOOLS: &[(&str, &str)] = &[
     ("setpriv", "util-linux"),
     ("redis-server", "redis-server"),
     ("squid", "squid"),
+    ("kubectl", "kubernetes-client"),
 ];
 
 /// The pinned requirements the Python environment is built from.
