@@ -225,6 +225,17 @@ struct Pods {
     admin: u16,
 }
 
+impl Pods {
+    /// `list`, with Redis where the overlay has one.
+    fn and_redis<'a>(
+        &'a self,
+        mut list: Vec<(&'a str, &'a Endpoint)>,
+    ) -> Vec<(&'a str, &'a Endpoint)> {
+        list.extend(self.redis.iter().map(|r| ("Redis", r)));
+        list
+    }
+}
+
 fn pods(docs: &[Value]) -> Pods {
     let deployment = |name: &str| {
         docs.iter()
@@ -291,15 +302,12 @@ fn sandboxes_reach_latchkeys_serving_ports_and_nothing_else() {
                 p.serving
             ));
         }
-        let mut closed = vec![
+        let closed = p.and_redis(vec![
             ("kube-dns", &p.kube_dns),
             ("another sandbox", &p.other_sandbox),
             ("a pod elsewhere", &p.elsewhere),
             ("an operator's pod", &p.operator),
-        ];
-        if let Some(redis) = &p.redis {
-            closed.push(("Redis", redis));
-        }
+        ]);
         let addresses = [outside(PUBLIC), outside(PRIVATE), outside(METADATA)];
         for (what, to) in closed
             .into_iter()
@@ -339,15 +347,12 @@ fn the_admin_port_answers_the_operator_namespace_only() {
             model.connects(&p.operator, &p.latchkey, p.admin, "TCP"),
             "{overlay}: the operator namespace cannot reach the admin API"
         );
-        let mut from = vec![
+        let from = p.and_redis(vec![
             ("a sandbox", &p.sandbox),
             ("a pod elsewhere", &p.elsewhere),
             ("another pod in latchkey's namespace", &p.latchkey_neighbour),
             ("kube-dns", &p.kube_dns),
-        ];
-        if let Some(redis) = &p.redis {
-            from.push(("Redis", redis));
-        }
+        ]);
         for (what, pod) in from {
             assert!(
                 !model.connects(pod, &p.latchkey, p.admin, "TCP"),
