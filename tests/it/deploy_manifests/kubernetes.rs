@@ -29,7 +29,7 @@ mod netpol;
 mod validate;
 
 /// The overlays users apply.
-pub(super) const OVERLAYS: &[&str] = &["single", "ha"];
+pub(super) const OVERLAYS: &[&str] = &["single", "ha", "sessions-controller"];
 
 /// The example sandbox pod, applied on its own beside an overlay.
 const SANDBOX_EXAMPLE: &str = "deploy/kubernetes/sandbox-example.yaml";
@@ -243,12 +243,30 @@ fn one<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
     found[0]
 }
 
-/// What a hardened pod spec lacks (every container, init containers included).
-fn hardening_problems(what: &str, spec: &Value) -> Vec<String> {
+/// Whether a (Cluster)RoleBinding grants the service account `namespace/name` something.
+fn bound_account(docs: &[Value], namespace: &str, name: &str) -> bool {
+    docs.iter()
+        .filter(|d| text(&d["kind"]).ends_with("RoleBinding"))
+        .flat_map(|b| b["subjects"].as_sequence().cloned().unwrap_or_default())
+        .any(|s| {
+            text(&s["kind"]) == "ServiceAccount"
+                && text(&s["name"]) == name
+                && text(&s["namespace"]) == namespace
+        })
+}
+
+/// What a hardened pod spec lacks (every container, init containers included). Its
+/// service-account token is mounted only where a binding gives that account something to do.
+fn hardening_problems(what: &str, spec: &Value, namespace: &str, docs: &[Value]) -> Vec<String> {
     let mut problems = Vec::new();
     let pod = &spec["securityContext"];
-    if spec["automountServiceAccountToken"] != Value::Bool(false) {
-        problems.push(format!("{what}: the service-account token is mounted"));
+    let account = text(&spec["serviceAccountName"]);
+    if spec["automountServiceAccountToken"] != Value::Bool(false)
+        && (account.is_empty() || !bound_account(docs, namespace, &account))
+    {
+        problems.push(format!(
+            "{what}: the token of a service account with no binding ({account:?}) is mounted"
+        ));
     }
     if pod["runAsNonRoot"] != Value::Bool(true) || pod["runAsUser"].as_u64().unwrap_or(0) == 0 {
         problems.push(format!("{what}: not a numeric non-root user: {pod:?}"));
@@ -301,15 +319,19 @@ fn every_pod_is_hardened_and_latchkeys_image_is_named_in_one_place() {
         for d in k.kind("Deployment") {
             let spec = &d["spec"]["template"]["spec"];
             let what = format!("{overlay}: Deployment {}", text(&d["metadata"]["name"]));
-            problems.extend(hardening_problems(&what, spec));
+            let namespace = text(&d["metadata"]["namespace"]);
+            problems.extend(hardening_problems(&what, spec, &namespace, &k.docs));
             if !selects(
                 &d["spec"]["selector"]["matchLabels"],
                 &d["spec"]["template"]["metadata"]["labels"],
             ) {
                 problems.push(format!("{what}: its selector misses its pods"));
             }
+            // A pod that serves something says when it is ready and alive (the sessions
+            // controller serves nothing: a watch loop that starts over by itself).
+            let serves = spec["containers"][0].get("ports").is_some();
             for probe in ["readinessProbe", "livenessProbe"] {
-                if spec["containers"][0].get(probe).is_none() {
+                if serves && spec["containers"][0].get(probe).is_none() {
                     problems.push(format!("{what}: no {probe}"));
                 }
             }
@@ -508,7 +530,13 @@ fn single_runs_one_replica_on_sqlite_on_a_persistent_volume_replaced_with_recrea
 
 #[test]
 fn ha_runs_spread_replicas_sharing_the_redis_it_defines_under_a_disruption_budget() {
-    let k = Cluster::load("ha");
+    for overlay in ["ha", "sessions-controller"] {
+        ha_checks(overlay);
+    }
+}
+
+fn ha_checks(overlay: &'static str) {
+    let k = Cluster::load(overlay);
     let replicas = k.deployment["spec"]["replicas"].as_u64().unwrap_or(0);
     assert!(replicas >= 2, "replicas: {replicas}");
 
@@ -629,4 +657,97 @@ fn the_example_sandbox_resolves_through_latchkey_with_what_latchkey_env_renders(
         &env_rendered(&proxy, &text(&trust["mountPath"])),
     );
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+#[test]
+fn the_sessions_controller_runs_the_books_script_with_the_token_latchkey_reads() {
+    let k = Cluster::load("sessions-controller");
+    // The script is the book's, byte for byte.
+    let book = super::read("docs/src/sessions.md");
+    let script = book
+        .split("```python\n")
+        .find(|block| block.contains("latchkey-sessions: one latchkey session per sandbox pod"))
+        .and_then(|block| block.split("```").next())
+        .expect("docs/src/sessions.md's controller script");
+    let controller = k.one("Deployment", "latchkey-sessions");
+    let spec = &controller["spec"]["template"]["spec"];
+    let container = &spec["containers"][0];
+    let mounted = |path: &str| -> Value {
+        let mount = container["volumeMounts"]
+            .as_sequence()
+            .and_then(|ms| {
+                ms.iter()
+                    .find(|m| path.starts_with(&format!("{}/", text(&m["mountPath"]))))
+            })
+            .unwrap_or_else(|| panic!("the controller mounts nothing holding {path}"));
+        spec["volumes"]
+            .as_sequence()
+            .and_then(|vs| vs.iter().find(|v| v["name"] == mount["name"]))
+            .cloned()
+            .unwrap_or_else(|| panic!("no volume {:?}", mount["name"]))
+    };
+    let command = strings(&container["command"]);
+    let file = command.last().expect("the controller's command");
+    let volume = mounted(file);
+    let configmap = k.one("ConfigMap", &text(&volume["configMap"]["name"]));
+    let name = file.rsplit('/').next().unwrap_or_default();
+    assert_eq!(
+        text(&configmap["data"][name]),
+        script,
+        "the ConfigMap's script differs from docs/src/sessions.md's"
+    );
+
+    // It calls the admin Service's admin port...
+    let env = env_of(container);
+    let url = &env["LATCHKEY_ADMIN_URL"];
+    let rest = url.strip_prefix("http://").expect("an http:// admin URL");
+    let (host, port) = rest.rsplit_once(':').expect("a port in the admin URL");
+    let service = k.one("Service", "latchkey-admin");
+    assert_eq!(
+        host,
+        format!(
+            "latchkey-admin.{}.svc",
+            text(&service["metadata"]["namespace"])
+        )
+    );
+    let mapped = k.service_ports("latchkey-admin");
+    assert_eq!(
+        mapped.get(&(port.to_string(), "TCP".to_string())),
+        Some(&k.bound("--admin"))
+    );
+    // ...with a token from the Secret latchkey reads at the path the policy names.
+    let token_file = &env["LATCHKEY_ADMIN_TOKEN_FILE"];
+    let secret = text(&mounted(token_file)["secret"]["secretName"]);
+    let policies = k.one("ConfigMap", "latchkey-policies");
+    let needle = format!("token  = \"file:{token_file}\"");
+    assert!(
+        mapping(&policies["data"])
+            .values()
+            .any(|body| text(body).contains(&needle)),
+        "no admin token in the policy reads {token_file}"
+    );
+    let dir = token_file.rsplit_once('/').map_or("", |(d, _)| d);
+    let latchkey_mount = k.container()["volumeMounts"]
+        .as_sequence()
+        .and_then(|ms| ms.iter().find(|m| text(&m["mountPath"]) == dir))
+        .unwrap_or_else(|| panic!("latchkey mounts nothing at {dir}"));
+    let latchkey_volume = k.pod_spec()["volumes"]
+        .as_sequence()
+        .and_then(|vs| vs.iter().find(|v| v["name"] == latchkey_mount["name"]))
+        .expect("latchkey's admin-token volume");
+    assert_eq!(text(&latchkey_volume["secret"]["secretName"]), secret);
+
+    // Its account may read pods and nothing else.
+    let account = text(&spec["serviceAccountName"]);
+    assert!(bound_account(&k.docs, "latchkey-operators", &account));
+    for role in k.kind("ClusterRole") {
+        for rule in role["rules"].as_sequence().cloned().unwrap_or_default() {
+            assert_eq!(strings(&rule["resources"]), ["pods"], "{rule:?}");
+            assert_eq!(
+                strings(&rule["verbs"]),
+                ["get", "list", "watch"],
+                "{rule:?}"
+            );
+        }
+    }
 }

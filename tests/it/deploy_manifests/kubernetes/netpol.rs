@@ -213,6 +213,8 @@ impl Model {
 struct Pods {
     latchkey: Endpoint,
     redis: Option<Endpoint>,
+    /// The sessions controller's pod, where the overlay has one.
+    controller: Option<Endpoint>,
     sandbox: Endpoint,
     other_sandbox: Endpoint,
     unlabelled_sandbox: Endpoint,
@@ -255,14 +257,16 @@ fn pods(docs: &[Value]) -> Pods {
         .map(|(n, proto)| (n.parse::<u16>().expect("a port number"), proto.clone()))
         .filter(|(n, _)| *n != admin)
         .collect();
+    let pod_of = |d: Value, ip| {
+        pod(
+            &text(&d["metadata"]["namespace"]),
+            &d["spec"]["template"]["metadata"]["labels"],
+            ip,
+        )
+    };
     Pods {
-        redis: deployment("latchkey-redis").map(|r| {
-            pod(
-                &text(&r["metadata"]["namespace"]),
-                &r["spec"]["template"]["metadata"]["labels"],
-                [10, 244, 1, 20],
-            )
-        }),
+        controller: deployment("latchkey-sessions").map(|d| pod_of(d, [10, 244, 3, 20])),
+        redis: deployment("latchkey-redis").map(|d| pod_of(d, [10, 244, 1, 20])),
         latchkey: pod(&lk_ns, lk_labels, [10, 244, 1, 10]),
         sandbox: pod(&sandbox_ns, sandbox_labels, [10, 244, 2, 10]),
         other_sandbox: pod(&sandbox_ns, sandbox_labels, [10, 244, 2, 11]),
@@ -347,6 +351,17 @@ fn the_admin_port_answers_the_operator_namespace_only() {
             model.connects(&p.operator, &p.latchkey, p.admin, "TCP"),
             "{overlay}: the operator namespace cannot reach the admin API"
         );
+        if let Some(controller) = &p.controller {
+            assert!(
+                model.connects(controller, &p.latchkey, p.admin, "TCP"),
+                "{overlay}: the sessions controller cannot reach the admin API"
+            );
+            let open = model.reachable(&p.sandbox, controller);
+            assert!(
+                open.is_empty(),
+                "{overlay}: a sandbox reaches the controller: {open:?}"
+            );
+        }
         let from = p.and_redis(vec![
             ("a sandbox", &p.sandbox),
             ("a pod elsewhere", &p.elsewhere),
@@ -390,7 +405,7 @@ fn latchkey_reaches_kube_dns_public_addresses_and_in_ha_redis_which_accepts_noth
         }
         match (&p.redis, *overlay) {
             (None, "single") => {}
-            (Some(redis), "ha") => {
+            (Some(redis), "ha" | "sessions-controller") => {
                 assert_eq!(
                     model.reachable(lk, redis),
                     BTreeSet::from([(6379, "TCP".to_string())]),
