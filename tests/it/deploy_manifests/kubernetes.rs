@@ -1,14 +1,16 @@
-//! `deploy/kubernetes/`, rendered: each overlay (`overlays/single`, `overlays/ha`) through
+//! `deploy/kubernetes/`, rendered: each overlay (`single`, `ha`, `sessions-controller`) through
 //! `kubectl kustomize`, then checked — every object against the Kubernetes schemas in
 //! [`validate`], the NetworkPolicies by evaluating them in [`netpol`], and here: selectors match
 //! the labels they mean, every pod is hardened (non-root, read-only root, no capabilities,
-//! RuntimeDefault seccomp, no service-account token, requests and limits), latchkey's image is
-//! the one `images:` names, its flags and variables are real, the CA comes from a Secret and the
-//! policies from a ConfigMap directory `latchkey check` accepts, probes ask the admin port, the
-//! Service maps the standard ports onto latchkey's listeners (never the admin port), the example
-//! sandbox resolves through the Service with the variables `latchkey env` renders; `single` runs
-//! one replica on SQLite on a PersistentVolumeClaim, replaced with `Recreate`; `ha` runs two or
-//! more sharing a Redis the manifests define, with a PodDisruptionBudget and topology spread.
+//! RuntimeDefault seccomp, a service-account token only where a binding uses it, requests and
+//! limits), latchkey's image is the one `images:` names, its flags and variables are real, the
+//! CA comes from a Secret and the policies from a ConfigMap directory `latchkey check` accepts,
+//! probes ask the admin port, the Services map the standard ports onto latchkey's listeners and
+//! the admin port apart, the example sandbox resolves through the Service with the variables
+//! `latchkey env` renders; `single` runs one replica on SQLite on a PersistentVolumeClaim,
+//! replaced with `Recreate`; `ha` runs two or more sharing a Redis the manifests define, with a
+//! PodDisruptionBudget and topology spread; the sessions controller runs the book's script with
+//! the admin token latchkey reads.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::OnceLock;
