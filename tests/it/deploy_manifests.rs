@@ -1,6 +1,6 @@
 //! The container and Kubernetes deployments, checked for structure (Docker and a cluster cannot
-//! run here): `docker/compose.yaml`, `docker/Dockerfile` and `deploy/kubernetes/*.yaml` parse,
-//! and say what a gateway needs them to say —
+//! run here): `docker/compose.yaml`, `docker/Dockerfile` and the Kustomize overlays of
+//! `deploy/kubernetes/` (rendered) parse, and say what a gateway needs them to say —
 //!
 //! - compose: the sandbox is only on an `internal: true` network, its resolver is latchkey's
 //!   address there, the trust it mounts is read-only and holds no CA key, its proxy and trust
@@ -8,7 +8,7 @@
 //!   latchkey listens on that address only, its admin API stays on loopback;
 //! - Dockerfile: built with `cargo build --release --locked`, run as a non-root user, a
 //!   HEALTHCHECK on `/readyz` at the admin address the image configures, state in volumes;
-//! - Kubernetes: in [`kubernetes`];
+//! - Kubernetes: in [`kubernetes`] (rendered, schema-validated, NetworkPolicies evaluated);
 //! - every `latchkey serve` flag and `LATCHKEY_…` variable used is one the binary has, and every
 //!   probe path answers 200 on a real `latchkey serve`.
 

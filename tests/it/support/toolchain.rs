@@ -45,6 +45,7 @@ const TOOLS: &[(&str, &str)] = &[
     ("debootstrap", "debootstrap"),
     ("objcopy", "binutils"),
     ("systemd-analyze", "systemd"),
+    ("kubectl", "kubernetes-client"),
 ];
 
 /// The pinned requirements the Python environment is built from.
