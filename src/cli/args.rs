@@ -188,7 +188,7 @@ pub enum Command {
     /// A session is made from a `[profiles.NAME]` of the policy, only ever narrower; its token
     /// is shown once. Revoking it refuses its next request and cuts its connections.
     Sessions(super::sessions::SessionsArgs),
-    /// Check that a running latchkey is ready (exit 0), via its admin API.
+    /// Check a running latchkey is ready (exit 0), via its admin API.
     ///
     /// `GET /readyz` (or `/healthz` with --live) on `serve --admin`: for container health
     /// checks and init systems, so an image needs no shell or curl.
