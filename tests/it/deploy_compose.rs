@@ -259,6 +259,20 @@ fn deploy_compose_up_confines_the_sandbox_to_latchkey_and_leaves_the_host_as_it_
     );
     eprintln!("compose up (sandbox healthy-gated): {:.1?}", t.elapsed());
 
+    // The running service as compose.yaml confines it.
+    let confined = run_ok(project.compose().args(["ps", "-q", "latchkey"]));
+    let confined = run_ok(engine.docker().args([
+        "inspect",
+        confined.trim(),
+        "--format",
+        "{{.HostConfig.ReadonlyRootfs}} {{json .HostConfig.CapDrop}} {{.Config.User}} {{.State.Health.Status}}",
+    ]));
+    assert_eq!(
+        confined.trim(),
+        r#"true ["ALL"] 10001:10001 healthy"#,
+        "latchkey's container: read-only root, no capability, non-root, healthy"
+    );
+
     check_reach(&project);
     check_isolation(&project);
     check_host_guard(&project, &engine);

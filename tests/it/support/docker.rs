@@ -42,31 +42,43 @@ const TARGET_TMP: &str = env!("CARGO_TARGET_TMPDIR");
 /// How long dockerd may take to answer after it starts.
 const START: Duration = Duration::from_secs(60);
 
-/// What a test compares on the host before and after it ran an engine.
+/// What a test compares on the host before and after it ran an engine: what dockerd would
+/// change were it not confined to its namespace. Only Docker's own names are compared among
+/// links, so another test's veth coming or going meanwhile is not a difference.
 #[derive(Debug, PartialEq, Eq)]
 pub struct HostState {
     ip_forward: String,
-    ruleset: String,
-    links: Vec<String>,
+    /// `family name` of every nftables table (iptables-nft's `ip filter`, `ip nat` among them).
+    tables: Vec<String>,
+    /// Whether any chain is Docker's (`DOCKER`, `DOCKER-USER`, `DOCKER-ISOLATION-STAGE-1`).
+    docker_chains: bool,
+    /// Interfaces dockerd makes: `docker0`, `br-<id>`, the compose file's `lk-sandbox`.
+    docker_links: Vec<String>,
 }
 
 impl HostState {
-    /// The host's IPv4 forwarding, nftables ruleset (iptables-nft's tables included) and
-    /// interface names, now.
+    /// The host's IPv4 forwarding, nftables tables and Docker-made interfaces, now.
     pub fn now() -> HostState {
         let ip_forward = std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward")
             .expect("read /proc/sys/net/ipv4/ip_forward")
             .trim()
             .to_string();
-        let ruleset = run_ok(Command::new(toolchain::tool("nft")).args(["list", "ruleset"]));
-        let links = run_ok(Command::new(toolchain::tool("ip")).args(["-br", "link"]))
+        let tables = run_ok(Command::new(toolchain::tool("nft")).args(["list", "tables"]))
             .lines()
-            .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+            .map(|l| l.trim().trim_start_matches("table ").to_string())
+            .collect();
+        let ruleset = run_ok(Command::new(toolchain::tool("nft")).args(["list", "ruleset"]));
+        let docker_links = run_ok(Command::new(toolchain::tool("ip")).args(["-br", "link"]))
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .map(|name| name.split('@').next().unwrap_or(name).to_string())
+            .filter(|name| name == "docker0" || name.starts_with("br-") || name == "lk-sandbox")
             .collect();
         HostState {
             ip_forward,
-            ruleset,
-            links,
+            tables,
+            docker_chains: ruleset.contains("chain DOCKER"),
+            docker_links,
         }
     }
 }
