@@ -35,6 +35,7 @@ use latchkey_wire::reason;
 pub mod chain;
 mod entry;
 pub mod key;
+pub mod live;
 mod ocsf;
 pub mod read;
 mod record;
