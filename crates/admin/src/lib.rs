@@ -30,6 +30,8 @@ use latchkey_wire::reason;
 
 mod approvals;
 pub mod sessions;
+#[path = "console/traffic.rs"]
+pub mod traffic;
 
 use std::convert::Infallible;
 use std::sync::Arc;

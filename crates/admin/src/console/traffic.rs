@@ -1,0 +1,229 @@
+//! The console's live traffic: `GET /ui/traffic/stream` is a server-sent event stream of the
+//! audit log's outcome records as the writer commits them ([`audit::live`]), filtered on the
+//! server by identity, session, profile, host, decision and reason; the page's script appends
+//! each as a row. What it sends is the record as the log holds it: scrubbed when it was made, so
+//! never a secret value.
+//!
+//! Bounded: at most [`MAX_WATCHERS`] streams at once (503 beyond), each a task feeding a
+//! channel of [`QUEUE`] events to its connection; a watcher slower than the audit ring loses
+//! the oldest records and is sent a `missed` event saying how many. A comment every
+//! [`KEEPALIVE`] finds a closed connection and ends the task.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use tokio::sync::mpsc;
+
+use crate::audit::live::{Live, Seen};
+use crate::audit::{Phase, Record};
+
+/// Streams open at once, across every console user.
+pub const MAX_WATCHERS: usize = 32;
+/// Events queued for one connection before its task waits (and the audit ring absorbs).
+const QUEUE: usize = 64;
+/// How often an idle stream sends a comment line.
+const KEEPALIVE: Duration = Duration::from_secs(15);
+/// Longest filter value taken from the query string.
+const MAX_VALUE: usize = 256;
+
+/// Which records a watcher wants: every field given must match exactly.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Filter {
+    pub identity: Option<String>,
+    pub session: Option<String>,
+    pub profile: Option<String>,
+    pub host: Option<String>,
+    pub decision: Option<String>,
+    pub reason: Option<String>,
+}
+
+impl Filter {
+    /// Reads `identity=…&session=…&profile=…&host=…&decision=…&reason=…`; an unknown key, a
+    /// repeated key or an overlong value is an error naming it. Empty values mean "any".
+    pub fn parse(query: &str) -> Result<Filter, String> {
+        let mut f = Filter::default();
+        for (key, value) in form_urlencoded::parse(query.as_bytes()) {
+            if value.len() > MAX_VALUE {
+                return Err(format!("filter {key}: longer than {MAX_VALUE} bytes"));
+            }
+            let slot = match key.as_ref() {
+                "identity" => &mut f.identity,
+                "session" => &mut f.session,
+                "profile" => &mut f.profile,
+                "host" => &mut f.host,
+                "decision" => &mut f.decision,
+                "reason" => &mut f.reason,
+                other => return Err(format!(
+                    "unknown filter {other:?} (identity, session, profile, host, decision, reason)"
+                )),
+            };
+            if slot.is_some() {
+                return Err(format!("filter {key} given twice"));
+            }
+            if !value.is_empty() {
+                *slot = Some(value.into_owned());
+            }
+        }
+        Ok(f)
+    }
+
+    /// Whether `r` is one this watcher wants.
+    pub fn matches(&self, r: &Record) -> bool {
+        fn is(want: &Option<String>, got: Option<&str>) -> bool {
+            want.as_deref().is_none_or(|w| got == Some(w))
+        }
+        is(&self.identity, Some(&r.identity))
+            && is(&self.session, r.session.as_deref())
+            && is(&self.profile, r.profile.as_deref())
+            && is(&self.host, r.host.as_deref())
+            && is(&self.decision, Some(r.decision))
+            && is(&self.reason, Some(r.reason))
+    }
+}
+
+/// One record as an SSE `record` event: its JSON on one `data:` line (JSON never holds a raw
+/// line break), the request id as the event id.
+pub fn event(r: &Record) -> Option<Bytes> {
+    let json = serde_json::to_string(r).ok()?;
+    Some(Bytes::from(format!(
+        "event: record\nid: {}\ndata: {json}\n\n",
+        r.id.replace(['\r', '\n'], "")
+    )))
+}
+
+/// The streams open now, for the [`MAX_WATCHERS`] bound.
+#[derive(Default)]
+pub struct Watchers {
+    open: AtomicUsize,
+}
+
+/// A place among the open streams, given back when the stream's task ends.
+struct Slot(Arc<Watchers>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Watchers {
+    fn take(self: &Arc<Self>) -> Option<Slot> {
+        let mut now = self.open.load(Ordering::Acquire);
+        loop {
+            if now >= MAX_WATCHERS {
+                return None;
+            }
+            match self
+                .open
+                .compare_exchange(now, now + 1, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Some(Slot(self.clone())),
+                Err(seen) => now = seen,
+            }
+        }
+    }
+}
+
+/// The body of one event stream: what its task sends, until either side ends.
+pub struct Stream {
+    rx: mpsc::Receiver<Bytes>,
+}
+
+impl HttpBody for Stream {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.rx
+            .poll_recv(cx)
+            .map(|next| next.map(|b| Ok(Frame::data(b))))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}
+
+/// Starts a watcher for `filter`: `None` when [`MAX_WATCHERS`] streams are open already.
+pub fn start(live: &Live, watchers: &Arc<Watchers>, filter: Filter) -> Option<Stream> {
+    let slot = watchers.take()?;
+    let mut watch = live.watch();
+    let (tx, rx) = mpsc::channel::<Bytes>(QUEUE);
+    tokio::spawn(async move {
+        let _slot = slot;
+        // Tells the page the stream is open (and retries after 3 s if it drops).
+        if tx
+            .send(Bytes::from_static(
+                b"retry: 3000\nevent: open\ndata: {}\n\n",
+            ))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        loop {
+            let next = tokio::time::timeout(KEEPALIVE, watch.next()).await;
+            let frame = match next {
+                Err(_) => Bytes::from_static(b": keepalive\n\n"),
+                Ok(Seen::Closed) => return,
+                Ok(Seen::Missed(n)) => {
+                    Bytes::from(format!("event: missed\ndata: {{\"missed\":{n}}}\n\n"))
+                }
+                Ok(Seen::Record(r)) => {
+                    if r.phase != Phase::Outcome || !filter.matches(&r) {
+                        continue;
+                    }
+                    match event(&r) {
+                        Some(e) => e,
+                        None => continue,
+                    }
+                }
+            };
+            if tx.send(frame).await.is_err() {
+                return;
+            }
+        }
+    });
+    Some(Stream { rx })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_are_read_strictly_and_match_exactly() {
+        let f = Filter::parse("identity=agent&host=api.test&decision=&reason=no_rule")
+            .expect("a filter");
+        assert_eq!(f.identity.as_deref(), Some("agent"));
+        assert_eq!(f.decision, None, "an empty value is any");
+        for bad in [
+            "who=x",
+            "identity=a&identity=b",
+            &format!("host={}", "a".repeat(300)),
+        ] {
+            assert!(Filter::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn slots_are_bounded_and_given_back() {
+        let w = Arc::new(Watchers::default());
+        let slots: Vec<Slot> = (0..MAX_WATCHERS)
+            .map(|_| w.take().expect("a slot"))
+            .collect();
+        assert!(w.take().is_none());
+        drop(slots);
+        assert_eq!(w.open.load(Ordering::Acquire), 0);
+        assert!(w.take().is_some());
+    }
+}
