@@ -48,6 +48,15 @@ fn world(console: bool) -> AskWorld {
     })
 }
 
+/// The pages behind sign-in.
+const PAGES: &[&str] = &[
+    "/ui",
+    "/ui/approvals",
+    "/ui/sessions",
+    "/ui/limits",
+    "/ui/policy",
+];
+
 /// Every secret value the tests set: none may appear in a console response.
 const SECRETS: &[&str] = &[
     READER_TOKEN,
@@ -182,12 +191,7 @@ fn sweep(seen: &[(String, RawResponse)]) {
 #[test]
 fn the_console_is_off_unless_enabled() {
     let w = world(false);
-    for path in [
-        "/ui",
-        "/ui/login",
-        "/ui/approvals",
-        "/ui/assets/console.css",
-    ] {
+    for path in PAGES.iter().chain(&["/ui/login", "/ui/assets/console.css"]) {
         let resp = request(&w, "GET", path, &[], "");
         assert_eq!(resp.status, 404, "{path}: {resp:#?}");
     }
@@ -205,13 +209,7 @@ fn the_console_is_off_unless_enabled() {
 fn a_token_signs_in_for_a_cookie_and_every_page_needs_it_with_strict_headers() {
     let w = world(true);
     // Not signed in: pages send to the sign-in page; a POST is refused.
-    for path in [
-        "/ui",
-        "/ui/approvals",
-        "/ui/sessions",
-        "/ui/limits",
-        "/ui/policy",
-    ] {
+    for path in PAGES {
         let resp = request(&w, "GET", path, &[], "");
         assert_eq!(resp.status, 303, "{path}: {resp:#?}");
         assert_eq!(resp.header("location"), Some("/ui/login"));
@@ -253,14 +251,7 @@ fn a_token_signs_in_for_a_cookie_and_every_page_needs_it_with_strict_headers() {
     assert_eq!(foreign.status, 403, "a cross-origin sign-in: {foreign:#?}");
 
     let mut b = sign_in(&w, ADMIN_TOKEN);
-    for path in [
-        "/ui",
-        "/ui/approvals",
-        "/ui/sessions",
-        "/ui/limits",
-        "/ui/policy",
-        "/ui/policy?identity=agent",
-    ] {
+    for path in PAGES.iter().chain(&["/ui/policy?identity=agent"]) {
         let resp = b.get(path);
         assert_eq!(resp.status, 200, "{path}: {resp:#?}");
         assert_secure_headers(path, &resp);
@@ -564,4 +555,62 @@ fn sessions_are_created_with_the_token_shown_once_and_revoked_and_a_widening_dif
     }
     sweep(&seen);
     sweep(&b.seen);
+}
+
+#[test]
+fn a_reload_that_removes_a_token_ends_its_console_sessions() {
+    let w = world(true);
+    let mut reader = sign_in(&w, READER_TOKEN);
+    let mut approver = sign_in(&w, APPROVER_TOKEN);
+    assert_eq!(reader.get("/ui").status, 200);
+    let without = policy()
+        .replace(
+            "[admin.tokens.reader]\ntoken = \"env:LK_READER_TOKEN\"\nscopes = [\"read\"]\n",
+            "",
+        )
+        .replace("PORT", &w.port().to_string());
+    assert!(!without.contains("admin.tokens.reader"));
+    let dir = w.lk.scratch().join("policies");
+    let aside = dir.join(".main.toml.new");
+    std::fs::write(&aside, &without).expect("write policy aside");
+    std::fs::rename(&aside, dir.join("main.toml")).expect("rename policy into place");
+    let reloaded = w.admin.call("POST", "/reload", None);
+    assert_eq!(reloaded.status, 200, "{reloaded:#?}");
+    let after = reader.get("/ui");
+    assert_eq!(
+        after.status, 303,
+        "the removed token's session lived on: {after:#?}"
+    );
+    assert_eq!(after.header("location"), Some("/ui/login"));
+    assert_eq!(
+        approver.get("/ui").status,
+        200,
+        "another token's session ended"
+    );
+}
+
+#[test]
+fn with_no_admin_token_the_console_is_open_but_still_needs_its_csrf_token() {
+    let w = ask_world(&ask_policy("30s", r#""once""#), |b| b.arg("--console"));
+    let first = request(&w, "GET", "/ui", &[], "");
+    assert_eq!(first.status, 200, "{first:#?}");
+    let set = first
+        .header("set-cookie")
+        .expect("a session cookie on first visit");
+    assert!(
+        set.contains("HttpOnly") && set.contains("SameSite=Strict"),
+        "{set}"
+    );
+    let cookie = set.split(';').next().unwrap_or_default().to_string();
+    let mut b = Browser {
+        w: &w,
+        cookie,
+        seen: Vec::new(),
+    };
+    assert_eq!(b.get("/ui/sessions").status, 200);
+    let none = b.post("/ui/policy/diff", &[("candidate", "x = 1")], None);
+    assert_eq!(none.status, 403, "{none:#?}");
+    let csrf = b.csrf("/ui/policy");
+    let ok = b.post("/ui/logout", &[("csrf", &csrf)], None);
+    assert_eq!(ok.status, 303, "{ok:#?}");
 }

@@ -9,7 +9,7 @@ use http::{Response, StatusCode};
 
 use super::html::{self, esc};
 use super::Signed;
-use crate::policy::compile::{LoadError, PolicySources, SecretLoading};
+use crate::policy::compile::{PolicySources, SecretLoading};
 use crate::proxy::Proxy;
 use crate::ship::Shipper;
 use crate::Body;
@@ -275,14 +275,8 @@ pub fn policy_diff(
     let candidate = match candidate {
         Ok(p) => p,
         Err(e) => {
-            let why = match e {
-                LoadError::Invalid(problems) => problems
-                    .iter()
-                    .map(ToString::to_string)
-                    .collect::<Vec<_>>()
-                    .join("\n"),
-                other => other.to_string(),
-            };
+            // Every problem, one per line, located in `candidate/candidate.toml`.
+            let why = e.to_string();
             let body = format!(
                 "<p class=\"bad\">The candidate does not load:</p><pre>{}</pre><p><a href=\"/ui/policy\">Back</a></p>",
                 esc(&why)
@@ -302,11 +296,7 @@ pub fn policy_diff(
 
 fn diff_html(d: &crate::review::diff::Diff) -> String {
     use crate::review::diff::Direction;
-    let verdict = match (d.widening(), d.narrowing()) {
-        (0, 0) => "no change in reach".to_string(),
-        (0, n) => format!("does not widen reach: {n} change(s) narrow"),
-        (w, n) => format!("widens reach: {w} change(s) widen, {n} narrow"),
-    };
+    let verdict = d.verdict();
     let class = if d.widening() > 0 {
         "widened"
     } else {
