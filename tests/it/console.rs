@@ -290,6 +290,13 @@ fn a_token_signs_in_for_a_cookie_and_every_page_needs_it_with_strict_headers() {
         assert_secure_headers(path, &resp);
     }
 
+    sweep(&b.seen);
+}
+
+#[test]
+fn every_post_needs_the_csrf_token_and_the_own_origin_and_failed_sign_ins_are_limited() {
+    let w = world(true);
+    let mut b = sign_in(&w, ADMIN_TOKEN);
     // CSRF: none, a wrong one, or the right one from another origin: 403, nothing done.
     let csrf = b.csrf("/ui/policy");
     let candidate = "[[rules]]\nname = \"x\"\nhosts = [\"x.test\"]\n";
@@ -435,7 +442,7 @@ fn a_read_only_token_cannot_approve_and_an_approver_releases_the_parked_request(
 }
 
 #[test]
-fn sessions_are_created_with_the_token_shown_once_and_revoked_and_a_widening_diff_shows() {
+fn sessions_are_created_with_the_token_shown_once_extended_and_revoked() {
     let w = world(true);
     let mut b = sign_in(&w, APPROVER_TOKEN);
     let page = b.get("/ui/sessions").text();
@@ -510,29 +517,6 @@ fn sessions_are_created_with_the_token_shown_once_and_revoked_and_a_widening_dif
     assert_eq!(revoked.status, 200, "{revoked:#?}");
     let after = b.get("/ui/sessions?state=revoked").text();
     assert!(after.contains(&id), "{after}");
-
-    // A candidate that lets `agent` reach another host: the diff says it widens.
-    let csrf = b.csrf("/ui/policy");
-    let candidate = policy().replace("PORT", &w.port().to_string()).replace(
-        "hosts   = [\"api.test\"]\nports   = [",
-        "hosts   = [\"api.test\", \"wider.test\"]\nports   = [",
-    );
-    assert!(candidate.contains("wider.test"));
-    let diff = b.post(
-        "/ui/policy/diff",
-        &[("csrf", &csrf), ("candidate", &candidate)],
-        None,
-    );
-    assert_eq!(diff.status, 200, "{diff:#?}");
-    let text = diff.text();
-    assert!(text.contains("widens reach"), "{text}");
-    assert!(text.contains("wider.test"), "{text}");
-    let broken = b.post(
-        "/ui/policy/diff",
-        &[("csrf", &csrf), ("candidate", "[[rules]\n")],
-        None,
-    );
-    assert_eq!(broken.status, 422, "{broken:#?}");
 
     // No page but the create result shows the session token; none shows a policy secret.
     let created_page = b
@@ -613,4 +597,34 @@ fn with_no_admin_token_the_console_is_open_but_still_needs_its_csrf_token() {
     let csrf = b.csrf("/ui/policy");
     let ok = b.post("/ui/logout", &[("csrf", &csrf)], None);
     assert_eq!(ok.status, 303, "{ok:#?}");
+}
+
+#[test]
+fn a_pasted_candidate_that_widens_reach_is_shown_as_widening() {
+    let w = world(true);
+    let mut b = sign_in(&w, READER_TOKEN);
+    // A candidate that lets `agent` reach another host: the diff says it widens.
+    let csrf = b.csrf("/ui/policy");
+    let candidate = policy().replace("PORT", &w.port().to_string()).replace(
+        "hosts   = [\"api.test\"]\nports   = [",
+        "hosts   = [\"api.test\", \"wider.test\"]\nports   = [",
+    );
+    assert!(candidate.contains("wider.test"));
+    let diff = b.post(
+        "/ui/policy/diff",
+        &[("csrf", &csrf), ("candidate", &candidate)],
+        None,
+    );
+    assert_eq!(diff.status, 200, "{diff:#?}");
+    let text = diff.text();
+    assert!(text.contains("widens reach"), "{text}");
+    assert!(text.contains("wider.test"), "{text}");
+    let broken = b.post(
+        "/ui/policy/diff",
+        &[("csrf", &csrf), ("candidate", "[[rules]\n")],
+        None,
+    );
+    assert_eq!(broken.status, 422, "{broken:#?}");
+
+    sweep(&b.seen);
 }

@@ -15,6 +15,9 @@
 //!   and the answers (`approvals`).
 //! - `GET /limits`: the `[limits]` in force and every counter charged, with its use now.
 //!
+//! - With `--console`, `/ui…`: the operator console's HTML pages (`console`), behind a sign-in
+//!   that exchanges an admin token for a session cookie; without it, `/ui` is `404`.
+//!
 //! With `--admin-token`, every endpoint but `/healthz` and `/readyz` needs
 //! `Authorization: Bearer TOKEN` (compared in constant time).
 

@@ -299,10 +299,7 @@ async fn still_granted(proxy: &Proxy, console: &Console, entry: &store::Entry) -
         return false;
     };
     let now = console.fingerprint(value.expose());
-    entry
-        .fingerprint
-        .as_deref()
-        .is_some_and(|f| csrf_matches_bytes(f, &now))
+    entry.fingerprint.as_deref().is_some_and(|f| ct_eq(f, &now))
 }
 
 async fn login_form(
@@ -404,10 +401,11 @@ fn same_origin(req: &Request<Incoming>) -> Result<(), &'static str> {
 
 /// Whether a presented CSRF token is the session's, compared in constant time.
 fn csrf_matches(expected: &str, presented: &str) -> bool {
-    csrf_matches_bytes(expected.as_bytes(), presented.as_bytes())
+    ct_eq(expected.as_bytes(), presented.as_bytes())
 }
 
-fn csrf_matches_bytes(expected: &[u8], presented: &[u8]) -> bool {
+/// Whether two byte strings are equal and not empty, compared in constant time.
+fn ct_eq(expected: &[u8], presented: &[u8]) -> bool {
     !expected.is_empty()
         && aws_lc_rs::constant_time::verify_slices_are_equal(expected, presented).is_ok()
 }
