@@ -545,6 +545,10 @@ pub struct ServeArgs {
     /// replicas sharing them (default: `state.db` beside the audit log).
     #[arg(long, env = "LATCHKEY_STATE", value_name = "URL")]
     pub state: Option<String>,
+    /// Serve the operator console (HTML pages under /ui) on the admin listener: sign in with an
+    /// admin token; see the book's "Console".
+    #[arg(long, env = "LATCHKEY_CONSOLE")]
+    pub console: bool,
     /// The admin API's URL as approvers reach it, for the signed one-click links in
     /// notifications (default: http://ADMIN, the --admin address).
     #[arg(long, env = "LATCHKEY_APPROVAL_URL", value_name = "URL")]

@@ -238,14 +238,6 @@ fn decided(d: &Decided) -> String {
     s
 }
 
-fn verdict_line(d: &Diff) -> String {
-    match (d.widening(), d.narrowing()) {
-        (0, 0) => "no change in reach".to_string(),
-        (0, n) => format!("does not widen reach: {n} change(s) narrow"),
-        (w, n) => format!("widens reach: {w} change(s) widen, {n} narrow"),
-    }
-}
-
 /// The text report (see the book's "latchkey diff", docs/src/security-teams.md).
 pub fn text(d: &Diff) -> String {
     let mut out = format!(
@@ -278,7 +270,7 @@ pub fn text(d: &Diff) -> String {
             }
         }
     }
-    out.push_str(&verdict_line(d));
+    out.push_str(&d.verdict());
     out
 }
 
@@ -307,7 +299,7 @@ fn md(s: &str) -> String {
 
 /// The markdown report, for a change request comment.
 pub fn markdown(d: &Diff) -> String {
-    let mut out = format!("### latchkey policy diff: {}\n\n", verdict_line(d));
+    let mut out = format!("### latchkey policy diff: {}\n\n", d.verdict());
     out.push_str(&format!(
         "{} (`sha256:{}`) → {} (`sha256:{}`)\n",
         md(&d.old.source),

@@ -63,6 +63,8 @@ pub struct Server {
     /// What `POST /sessions` returns as a session's environment: the trust variables (the
     /// proxy URL is added once the listener's address is known, or `--session-proxy-url`).
     session_env: crate::admin::sessions::SessionEnv,
+    /// `--console`: the operator console under `/ui` on the admin listener.
+    console: bool,
 }
 
 impl std::fmt::Debug for Server {
@@ -158,6 +160,7 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
         ship,
         session_env,
         secrets_startup: args.secrets_startup,
+        console: args.console,
     })
 }
 
@@ -515,6 +518,7 @@ impl Server {
                 token,
                 self.ship.clone(),
                 env,
+                self.console,
             ));
         }
         let socks = match self.socks {

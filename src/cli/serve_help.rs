@@ -42,6 +42,12 @@ const TABLE: &[(&str, &str, &str, bool)] = &[
         true,
     ),
     (
+        "console",
+        LISTENERS,
+        "Serve the operator console at /ui on the admin listener",
+        false,
+    ),
+    (
         "socks",
         LISTENERS,
         "Also accept SOCKS5 on this address",

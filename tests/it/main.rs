@@ -29,6 +29,7 @@ mod bad_input;
 mod ca_and_env;
 mod cli_surface;
 mod connect_gate;
+mod console;
 mod credentials_client_cert;
 mod credentials_github;
 mod credentials_grants;

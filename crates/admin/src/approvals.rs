@@ -132,6 +132,22 @@ pub async fn answer(
     body: AnswerBody,
     by: &str,
 ) -> Response<Body> {
+    match take_answer(proxy, gov, peer, id, body, by).await {
+        Ok(a) => json(StatusCode::OK, &shown(&a)),
+        Err((status, why)) => error(status, &why),
+    }
+}
+
+/// Takes an answer (from the API, the CLI, a signed link or the console): the parked request
+/// is released, the decision recorded and its notifications queued. `Err`: the status and why.
+pub async fn take_answer(
+    proxy: &Arc<Proxy>,
+    gov: &Governance,
+    peer: SocketAddr,
+    id: &str,
+    body: AnswerBody,
+    by: &str,
+) -> Result<Approval, (StatusCode, String)> {
     let note = body.note.map(|n| n.chars().take(1024).collect::<String>());
     let answer = Answer {
         decision: body.decision,
@@ -147,14 +163,14 @@ pub async fn answer(
             if let Err(e) = gov.decided(&proxy.policy(), &a).await {
                 tracing::error!(approval.id = %a.id, error = %e, "cannot queue the decision's notifications");
             }
-            json(StatusCode::OK, &shown(&a))
+            Ok(a)
         }
         Err(AnswerError::NotFound(_)) => {
-            error(StatusCode::NOT_FOUND, &format!("no approval {id:?}"))
+            Err((StatusCode::NOT_FOUND, format!("no approval {id:?}")))
         }
-        Err(e @ AnswerError::Conflict { .. }) => error(StatusCode::CONFLICT, &e.to_string()),
-        Err(e @ AnswerError::Invalid(_)) => error(StatusCode::BAD_REQUEST, &e.to_string()),
-        Err(AnswerError::Store(e)) => error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+        Err(e @ AnswerError::Conflict { .. }) => Err((StatusCode::CONFLICT, e.to_string())),
+        Err(e @ AnswerError::Invalid(_)) => Err((StatusCode::BAD_REQUEST, e.to_string())),
+        Err(AnswerError::Store(e)) => Err((StatusCode::SERVICE_UNAVAILABLE, e.to_string())),
     }
 }
 
@@ -337,12 +353,7 @@ fn page(
     detail: &str,
     form: Option<(&str, &str, &str)>,
 ) -> Response<Body> {
-    let esc = |s: &str| {
-        s.replace('&', "&amp;")
-            .replace('<', "&lt;")
-            .replace('>', "&gt;")
-            .replace('"', "&quot;")
-    };
+    let esc = crate::console::html::esc;
     let button = form.map_or(String::new(), |(path, query, label)| {
         format!(
             "<form method=\"post\" action=\"{}?{}\"><button type=\"submit\">{}</button></form>",

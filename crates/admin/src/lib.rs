@@ -15,6 +15,9 @@
 //!   and the answers (`approvals`).
 //! - `GET /limits`: the `[limits]` in force and every counter charged, with its use now.
 //!
+//! - With `--console`, `/ui…`: the operator console's HTML pages (`console`), behind a sign-in
+//!   that exchanges an admin token for a session cookie; without it, `/ui` is `404`.
+//!
 //! With `--admin-token`, every endpoint but `/healthz` and `/readyz` needs
 //! `Authorization: Bearer TOKEN` (compared in constant time).
 
@@ -29,6 +32,7 @@ use latchkey_ship as ship;
 use latchkey_wire::reason;
 
 mod approvals;
+mod console;
 pub mod sessions;
 #[path = "console/traffic.rs"]
 pub mod traffic;
@@ -81,9 +85,12 @@ pub async fn serve(
     token: Option<SecretValue>,
     ship: Option<Arc<Shipper>>,
     env: sessions::SessionEnv,
+    console: bool,
 ) {
     let token = Arc::new(token);
     let env = Arc::new(env);
+    // `--console`: the pages under /ui and their sign-ins, for the life of the process.
+    let console = console.then(|| Arc::new(console::Console::new()));
     // Keeps serving while the proxy drains, so /readyz can say 503; the process exit ends it.
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -98,18 +105,21 @@ pub async fn serve(
         let token = token.clone();
         let ship = ship.clone();
         let env = env.clone();
+        let console = console.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req| {
                 let proxy = proxy.clone();
                 let token = token.clone();
                 let ship = ship.clone();
                 let env = env.clone();
+                let console = console.clone();
                 async move {
                     let served = Served {
                         ship: ship.as_deref(),
                         token: token.as_ref().as_ref(),
                         env: &env,
                         peer,
+                        console: console.as_deref(),
                     };
                     Ok::<_, Infallible>(route(&proxy, served, req).await)
                 }
@@ -130,6 +140,17 @@ struct Caller {
     /// The policy token's name; `admin` for `--admin-token` (or no token configured).
     name: String,
     scopes: std::collections::BTreeSet<AdminScope>,
+    /// Which kind of token admitted it.
+    via: Via,
+}
+
+/// What admitted a caller: no token configured at all, `--admin-token`, or the policy's
+/// `[admin.tokens.NAME]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Via {
+    Open,
+    AdminToken,
+    Policy,
 }
 
 /// The caller `req`'s `Authorization: Bearer` names: `--admin-token` may do everything, a
@@ -141,41 +162,60 @@ async fn caller(
     token: Option<&SecretValue>,
     req: &Request<Incoming>,
 ) -> Option<Caller> {
-    let policy = proxy.policy();
-    let everything = || Caller {
-        name: "admin".to_string(),
-        scopes: AdminScope::ALL.into_iter().collect(),
-    };
-    if token.is_none() && policy.admin_tokens().is_empty() {
-        return Some(everything());
-    }
     let presented = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)?;
+        .map(str::trim);
+    caller_by(proxy, token, presented).await
+}
+
+/// The caller a presented token names (see [`caller`]); the console's sign-in uses it too, so
+/// a token admits the same person with the same scopes either way.
+async fn caller_by(
+    proxy: &Proxy,
+    token: Option<&SecretValue>,
+    presented: Option<&str>,
+) -> Option<Caller> {
+    let policy = proxy.policy();
+    let everything = |via| Caller {
+        name: "admin".to_string(),
+        scopes: AdminScope::ALL.into_iter().collect(),
+        via,
+    };
+    if token.is_none() && policy.admin_tokens().is_empty() {
+        return Some(everything(Via::Open));
+    }
+    let presented = presented?;
     let mut found = token
         .is_some_and(|t| t.ct_eq(presented.as_bytes()))
-        .then(everything);
+        .then(|| everything(Via::AdminToken));
     for t in policy.admin_tokens() {
-        let key = crate::policy::access::admin_token_key(&t.name);
-        let Ok(value) = policy.secrets().get(&key).await else {
+        let Some(value) = policy_token(proxy, &t.name).await else {
             continue;
         };
-        // As `--admin-token`: a token short enough to guess admits nobody.
-        if value.expose().len() < MIN_TOKEN_LEN {
-            short_token_warning(&t.name);
-            continue;
-        }
         if value.ct_eq(presented.as_bytes()) && found.is_none() {
             found = Some(Caller {
                 name: t.name.clone(),
                 scopes: t.scopes.clone(),
+                via: Via::Policy,
             });
         }
     }
     found
+}
+
+/// The value of the policy's `[admin.tokens.NAME]` in force, when it may admit anyone (as
+/// `--admin-token`: a token short enough to guess admits nobody).
+async fn policy_token(proxy: &Proxy, name: &str) -> Option<SecretValue> {
+    let key = crate::policy::access::admin_token_key(name);
+    let value = proxy.policy().secrets().get(&key).await.ok()?;
+    if value.expose().len() < MIN_TOKEN_LEN {
+        short_token_warning(name);
+        return None;
+    }
+    Some(value)
 }
 
 /// The shortest admin token accepted (as `serve --admin-token` requires).
@@ -215,16 +255,25 @@ struct Served<'a> {
     token: Option<&'a SecretValue>,
     env: &'a sessions::SessionEnv,
     peer: std::net::SocketAddr,
+    /// The console, with `--console`.
+    console: Option<&'a console::Console>,
 }
 
 async fn route(proxy: &Arc<Proxy>, served: Served<'_>, req: Request<Incoming>) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    if path == "/ui" || path.starts_with("/ui/") {
+        return match served.console {
+            Some(c) => console::route(proxy, c, &served, req).await,
+            None => respond(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
+        };
+    }
     let Served {
         ship,
         token,
         env,
         peer,
+        console: _,
     } = served;
-    let path = req.uri().path().to_string();
     match (req.method(), path.as_str()) {
         (&Method::GET, "/healthz") => respond(StatusCode::OK, "text/plain", "ok\n"),
         (&Method::GET, "/readyz") => {

@@ -54,7 +54,7 @@ impl SessionEnv {
     }
 
     /// `http://ID:TOKEN@HOST:PORT`.
-    fn proxy_url(&self, id: &str, token: &str) -> String {
+    pub(crate) fn proxy_url(&self, id: &str, token: &str) -> String {
         match self.proxy.split_once("://") {
             Some((scheme, rest)) => format!("{scheme}://{id}:{token}@{rest}"),
             None => format!("http://{id}:{token}@{}", self.proxy),
@@ -169,52 +169,49 @@ async fn create(
 }
 
 async fn list(sessions: &Sessions, query: &str) -> Response<Body> {
+    let filter = match filter_of(query) {
+        Ok(f) => f,
+        Err(why) => return error(StatusCode::BAD_REQUEST, &why),
+    };
+    match sessions.list(&filter).await {
+        Ok(list) => json(StatusCode::OK, &serde_json::json!({ "sessions": list })),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
+    }
+}
+
+/// The filter a list's query asks for (`profile`, `label=k=v`, `state`, `limit`; an empty
+/// value is no filter); `Err` names the bad parameter.
+pub(crate) fn filter_of(query: &str) -> Result<Filter, String> {
     let mut filter = Filter {
         limit: 1000,
         ..Filter::default()
     };
     for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+        if v.is_empty() && k != "limit" {
+            continue;
+        }
         match &*k {
             "profile" => filter.profile = Some(v.to_string()),
             "label" => match v.split_once('=') {
                 Some((k, v)) => filter.label = Some((k.to_string(), v.to_string())),
-                None => {
-                    return error(
-                        StatusCode::BAD_REQUEST,
-                        &format!("label {v:?}: use key=value"),
-                    )
-                }
+                None => return Err(format!("label {v:?}: use key=value")),
             },
             "state" => match &*v {
                 "live" | "revoked" | "expired" => filter.state = Some(v.to_string()),
-                other => {
-                    return error(
-                        StatusCode::BAD_REQUEST,
-                        &format!("state {other:?} is not live, revoked or expired"),
-                    )
-                }
+                other => return Err(format!("state {other:?} is not live, revoked or expired")),
             },
             "limit" => match v.parse::<usize>() {
                 Ok(n) if n >= 1 => filter.limit = n,
-                _ => {
-                    return error(
-                        StatusCode::BAD_REQUEST,
-                        &format!("limit {v:?}: a whole number of at least 1"),
-                    )
-                }
+                _ => return Err(format!("limit {v:?}: a whole number of at least 1")),
             },
             other => {
-                return error(
-                    StatusCode::BAD_REQUEST,
-                    &format!("unknown parameter {other:?}: use profile, label, state or limit"),
-                )
+                return Err(format!(
+                    "unknown parameter {other:?}: use profile, label, state or limit"
+                ))
             }
         }
     }
-    match sessions.list(&filter).await {
-        Ok(list) => json(StatusCode::OK, &serde_json::json!({ "sessions": list })),
-        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, &e.to_string()),
-    }
+    Ok(filter)
 }
 
 async fn extend(sessions: &Sessions, id: &str, req: Request<Incoming>) -> Response<Body> {

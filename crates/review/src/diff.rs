@@ -79,6 +79,15 @@ pub struct Diff {
 }
 
 impl Diff {
+    /// The one-line verdict the reports end with: whether it widens, and how many changes.
+    pub fn verdict(&self) -> String {
+        match (self.widening(), self.narrowing()) {
+            (0, 0) => "no change in reach".to_string(),
+            (0, n) => format!("does not widen reach: {n} change(s) narrow"),
+            (w, n) => format!("widens reach: {w} change(s) widen, {n} narrow"),
+        }
+    }
+
     /// Changes that widen reach, in all identities.
     pub fn widening(&self) -> usize {
         self.count(Direction::Widened)

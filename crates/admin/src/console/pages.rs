@@ -1,0 +1,342 @@
+//! The console's read-only pages: the overview (policy, reloads, connections, audit health),
+//! limits and spend, and the policy (reach per identity, and a candidate's diff).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use http::{Response, StatusCode};
+
+use super::html::{self, esc};
+use super::Signed;
+use crate::policy::compile::{PolicySources, SecretLoading};
+use crate::proxy::Proxy;
+use crate::ship::Shipper;
+use crate::Body;
+
+/// `/ui`: what `GET /status` says, for people.
+pub async fn overview(proxy: &Proxy, ship: Option<&Shipper>, signed: &Signed) -> Response<Body> {
+    let s = crate::status(proxy, ship).await;
+    let policy = &s["policy"];
+    let files: Vec<String> = policy["files"]
+        .as_array()
+        .map(|a| a.iter().map(html::text).collect())
+        .unwrap_or_default();
+    let identities = policy["identities"].as_array().map_or(0, Vec::len);
+    let reload = &s["reload"];
+    let mut body = String::from("<h2>Policy</h2>");
+    let rows = vec![
+        vec!["digest".into(), esc(&html::text(&policy["digest"]))],
+        vec!["files".into(), esc(&files.join(", "))],
+        vec!["rules".into(), esc(&html::text(&policy["rules"]))],
+        vec!["identities".into(), identities.to_string()],
+        vec!["last reload".into(), esc(&html::text(&reload["last_ok"]))],
+        vec![
+            "last reload error".into(),
+            error_cell(&reload["last_error"]),
+        ],
+        vec![
+            "reloads / failed".into(),
+            esc(&format!(
+                "{} / {}",
+                html::text(&reload["reloads"]),
+                html::text(&reload["errors"])
+            )),
+        ],
+    ];
+    body.push_str(&html::table(&["", ""], &rows, ""));
+    body.push_str("<h2>Process</h2>");
+    let rows = vec![
+        vec!["uptime".into(), uptime(&s["uptime_seconds"])],
+        vec![
+            "connections".into(),
+            esc(&html::text(&s["connections_active"])),
+        ],
+        vec![
+            "shutting down".into(),
+            esc(&html::text(&s["shutting_down"])),
+        ],
+    ];
+    body.push_str(&html::table(&["", ""], &rows, ""));
+    body.push_str(&audit_health(&s));
+    if !s["state"].is_null() {
+        body.push_str("<h2>State store</h2>");
+        body.push_str(&html::fields(&s["state"]));
+    }
+    html::page(StatusCode::OK, "Overview", Some(signed), &body)
+}
+
+/// The audit log's health: written, failed, and with `--audit-ship` how far shipping lags.
+fn audit_health(s: &serde_json::Value) -> String {
+    let audit = &s["audit"];
+    let healthy = audit["healthy"].as_bool().unwrap_or(false);
+    let mut out = String::from("<h2>Audit health</h2>");
+    let rows = vec![
+        vec![
+            "healthy".into(),
+            if healthy {
+                "<span class=\"good\">yes</span>".to_string()
+            } else {
+                "<span class=\"bad\">no: records cannot be written</span>".to_string()
+            },
+        ],
+        vec![
+            "records written".into(),
+            esc(&html::text(&audit["written"])),
+        ],
+        vec!["records failed".into(), esc(&html::text(&audit["failed"]))],
+    ];
+    out.push_str(&html::table(&["", ""], &rows, ""));
+    out.push_str("<h3>Shipping</h3>");
+    if s["audit_ship"].is_null() {
+        out.push_str("<p class=\"empty\">not shipping (no <code>--audit-ship</code>)</p>");
+    } else {
+        out.push_str(&html::fields(&s["audit_ship"]));
+    }
+    out.push_str(
+        "<p>The hash chain and checkpoints are verified offline: <code>latchkey audit verify</code>.</p>",
+    );
+    out
+}
+
+fn error_cell(v: &serde_json::Value) -> String {
+    match v.as_str() {
+        Some(e) => format!("<pre class=\"bad\">{}</pre>", esc(e)),
+        None => "none".to_string(),
+    }
+}
+
+fn uptime(v: &serde_json::Value) -> String {
+    let secs = v.as_u64().unwrap_or(0);
+    esc(&humantime::format_duration(std::time::Duration::from_secs(secs)).to_string())
+}
+
+/// `/ui/limits`: what `GET /limits` carries, as tables.
+pub async fn limits(proxy: &Proxy, signed: &Signed) -> Response<Body> {
+    let l = crate::limits(proxy).await;
+    let mut body = String::new();
+    let store = match l["store"].as_str() {
+        Some(s) => format!(
+            "{} ({})",
+            s,
+            if l["embedded"].as_bool() == Some(true) {
+                "this process"
+            } else {
+                "shared"
+            }
+        ),
+        None => "no limits are charged".to_string(),
+    };
+    body.push_str(&format!("<p>Counters kept in: {}</p>", esc(&store)));
+    let rows: Vec<Vec<String>> = each(&l["limits"])
+        .map(|d| {
+            ["name", "per", "summary", "on_store_error"]
+                .iter()
+                .map(|k| esc(&html::text(&d[*k])))
+                .collect()
+        })
+        .collect();
+    body.push_str("<h2>Limits in force</h2>");
+    body.push_str(&html::table(
+        &["limit", "per", "what", "store down"],
+        &rows,
+        "no [limits] in the policy",
+    ));
+    let heads = [
+        "limit",
+        "measure",
+        "key",
+        "used",
+        "limit",
+        "remaining",
+        "resets",
+    ];
+    let keys = [
+        "limit",
+        "measure",
+        "key",
+        "used",
+        "limit_value",
+        "remaining",
+        "resets_at",
+    ];
+    let rows: Vec<Vec<String>> = each(&l["counters"])
+        .map(|c| keys.iter().map(|k| esc(&html::text(&c[*k]))).collect())
+        .collect();
+    body.push_str("<h2>Counters</h2><p><label>Filter <input type=\"search\" data-filter=\"counters\"></label></p><div id=\"counters\">");
+    body.push_str(&html::table(&heads, &rows, "nothing charged yet"));
+    body.push_str("</div><h2>Prices</h2>");
+    body.push_str(&html::fields(&l["prices"]));
+    html::page(StatusCode::OK, "Limits", Some(signed), &body)
+}
+
+fn each(v: &serde_json::Value) -> impl Iterator<Item = &serde_json::Value> {
+    v.as_array().into_iter().flatten()
+}
+
+/// `/ui/policy`: the policy in force, the reach of the chosen identity, the diff form.
+pub fn policy(proxy: &Proxy, signed: &Signed, query: &str) -> Response<Body> {
+    let policy = proxy.policy();
+    let reload = proxy.reload_state();
+    let chosen = form_urlencoded::parse(query.as_bytes())
+        .find(|(k, _)| k == "identity")
+        .map(|(_, v)| v.into_owned());
+    let mut body = String::from("<h2>In force</h2>");
+    let files: Vec<String> = policy
+        .files()
+        .iter()
+        .map(|f| f.display().to_string())
+        .collect();
+    let rows = vec![
+        vec!["digest".into(), esc(policy.digest())],
+        vec!["files".into(), esc(&files.join(", "))],
+        vec![
+            "last reload error".into(),
+            error_cell(&serde_json::json!(reload.last_error)),
+        ],
+    ];
+    body.push_str(&html::table(&["", ""], &rows, ""));
+    body.push_str("<h2>Reach</h2><form method=\"get\" action=\"/ui/policy\"><label>Identity <select name=\"identity\">");
+    let mut names: Vec<&str> = policy
+        .identities()
+        .iter()
+        .map(|i| i.name.as_str())
+        .collect();
+    if names.is_empty() {
+        names.push(crate::policy::DEFAULT_IDENTITY);
+    }
+    for n in &names {
+        let sel = if chosen.as_deref() == Some(n) {
+            " selected"
+        } else {
+            ""
+        };
+        body.push_str(&format!(
+            "<option value=\"{v}\"{sel}>{v}</option>",
+            v = esc(n)
+        ));
+    }
+    body.push_str("</select></label> <button type=\"submit\">Show reach</button></form>");
+    let mut status = StatusCode::OK;
+    if let Some(name) = chosen {
+        match crate::policy::reach::reach(&policy, &name) {
+            Ok(r) => {
+                body.push_str(&format!(
+                    "<p>Reach of <strong>{}</strong>: <code>{}</code> (the <code>reach</code> its audit records carry)</p><pre>",
+                    esc(&r.identity),
+                    esc(&r.reach)
+                ));
+                for item in &r.items {
+                    body.push_str(&esc(item));
+                    body.push('\n');
+                }
+                body.push_str("</pre>");
+            }
+            Err(e) => {
+                status = StatusCode::BAD_REQUEST;
+                body.push_str(&format!("<p class=\"bad\">{}</p>", esc(&e.to_string())));
+            }
+        }
+    }
+    body.push_str(&format!(
+        "<h2>Diff a candidate</h2><p>Paste a complete candidate policy (one TOML file): it is compared with the policy in force, \
+as <code>latchkey diff</code> does. Nothing is changed: policy changes go through review.</p>\
+<form method=\"post\" action=\"/ui/policy/diff\">{}<textarea name=\"candidate\" rows=\"16\" required></textarea>\
+<p><button type=\"submit\">Compare</button></p></form>",
+        html::csrf_field(signed)
+    ));
+    html::page(status, "Policy", Some(signed), &body)
+}
+
+/// `POST /ui/policy/diff`: the pasted candidate against the policy in force. Read-only.
+pub fn policy_diff(
+    proxy: &Arc<Proxy>,
+    signed: &Signed,
+    form: &HashMap<String, String>,
+) -> Response<Body> {
+    let text = form
+        .get("candidate")
+        .map(String::as_str)
+        .unwrap_or_default();
+    if text.trim().is_empty() {
+        return html::message(
+            StatusCode::BAD_REQUEST,
+            "Nothing to compare",
+            "paste a candidate policy in the candidate field",
+            Some(signed),
+            Some("/ui/policy"),
+        );
+    }
+    let candidate = PolicySources::from_files(
+        Path::new("candidate"),
+        vec![(PathBuf::from("candidate/candidate.toml"), text.to_string())],
+    )
+    .and_then(|s| s.compile(SecretLoading::Skip));
+    let candidate = match candidate {
+        Ok(p) => p,
+        Err(e) => {
+            // Every problem, one per line, located in `candidate/candidate.toml`.
+            let why = e.to_string();
+            let body = format!(
+                "<p class=\"bad\">The candidate does not load:</p><pre>{}</pre><p><a href=\"/ui/policy\">Back</a></p>",
+                esc(&why)
+            );
+            return html::page(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "Policy diff",
+                Some(signed),
+                &body,
+            );
+        }
+    };
+    let in_force = proxy.policy();
+    let d = crate::review::diff::diff((&in_force, "in force"), (&candidate, "candidate"));
+    html::page(StatusCode::OK, "Policy diff", Some(signed), &diff_html(&d))
+}
+
+fn diff_html(d: &crate::review::diff::Diff) -> String {
+    use crate::review::diff::Direction;
+    let verdict = d.verdict();
+    let class = if d.widening() > 0 {
+        "widened"
+    } else {
+        "narrowed"
+    };
+    let mut out = format!(
+        "<p>In force <code>{}</code> → candidate <code>{}</code></p><p class=\"{class}\"><strong>{}</strong></p>",
+        esc(&d.old.policy),
+        esc(&d.new.policy),
+        esc(&verdict)
+    );
+    for id in &d.identities {
+        out.push_str(&format!(
+            "<h2>identity {} ({})</h2><ul>",
+            esc(&id.identity),
+            esc(id.status.as_str())
+        ));
+        for c in &id.changes {
+            let (mark, class) = match c.direction {
+                Direction::Widened => ("+", "widened"),
+                Direction::Narrowed => ("−", "narrowed"),
+            };
+            out.push_str(&format!(
+                "<li class=\"{class}\">{mark} {} <span class=\"direction\">({class})</span>",
+                esc(&c.summary),
+            ));
+            if let (Some(rule), Some(origin)) = (&c.rule, &c.origin) {
+                out.push_str(&format!(" — rule {}, {}", esc(rule), esc(origin)));
+            }
+            if let Some(e) = &c.example {
+                out.push_str(&format!(
+                    "<br><small>e.g. {} {}</small>",
+                    esc(&e.method),
+                    esc(&e.url)
+                ));
+            }
+            out.push_str("</li>");
+        }
+        out.push_str("</ul>");
+    }
+    out.push_str("<p><a href=\"/ui/policy\">Back</a></p>");
+    out
+}
