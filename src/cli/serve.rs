@@ -63,8 +63,9 @@ pub struct Server {
     /// What `POST /sessions` returns as a session's environment: the trust variables (the
     /// proxy URL is added once the listener's address is known, or `--session-proxy-url`).
     session_env: crate::admin::sessions::SessionEnv,
-    /// `--console`: the operator console under `/ui` on the admin listener.
-    console: bool,
+    /// `--console`: the operator console under `/ui` on the admin listener, over the audit
+    /// log's live stream (whose tap is in the writer only then: no console, no tap).
+    console: Option<crate::audit::live::Live>,
 }
 
 impl std::fmt::Debug for Server {
@@ -137,6 +138,10 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
     if let Some(ship) = &ship {
         options.taps.push(ship.tap());
     }
+    let console = args.console.then(crate::audit::live::Live::default);
+    if let Some(live) = &console {
+        options.taps.push(live.tap());
+    }
     let audit = crate::audit::AuditLog::open_with(&args.audit, options)?;
     let rules = policy.rules().len();
     let digest = policy.digest().to_string();
@@ -160,7 +165,7 @@ pub fn build(args: &ServeArgs, policies: PathBuf, policy: Policy) -> anyhow::Res
         ship,
         session_env,
         secrets_startup: args.secrets_startup,
-        console: args.console,
+        console,
     })
 }
 

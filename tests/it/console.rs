@@ -13,13 +13,13 @@ use crate::support::approvals::{
 };
 use crate::support::clients::RawResponse;
 
-const READER_TOKEN: &str = "adm-reader-console-5f2a9c71e0d4b863";
-const APPROVER_TOKEN: &str = "adm-approver-console-8b3e1d60c9a7f254";
+pub(crate) const READER_TOKEN: &str = "adm-reader-console-5f2a9c71e0d4b863";
+pub(crate) const APPROVER_TOKEN: &str = "adm-approver-console-8b3e1d60c9a7f254";
 const KEY: &str = "sk-console-upstream-key-71d0e9c4b2a8";
 
 /// The ask policy (`prod-writes` asks with a 30 s hold), a rule injecting a secret, a profile,
 /// and two scoped admin tokens.
-fn policy() -> String {
+pub(crate) fn policy() -> String {
     format!(
         "{}\n\
 [secrets.key]\nsource = \"env:LK_CONSOLE_KEY\"\n\n\
@@ -32,7 +32,7 @@ fn policy() -> String {
     )
 }
 
-fn world(console: bool) -> AskWorld {
+pub(crate) fn world(console: bool) -> AskWorld {
     ask_world(&policy(), |b| {
         let b = b
             .arg("--admin-token")
@@ -58,7 +58,7 @@ const PAGES: &[&str] = &[
 ];
 
 /// Every secret value the tests set: none may appear in a console response.
-const SECRETS: &[&str] = &[
+pub(crate) const SECRETS: &[&str] = &[
     READER_TOKEN,
     APPROVER_TOKEN,
     ADMIN_TOKEN,
@@ -152,7 +152,7 @@ fn assert_secure_headers(what: &str, resp: &RawResponse) {
             "default-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'; object-src 'none'",
         ),
         ("x-content-type-options", "nosniff"),
-        ("referrer-policy", "no-referrer"),
+        ("referrer-policy", "same-origin"),
         ("x-frame-options", "DENY"),
         ("cache-control", "no-store"),
     ] {

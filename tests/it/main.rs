@@ -30,6 +30,7 @@ mod ca_and_env;
 mod cli_surface;
 mod connect_gate;
 mod console;
+mod console_browser;
 mod credentials_client_cert;
 mod credentials_github;
 mod credentials_grants;

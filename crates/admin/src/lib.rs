@@ -34,8 +34,6 @@ use latchkey_wire::reason;
 mod approvals;
 mod console;
 pub mod sessions;
-#[path = "console/traffic.rs"]
-pub mod traffic;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -56,10 +54,11 @@ use crate::secrets::SecretValue;
 pub const OPENAPI: &str = include_str!("../openapi.json");
 use crate::ship::Shipper;
 
-type Body = Full<Bytes>;
+/// Every answer's body: whole (`respond`, `json`) or, for the console's live traffic, a stream.
+type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, Infallible>;
 
 fn respond(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Response<Body> {
-    let mut res = Response::new(Full::new(body.into()));
+    let mut res = Response::new(Full::new(body.into()).boxed_unsync());
     *res.status_mut() = status;
     if let Ok(v) = header::HeaderValue::from_str(content_type) {
         res.headers_mut().insert(header::CONTENT_TYPE, v);
@@ -85,12 +84,12 @@ pub async fn serve(
     token: Option<SecretValue>,
     ship: Option<Arc<Shipper>>,
     env: sessions::SessionEnv,
-    console: bool,
+    console: Option<audit::live::Live>,
 ) {
     let token = Arc::new(token);
     let env = Arc::new(env);
     // `--console`: the pages under /ui and their sign-ins, for the life of the process.
-    let console = console.then(|| Arc::new(console::Console::new()));
+    let console = console.map(|live| Arc::new(console::Console::new(live)));
     // Keeps serving while the proxy drains, so /readyz can say 503; the process exit ends it.
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -478,6 +477,12 @@ fn status_of(proxy: &Proxy, ship: Option<&Shipper>) -> serde_json::Value {
 }
 
 fn explain(proxy: &Proxy, query: &str) -> Response<Body> {
+    let (status, value) = explain_value(proxy, query);
+    json(status, &value)
+}
+
+/// `/explain`'s answer for `query`, as a status and JSON (the console shows the same).
+pub(crate) fn explain_value(proxy: &Proxy, query: &str) -> (StatusCode, serde_json::Value) {
     let mut method = None;
     let mut url = None;
     let mut identity = None;
@@ -495,9 +500,9 @@ fn explain(proxy: &Proxy, query: &str) -> Response<Body> {
                     headers.append(name, value);
                 }
                 None => {
-                    return json(
+                    return (
                         StatusCode::BAD_REQUEST,
-                        &serde_json::json!({"error": "header: give it as NAME:VALUE (a valid header name and value)"}),
+                        serde_json::json!({"error": "header: give it as NAME:VALUE (a valid header name and value)"}),
                     )
                 }
             },
@@ -513,9 +518,9 @@ fn explain(proxy: &Proxy, query: &str) -> Response<Body> {
             }
             Ok(_) => {}
             Err(_) => {
-                return json(
+                return (
                     StatusCode::BAD_REQUEST,
-                    &serde_json::json!({"error": "content_type: not a valid header value"}),
+                    serde_json::json!({"error": "content_type: not a valid header value"}),
                 )
             }
         }
@@ -527,9 +532,9 @@ fn explain(proxy: &Proxy, query: &str) -> Response<Body> {
             .map(str::to_string)
     });
     let (Some(method), Some(url)) = (method, url) else {
-        return json(
+        return (
             StatusCode::BAD_REQUEST,
-            &serde_json::json!({"error": "give method and url, e.g. /explain?method=GET&url=https://api.github.com/zen"}),
+            serde_json::json!({"error": "give method and url, e.g. /explain?method=GET&url=https://api.github.com/zen"}),
         );
     };
     let policy = proxy.policy();
@@ -541,15 +546,15 @@ fn explain(proxy: &Proxy, query: &str) -> Response<Body> {
     match crate::review::explain::explain_with(&policy, identity.as_deref(), &method, &url, carried)
     {
         Ok(e) => match serde_json::to_value(&e) {
-            Ok(v) => json(StatusCode::OK, &v),
-            Err(err) => json(
+            Ok(v) => (StatusCode::OK, v),
+            Err(err) => (
                 StatusCode::INTERNAL_SERVER_ERROR,
-                &serde_json::json!({"error": err.to_string()}),
+                serde_json::json!({"error": err.to_string()}),
             ),
         },
-        Err(err) => json(
+        Err(err) => (
             StatusCode::BAD_REQUEST,
-            &serde_json::json!({"error": err.to_string()}),
+            serde_json::json!({"error": err.to_string()}),
         ),
     }
 }

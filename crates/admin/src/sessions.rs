@@ -124,8 +124,8 @@ pub async fn route(
                 },
                 (Method::DELETE, None) => match sessions.revoke(rest, Some(by)).await {
                     Ok(_) => {
-                        let mut res = Response::new(http_body_util::Full::new(bytes::Bytes::new()));
-                        *res.status_mut() = StatusCode::NO_CONTENT;
+                        let mut res = crate::respond(StatusCode::NO_CONTENT, "text/plain", "");
+                        res.headers_mut().remove(http::header::CONTENT_TYPE);
                         res
                     }
                     Err(e) => create_error(&e),

@@ -46,6 +46,7 @@ const TOOLS: &[(&str, &str)] = &[
     ("objcopy", "binutils"),
     ("systemd-analyze", "systemd"),
     ("kubectl", "kubernetes-client"),
+    ("chromium", "chromium"),
 ];
 
 /// The pinned requirements the Python environment is built from.

@@ -26,10 +26,12 @@ pub fn esc(s: &str) -> String {
 
 const CSS: &str = include_str!("assets/console.css");
 const JS: &str = include_str!("assets/console.js");
+const ICON: &str = include_str!("assets/favicon.svg");
 
 /// The pages the nav bar lists: (path, label).
 const NAV: &[(&str, &str)] = &[
     ("/ui", "Overview"),
+    ("/ui/traffic", "Traffic"),
     ("/ui/approvals", "Approvals"),
     ("/ui/sessions", "Sessions"),
     ("/ui/limits", "Limits"),
@@ -46,7 +48,9 @@ pub fn secure(res: &mut Response<Body>) {
             "default-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'; object-src 'none'",
         ),
         ("x-content-type-options", "nosniff"),
-        ("referrer-policy", "no-referrer"),
+        // same-origin, not no-referrer: under no-referrer a browser sends `Origin: null` with
+        // every form, which the origin check (rightly) refuses. Nothing here links elsewhere.
+        ("referrer-policy", "same-origin"),
         ("x-frame-options", "DENY"),
         ("cache-control", "no-store"),
     ] {
@@ -66,6 +70,8 @@ pub fn asset(path: &str) -> Option<Response<Body>> {
             "text/javascript; charset=utf-8",
             JS,
         )),
+        // Named by every page, so the browser never asks /favicon.ico (an admin API path).
+        "/ui/assets/favicon.svg" => Some(respond(StatusCode::OK, "image/svg+xml", ICON)),
         _ => None,
     }
 }
@@ -106,7 +112,7 @@ pub fn page(
     let html = format!(
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"robots\" content=\"noindex\">\
 <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>latchkey: {t}</title>\
-<link rel=\"stylesheet\" href=\"/ui/assets/console.css\"><script src=\"/ui/assets/console.js\" defer></script></head>\
+<link rel=\"icon\" href=\"/ui/assets/favicon.svg\" type=\"image/svg+xml\"><link rel=\"stylesheet\" href=\"/ui/assets/console.css\"><script src=\"/ui/assets/console.js\" defer></script></head>\
 <body><header><span class=\"brand\">latchkey</span>{nav}</header><main><h1>{t}</h1>{body}</main></body></html>\n",
         t = esc(title),
     );

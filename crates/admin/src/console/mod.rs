@@ -14,6 +14,7 @@ pub mod html;
 mod pages;
 mod sessions;
 mod store;
+pub mod traffic;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -38,10 +39,14 @@ const MAX_POLICY_FORM: usize = 1024 * 1024;
 pub struct Console {
     store: store::Store,
     key: aws_lc_rs::hmac::Key,
+    /// The audit log's live stream, for the traffic page.
+    live: crate::audit::live::Live,
+    watchers: Arc<traffic::Watchers>,
 }
 
 impl Console {
-    pub fn new() -> Self {
+    /// The console over `live`, the audit writer's live stream (its tap is in the writer).
+    pub fn new(live: crate::audit::live::Live) -> Self {
         let mut key = [0u8; 32];
         // Fingerprints only tell a rotated token (they live in memory, of high-entropy tokens):
         // on a generator failure a fixed key still does that, so warn rather than refuse.
@@ -51,6 +56,8 @@ impl Console {
         Self {
             store: store::Store::default(),
             key: aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, &key),
+            live,
+            watchers: Arc::default(),
         }
     }
 
@@ -138,7 +145,7 @@ async fn route_inner(
         }
     };
     let mut res = match method {
-        Method::GET => get(proxy, served, &signed, &req).await,
+        Method::GET => get(proxy, console, served, &signed, &req).await,
         Method::POST => post(proxy, console, served, &signed, req).await,
         _ => not_allowed(Some(&signed)),
     };
@@ -150,6 +157,7 @@ async fn route_inner(
 
 async fn get(
     proxy: &Arc<Proxy>,
+    console: &Console,
     served: &Served<'_>,
     signed: &Signed,
     req: &Request<Incoming>,
@@ -161,6 +169,11 @@ async fn get(
         "/ui/sessions" => sessions::page(proxy, signed, query).await,
         "/ui/limits" => pages::limits(proxy, signed).await,
         "/ui/policy" => pages::policy(proxy, signed, query),
+        "/ui/traffic" => traffic::page(signed, query),
+        "/ui/traffic/stream" => {
+            traffic::stream_response(&console.live, &console.watchers, signed, query)
+        }
+        "/ui/explain" => traffic::explain_page(proxy, signed, query),
         _ => html::message(
             StatusCode::NOT_FOUND,
             "Not found",

@@ -59,9 +59,11 @@ impl Filter {
                 "host" => &mut f.host,
                 "decision" => &mut f.decision,
                 "reason" => &mut f.reason,
-                other => return Err(format!(
+                other => {
+                    return Err(format!(
                     "unknown filter {other:?} (identity, session, profile, host, decision, reason)"
-                )),
+                ))
+                }
             };
             if slot.is_some() {
                 return Err(format!("filter {key} given twice"));
@@ -194,6 +196,109 @@ pub fn start(live: &Live, watchers: &Arc<Watchers>, filter: Filter) -> Option<St
         }
     });
     Some(Stream { rx })
+}
+
+/// `/ui/traffic`: the filter form and the table the script fills from the stream. Without the
+/// script the page still says where the stream is; the records themselves are in the log.
+pub fn page(signed: &super::Signed, query: &str) -> http::Response<crate::Body> {
+    use super::html::{self, esc};
+    let filter = match Filter::parse(query) {
+        Ok(f) => f,
+        Err(why) => {
+            return html::message(
+                http::StatusCode::BAD_REQUEST,
+                "Bad filter",
+                &why,
+                Some(signed),
+                Some("/ui/traffic"),
+            )
+        }
+    };
+    let field = |name: &str, value: &Option<String>| {
+        format!(
+            "<label>{name} <input name=\"{name}\" value=\"{}\" size=\"14\"></label> ",
+            esc(value.as_deref().unwrap_or_default())
+        )
+    };
+    let mut body = String::from("<form method=\"get\" action=\"/ui/traffic\" class=\"filters\">");
+    body.push_str(&field("identity", &filter.identity));
+    body.push_str(&field("session", &filter.session));
+    body.push_str(&field("profile", &filter.profile));
+    body.push_str(&field("host", &filter.host));
+    body.push_str(&field("decision", &filter.decision));
+    body.push_str(&field("reason", &filter.reason));
+    body.push_str("<button type=\"submit\">Filter</button></form>");
+    // The stream's address carries the same filter; the script reads it from data-stream.
+    let stream = if query.is_empty() {
+        "/ui/traffic/stream".to_string()
+    } else {
+        format!("/ui/traffic/stream?{query}")
+    };
+    body.push_str(&format!(
+        "<p id=\"traffic-state\" class=\"state\" data-stream=\"{}\">connecting to the live stream…</p>",
+        esc(&stream)
+    ));
+    body.push_str(
+        "<table id=\"traffic\" class=\"traffic\"><thead><tr><th>time</th><th>identity</th>\
+<th>session</th><th>method</th><th>host</th><th>path</th><th>decision</th><th>reason</th>\
+<th>status</th><th>rule</th></tr></thead><tbody></tbody></table>\
+<p class=\"hint\">Newest first; click a row for the whole record and a link to explain it. \
+The page shows requests from when it opened: <code>latchkey audit query</code> reads the log.</p>",
+    );
+    html::page(http::StatusCode::OK, "Live traffic", Some(signed), &body)
+}
+
+/// `/ui/traffic/stream`: the event stream for the filter in `query`.
+pub fn stream_response(
+    live: &Live,
+    watchers: &Arc<Watchers>,
+    signed: &super::Signed,
+    query: &str,
+) -> http::Response<crate::Body> {
+    use http_body_util::BodyExt as _;
+    let filter = match Filter::parse(query) {
+        Ok(f) => f,
+        Err(why) => {
+            return super::html::message(
+                http::StatusCode::BAD_REQUEST,
+                "Bad filter",
+                &why,
+                Some(signed),
+                None,
+            )
+        }
+    };
+    let Some(stream) = start(live, watchers, filter) else {
+        return super::html::message(
+            http::StatusCode::SERVICE_UNAVAILABLE,
+            "Too many watchers",
+            &format!("{MAX_WATCHERS} live streams are open already; close one and retry"),
+            Some(signed),
+            None,
+        );
+    };
+    let mut res = http::Response::new(stream.boxed_unsync());
+    let headers = res.headers_mut();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(
+        http::header::CACHE_CONTROL,
+        http::HeaderValue::from_static("no-store"),
+    );
+    res
+}
+
+/// `/ui/explain`: `/explain`'s answer for a request of the traffic page, as a table.
+pub fn explain_page(
+    proxy: &crate::proxy::Proxy,
+    signed: &super::Signed,
+    query: &str,
+) -> http::Response<crate::Body> {
+    let (status, value) = crate::explain_value(proxy, query);
+    let body = super::html::fields(&value);
+    super::html::page(status, "Explain", Some(signed), &body)
 }
 
 #[cfg(test)]
