@@ -15,6 +15,8 @@ use crate::support::clients::RawResponse;
 
 pub(crate) const READER_TOKEN: &str = "adm-reader-console-5f2a9c71e0d4b863";
 pub(crate) const APPROVER_TOKEN: &str = "adm-approver-console-8b3e1d60c9a7f254";
+/// May answer approvals and nothing else: not even read.
+const ANSWERER_TOKEN: &str = "adm-answerer-console-3c81f0a9d27e64b5";
 const KEY: &str = "sk-console-upstream-key-71d0e9c4b2a8";
 
 /// The ask policy (`prod-writes` asks with a 30 s hold), a rule injecting a secret, a profile,
@@ -27,7 +29,8 @@ pub(crate) fn policy() -> String {
 [rules.inject.headers]\nauthorization = \"Bearer {{{{secret.key}}}}\"\n\n\
 [profiles.worker]\nrules = [\"reads\"]\nttl = \"1h\"\n\n\
 [admin.tokens.reader]\ntoken = \"env:LK_READER_TOKEN\"\nscopes = [\"read\"]\n\n\
-[admin.tokens.approver]\ntoken = \"env:LK_APPROVER_TOKEN\"\nscopes = [\"read\", \"approvals:answer\", \"sessions:write\"]\n",
+[admin.tokens.approver]\ntoken = \"env:LK_APPROVER_TOKEN\"\nscopes = [\"read\", \"approvals:answer\", \"sessions:write\"]\n\n\
+[admin.tokens.answerer]\ntoken = \"env:LK_ANSWERER_TOKEN\"\nscopes = [\"approvals:answer\"]\n",
         ask_policy("30s", r#""once", "1h""#)
     )
 }
@@ -39,6 +42,7 @@ pub(crate) fn world(console: bool) -> AskWorld {
             .arg("env:LK_ADMIN_TOKEN")
             .env("LK_READER_TOKEN", READER_TOKEN)
             .env("LK_APPROVER_TOKEN", APPROVER_TOKEN)
+            .env("LK_ANSWERER_TOKEN", ANSWERER_TOKEN)
             .env("LK_CONSOLE_KEY", KEY);
         if console {
             b.arg("--console")
@@ -55,12 +59,14 @@ const PAGES: &[&str] = &[
     "/ui/sessions",
     "/ui/limits",
     "/ui/policy",
+    "/ui/traffic",
 ];
 
 /// Every secret value the tests set: none may appear in a console response.
 pub(crate) const SECRETS: &[&str] = &[
     READER_TOKEN,
     APPROVER_TOKEN,
+    ANSWERER_TOKEN,
     ADMIN_TOKEN,
     AGENT_TOKEN,
     LAB_TOKEN,
@@ -627,4 +633,29 @@ fn a_pasted_candidate_that_widens_reach_is_shown_as_widening() {
     assert_eq!(broken.status, 422, "{broken:#?}");
 
     sweep(&b.seen);
+}
+
+#[test]
+fn a_token_without_read_sees_no_page_as_the_api_shows_it_nothing() {
+    let w = world(true);
+    let mut answerer = sign_in(&w, ANSWERER_TOKEN);
+    for path in PAGES.iter().chain(&[
+        "/ui/traffic",
+        "/ui/traffic/stream",
+        "/ui/explain?method=GET&url=https://api.test/",
+    ]) {
+        let resp = answerer.get(path);
+        assert_eq!(resp.status, 403, "GET {path} without read: {resp:#?}");
+        assert!(resp.text().contains("no read scope"), "{path}");
+    }
+    // The API agrees: its GETs need read too.
+    let api = request(
+        &w,
+        "GET",
+        "/approvals",
+        &[("Authorization", &format!("Bearer {ANSWERER_TOKEN}"))],
+        "",
+    );
+    assert_eq!(api.status, 403, "{api:#?}");
+    sweep(&answerer.seen);
 }

@@ -162,6 +162,11 @@ async fn get(
     signed: &Signed,
     req: &Request<Incoming>,
 ) -> Response<Body> {
+    // Every page reads, as every GET of the admin API needs `read`: a token that may only
+    // answer approvals or write sessions sees no more here than the API would show it.
+    if !signed.may(AdminScope::Read) {
+        return no_read(signed);
+    }
     let query = req.uri().query().unwrap_or_default();
     match req.uri().path() {
         "/ui" | "/ui/" => pages::overview(proxy, served.ship, signed).await,
@@ -226,6 +231,9 @@ async fn post(
         return res;
     }
     if path == "/ui/policy/diff" {
+        if !signed.may(AdminScope::Read) {
+            return no_read(signed);
+        }
         return pages::policy_diff(proxy, signed, &form);
     }
     if let Some(id) = path.strip_prefix("/ui/approvals/") {
@@ -480,6 +488,17 @@ fn redirect(to: &'static str, id: Option<&str>) -> Response<Body> {
         set_cookie(&mut res, id);
     }
     res
+}
+
+/// A signed-in token without the `read` scope: it may post what its scopes allow, never look.
+fn no_read(signed: &Signed) -> Response<Body> {
+    html::message(
+        StatusCode::FORBIDDEN,
+        "Not allowed",
+        "this token has no read scope: the console's pages need it, as the admin API's GETs do",
+        Some(signed),
+        None,
+    )
 }
 
 fn not_allowed(signed: Option<&Signed>) -> Response<Body> {
