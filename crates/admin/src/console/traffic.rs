@@ -29,6 +29,9 @@ pub const MAX_WATCHERS: usize = 32;
 const QUEUE: usize = 64;
 /// How often an idle stream sends a comment line.
 const KEEPALIVE: Duration = Duration::from_secs(15);
+/// How long one stream lives before it ends and the page reconnects (`retry: 3000`), which
+/// asks the session again: a signed-out, expired or revoked session's stream stops within this.
+const MAX_AGE: Duration = Duration::from_secs(300);
 /// Longest filter value taken from the query string.
 const MAX_VALUE: usize = 256;
 
@@ -172,7 +175,11 @@ pub fn start(live: &Live, watchers: &Arc<Watchers>, filter: Filter) -> Option<St
         {
             return;
         }
+        let ends = tokio::time::Instant::now() + MAX_AGE;
         loop {
+            if tokio::time::Instant::now() >= ends {
+                return;
+            }
             let next = tokio::time::timeout(KEEPALIVE, watch.next()).await;
             let frame = match next {
                 Err(_) => Bytes::from_static(b": keepalive\n\n"),
