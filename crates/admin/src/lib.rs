@@ -150,6 +150,8 @@ enum Via {
     Open,
     AdminToken,
     Policy,
+    /// The console's `[admin.oidc]` sign-in (never the API's: it takes bearer tokens only).
+    Oidc,
 }
 
 /// The caller `req`'s `Authorization: Bearer` names: `--admin-token` may do everything, a

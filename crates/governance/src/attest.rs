@@ -434,6 +434,17 @@ impl Claims {
     /// backtracking to a shorter run). Returns strings as-is, numbers and booleans as their
     /// JSON text, anything else (object, array, null, missing) `None`.
     pub fn get(&self, path: &str) -> Option<String> {
+        match self.value(path)? {
+            Value::String(s) => Some(s.clone()),
+            Value::Number(n) => Some(n.to_string()),
+            Value::Bool(b) => Some(b.to_string()),
+            Value::Null | Value::Array(_) | Value::Object(_) => None,
+        }
+    }
+
+    /// The JSON value at a claim path, resolved as [`Claims::get`] resolves it (an array or
+    /// object too: a `groups` claim).
+    pub fn value(&self, path: &str) -> Option<&Value> {
         if path.is_empty() {
             return None;
         }
@@ -453,12 +464,7 @@ impl Claims {
                 object.get(path.get(begin..end)?).map(|value| (last, value))
             })?;
             if last + 1 == segments.len() {
-                return match value {
-                    Value::String(s) => Some(s.clone()),
-                    Value::Number(n) => Some(n.to_string()),
-                    Value::Bool(b) => Some(b.to_string()),
-                    Value::Null | Value::Array(_) | Value::Object(_) => None,
-                };
+                return Some(value);
             }
             object = value.as_object()?;
             first = last + 1;

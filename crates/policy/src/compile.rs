@@ -241,7 +241,7 @@ pub fn compile_sources_with(
     );
     identities.extend(profiles);
     // Phase 3d: admin tokens and attestation issuers, which name profiles.
-    let (admin_tokens, attest) =
+    let (admin_tokens, attest, admin_oidc) =
         super::access::compile_access(&mut parsed, &mut errors, &identities, &mut keyed);
     // Phase 3e: every `vault:` source gets its connection's settings.
     super::vault_compile::resolve(&parsed, &mut errors, &mut keyed, &vault);
@@ -266,6 +266,7 @@ pub fn compile_sources_with(
     Ok(index(Parts {
         admin_tokens,
         attest,
+        admin_oidc,
         rules,
         denials,
         ask,
@@ -560,6 +561,7 @@ fn read_secrets(
 struct Parts {
     admin_tokens: Vec<super::access::AdminToken>,
     attest: Vec<super::access::Attest>,
+    admin_oidc: Option<super::access::Oidc>,
     rules: Vec<Rule>,
     denials: Vec<Rule>,
     ask: AskPolicy,
@@ -581,6 +583,7 @@ fn index(parts: Parts) -> Policy {
     let Parts {
         admin_tokens,
         attest,
+        admin_oidc,
         rules,
         denials,
         ask,
@@ -628,6 +631,7 @@ fn index(parts: Parts) -> Policy {
     Policy {
         admin_tokens,
         attest,
+        admin_oidc,
         rules,
         denials,
         deny_exact,

@@ -360,6 +360,8 @@ pub struct Policy {
     admin_tokens: Vec<access::AdminToken>,
     /// `[attest.NAME]`: workload-token issuers that admit sessions.
     attest: Vec<access::Attest>,
+    /// `[admin.oidc]`: the console's OpenID Connect sign-in.
+    admin_oidc: Option<access::Oidc>,
     rules: Vec<Rule>,
     /// `[[deny]]` tables, compiled as rules and indexed by host like them; checked before any
     /// rule, for every identity.
@@ -501,6 +503,11 @@ impl Policy {
     /// `[admin.tokens.NAME]`, in file order.
     pub fn admin_tokens(&self) -> &[access::AdminToken] {
         &self.admin_tokens
+    }
+
+    /// `[admin.oidc]`, if any file has it.
+    pub fn admin_oidc(&self) -> Option<&access::Oidc> {
+        self.admin_oidc.as_ref()
     }
 
     /// `[attest.NAME]`, in file order.

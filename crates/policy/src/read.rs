@@ -8,7 +8,7 @@ use toml_edit::{Item, TableLike, Value};
 
 use super::schema::{
     Claims, Report, StringMap, ADMIN_TOKEN_KEYS, ATTEST_KEYS, CREDENTIAL_KEYS, IDENTITY_KEYS,
-    LIMIT_KEYS, NOTIFY_KEYS, PRICE_KEYS, PROFILE_KEYS, RULE_KEYS, SECRET_KEYS,
+    LIMIT_KEYS, NOTIFY_KEYS, OIDC_ROLE_KEYS, PRICE_KEYS, PROFILE_KEYS, RULE_KEYS, SECRET_KEYS,
 };
 
 /// A named table (`[secrets.NAME]`): the name, and the table or (if it is not one) its span.
@@ -262,6 +262,7 @@ impl<'a> Fields<'a> {
             "profiles" => PROFILE_KEYS,
             "attest" => ATTEST_KEYS,
             "tokens" => ADMIN_TOKEN_KEYS,
+            "roles" => OIDC_ROLE_KEYS,
             "notify" => NOTIFY_KEYS,
             "limits" => LIMIT_KEYS,
             "prices" => PRICE_KEYS,

@@ -14,10 +14,10 @@ use super::read::Fields;
 pub(super) use super::schema_credential::{read_credential, CREDENTIAL_KEYS};
 pub use super::schema_credential::{RawAssumeRole, RawCredential};
 pub(super) use super::schema_sessions::{
-    read_admin_token, read_attest, read_profile, ADMIN_KEYS, ADMIN_TOKEN_KEYS, ATTEST_KEYS,
-    PROFILE_KEYS,
+    read_admin_token, read_attest, read_oidc, read_profile, ADMIN_KEYS, ADMIN_TOKEN_KEYS,
+    ATTEST_KEYS, OIDC_KEYS, OIDC_ROLE_KEYS, PROFILE_KEYS,
 };
-pub use super::schema_sessions::{RawAdminToken, RawAttest, RawProfile};
+pub use super::schema_sessions::{RawAdminToken, RawAttest, RawOidc, RawOidcRole, RawProfile};
 
 /// Where the readers send each problem they find.
 pub trait Report {
@@ -50,6 +50,8 @@ pub struct RawPolicyFile {
     pub attest: Vec<(Spanned<String>, Entry<RawAttest>)>,
     /// `[admin.tokens.NAME]`: scoped tokens for the admin API.
     pub admin_tokens: Vec<(Spanned<String>, Entry<RawAdminToken>)>,
+    /// `[admin.oidc]`, if this file has one: the console's OpenID Connect sign-in.
+    pub admin_oidc: Option<Entry<RawOidc>>,
     pub credentials: Vec<(Spanned<String>, Entry<RawCredential>)>,
     /// `[ask]`, if this file has one.
     pub ask: Option<Entry<RawAsk>>,
@@ -331,6 +333,7 @@ pub fn parse(text: &str) -> Result<toml_edit::ImDocument<&str>, (Range<usize>, S
 /// Reads a parsed file, reporting every unknown key, missing key and wrongly typed value.
 pub(super) fn read_file(doc: &toml_edit::Table, r: &mut dyn Report) -> RawPolicyFile {
     let root = Fields::new(doc, 0..0, String::new(), TOP_KEYS, r);
+    let admin = root.table(r, "admin", ADMIN_KEYS);
     RawPolicyFile {
         secrets: root
             .named_tables("secrets", r)
@@ -370,8 +373,8 @@ pub(super) fn read_file(doc: &toml_edit::Table, r: &mut dyn Report) -> RawPolicy
             .into_iter()
             .map(|(name, t)| (name, entry(t, r, read_attest)))
             .collect(),
-        admin_tokens: root
-            .table(r, "admin", ADMIN_KEYS)
+        admin_tokens: admin
+            .as_ref()
             .map(|admin| {
                 admin
                     .named_tables("tokens", r)
@@ -380,6 +383,10 @@ pub(super) fn read_file(doc: &toml_edit::Table, r: &mut dyn Report) -> RawPolicy
                     .collect()
             })
             .unwrap_or_default(),
+        admin_oidc: admin
+            .as_ref()
+            .and_then(|admin| admin.table(r, "oidc", OIDC_KEYS))
+            .map(|t| entry(Ok(t), r, read_oidc)),
         credentials: root
             .named_tables("credentials", r)
             .into_iter()
@@ -483,7 +490,7 @@ pub fn read_lenient(text: &str) -> Option<RawPolicyFile> {
 }
 
 /// Reads one entry, noting whether it added a problem. `None`: not a table (already reported).
-fn entry<T: Default>(
+pub(super) fn entry<T: Default>(
     table: Result<Fields<'_>, Range<usize>>,
     r: &mut dyn Report,
     read: impl FnOnce(&Fields<'_>, &mut dyn Report) -> T,

@@ -5,7 +5,7 @@ use toml::Spanned;
 
 use super::read::Fields;
 use super::schema::Report;
-use super::schema::{LimitList, StringMap};
+use super::schema::{Entry, LimitList, StringMap};
 
 /// `[profiles.NAME]`: the reviewed ceiling of every runtime session made from it.
 #[derive(Debug, Default)]
@@ -48,6 +48,29 @@ pub struct RawAdminToken {
     pub scopes: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
+/// `[admin.oidc]`: the console's sign-in through an OpenID Connect issuer.
+#[derive(Debug, Default)]
+pub struct RawOidc {
+    pub issuer: Option<Spanned<String>>,
+    pub client_id: Option<Spanned<String>>,
+    /// A secret source; absent for a public client (PKCE alone).
+    pub client_secret: Option<Spanned<String>>,
+    pub redirect_uri: Option<Spanned<String>>,
+    pub name_claim: Option<Spanned<String>>,
+    /// `[admin.oidc.roles.NAME]`: which claim value grants which scopes.
+    pub roles: Vec<(Spanned<String>, Entry<RawOidcRole>)>,
+}
+
+/// `[admin.oidc.roles.NAME]`.
+#[derive(Debug, Default)]
+pub struct RawOidcRole {
+    /// A claim path (`groups`, `email`, `realm_access.roles`).
+    pub claim: Option<Spanned<String>>,
+    /// The value the claim must be, or (an array claim) contain.
+    pub equals: Option<Spanned<String>>,
+    pub scopes: Option<Spanned<Vec<Spanned<String>>>>,
+}
+
 pub(super) const PROFILE_KEYS: &[&str] = &[
     "rules",
     "inherits",
@@ -60,7 +83,16 @@ pub(super) const PROFILE_KEYS: &[&str] = &[
 ];
 pub(super) const ATTEST_KEYS: &[&str] = &["issuer", "jwks", "audience", "profile", "labels"];
 pub(super) const ADMIN_TOKEN_KEYS: &[&str] = &["token", "scopes"];
-pub(super) const ADMIN_KEYS: &[&str] = &["tokens"];
+pub(super) const ADMIN_KEYS: &[&str] = &["tokens", "oidc"];
+pub(super) const OIDC_KEYS: &[&str] = &[
+    "issuer",
+    "client_id",
+    "client_secret",
+    "redirect_uri",
+    "name_claim",
+    "roles",
+];
+pub(super) const OIDC_ROLE_KEYS: &[&str] = &["claim", "equals", "scopes"];
 
 pub(super) fn read_attest(t: &Fields<'_>, r: &mut dyn Report) -> RawAttest {
     RawAttest {
@@ -75,6 +107,29 @@ pub(super) fn read_attest(t: &Fields<'_>, r: &mut dyn Report) -> RawAttest {
 pub(super) fn read_admin_token(t: &Fields<'_>, r: &mut dyn Report) -> RawAdminToken {
     RawAdminToken {
         token: t.required(r, "token", Fields::string),
+        scopes: t.required(r, "scopes", Fields::strings),
+    }
+}
+
+pub(super) fn read_oidc(t: &Fields<'_>, r: &mut dyn Report) -> RawOidc {
+    RawOidc {
+        issuer: t.required(r, "issuer", Fields::string),
+        client_id: t.required(r, "client_id", Fields::string),
+        client_secret: t.string(r, "client_secret"),
+        redirect_uri: t.required(r, "redirect_uri", Fields::string),
+        name_claim: t.string(r, "name_claim"),
+        roles: t
+            .named_tables("roles", r)
+            .into_iter()
+            .map(|(name, role)| (name, super::schema::entry(role, r, read_oidc_role)))
+            .collect(),
+    }
+}
+
+fn read_oidc_role(t: &Fields<'_>, r: &mut dyn Report) -> RawOidcRole {
+    RawOidcRole {
+        claim: t.required(r, "claim", Fields::string),
+        equals: t.required(r, "equals", Fields::string),
         scopes: t.required(r, "scopes", Fields::strings),
     }
 }

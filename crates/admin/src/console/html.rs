@@ -91,6 +91,17 @@ pub fn page(
     signed: Option<&Signed>,
     body: &str,
 ) -> Response<Body> {
+    page_with_head(status, title, signed, body, "")
+}
+
+/// [`page`] with `head` (HTML already escaped) added to its `<head>`.
+pub fn page_with_head(
+    status: StatusCode,
+    title: &str,
+    signed: Option<&Signed>,
+    body: &str,
+    head: &str,
+) -> Response<Body> {
     let mut nav = String::new();
     if let Some(s) = signed {
         nav.push_str("<nav><ul>");
@@ -112,7 +123,7 @@ pub fn page(
     let html = format!(
         "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"robots\" content=\"noindex\">\
 <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>latchkey: {t}</title>\
-<link rel=\"icon\" href=\"/ui/assets/favicon.svg\" type=\"image/svg+xml\"><link rel=\"stylesheet\" href=\"/ui/assets/console.css\"><script src=\"/ui/assets/console.js\" defer></script></head>\
+{head}<link rel=\"icon\" href=\"/ui/assets/favicon.svg\" type=\"image/svg+xml\"><link rel=\"stylesheet\" href=\"/ui/assets/console.css\"><script src=\"/ui/assets/console.js\" defer></script></head>\
 <body><header><span class=\"brand\">latchkey</span>{nav}</header><main><h1>{t}</h1>{body}</main></body></html>\n",
         t = esc(title),
     );

@@ -11,6 +11,7 @@
 
 mod approvals;
 pub mod html;
+mod oidc;
 mod pages;
 mod sessions;
 mod store;
@@ -42,6 +43,8 @@ pub struct Console {
     /// The audit log's live stream, for the traffic page.
     live: crate::audit::live::Live,
     watchers: Arc<traffic::Watchers>,
+    /// `[admin.oidc]` sign-ins in flight, the issuer's endpoints and keys.
+    oidc: oidc::OidcState,
 }
 
 impl Console {
@@ -58,11 +61,22 @@ impl Console {
             key: aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, &key),
             live,
             watchers: Arc::default(),
+            oidc: oidc::OidcState::default(),
         }
     }
 
     fn fingerprint(&self, token: &[u8]) -> Vec<u8> {
         aws_lc_rs::hmac::sign(&self.key, token).as_ref().to_vec()
+    }
+
+    /// The fingerprint of an `[admin.oidc]`: a reload that changes its issuer, client or
+    /// roles ends the sessions it signed in.
+    fn oidc_fingerprint(&self, config: &crate::policy::access::Oidc) -> Vec<u8> {
+        let text = format!(
+            "{}\n{}\n{}\n{:?}",
+            config.issuer, config.client_id, config.name_claim, config.roles
+        );
+        self.fingerprint(text.as_bytes())
     }
 }
 
@@ -110,6 +124,12 @@ async fn route_inner(
                 None,
                 None,
             ),
+        };
+    }
+    if path == "/ui/oidc/start" || path == "/ui/oidc/callback" {
+        return match method {
+            Method::GET => oidc::route(proxy, console, served, &req).await,
+            _ => not_allowed(None),
         };
     }
     if path == "/ui/login" {
@@ -251,9 +271,11 @@ async fn post(
     )
 }
 
-/// Whether the admin API (and so the console) is open: no admin token configured at all.
+/// Whether the admin API (and so the console) is open: no admin token configured at all, and
+/// no `[admin.oidc]` (configuring a sign-in means people must sign in).
 fn is_open(proxy: &Proxy, served: &Served<'_>) -> bool {
-    served.token.is_none() && proxy.policy().admin_tokens().is_empty()
+    let policy = proxy.policy();
+    served.token.is_none() && policy.admin_tokens().is_empty() && policy.admin_oidc().is_none()
 }
 
 fn open_session(console: &Console, now: Instant) -> Option<Signed> {
@@ -293,6 +315,10 @@ async fn signed_in(
         Via::Open => is_open(proxy, served),
         Via::AdminToken => served.token.is_some(),
         Via::Policy => still_granted(proxy, console, &entry).await,
+        Via::Oidc => proxy.policy().admin_oidc().is_some_and(|o| {
+            let now = console.oidc_fingerprint(o);
+            entry.fingerprint.as_deref().is_some_and(|f| ct_eq(f, &now))
+        }),
     };
     if !still {
         console.store.remove(&id);
@@ -336,13 +362,23 @@ async fn login_form(
     {
         return redirect("/ui", None);
     }
-    login_page(StatusCode::OK, None)
+    login_page(proxy, StatusCode::OK, None)
 }
 
-fn login_page(status: StatusCode, problem: Option<&str>) -> Response<Body> {
+fn login_page(proxy: &Proxy, status: StatusCode, problem: Option<&str>) -> Response<Body> {
     let mut body = String::new();
     if let Some(p) = problem {
         body.push_str(&format!("<p class=\"bad\">{}</p>", html::esc(p)));
+    }
+    if let Some(o) = proxy.policy().admin_oidc() {
+        let host = url::Url::parse(&o.issuer)
+            .ok()
+            .and_then(|u| u.host_str().map(str::to_string))
+            .unwrap_or_default();
+        body.push_str(&format!(
+            "<p><a class=\"button\" href=\"/ui/oidc/start\">Sign in with {}</a></p><p>or with a token:</p>",
+            html::esc(&host)
+        ));
     }
     body.push_str(
         "<form method=\"post\" action=\"/ui/login\"><label>Admin token \
@@ -364,6 +400,7 @@ async fn login(
     let peer = served.peer.ip();
     if console.store.blocked(peer, now) {
         return login_page(
+            proxy,
             StatusCode::TOO_MANY_REQUESTS,
             Some("too many failed sign-ins from this address: wait a minute"),
         );
@@ -381,7 +418,7 @@ async fn login(
         _ => {
             console.store.failed(peer, now);
             tracing::warn!(client.addr = %served.peer, "console sign-in refused");
-            return login_page(StatusCode::UNAUTHORIZED, Some("sign-in failed"));
+            return login_page(proxy, StatusCode::UNAUTHORIZED, Some("sign-in failed"));
         }
     };
     let fingerprint =
