@@ -548,6 +548,72 @@ fn sessions_are_created_with_the_token_shown_once_extended_and_revoked() {
 }
 
 #[test]
+fn a_session_created_in_the_console_is_narrowed_as_asked_and_never_wider_than_its_profile() {
+    let w = world(true);
+    let mut b = sign_in(&w, APPROVER_TOKEN);
+    let csrf = b.csrf("/ui/sessions");
+    let made = b.post(
+        "/ui/sessions",
+        &[
+            ("csrf", &csrf),
+            ("profile", "worker"),
+            ("hosts", "api.test"),
+            ("source", "127.0.0.1"),
+        ],
+        None,
+    );
+    assert_eq!(made.status, 201, "{made:#?}");
+    let text = made.text();
+    let id_at = text.find("ses_").expect("a session id");
+    let id: String = text[id_at..]
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect();
+    let shown = w.admin.call("GET", &format!("/sessions/{id}"), None);
+    let shown: serde_json::Value = serde_json::from_slice(&shown.body).expect("JSON");
+    assert_eq!(
+        shown["narrow"]["hosts"],
+        serde_json::json!(["api.test"]),
+        "{shown:#}"
+    );
+    assert_eq!(shown["source"], "127.0.0.1", "{shown:#}");
+    let listed = b.get("/ui/sessions").text();
+    assert!(
+        listed.contains("hosts: api.test; source: 127.0.0.1"),
+        "{listed}"
+    );
+
+    // Wider than the profile, or malformed: refused, naming what, and nothing made.
+    let before = w.admin.call("GET", "/sessions", None).text();
+    for (field, value, named) in [
+        ("hosts", "other.test", "other.test"),
+        ("secrets", "key", "key"),
+        ("limits", "llm.llm_tokens=10", "llm"),
+        ("limits", "nodot=10", "LIMIT.MEASURE=VALUE"),
+        ("source", "not-an-address", "not-an-address"),
+    ] {
+        let resp = b.post(
+            "/ui/sessions",
+            &[("csrf", &csrf), ("profile", "worker"), (field, value)],
+            None,
+        );
+        assert!(
+            (400..500).contains(&resp.status),
+            "{field}={value} was taken: {resp:#?}"
+        );
+        assert!(
+            resp.text().contains(named),
+            "{field}={value}: the refusal does not name {named:?}: {}",
+            resp.text()
+        );
+    }
+    let after = w.admin.call("GET", "/sessions", None).text();
+    let count = |t: &str| t.matches("\"ses_").count();
+    assert_eq!(count(&before), count(&after), "a refused session was made");
+    sweep(&b.seen);
+}
+
+#[test]
 fn a_reload_that_removes_a_token_ends_its_console_sessions() {
     let w = world(true);
     let mut reader = sign_in(&w, READER_TOKEN);

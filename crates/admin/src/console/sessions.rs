@@ -10,6 +10,7 @@ use super::html::{self, esc};
 use super::Signed;
 use crate::governance::sessions::{CreateRequest, SessionView};
 use crate::policy::access::AdminScope;
+use crate::policy::profile::NarrowRequest;
 use crate::proxy::Proxy;
 use crate::sessions::{filter_of, SessionEnv};
 use crate::Body;
@@ -68,7 +69,7 @@ pub async fn page(proxy: &Proxy, signed: &Signed, query: &str) -> Response<Body>
     );
     let rows: Vec<Vec<String>> = list.iter().map(|s| row(s, signed, write)).collect();
     let mut heads = vec![
-        "id", "profile", "state", "labels", "created", "expires", "by", "reach",
+        "id", "profile", "state", "labels", "narrowed", "created", "expires", "by", "reach",
     ];
     if write {
         heads.push("");
@@ -80,6 +81,28 @@ pub async fn page(proxy: &Proxy, signed: &Signed, query: &str) -> Response<Body>
     html::page(StatusCode::OK, "Sessions", Some(signed), &body)
 }
 
+/// What a session narrows of its profile, in one line (`hosts: a, b; source: 10.0.3.7`).
+fn narrowed(s: &SessionView) -> String {
+    let mut parts = Vec::new();
+    if let Some(h) = &s.narrow.hosts {
+        parts.push(format!("hosts: {}", h.join(", ")));
+    }
+    if let Some(x) = &s.narrow.secrets {
+        parts.push(format!("secrets: {}", x.join(", ")));
+    }
+    if let Some(l) = &s.narrow.limits {
+        let each: Vec<String> = l
+            .iter()
+            .flat_map(|(limit, m)| m.iter().map(move |(k, v)| format!("{limit}.{k}={v}")))
+            .collect();
+        parts.push(format!("limits: {}", each.join(", ")));
+    }
+    if let Some(src) = &s.source {
+        parts.push(format!("source: {src}"));
+    }
+    parts.join("; ")
+}
+
 fn row(s: &SessionView, signed: &Signed, write: bool) -> Vec<String> {
     let labels: Vec<String> = s.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let mut row = vec![
@@ -87,6 +110,7 @@ fn row(s: &SessionView, signed: &Signed, write: bool) -> Vec<String> {
         esc(&s.profile),
         esc(&s.state),
         esc(&labels.join(", ")),
+        esc(&narrowed(s)),
         esc(&s.created_at),
         esc(&s.expires_at),
         esc(s.created_by.as_deref().unwrap_or("")),
@@ -128,8 +152,14 @@ fn create_form(proxy: &Proxy, signed: &Signed) -> String {
 <label>Profile <select name=\"profile\">{options}</select></label>\
 <label>TTL <input type=\"text\" name=\"ttl\" placeholder=\"the profile's longest\"></label>\
 <label>Labels <input type=\"text\" name=\"labels\" placeholder=\"key=value, key=value\"></label>\
+<fieldset class=\"narrow\"><legend>Narrow it (optional: only ever narrower than its profile)</legend>\
+<label>Hosts <input type=\"text\" name=\"hosts\" placeholder=\"api.github.com, *.s3.amazonaws.com\"></label>\
+<label>Secrets <input type=\"text\" name=\"secrets\" placeholder=\"github, openai\"></label>\
+<label>Limits <input type=\"text\" name=\"limits\" placeholder=\"llm.llm_tokens=100k/day\"></label>\
+<label>Source <input type=\"text\" name=\"source\" placeholder=\"10.0.3.7: the one address it may come from\"></label>\
+</fieldset>\
 <button type=\"submit\">Create</button></form>\
-<p>The session's token is shown once, on the next page.</p></fieldset>",
+<p>The session's token is shown once, on the next page. A narrowing wider than the profile is refused, naming what is too wide.</p></fieldset>",
         html::csrf_field(signed)
     )
 }
@@ -211,31 +241,70 @@ pub async fn post(
     }
 }
 
-/// The create form as the API's request: `labels` is `key=value` pairs split by commas or
-/// line breaks.
+/// The create form as the API's request: `labels` and `limits` are `key=value` pairs, `hosts`
+/// and `secrets` names, each list split by commas, spaces or line breaks; empty fields narrow
+/// nothing. What is wider than the profile is refused by `Sessions::create`, as for the API.
 fn create_request(form: &HashMap<String, String>) -> Result<CreateRequest, String> {
     let profile = form.get("profile").cloned().unwrap_or_default();
     if profile.is_empty() {
         return Err("choose a profile".to_string());
     }
+    let field = |name: &str| form.get(name).map(String::as_str).unwrap_or_default();
+    let list = |name: &str| -> Option<Vec<String>> {
+        let items: Vec<String> = field(name)
+            .split([',', ' ', '\n', '\r', '\t'])
+            .filter(|p| !p.is_empty())
+            .map(str::to_string)
+            .collect();
+        (!items.is_empty()).then_some(items)
+    };
     let mut labels = BTreeMap::new();
-    let text = form.get("labels").map(String::as_str).unwrap_or_default();
+    for (k, v) in pairs(field("labels"), "label")? {
+        labels.insert(k, v);
+    }
+    let mut limits: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    for (k, v) in pairs(field("limits"), "limit")? {
+        let Some((limit, measure)) = k
+            .split_once('.')
+            .filter(|(l, m)| !l.is_empty() && !m.is_empty())
+        else {
+            return Err(format!(
+                "limit {k:?}: use LIMIT.MEASURE=VALUE (llm.llm_tokens=100k/day)"
+            ));
+        };
+        limits
+            .entry(limit.to_string())
+            .or_default()
+            .insert(measure.to_string(), v);
+    }
+    let source = field("source").trim();
+    Ok(CreateRequest {
+        profile,
+        ttl: form.get("ttl").filter(|t| !t.trim().is_empty()).cloned(),
+        labels,
+        source: (!source.is_empty()).then(|| source.to_string()),
+        narrow: NarrowRequest {
+            hosts: list("hosts"),
+            secrets: list("secrets"),
+            limits: (!limits.is_empty()).then_some(limits),
+        },
+    })
+}
+
+/// `key=value` pairs split by commas or line breaks; `what` names them in the error.
+fn pairs(text: &str, what: &str) -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
     for pair in text
         .split([',', '\n'])
         .map(str::trim)
         .filter(|p| !p.is_empty())
     {
         let Some((k, v)) = pair.split_once('=') else {
-            return Err(format!("label {pair:?}: use key=value"));
+            return Err(format!("{what} {pair:?}: use key=value"));
         };
-        labels.insert(k.trim().to_string(), v.trim().to_string());
+        out.push((k.trim().to_string(), v.trim().to_string()));
     }
-    Ok(CreateRequest {
-        profile,
-        ttl: form.get("ttl").filter(|t| !t.trim().is_empty()).cloned(),
-        labels,
-        ..CreateRequest::default()
-    })
+    Ok(out)
 }
 
 /// The result of a create: the token and proxy URL, shown this once (never logged or kept).
