@@ -89,7 +89,7 @@ pub async fn serve(
     let token = Arc::new(token);
     let env = Arc::new(env);
     // `--console`: the pages under /ui and their sign-ins, for the life of the process.
-    let console = console.map(|live| Arc::new(console::Console::new(live)));
+    let console = console.map(|live| Arc::new(console::Console::new(live, proxy.audit())));
     // Keeps serving while the proxy drains, so /readyz can say 503; the process exit ends it.
     loop {
         let (stream, peer) = match listener.accept().await {

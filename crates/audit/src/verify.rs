@@ -269,6 +269,91 @@ pub fn verify(files: &[PathBuf], trusted: &PublicKey) -> Result<Report, VerifyEr
     Ok(report)
 }
 
+/// A live log verified as it grows: each [`Follow::advance`] reads only what was appended
+/// since the last one (files are followed by identity, so a rotation's rename is not read
+/// twice), stops before a partial last line (the writer may be in the middle of it), and
+/// reports the chain so far — what the console's overview shows. Memory: the walk's state and
+/// one offset per file still present.
+pub struct Follow {
+    walk: Walk,
+    trusted: PublicKey,
+    /// (device, inode) → bytes and lines verified.
+    done: std::collections::HashMap<(u64, u64), (u64, usize)>,
+}
+
+impl Follow {
+    pub fn new(trusted: PublicKey) -> Self {
+        Self {
+            walk: Walk {
+                report: Report::default(),
+                prev: None,
+                last_was_clean_checkpoint: false,
+            },
+            trusted,
+            done: std::collections::HashMap::new(),
+        }
+    }
+
+    /// Verifies what `files` (chain order: closed segments, then the active file) gained since
+    /// the last call, and reports the whole chain seen so far.
+    pub fn advance(&mut self, files: &[PathBuf]) -> Result<Report, VerifyError> {
+        use std::io::{Seek, SeekFrom};
+        use std::os::unix::fs::MetadataExt;
+        let mut present = std::collections::HashSet::new();
+        for file in files {
+            let read_err = |source| VerifyError::Read {
+                path: file.clone(),
+                source,
+            };
+            let mut f = match std::fs::File::open(file) {
+                Ok(f) => f,
+                // Removed by retention between listing and opening: nothing left to verify.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(read_err(e)),
+            };
+            let meta = f.metadata().map_err(read_err)?;
+            let id = (meta.dev(), meta.ino());
+            present.insert(id);
+            let (mut offset, mut n) = self.done.get(&id).copied().unwrap_or((0, 0));
+            if meta.len() < offset {
+                // Shorter than what was verified: truncated under us.
+                self.walk.report.problem(
+                    Kind::Truncated,
+                    file,
+                    n,
+                    None,
+                    format!(
+                        "{} shrank to {} bytes after {offset} were verified: truncated",
+                        file.display(),
+                        meta.len()
+                    ),
+                );
+                offset = meta.len();
+            }
+            f.seek(SeekFrom::Start(offset)).map_err(read_err)?;
+            let mut reader = BufReader::new(f);
+            let mut buf = Vec::new();
+            loop {
+                buf.clear();
+                let read = reader.read_until(b'\n', &mut buf).map_err(read_err)?;
+                let Some(line) = buf.strip_suffix(b"\n") else {
+                    break;
+                };
+                n += 1;
+                offset += read as u64;
+                self.walk.line(file, n, line, &self.trusted);
+            }
+            self.done.insert(id, (offset, n));
+        }
+        self.done.retain(|id, _| present.contains(id));
+        let mut report = self.walk.report.clone();
+        report.files = files.to_vec();
+        report.ended_cleanly = self.walk.last_was_clean_checkpoint;
+        report.verdict = report.conclude();
+        Ok(report)
+    }
+}
+
 /// Where [`verify`] is along the chain.
 struct Walk {
     report: Report,

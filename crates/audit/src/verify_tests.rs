@@ -427,3 +427,50 @@ proptest::proptest! {
         proptest::prop_assert!(!sealed_torn_write(fragment, None, false));
     }
 }
+
+#[test]
+fn a_growing_log_is_followed_once_through_a_rotation_and_a_line_in_progress() {
+    use std::io::Write;
+    let log = written(10, Rotation::default());
+    let lines = log.lines();
+    let active = log.path();
+    let joined = |ls: &[String]| ls.iter().map(|l| format!("{l}\n")).collect::<String>();
+    // A: five lines and half of the sixth (the writer is in the middle of it).
+    let half = lines[5].len() / 2;
+    std::fs::write(&active, joined(&lines[..5]) + &lines[5][..half]).expect("write");
+    let mut follow = Follow::new(*log.key.public());
+    let r = follow.advance(std::slice::from_ref(&active)).expect("advance");
+    assert!(r.intact(), "{r:#?}");
+    assert_eq!((r.lines, r.last_seq), (5, Some(5)));
+    // B: the line finished, two more, then rotated (renamed: the same file) and a new active
+    // file with the rest. Nothing is read twice.
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&active)
+        .expect("open");
+    f.write_all(format!("{}\n", &lines[5][half..]).as_bytes())
+        .expect("finish the line");
+    f.write_all(joined(&lines[6..8]).as_bytes()).expect("append");
+    drop(f);
+    let segment = log
+        .dir
+        .path()
+        .join("audit-000000000001-20261202T133600Z.jsonl");
+    std::fs::rename(&active, &segment).expect("rotate");
+    std::fs::write(&active, joined(&lines[8..])).expect("new active");
+    let r = follow
+        .advance(&[segment.clone(), active.clone()])
+        .expect("advance");
+    assert!(r.intact(), "{r:#?}");
+    assert_eq!(r.lines, lines.len() as u64);
+    assert_eq!(r.signed_through, r.last_seq, "{r:#?}");
+    assert!(r.ended_cleanly);
+    // Again with nothing new: the same, nothing re-read.
+    let again = follow.advance(&[segment, active.clone()]).expect("advance");
+    assert_eq!(again.lines, r.lines);
+    // C: the active file cut short under it.
+    std::fs::write(&active, "").expect("truncate");
+    let r = follow.advance(std::slice::from_ref(&active)).expect("advance");
+    assert_eq!(first(&r).kind, Kind::Truncated, "{r:#?}");
+    assert!(!r.intact());
+}

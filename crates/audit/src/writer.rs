@@ -152,6 +152,10 @@ struct Shared {
     /// Whether the last write succeeded. Traffic is refused while it is false.
     healthy: AtomicBool,
     metrics: Arc<Metrics>,
+    /// The active file, when the log is a file (not stdout or a test's writer).
+    file: Option<PathBuf>,
+    /// The public half of the key that signs its checkpoints, when one does.
+    public: Option<super::key::PublicKey>,
     /// The sink, the chain and the batch buffers. Locked by whoever writes a batch: the
     /// writer thread, or an inline flush. Lock order: the writer, then the queue.
     writer: Mutex<Writer>,
@@ -384,7 +388,14 @@ impl AuditLog {
             }
         }
         let inline = matches!(out, Out::File(_)) && !options.sync;
+        let file = match &out {
+            Out::File(active) => Some(active.path.clone()),
+            Out::Stream(_) => None,
+        };
+        let public = options.key.as_ref().map(|k| *k.public());
         let shared = Arc::new(Shared {
+            file,
+            public,
             writer: Mutex::new({
                 let mut w = Writer::new(out, chain, options);
                 w.resync = unsealed;
@@ -558,6 +569,16 @@ impl AuditLog {
         }
         self.shared.work.notify_one();
         done.recv_timeout(timeout).is_ok()
+    }
+
+    /// The active file, when the log is written to one.
+    pub fn file(&self) -> Option<&Path> {
+        self.shared.file.as_deref()
+    }
+
+    /// The public key its checkpoints are signed with, when they are signed.
+    pub fn public_key(&self) -> Option<super::key::PublicKey> {
+        self.shared.public
     }
 
     /// Whether the last write to the sink succeeded. While it is false, traffic is refused.

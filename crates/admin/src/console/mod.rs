@@ -10,6 +10,7 @@
 //! - Every response carries a strict CSP; the only script and style are the two assets here.
 
 mod approvals;
+mod chain;
 pub mod html;
 mod oidc;
 mod pages;
@@ -45,11 +46,14 @@ pub struct Console {
     watchers: Arc<traffic::Watchers>,
     /// `[admin.oidc]` sign-ins in flight, the issuer's endpoints and keys.
     oidc: oidc::OidcState,
+    /// The audit chain verified as the overview is looked at.
+    chain: chain::ChainCheck,
 }
 
 impl Console {
-    /// The console over `live`, the audit writer's live stream (its tap is in the writer).
-    pub fn new(live: crate::audit::live::Live) -> Self {
+    /// The console over `live`, the audit writer's live stream (its tap is in the writer), and
+    /// `audit`, whose chain the overview verifies. Starts the chain checker's task.
+    pub fn new(live: crate::audit::live::Live, audit: &crate::audit::AuditLog) -> Self {
         let mut key = [0u8; 32];
         // Fingerprints only tell a rotated token (they live in memory, of high-entropy tokens):
         // on a generator failure a fixed key still does that, so warn rather than refuse.
@@ -62,6 +66,7 @@ impl Console {
             live,
             watchers: Arc::default(),
             oidc: oidc::OidcState::default(),
+            chain: chain::ChainCheck::start(audit),
         }
     }
 
@@ -189,7 +194,7 @@ async fn get(
     }
     let query = req.uri().query().unwrap_or_default();
     match req.uri().path() {
-        "/ui" | "/ui/" => pages::overview(proxy, served.ship, signed).await,
+        "/ui" | "/ui/" => pages::overview(proxy, served.ship, &console.chain, signed).await,
         "/ui/approvals" => approvals::page(proxy, signed).await,
         "/ui/sessions" => sessions::page(proxy, signed, query).await,
         "/ui/limits" => pages::limits(proxy, signed).await,

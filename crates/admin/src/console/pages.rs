@@ -15,8 +15,13 @@ use crate::ship::Shipper;
 use crate::Body;
 
 /// `/ui`: what `GET /status` says, for people.
-pub async fn overview(proxy: &Proxy, ship: Option<&Shipper>, signed: &Signed) -> Response<Body> {
-    let s = crate::status(proxy, ship).await;
+pub async fn overview(
+    proxy: &Proxy,
+    ship: Option<&Shipper>,
+    chain: &super::chain::ChainCheck,
+    signed: &Signed,
+) -> Response<Body> {
+    let (s, chain) = tokio::join!(crate::status(proxy, ship), chain.current());
     let policy = &s["policy"];
     let files: Vec<String> = policy["files"]
         .as_array()
@@ -58,7 +63,7 @@ pub async fn overview(proxy: &Proxy, ship: Option<&Shipper>, signed: &Signed) ->
         ],
     ];
     body.push_str(&html::table(&["", ""], &rows, ""));
-    body.push_str(&audit_health(&s));
+    body.push_str(&audit_health(&s, chain));
     if !s["state"].is_null() {
         body.push_str("<h2>State store</h2>");
         body.push_str(&html::fields(&s["state"]));
@@ -67,7 +72,7 @@ pub async fn overview(proxy: &Proxy, ship: Option<&Shipper>, signed: &Signed) ->
 }
 
 /// The audit log's health: written, failed, and with `--audit-ship` how far shipping lags.
-fn audit_health(s: &serde_json::Value) -> String {
+fn audit_health(s: &serde_json::Value, chain: super::chain::Shown) -> String {
     let audit = &s["audit"];
     let healthy = audit["healthy"].as_bool().unwrap_or(false);
     let mut out = String::from("<h2>Audit health</h2>");
@@ -87,16 +92,75 @@ fn audit_health(s: &serde_json::Value) -> String {
         vec!["records failed".into(), esc(&html::text(&audit["failed"]))],
     ];
     out.push_str(&html::table(&["", ""], &rows, ""));
+    out.push_str("<h3>Hash chain</h3>");
+    out.push_str(&chain_health(chain));
     out.push_str("<h3>Shipping</h3>");
     if s["audit_ship"].is_null() {
         out.push_str("<p class=\"empty\">not shipping (no <code>--audit-ship</code>)</p>");
     } else {
         out.push_str(&html::fields(&s["audit_ship"]));
     }
-    out.push_str(
-        "<p>The hash chain and checkpoints are verified offline: <code>latchkey audit verify</code>.</p>",
-    );
     out
+}
+
+/// The chain as verified on the box: through which line, the last signed checkpoint, what no
+/// signature covers yet, and the first problem if any.
+fn chain_health(chain: super::chain::Shown) -> String {
+    use super::chain::Shown;
+    let pass = match chain {
+        Shown::NotHere(why) => return format!("<p class=\"empty\">{}</p>", esc(why)),
+        Shown::Pending => {
+            return "<p class=\"empty\">being verified (a long log's first pass): reload in a moment</p>"
+                .to_string()
+        }
+        Shown::Checked(p) => p,
+    };
+    let age = format!(
+        "{:.1} s ago, in {} ms",
+        pass.at.elapsed().as_secs_f64(),
+        pass.took.as_millis()
+    );
+    let r = match &pass.outcome {
+        Ok(r) => r,
+        Err(e) => {
+            return format!(
+                "<p class=\"bad\">could not be read: {}</p><p>checked {}</p>",
+                esc(e),
+                esc(&age)
+            )
+        }
+    };
+    let verdict = match (r.intact(), r.problems.first()) {
+        (true, _) => "<span class=\"good\">intact</span>".to_string(),
+        (false, Some(p)) => format!(
+            "<span class=\"bad\">{}: {}</span>",
+            esc(r.verdict.label()),
+            esc(&p.message)
+        ),
+        (false, None) => format!("<span class=\"bad\">{}</span>", esc(r.verdict.label())),
+    };
+    let opt = |v: Option<u64>| v.map_or_else(|| "none".to_string(), |n| n.to_string());
+    let rows = vec![
+        vec!["verdict".into(), verdict],
+        vec![
+            "verified through line".into(),
+            esc(&format!("{} (seq {})", r.lines, opt(r.last_seq))),
+        ],
+        vec![
+            "last signed checkpoint".into(),
+            esc(&format!("seq {}", opt(r.signed_through))),
+        ],
+        vec![
+            "lines after it, not yet signed".into(),
+            esc(&r.unsigned_tail.to_string()),
+        ],
+        vec!["checked".into(), esc(&age)],
+    ];
+    format!(
+        "{}<p>Verified here as the log grows (only what it gained since the last look); \
+<code>latchkey audit verify</code> checks a copy anywhere.</p>",
+        html::table(&["", ""], &rows, "")
+    )
 }
 
 fn error_cell(v: &serde_json::Value) -> String {
