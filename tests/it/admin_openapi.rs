@@ -11,7 +11,8 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use crate::support::approvals::{
-    approval_header, ask_world, http_call, send, AskWorld, Receiver, ADMIN_TOKEN, AGENT_TOKEN,
+    approval_header, ask_world, http_call, send, slack_buttons, slack_payload, slack_post,
+    slack_signature, unix_now, AskWorld, Receiver, ADMIN_TOKEN, AGENT_TOKEN,
 };
 use crate::support::assert_denial;
 use crate::support::clients::RawResponse;
@@ -36,12 +37,14 @@ const ROUTER: &[(&str, &[&str])] = &[
     ("/sessions", &["GET", "POST"]),
     ("/sessions/{id}", &["GET", "DELETE"]),
     ("/sessions/{id}/extend", &["POST"]),
+    ("/slack/actions/{name}", &["POST"]),
     ("/openapi.json", &["GET"]),
 ];
 
 /// An ask rule (`prod-writes`, held 0 s), a rule charged to `[limits.api]`, identity `bot`,
 /// profile `agent` (labels, a required label, a TTL, limits, sources), and a notifier at
-/// `RECEIVER` so approvals carry signed links. `PORT` is the upstream's.
+/// `RECEIVER` so approvals carry signed links, and a Slack notifier answered from its buttons
+/// (`[notify.chat]`, at the same receiver). `PORT` is the upstream's.
 const POLICY: &str = r#"
 [limits.api]
 requests    = "100/min"
@@ -76,7 +79,15 @@ sources        = ["10.0.0.0/8"]
 
 [notify.ops]
 url = "RECEIVER"
+
+[notify.chat]
+url            = "RECEIVER"
+format         = "slack"
+signing_secret = "env:SLACK_SIGNING_SECRET"
 "#;
+
+/// The signing secret of `[notify.chat]`.
+const SLACK_SECRET: &str = "slack-openapi-it-2b7c9d1e3f5a";
 
 /// A request `prod-writes` holds for a person (0 s): its approval id.
 fn ask(w: &AskWorld, path: &str) -> String {
@@ -143,6 +154,7 @@ fn the_document_lists_exactly_the_routers_operations_each_with_its_scope_and_sch
         ("/readyz", "GET"),
         ("/approvals/{id}/answer", "GET"),
         ("/approvals/{id}/answer", "POST"),
+        ("/slack/actions/{name}", "POST"),
     ];
     for (path, method) in &documented {
         let op = &spec.doc["paths"][path][method.to_lowercase()];
@@ -290,13 +302,17 @@ fn every_admin_answer_matches_the_openapi_document() {
         POLICY.replace("RECEIVER", &receiver.url()),
         scoped_tokens_toml()
     );
-    let w = ask_world(&policy, with_scoped_tokens);
+    let w = ask_world(&policy, |b| {
+        with_scoped_tokens(b).env("SLACK_SIGNING_SECRET", SLACK_SECRET)
+    });
     let api = Api {
         addr: w.lk.admin_addr(),
         spec: Spec::load(),
     };
     refusals(&api);
     fixed_paths(&api, &w);
+    // Before `approvals`, whose 1h grant would let the request through unasked.
+    slack(&api, &w, &receiver);
     approvals(&api, &w, &receiver);
     sessions(&api);
     reload(&api, &w);
@@ -526,6 +542,54 @@ fn approvals(api: &Api, w: &AskWorld, receiver: &Receiver) {
     api.expect(404, "DELETE", &answer_path, Body::Empty);
 }
 
+/// `POST /slack/actions/NAME`: a signed click answers; forged, misaddressed and malformed ones
+/// are refused, each as documented.
+fn slack(api: &Api, w: &AskWorld, receiver: &Receiver) {
+    let id = ask(w, "/v1/slack");
+    let d = receiver.wait_for(Duration::from_secs(10), |v| {
+        v.get("blocks").is_some() && v.to_string().contains(&id)
+    });
+    let buttons = slack_buttons(&d.json());
+    let value = &buttons[0].1;
+    let respond_to = format!("http://{}/actions/T0/1/x", receiver.addr);
+    let checked = |notifier: &str, ts: Option<u64>, sig: Option<&str>, body: &str, status| {
+        let resp = slack_post(api.addr, notifier, ts, sig, body);
+        api.spec
+            .assert("POST", &format!("/slack/actions/{notifier}"), &resp);
+        assert_eq!(resp.status, status, "{resp:#?}");
+        assert_eq!(resp.header("cache-control"), Some("no-store"), "{resp:#?}");
+        resp
+    };
+    let ts = unix_now();
+    let body = slack_payload("U0APPROVER1", value, &respond_to);
+    let sig = slack_signature(SLACK_SECRET, ts, &body);
+    checked("chat", Some(ts), Some("v0=00"), &body, 401);
+    checked("ops", Some(ts), Some(&sig), &body, 404);
+    let odd = "payload=%7B%7D";
+    checked(
+        "chat",
+        Some(ts),
+        Some(&slack_signature(SLACK_SECRET, ts, odd)),
+        odd,
+        400,
+    );
+    let mut forged: Value = serde_json::from_str(value).expect("value");
+    forged["id"] = json!("another");
+    let forged = slack_payload("U0APPROVER1", &forged.to_string(), &respond_to);
+    let forged_sig = slack_signature(SLACK_SECRET, ts, &forged);
+    checked("chat", Some(ts), Some(&forged_sig), &forged, 403);
+    let resp = checked("chat", Some(ts), Some(&sig), &body, 200);
+    assert_eq!(json_of(&resp)["answered"], true, "{resp:#?}");
+    let resp = checked("chat", Some(ts), Some(&sig), &body, 200);
+    assert_eq!(json_of(&resp)["answered"], false, "{resp:#?}");
+    let resp = api.call(Tok::None, "GET", "/slack/actions/chat", Body::Empty);
+    assert_eq!(resp.status, 405, "{resp:#?}");
+}
+
+fn json_of(resp: &RawResponse) -> Value {
+    serde_json::from_slice(&resp.body).unwrap_or_else(|e| panic!("not JSON ({e}): {resp:#?}"))
+}
+
 /// Sessions: made, refused, listed, shown, extended, revoked.
 fn sessions(api: &Api) {
     let create = |status: u16, body: Body<'_>| api.expect(status, "POST", "/sessions", body);
@@ -627,7 +691,8 @@ const ORCH_TOKEN: &str = "orch-2f7c9a1e4b6d8053";
 fn a_scoped_token_does_what_its_scopes_allow_and_the_admin_token_everything() {
     let policy = format!(
         "{}\n[admin.tokens.orch]\ntoken  = \"env:ORCH_TOKEN\"\nscopes = [\"sessions:write\", \"read\"]\n",
-        POLICY.replace("[notify.ops]\nurl = \"RECEIVER\"\n", "")
+        // No notifier: everything from `[notify.ops]` on.
+        POLICY.split("[notify.ops]").next().unwrap_or_default()
     );
     let w = ask_world(&policy, |b| {
         b.env("ORCH_TOKEN", ORCH_TOKEN)

@@ -17,6 +17,7 @@ mod approvals_admin;
 mod approvals_notify;
 mod approvals_replicas;
 mod approvals_restart;
+mod approvals_slack;
 mod audit_ceiling;
 mod audit_crash;
 mod audit_export;

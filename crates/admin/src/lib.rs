@@ -14,12 +14,15 @@
 //! - `GET /approvals`, `GET|POST /approvals/ID`, `GET /grants`: requests waiting for a person,
 //!   and the answers (`approvals`).
 //! - `GET /limits`: the `[limits]` in force and every counter charged, with its use now.
+//! - `POST /slack/actions/NAME`: a click on an interactive button of `[notify.NAME]`'s Slack
+//!   message (`slack`), answered without the admin token: Slack's request signature is the
+//!   credential, as a signed link's HMAC is.
 //!
 //! - With `--console`, `/ui…`: the operator console's HTML pages (`console`), behind a sign-in
 //!   that exchanges an admin token for a session cookie; without it, `/ui` is `404`.
 //!
-//! With `--admin-token`, every endpoint but `/healthz` and `/readyz` needs
-//! `Authorization: Bearer TOKEN` (compared in constant time).
+//! With `--admin-token`, every endpoint but `/healthz`, `/readyz`, the signed links and
+//! `/slack/actions/NAME` needs `Authorization: Bearer TOKEN` (compared in constant time).
 
 // The crates this one uses, under the module names the code knows them by.
 use latchkey_audit as audit;
@@ -34,6 +37,7 @@ use latchkey_wire::reason;
 mod approvals;
 mod console;
 pub mod sessions;
+mod slack;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -296,6 +300,8 @@ async fn route(proxy: &Arc<Proxy>, served: Served<'_>, req: Request<Incoming>) -
         }
         // A signed link carries its own credential (its HMAC): no admin token.
         (_, p) if approvals::is_link(p) => approvals::link(proxy, peer, req).await,
+        // So does a click in Slack (Slack's signature): Slack cannot send the admin token.
+        (_, p) if slack::is_action(p) => slack::route(proxy, peer, req).await,
         _ => match caller(proxy, token, &req).await {
             None => {
                 let mut res = respond(

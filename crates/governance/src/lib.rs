@@ -1,6 +1,7 @@
 //! Governance: what needs a person, and telling them. Approvals for `ask` rules and unknown
 //! destinations ([`approvals`]: parked requests, durable scoped grants), the records they keep
-//! ([`record`]), signed one-click links ([`links`]) and the notification outbox ([`notify`]).
+//! ([`record`]), signed one-click links ([`links`]), the notification outbox ([`notify`]) and
+//! answers from a Slack message's buttons ([`slack`]).
 //! Workload-token attestation ([`attest`]) verifies who a sandbox is from a signed token.
 //!
 //! Everything durable goes through the state store (`crate::state`), so a restart loses
@@ -25,6 +26,7 @@ pub mod links;
 pub mod notify;
 pub mod record;
 pub mod sessions;
+pub mod slack;
 pub mod usage;
 
 use std::sync::Arc;
@@ -69,7 +71,8 @@ impl Governance {
     }
 
     /// Queues an `approval.requested` notice for each notifier in `names` (every `[notify.*]`
-    /// when empty), with signed links.
+    /// when empty), with signed links (or, for an interactive Slack notifier, signed button
+    /// values).
     pub async fn announce(
         &self,
         policy: &crate::policy::Policy,
@@ -83,7 +86,10 @@ impl Governance {
             names,
             "approval.requested",
             &approval.public(),
-            links,
+            notify::Buttons {
+                links,
+                signer: Some(&self.signer),
+            },
         )
         .await
     }
@@ -108,7 +114,7 @@ impl Governance {
             &names,
             "approval.decided",
             &approval.public(),
-            None,
+            notify::Buttons::default(),
         )
         .await
     }

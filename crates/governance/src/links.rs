@@ -25,6 +25,8 @@ pub const KEY_LINKS: &str = "links";
 
 /// Domain separation: the first field of every signed string.
 const CONTEXT: &str = "latchkey.approval-link.v1";
+/// The first field of an interactive chat button's signed string (then the notifier's name).
+const ACTION_CONTEXT: &str = "latchkey.chat-action.v1";
 
 /// Characters escaped in the approval id's path segment (the id is latchkey's own, but a path
 /// segment must never carry `/`, `?` or `#`).
@@ -158,6 +160,57 @@ impl Signer {
         sig: &str,
         now: SystemTime,
     ) -> Result<(), LinkError> {
+        self.check(&[CONTEXT], (id, decision, scope, exp), sig, now)
+    }
+
+    /// The expiry and signature of an interactive chat button's answer (`decision` and `scope`
+    /// of approval `id`, through notifier `notifier` only, until `expires`). Signed under
+    /// another context than links, so a button's value is never a working link (which would
+    /// answer past a notifier's `approvers`).
+    pub fn sign_action(
+        &self,
+        notifier: &str,
+        id: &str,
+        decision: &str,
+        scope: Option<&str>,
+        expires: SystemTime,
+    ) -> (String, String) {
+        let exp = unix(expires).to_string();
+        let tag = hmac::sign(
+            &self.key,
+            &message(&[ACTION_CONTEXT, notifier], (id, decision, scope, &exp)),
+        );
+        (exp, hex::encode(tag))
+    }
+
+    /// Checks a button's answer as [`Signer::verify`] checks a link's, for `notifier`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn verify_action(
+        &self,
+        notifier: &str,
+        id: &str,
+        decision: &str,
+        scope: Option<&str>,
+        exp: &str,
+        sig: &str,
+        now: SystemTime,
+    ) -> Result<(), LinkError> {
+        self.check(
+            &[ACTION_CONTEXT, notifier],
+            (id, decision, scope, exp),
+            sig,
+            now,
+        )
+    }
+
+    fn check(
+        &self,
+        context: &[&str],
+        fields: Fields<'_>,
+        sig: &str,
+        now: SystemTime,
+    ) -> Result<(), LinkError> {
+        let (id, decision, scope, exp) = fields;
         match (decision, scope) {
             ("approve", Some(s)) if !s.is_empty() => {}
             ("approve", _) => return Err(LinkError::Malformed("approve without a scope".into())),
@@ -181,7 +234,7 @@ impl Signer {
             .ok()
             .filter(|t| t.len() == 32)
             .ok_or_else(|| LinkError::Malformed("sig is not 64 hex digits".into()))?;
-        hmac::verify(&self.key, &message(id, decision, scope, exp), &tag)
+        hmac::verify(&self.key, &message(context, fields), &tag)
             .map_err(|_| LinkError::BadSignature)?;
         if unix(now) > expires {
             return Err(LinkError::Expired);
@@ -207,7 +260,7 @@ impl Signer {
     }
 
     fn tag(&self, id: &str, decision: &str, scope: Option<&str>, exp: &str) -> hmac::Tag {
-        hmac::sign(&self.key, &message(id, decision, scope, exp))
+        hmac::sign(&self.key, &message(&[CONTEXT], (id, decision, scope, exp)))
     }
 }
 
@@ -235,12 +288,15 @@ pub async fn load_or_create_key(store: &dyn StateStore) -> Result<[u8; 32], Stat
     super::approvals::shared_key(store, KEY_LINKS).await
 }
 
-/// The signed string: a context and each field length-prefixed, so no two field lists give the
-/// same bytes.
-fn message(id: &str, decision: &str, scope: Option<&str>, exp: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(96);
+/// The signed fields of an answer: approval id, decision, scope, expiry.
+type Fields<'a> = (&'a str, &'a str, Option<&'a str>, &'a str);
+
+/// The signed string: the context (for a button, its context and notifier) and each field
+/// length-prefixed, so no two field lists give the same bytes.
+fn message(context: &[&str], (id, decision, scope, exp): Fields<'_>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(128);
     let scope = scope.map_or(String::from("-"), |s| format!("+{s}"));
-    for field in [CONTEXT, id, decision, &scope, exp] {
+    for field in context.iter().copied().chain([id, decision, &scope, exp]) {
         out.extend_from_slice(field.len().to_string().as_bytes());
         out.push(b':');
         out.extend_from_slice(field.as_bytes());
@@ -358,17 +414,53 @@ mod tests {
 
     #[test]
     fn fields_cannot_be_shifted_into_one_another() {
+        let m = |id, decision, scope, exp| message(&[CONTEXT], (id, decision, scope, exp));
         assert_ne!(
-            message("a", "approve", Some("1h"), "10"),
-            message("a\n", "approve", Some("1h"), "10")
+            m("a", "approve", Some("1h"), "10"),
+            m("a\n", "approve", Some("1h"), "10")
         );
-        assert_ne!(
-            message("ab", "deny", None, "1"),
-            message("a", "bdeny", None, "1")
+        assert_ne!(m("ab", "deny", None, "1"), m("a", "bdeny", None, "1"));
+        assert_ne!(m("a", "deny", None, "1"), m("a", "deny", Some(""), "1"));
+    }
+
+    #[test]
+    fn a_buttons_answer_is_bound_to_its_notifier_and_is_never_a_working_link() {
+        let s = signer();
+        let (exp, sig) = s.sign_action("chat", "ap_1", "approve", Some("1h"), at(2_000));
+        assert_eq!(exp, "2000");
+        let now = at(1_000);
+        assert_eq!(
+            s.verify_action("chat", "ap_1", "approve", Some("1h"), &exp, &sig, now),
+            Ok(())
         );
-        assert_ne!(
-            message("a", "deny", None, "1"),
-            message("a", "deny", Some(""), "1")
+        for (notifier, id, decision, scope) in [
+            ("other", "ap_1", "approve", Some("1h")),
+            ("chat", "ap_2", "approve", Some("1h")),
+            ("chat", "ap_1", "approve", Some("once")),
+        ] {
+            assert_eq!(
+                s.verify_action(notifier, id, decision, scope, &exp, &sig, now),
+                Err(LinkError::BadSignature)
+            );
+        }
+        // The same fields as a link: refused, and a link's signature is no button's.
+        assert_eq!(
+            s.verify("ap_1", "approve", Some("1h"), &exp, &sig, now),
+            Err(LinkError::BadSignature)
+        );
+        let link = params(&s.sign(&base(), "ap_1", "approve", Some("1h"), at(2_000)));
+        assert_eq!(
+            s.verify_action("chat", "ap_1", "approve", Some("1h"), &exp, &link.sig, now),
+            Err(LinkError::BadSignature)
+        );
+        assert_eq!(
+            s.verify_action("chat", "ap_1", "approve", Some("1h"), &exp, &sig, at(2_001)),
+            Err(LinkError::Expired)
+        );
+        let other = Signer::new([8u8; 32]);
+        assert_eq!(
+            other.verify_action("chat", "ap_1", "approve", Some("1h"), &exp, &sig, now),
+            Err(LinkError::BadSignature)
         );
     }
 

@@ -22,7 +22,7 @@ use http_body_util::BodyExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use super::links::unix;
+use super::links::{unix, Signer};
 use super::record::{Approval, Links, Notice, QUEUE_NOTIFY};
 use crate::policy::ask::notify_secret_key;
 use crate::policy::{Notifier, NotifyFormat, Policy};
@@ -138,7 +138,7 @@ pub async fn enqueue(
     notifiers: &[String],
     event: &str,
     approval: &Approval,
-    links: Option<Links>,
+    buttons: Buttons<'_>,
 ) -> Result<usize, StateError> {
     enqueue_to(
         store,
@@ -146,10 +146,19 @@ pub async fn enqueue(
         notifiers,
         event,
         approval,
-        links,
+        buttons,
         SystemTime::now(),
     )
     .await
+}
+
+/// What an `approval.requested` notice's buttons answer with: signed links for a notifier
+/// whose buttons are links, button values signed with `signer` for one whose buttons are
+/// interactive (`signing_secret`). Empty (the default) for a decision: no buttons.
+#[derive(Debug, Clone, Default)]
+pub struct Buttons<'a> {
+    pub links: Option<Links>,
+    pub signer: Option<&'a Signer>,
 }
 
 /// [`enqueue`] over an explicit list of configured notifiers, at `now`.
@@ -159,7 +168,7 @@ pub async fn enqueue_to(
     names: &[String],
     event: &str,
     approval: &Approval,
-    links: Option<Links>,
+    buttons: Buttons<'_>,
     now: SystemTime,
 ) -> Result<usize, StateError> {
     let targets: Vec<&Notifier> = if names.is_empty() {
@@ -185,12 +194,23 @@ pub async fn enqueue_to(
         if store.get(NS_ENQUEUED, &id).await?.is_some() {
             continue;
         }
+        // An interactive notifier's buttons answer in place, never as links (which anyone
+        // holding the message could open, past its `approvers`).
+        let (links, actions) = if notifier.interactive {
+            let actions = buttons
+                .signer
+                .map(|s| super::slack::actions_for(&notifier.name, approval, s));
+            (None, actions)
+        } else {
+            (buttons.links.clone(), None)
+        };
         let item = Outbound {
             notice: Notice {
                 notifier: notifier.name.clone(),
                 event: event.to_string(),
                 approval: approval.public(),
-                links: links.clone(),
+                links,
+                actions,
             },
             first_enqueued: Some(now),
         };
@@ -433,7 +453,15 @@ pub async fn deliver(
         notifier: name(),
         why: e.to_string(),
     })?;
-    let body = render(notifier.format, delivery, notice, scrubber.as_deref());
+    // The buttons are what the notifier is now (a reload may have changed it since this was
+    // queued): never links for an interactive one, whose `approvers` a link would pass by.
+    let mut notice = notice.clone();
+    if notifier.interactive {
+        notice.links = None;
+    } else {
+        notice.actions = None;
+    }
+    let body = render(notifier.format, delivery, &notice, scrubber.as_deref());
     let timestamp = unix(now).to_string();
     let mut req = http::Request::post(notifier.url.as_str())
         .header(http::header::CONTENT_TYPE, "application/json")
@@ -483,7 +511,7 @@ pub async fn deliver(
 
 /// Reads and drops at most [`MAX_RESPONSE_BYTES`] of a receiver's answer (so the connection
 /// can be reused when it was small), never more.
-async fn drain(mut body: hyper::body::Incoming) {
+pub(crate) async fn drain(mut body: hyper::body::Incoming) {
     let mut read = 0usize;
     while read <= MAX_RESPONSE_BYTES {
         match body.frame().await {
@@ -511,10 +539,16 @@ pub fn render(
     notice: &Notice,
     scrubber: Option<&Scrubber>,
 ) -> Vec<u8> {
-    let mut value = match format {
+    let value = match format {
         NotifyFormat::Json => json_payload(delivery, notice),
         NotifyFormat::Slack => slack_payload(notice),
     };
+    scrubbed(value, scrubber)
+}
+
+/// `value` encoded, scrubbed as [`render`] scrubs a delivery (every message latchkey sends a
+/// chat goes through here).
+pub fn scrubbed(mut value: Value, scrubber: Option<&Scrubber>) -> Vec<u8> {
     let Some(scrubber) = scrubber.filter(|s| !s.is_empty()) else {
         return value.to_string().into_bytes();
     };
@@ -550,7 +584,8 @@ pub fn json_payload(delivery: &str, notice: &Notice) -> Value {
 }
 
 /// A Slack-compatible message: one line of `text`, then Block Kit blocks with the details and
-/// one link button per approve link and a deny button (none once decided).
+/// one button per approve scope and a deny button (none once decided): links, or interactive
+/// buttons for a notifier with `signing_secret`.
 pub fn slack_payload(notice: &Notice) -> Value {
     let a = &notice.approval;
     let decided = notice.event == EVENT_DECIDED;
@@ -593,25 +628,63 @@ pub fn slack_payload(notice: &Notice) -> Value {
         blocks.push(json!({"type": "section", "text": {"type": "mrkdwn",
             "text": format!("*Preview:*\n```{}```", mrkdwn(&preview))}}));
     }
-    if let (Some(links), false) = (&notice.links, decided) {
-        let mut buttons: Vec<Value> = a
-            .scopes
-            .iter()
-            .filter_map(|scope| links.approve.get(scope).map(|url| (scope, url)))
-            .map(|(scope, url)| {
-                json!({"type": "button", "style": "primary", "url": url,
-                    "action_id": clip(&format!("approve-{scope}"), 255),
-                    "text": {"type": "plain_text", "text": clip(&format!("Approve ({scope})"), 75)}})
-            })
-            .collect();
-        buttons.truncate(24);
-        buttons.push(
-            json!({"type": "button", "style": "danger", "url": links.deny,
-            "action_id": "deny", "text": {"type": "plain_text", "text": "Deny"}}),
-        );
-        blocks.push(json!({"type": "actions", "elements": buttons}));
+    if !decided {
+        if let Some(buttons) = buttons(notice) {
+            blocks.push(json!({"type": "actions", "elements": buttons}));
+        }
     }
     json!({"text": text, "blocks": blocks})
+}
+
+/// The approve buttons (one per scope) and the deny button of a pending approval: interactive
+/// (a signed `value`, no `url`) when the notice carries button values, else links; `None`
+/// when it carries neither.
+fn buttons(notice: &Notice) -> Option<Vec<Value>> {
+    let a = &notice.approval;
+    let approve = |scope: &str, target: (&str, &str)| {
+        let mut button = json!({"type": "button", "style": "primary",
+            "action_id": clip(&format!("approve-{scope}"), 255),
+            "text": {"type": "plain_text", "text": clip(&format!("Approve ({scope})"), 75)}});
+        button[target.0] = Value::from(target.1);
+        if target.0 == "value" {
+            // An in-place answer takes one click: Slack asks first.
+            button["confirm"] = json!({
+                "title": {"type": "plain_text", "text": "Approve this request?"},
+                "text": {"type": "plain_text", "text": clip(&format!(
+                    "{} {} for identity {} (scope {scope})", a.method, a.url, a.identity), 300)},
+                "confirm": {"type": "plain_text", "text": "Approve"},
+                "deny": {"type": "plain_text", "text": "Cancel"},
+            });
+        }
+        button
+    };
+    let deny = |target: (&str, &str)| {
+        let mut button = json!({"type": "button", "style": "danger", "action_id": "deny",
+            "text": {"type": "plain_text", "text": "Deny"}});
+        button[target.0] = Value::from(target.1);
+        button
+    };
+    let mut buttons: Vec<Value> = Vec::new();
+    let deny_button = if let Some(actions) = &notice.actions {
+        for scope in &a.scopes {
+            if let Some(value) = actions.approve.get(scope) {
+                buttons.push(approve(scope, ("value", value)));
+            }
+        }
+        deny(("value", &actions.deny))
+    } else if let Some(links) = &notice.links {
+        for scope in &a.scopes {
+            if let Some(url) = links.approve.get(scope) {
+                buttons.push(approve(scope, ("url", url)));
+            }
+        }
+        deny(("url", &links.deny))
+    } else {
+        return None;
+    };
+    buttons.truncate(24);
+    buttons.push(deny_button);
+    Some(buttons)
 }
 
 /// The one-line summary: who asks for what, or who decided what.
@@ -643,7 +716,7 @@ fn headline(notice: &Notice) -> String {
 }
 
 /// Escapes the three characters Slack's mrkdwn treats as control characters.
-fn mrkdwn(text: &str) -> String {
+pub fn mrkdwn(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
@@ -661,7 +734,7 @@ fn clip(text: &str, max: usize) -> String {
 
 #[cfg(test)]
 #[path = "notify_tests.rs"]
-mod tests;
+pub(crate) mod tests;
 
 #[cfg(test)]
 #[path = "notify_outbox_tests.rs"]

@@ -29,15 +29,42 @@ async fn enqueue_puts_one_item_per_notifier_once() {
     let configured = two_notifiers("http://127.0.0.1:9/hook");
     let a = approval();
     let now = SystemTime::now();
-    let all = enqueue_to(&*store, &configured, &[], EVENT_REQUESTED, &a, None, now).await;
+    let all = enqueue_to(
+        &*store,
+        &configured,
+        &[],
+        EVENT_REQUESTED,
+        &a,
+        Buttons::default(),
+        now,
+    )
+    .await;
     assert_eq!(all.unwrap(), 2);
     assert_eq!(store.queue_len(QUEUE_NOTIFY).await.unwrap(), 2);
     // The same event again (a duplicate call) is not queued twice.
-    let again = enqueue_to(&*store, &configured, &[], EVENT_REQUESTED, &a, None, now).await;
+    let again = enqueue_to(
+        &*store,
+        &configured,
+        &[],
+        EVENT_REQUESTED,
+        &a,
+        Buttons::default(),
+        now,
+    )
+    .await;
     assert_eq!(again.unwrap(), 0);
     // Named notifiers only; a name the policy lacks is skipped.
     let names = ["ops".to_string(), "gone".to_string()];
-    let decided = enqueue_to(&*store, &configured, &names, EVENT_DECIDED, &a, None, now).await;
+    let decided = enqueue_to(
+        &*store,
+        &configured,
+        &names,
+        EVENT_DECIDED,
+        &a,
+        Buttons::default(),
+        now,
+    )
+    .await;
     assert_eq!(decided.unwrap(), 1);
     let mut ids: Vec<String> = store
         .claim(QUEUE_NOTIFY, now, CLAIM_LEASE, 10)
@@ -81,7 +108,7 @@ async fn a_failed_delivery_is_retried_with_the_same_delivery_id_then_acked() {
         &[],
         EVENT_REQUESTED,
         &approval(),
-        None,
+        Buttons::default(),
         start,
     )
     .await
@@ -145,7 +172,7 @@ async fn items_past_a_day_or_for_a_removed_notifier_are_dropped_undelivered() {
         &[],
         EVENT_REQUESTED,
         &approval(),
-        None,
+        Buttons::default(),
         start,
     )
     .await
@@ -173,7 +200,7 @@ async fn items_past_a_day_or_for_a_removed_notifier_are_dropped_undelivered() {
         &["chat".into()],
         EVENT_REQUESTED,
         &a,
-        None,
+        Buttons::default(),
         start,
     )
     .await
@@ -267,7 +294,15 @@ async fn the_worker_delivers_what_is_enqueued_promptly_and_stops_on_shutdown() {
     // Let the worker find the queue empty and go to sleep first.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let asked = std::time::Instant::now();
-    let queued = enqueue(&*store, &policy, &[], EVENT_REQUESTED, &approval(), None).await;
+    let queued = enqueue(
+        &*store,
+        &policy,
+        &[],
+        EVENT_REQUESTED,
+        &approval(),
+        Buttons::default(),
+    )
+    .await;
     assert_eq!(queued.unwrap(), 2);
     while seen.lock().unwrap().len() < 2 {
         assert!(asked.elapsed() < Duration::from_secs(5), "not delivered");

@@ -17,7 +17,7 @@ use crate::secrets::Source;
 
 const SECRET: &str = "sk-live-NOTIFYTESTSECRET123";
 
-pub(super) fn approval() -> Approval {
+pub(crate) fn approval() -> Approval {
     let created = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
     Approval {
         id: "ap_1234".into(),
@@ -64,12 +64,13 @@ fn links() -> Links {
     }
 }
 
-pub(super) fn notice(event: &str, links: Option<Links>) -> Notice {
+pub(crate) fn notice(event: &str, links: Option<Links>) -> Notice {
     Notice {
         notifier: "ops".into(),
         event: event.into(),
         approval: approval().public(),
         links,
+        actions: None,
     }
 }
 
@@ -79,6 +80,8 @@ pub(super) fn notifier(url: &str, signed: bool, format: NotifyFormat) -> Notifie
         url: url::Url::parse(url).unwrap(),
         signed,
         format,
+        interactive: false,
+        approvers: Vec::new(),
         origin: Origin {
             file: "policies/notify.toml".into(),
             line: 1,
@@ -410,6 +413,29 @@ async fn a_delivery_carries_the_headers_and_a_verifiable_signature() {
     assert_eq!(v["approval"]["id"], "ap_1234");
     // The signing secret is itself a secret: never in the body.
     assert!(!String::from_utf8_lossy(&seen[0].body).contains("whsec-unit-test-secret"));
+}
+
+#[tokio::test]
+async fn an_interactive_notifier_never_gets_link_buttons_even_from_an_older_queued_notice() {
+    let (addr, seen) = receiver(vec![200]).await;
+    let mut n = notifier(&format!("http://{addr}/hook"), false, NotifyFormat::Slack);
+    n.interactive = true;
+    let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_123);
+    // Queued with links before a reload gave the notifier its signing_secret.
+    let queued = notice(EVENT_REQUESTED, Some(links()));
+    deliver(
+        &loopback_client(),
+        &n,
+        &SecretStore::empty(),
+        "d",
+        &queued,
+        now,
+    )
+    .await
+    .unwrap();
+    let body = String::from_utf8(seen.lock().unwrap()[0].body.clone()).unwrap();
+    assert!(!body.contains("/answer?"), "{body}");
+    assert!(!body.contains("\"actions\""), "no button at all: {body}");
 }
 
 #[tokio::test]

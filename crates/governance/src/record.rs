@@ -133,8 +133,22 @@ pub struct Notice {
     pub event: String,
     /// The approval, public form ([`Approval::public`]).
     pub approval: Approval,
-    /// Signed one-click links, when latchkey knows its public admin URL.
+    /// Signed one-click links, when latchkey knows its public admin URL (never for a notifier
+    /// whose buttons are interactive).
     pub links: Option<Links>,
+    /// The values of an interactive Slack notifier's buttons (`signing_secret`), answered
+    /// through `POST /slack/actions/NAME`; `None` for every other notifier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub actions: Option<Actions>,
+}
+
+/// The values of interactive chat buttons: each a compact JSON answer (approval id,
+/// decision, scope, expiry) signed for one notifier ([`crate::slack::ActionValue`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Actions {
+    /// Scope → the value of the button that approves with that scope.
+    pub approve: BTreeMap<String, String>,
+    pub deny: String,
 }
 
 /// Signed one-click links for chat buttons: each opens a confirmation page on the admin

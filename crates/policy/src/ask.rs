@@ -109,7 +109,8 @@ impl Default for AskPolicy {
 pub enum NotifyFormat {
     /// latchkey's own JSON event.
     Json,
-    /// A Slack-compatible message (`text` and `blocks`, with approve/deny link buttons).
+    /// A Slack-compatible message (`text` and `blocks`, with approve/deny buttons: links, or
+    /// with `signing_secret` interactive buttons answered in place).
     Slack,
 }
 
@@ -123,6 +124,13 @@ pub struct Notifier {
     /// [`notify_secret_key`] and signs every delivery (HMAC-SHA256).
     pub signed: bool,
     pub format: NotifyFormat,
+    /// Whether `signing_secret = "…"` was given (`format = "slack"` only): Slack's request
+    /// signing secret is in the secret store under [`slack_signing_key`], the message's buttons
+    /// are interactive (no link) and `POST /slack/actions/NAME` answers them.
+    pub interactive: bool,
+    /// `approvers`: the Slack user IDs who may answer from the message; empty: anyone who can
+    /// click in the channel. Only with `signing_secret`.
+    pub approvers: Vec<String>,
     pub origin: Origin,
 }
 
@@ -130,6 +138,21 @@ pub struct Notifier {
 /// clashes with one).
 pub fn notify_secret_key(notifier: &str) -> String {
     format!("notify:{notifier}")
+}
+
+/// The secret store key of a Slack notifier's request signing secret (`signing_secret`); a
+/// notifier name has no `:`, so it never clashes with [`notify_secret_key`].
+pub fn slack_signing_key(notifier: &str) -> String {
+    format!("notify:{notifier}:signing_secret")
+}
+
+/// Whether `id` has the form of a Slack user ID: `U` or `W`, then upper-case letters and
+/// digits (`U012AB3CD`), at most 32 characters in all.
+pub fn is_slack_user_id(id: &str) -> bool {
+    let mut chars = id.chars();
+    matches!(chars.next(), Some('U' | 'W'))
+        && (3..=32).contains(&id.len())
+        && chars.all(|c| c.is_ascii_uppercase() || c.is_ascii_digit())
 }
 
 /// Why a request needs a person: under which rule (`None`: `[ask] unknown`), on which terms.

@@ -14,7 +14,10 @@ use std::time::Duration;
 
 use toml::Spanned;
 
-use super::ask::{notify_secret_key, Ask, AskPolicy, Notifier, NotifyFormat, Scope};
+use super::ask::{
+    is_slack_user_id, notify_secret_key, slack_signing_key, Ask, AskPolicy, Notifier, NotifyFormat,
+    Scope,
+};
 use super::compile::{line_col, FileCx, PolicyError};
 use super::schema::{Entry, RawAsk, RawNotify, RawPolicyFile, StringMap};
 use super::Origin;
@@ -45,9 +48,13 @@ pub(super) struct AskDefaults {
     pub notifiers: BTreeSet<String>,
 }
 
-/// A notifier's signing secret, to register under [`notify_secret_key`]: the file's index, the
-/// span of `secret`, the notifier's origin and the source.
+/// A notifier's secret, to register under its store key ([`notify_secret_key`] for `secret`,
+/// [`slack_signing_key`] for `signing_secret`): the file's index, the key, the span of the
+/// value, the notifier's origin and the source.
 pub(super) type NotifySecret = (usize, String, Range<usize>, Origin, Source);
+
+/// A notifier's secret as one table gives it: store key, span of the value, source.
+type FoundSecret = (String, Range<usize>, Source);
 
 /// Compiles every file's `[notify.NAME]` tables and the one `[ask]` table. Returns the policy's
 /// `[ask]`, its notifiers (sorted by name), what rules resolve against, and the signing secrets
@@ -68,10 +75,10 @@ pub(super) fn compile_asks(
         for (name, entry) in std::mem::take(&mut raw.notify) {
             let d = cx.declare("notify", "notifier", name, &mut declared);
             let (name, origin) = (d.name, d.origin);
-            let (notifier, secret) = cx.notifier(&d.field, &name, entry, origin.clone());
+            let (notifier, found) = cx.notifier(&d.field, &name, entry, origin.clone());
             if d.unique {
-                if let Some((span, source)) = secret {
-                    secrets.push((fi, notify_secret_key(&name), span, origin, source));
+                for (key, span, source) in found {
+                    secrets.push((fi, key, span, origin.clone(), source));
                 }
                 notifiers.extend(notifier);
             }
@@ -116,30 +123,36 @@ pub(super) fn compile_asks(
 }
 
 impl FileCx<'_> {
-    /// Validates one `[notify.NAME]`: the notifier if it is valid, and its signing secret's
-    /// source if that parsed (registered even beside other problems, so a missing value is
-    /// reported in the same run).
+    /// Validates one `[notify.NAME]`: the notifier if it is valid, and the sources of its
+    /// secrets that parsed, each with its store key and span (registered even beside other
+    /// problems, so a missing value is reported in the same run).
     fn notifier(
         &mut self,
         field: &str,
         name: &str,
         entry: Entry<RawNotify>,
         origin: Origin,
-    ) -> (Option<Notifier>, Option<(Range<usize>, Source)>) {
+    ) -> (Option<Notifier>, Vec<FoundSecret>) {
         let before = self.errors.len();
         let raw = entry.raw;
         // A missing or mistyped url was reported while reading.
         let url = raw.url.as_ref().and_then(|u| self.notify_url(field, u));
-        let secret = raw.secret.as_ref().and_then(|s| {
+        let mut secrets = Vec::new();
+        for (key, store_key, given) in [
+            ("secret", notify_secret_key(name), &raw.secret),
+            (
+                "signing_secret",
+                slack_signing_key(name),
+                &raw.signing_secret,
+            ),
+        ] {
+            let Some(s) = given else { continue };
             let (ttl, timeout) = (Duration::from_secs(300), Duration::from_secs(10));
             match Source::parse(s.get_ref(), ttl, timeout) {
-                Ok(source) => Some((s.span(), source)),
-                Err(e) => {
-                    self.error(s.span(), format!("{field}.secret: {e}"));
-                    None
-                }
+                Ok(source) => secrets.push((store_key, s.span(), source)),
+                Err(e) => self.error(s.span(), format!("{field}.{key}: {e}")),
             }
-        });
+        }
         let format = match &raw.format {
             None => Some(NotifyFormat::Json),
             Some(f) => {
@@ -156,6 +169,7 @@ impl FileCx<'_> {
                 }
             }
         };
+        let approvers = self.slack_terms(field, &raw, format);
         let valid = entry.complete && self.errors.len() == before;
         let notifier = match (url, format, valid) {
             (Some(url), Some(format), true) => Some(Notifier {
@@ -163,11 +177,63 @@ impl FileCx<'_> {
                 url,
                 signed: raw.secret.is_some(),
                 format,
+                interactive: raw.signing_secret.is_some(),
+                approvers,
                 origin,
             }),
             _ => None,
         };
-        (notifier, secret)
+        (notifier, secrets)
+    }
+
+    /// Checks `signing_secret` (a `format = "slack"` notifier's only) and `approvers` (only
+    /// beside `signing_secret`: a non-empty list of Slack user IDs, each once); the approvers.
+    fn slack_terms(
+        &mut self,
+        field: &str,
+        raw: &RawNotify,
+        format: Option<NotifyFormat>,
+    ) -> Vec<String> {
+        if let (Some(s), Some(NotifyFormat::Json)) = (&raw.signing_secret, format) {
+            self.error(
+                s.span(),
+                format!("{field}.signing_secret: only a format = \"slack\" notifier answers from its buttons; set format = \"slack\" or remove signing_secret"),
+            );
+        }
+        let Some(list) = &raw.approvers else {
+            return Vec::new();
+        };
+        if raw.signing_secret.is_none() {
+            self.error(
+                list.span(),
+                format!("{field}.approvers: approvers need signing_secret: without it the buttons are links that whoever holds the message can open, so nobody could be held to the list"),
+            );
+            return Vec::new();
+        }
+        if list.get_ref().is_empty() {
+            self.error(
+                list.span(),
+                format!("{field}.approvers: an empty list: nobody could answer; remove the key to let anyone who can click in the channel answer"),
+            );
+        }
+        let mut approvers: Vec<String> = Vec::new();
+        for (i, id) in list.get_ref().iter().enumerate() {
+            let text = id.get_ref();
+            if !is_slack_user_id(text) {
+                self.error(
+                    id.span(),
+                    format!("{field}.approvers[{i}]: {text:?} is not a Slack user ID (U or W, then upper-case letters and digits, as in U012AB3CD)"),
+                );
+            } else if approvers.contains(text) {
+                self.error(
+                    id.span(),
+                    format!("{field}.approvers[{i}]: {text:?} is listed twice"),
+                );
+            } else {
+                approvers.push(text.clone());
+            }
+        }
+        approvers
     }
 
     /// A webhook URL: absolute `http`/`https` with a host, no userinfo, query or fragment (a

@@ -9,8 +9,8 @@ use http::Method;
 use super::ask_compile::parse_rate;
 use super::compile::{compile_one, compile_sources_with};
 use super::{
-    ask::notify_secret_key, ConnectDecision, NotifyFormat, Policy, Scheme, Scope, SecretLoading,
-    Target,
+    ask::{notify_secret_key, slack_signing_key},
+    ConnectDecision, NotifyFormat, Policy, Scheme, Scope, SecretLoading, Target,
 };
 
 fn policy(text: &str) -> Policy {
@@ -331,6 +331,73 @@ fn a_notifiers_secret_is_a_secret_source_loaded_and_located_like_any_other() {
         "{e:?}"
     );
     assert!(!e[0].contains("hunter2"), "{e:?}");
+}
+
+#[test]
+fn a_slack_notifiers_signing_secret_and_approvers_make_its_buttons_interactive() {
+    let var = "LATCHKEY_ASK_TEST_SLACK_SIGNING_SECRET";
+    std::env::set_var(var, "slack-signing-secret-value");
+    let p = compile_one(&format!(
+        "[notify.chat]\nurl = \"https://hooks.slack.test/services/T/B/X\"\nformat = \"slack\"\nsigning_secret = \"env:{var}\"\napprovers = [\"U012AB3CD\", \"W0ABC\"]\n[notify.plain]\nurl = \"https://hooks.slack.test/services/T/B/Y\"\nformat = \"slack\"\n"
+    ))
+    .unwrap_or_else(|e| panic!("{e:?}"));
+    let chat = &p.notifiers()[0];
+    assert_eq!(chat.name, "chat");
+    assert!(chat.interactive && !chat.signed);
+    assert_eq!(chat.approvers, ["U012AB3CD", "W0ABC"]);
+    assert!(p.secret_names().any(|n| n == slack_signing_key("chat")));
+    assert_ne!(slack_signing_key("chat"), notify_secret_key("chat"));
+    let plain = &p.notifiers()[1];
+    assert!(!plain.interactive && plain.approvers.is_empty());
+    // Without approvers, anyone who can click answers.
+    let p = policy("[notify.chat]\nurl = \"https://h.test/\"\nformat = \"slack\"\nsigning_secret = \"env:X\"\n");
+    assert!(p.notifiers()[0].interactive && p.notifiers()[0].approvers.is_empty());
+    // Read like any secret: a missing value is an error at the key, never echoed.
+    let e = compile_one(
+        "[notify.chat]\nurl = \"https://h.test/\"\nformat = \"slack\"\nsigning_secret = \"env:LATCHKEY_ASK_TEST_UNSET_SIGNING\"\n",
+    )
+    .err()
+    .unwrap_or_default();
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].to_string()
+            .starts_with("test.toml:4:18: notify.chat.signing_secret: "),
+        "{e:?}"
+    );
+    let e = errors("[notify.chat]\nurl = \"https://h.test/\"\nformat = \"slack\"\nsigning_secret = \"hunter2\"\n");
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].starts_with("test.toml:4:18: notify.chat.signing_secret: "),
+        "{e:?}"
+    );
+    assert!(!e[0].contains("hunter2"), "{e:?}");
+}
+
+#[test]
+fn signing_secret_is_slacks_only_and_approvers_need_it() {
+    let e = errors(
+        "[notify.a]\nurl = \"https://h.test/\"\nsigning_secret = \"env:X\"\n[notify.b]\nurl = \"https://h.test/\"\nformat = \"slack\"\napprovers = [\"U012AB3CD\"]\n[notify.c]\nurl = \"https://h.test/\"\nformat = \"slack\"\nsigning_secret = \"env:X\"\napprovers = []\n[notify.d]\nurl = \"https://h.test/\"\nformat = \"slack\"\nsigning_secret = \"env:X\"\napprovers = [\"U012AB3CD\", \"ana\", \"u012ab3cd\", \"U012AB3CD\", \"U\"]\n[notify.e]\nurl = \"https://h.test/\"\nformat = \"json\"\nsigning_secret = \"env:X\"\napprovers = [\"U1X\"]\n",
+    );
+    assert_eq!(
+        e,
+        [
+            "test.toml:3:18: notify.a.signing_secret: only a format = \"slack\" notifier answers from its buttons; set format = \"slack\" or remove signing_secret",
+            "test.toml:7:13: notify.b.approvers: approvers need signing_secret: without it the buttons are links that whoever holds the message can open, so nobody could be held to the list",
+            "test.toml:12:13: notify.c.approvers: an empty list: nobody could answer; remove the key to let anyone who can click in the channel answer",
+            "test.toml:17:27: notify.d.approvers[1]: \"ana\" is not a Slack user ID (U or W, then upper-case letters and digits, as in U012AB3CD)",
+            "test.toml:17:34: notify.d.approvers[2]: \"u012ab3cd\" is not a Slack user ID (U or W, then upper-case letters and digits, as in U012AB3CD)",
+            "test.toml:17:47: notify.d.approvers[3]: \"U012AB3CD\" is listed twice",
+            "test.toml:17:60: notify.d.approvers[4]: \"U\" is not a Slack user ID (U or W, then upper-case letters and digits, as in U012AB3CD)",
+            "test.toml:21:18: notify.e.signing_secret: only a format = \"slack\" notifier answers from its buttons; set format = \"slack\" or remove signing_secret",
+        ]
+    );
+    let e = errors(
+        "[notify.ops]\nurl = \"https://h.test/\"\nformat = \"slack\"\napprover = [\"U1X\"]\n",
+    );
+    assert_eq!(
+        e,
+        ["test.toml:4:1: notify.ops: unknown key `approver`; did you mean `approvers`?"]
+    );
 }
 
 #[test]

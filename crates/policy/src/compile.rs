@@ -321,7 +321,10 @@ pub fn field_of(name: &str) -> String {
     if let Some(id) = name.strip_prefix("identity:") {
         format!("identities.{id}.token")
     } else if let Some(n) = name.strip_prefix("notify:") {
-        format!("notify.{n}.secret")
+        match n.split_once(':') {
+            Some((n, key)) => format!("notify.{n}.{key}"),
+            None => format!("notify.{n}.secret"),
+        }
     } else if let Some(n) = name.strip_prefix("admin-token:") {
         format!("admin.tokens.{n}.token")
     } else if let Some((cred, f)) = name

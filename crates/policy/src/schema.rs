@@ -115,6 +115,11 @@ pub struct RawNotify {
     pub secret: Option<Spanned<String>>,
     /// `json` (default) or `slack`.
     pub format: Option<Spanned<String>>,
+    /// `format = "slack"` only: a secret source for Slack's request signing secret, which
+    /// makes the message's buttons answer in place (`POST /slack/actions/NAME`).
+    pub signing_secret: Option<Spanned<String>>,
+    /// With `signing_secret`: the Slack user IDs who may answer from the message.
+    pub approvers: Option<Spanned<Vec<Spanned<String>>>>,
 }
 
 /// JWT claims: name, where its value is, and the value as JSON.
@@ -260,7 +265,7 @@ const TOP_KEYS: &[&str] = &[
 ];
 pub(super) const SECRET_KEYS: &[&str] = &["source", "ttl", "timeout", "refresh", "stale_for"];
 pub(super) const IDENTITY_KEYS: &[&str] = &["token", "sources", "rules", "labels", "limits"];
-pub(super) const NOTIFY_KEYS: &[&str] = &["url", "secret", "format"];
+pub(super) const NOTIFY_KEYS: &[&str] = &["url", "secret", "format", "signing_secret", "approvers"];
 pub(super) const LIMIT_KEYS: &[&str] = &[
     "per",
     "requests",
@@ -470,6 +475,8 @@ fn read_notify(t: &Fields<'_>, r: &mut dyn Report) -> RawNotify {
         url: t.required(r, "url", Fields::string),
         secret: t.string(r, "secret"),
         format: t.string(r, "format"),
+        signing_secret: t.string(r, "signing_secret"),
+        approvers: t.strings(r, "approvers"),
     }
 }
 

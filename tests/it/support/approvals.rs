@@ -473,3 +473,80 @@ fn read_delivery<R: Read>(reader: &mut BufReader<R>) -> Option<Delivery> {
 pub fn with_method<'a>(records: &'a [Value], method: &str) -> Vec<&'a Value> {
     records.iter().filter(|r| r["method"] == method).collect()
 }
+
+// ---------------------------------------------------------------------------------------------
+// Slack interactivity
+
+/// A `block_actions` payload as Slack sends it for a click by `user` on a button of `value`
+/// (form-encoded, ready to sign and POST).
+pub fn slack_payload(user: &str, value: &str, response_url: &str) -> String {
+    let p = serde_json::json!({
+        "type": "block_actions",
+        "user": {"id": user, "username": "ana", "name": "ana", "team_id": "T0"},
+        "api_app_id": "A0", "token": "legacy-verification-token",
+        "container": {"type": "message", "message_ts": "1.2", "channel_id": "C0"},
+        "actions": [{"action_id": "x", "block_id": "b", "type": "button", "value": value,
+                     "action_ts": "1.3"}],
+        "response_url": response_url,
+    });
+    url::form_urlencoded::Serializer::new(String::new())
+        .append_pair("payload", &p.to_string())
+        .finish()
+}
+
+/// Slack's `v0=` signature of `body` at `ts` under `secret`.
+pub fn slack_signature(secret: &str, ts: u64, body: &str) -> String {
+    let key = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, secret.as_bytes());
+    let tag = aws_lc_rs::hmac::sign(&key, format!("v0:{ts}:{body}").as_bytes());
+    let hex: String = tag.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    format!("v0={hex}")
+}
+
+/// UNIX seconds now.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs()
+}
+
+/// POSTs `body` to `/slack/actions/{notifier}` on `addr` with Slack's headers (no admin token).
+pub fn slack_post(
+    addr: SocketAddr,
+    notifier: &str,
+    ts: Option<u64>,
+    sig: Option<&str>,
+    body: &str,
+) -> RawResponse {
+    let ts = ts.map(|t| t.to_string());
+    let mut headers = vec![("Content-Type", "application/x-www-form-urlencoded")];
+    if let Some(ts) = &ts {
+        headers.push(("X-Slack-Request-Timestamp", ts));
+    }
+    if let Some(sig) = sig {
+        headers.push(("X-Slack-Signature", sig));
+    }
+    let path = format!("/slack/actions/{notifier}");
+    http_call(addr, "POST", &path, &headers, body.as_bytes())
+}
+
+/// The values of the buttons of a Slack message, by `action_id`; panics without buttons.
+pub fn slack_buttons(message: &Value) -> Vec<(String, String)> {
+    let actions = message["blocks"]
+        .as_array()
+        .and_then(|b| b.iter().find(|b| b["type"] == "actions"))
+        .unwrap_or_else(|| panic!("no buttons: {message:#}"));
+    actions["elements"]
+        .as_array()
+        .expect("elements")
+        .iter()
+        .map(|b| {
+            assert!(
+                b.get("url").is_none(),
+                "an interactive button with a url: {b}"
+            );
+            let id = b["action_id"].as_str().expect("action_id").to_string();
+            (id, b["value"].as_str().expect("a button value").to_string())
+        })
+        .collect()
+}
