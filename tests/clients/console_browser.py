@@ -80,6 +80,18 @@ def main():
         result["explain"] = page.locator("main").inner_text()
         page.screenshot(path=f"{shots}/console-explain.png", full_page=True)
 
+        # Filtering: only denials. An allowed request made first never shows; the denial does.
+        page.goto(f"{base}/ui/traffic")
+        page.fill("input[name=decision]", "deny")
+        with page.expect_navigation():
+            page.press("input[name=decision]", "Enter")
+        page.wait_for_selector("#traffic-state.live", timeout=10_000)
+        step("traffic-filtered-open")
+        denied = page.locator("#traffic tr.record", has_text="other.test")
+        denied.first.wait_for(timeout=10_000)
+        result["filtered_rows"] = page.locator("#traffic tr.record").all_inner_texts()
+        result["filtered_url"] = page.url
+
         # Approvals: approve one parked request, deny another.
         for decision in ["approve", "deny"]:
             approval = step(f"parked-{decision}")
@@ -94,6 +106,15 @@ def main():
             page.wait_for_load_state()
             result[f"{decision}_page"] = page.locator("main").inner_text()
             step(f"answered-{decision}")
+
+        # A session with an open tunnel, revoked from its row: the tunnel is cut.
+        session = step("session-open")
+        page.goto(f"{base}/ui/sessions")
+        row = page.locator("tr", has_text=session)
+        row.locator("button", has_text="Revoke").click()
+        page.wait_for_load_state()
+        result["revoke_page"] = page.locator("main").inner_text()
+        step("session-revoked")
 
         for name in ["sessions", "limits", "policy"]:
             page.goto(f"{base}/ui/{name}")

@@ -27,7 +27,8 @@ pub(crate) fn policy() -> String {
 [secrets.key]\nsource = \"env:LK_CONSOLE_KEY\"\n\n\
 [[rules]]\nname = \"keyed\"\nhosts = [\"keyed.test\"]\nports = [PORT]\n\
 [rules.inject.headers]\nauthorization = \"Bearer {{{{secret.key}}}}\"\n\n\
-[profiles.worker]\nrules = [\"reads\"]\nttl = \"1h\"\n\n\
+[[rules]]\nname = \"tunnel\"\nhosts = [\"tunnel.test\"]\nports = [PORT]\ntunnel = true\n\n\
+[profiles.worker]\nrules = [\"reads\", \"tunnel\"]\nttl = \"1h\"\n\n\
 [admin.tokens.reader]\ntoken = \"env:LK_READER_TOKEN\"\nscopes = [\"read\"]\n\n\
 [admin.tokens.approver]\ntoken = \"env:LK_APPROVER_TOKEN\"\nscopes = [\"read\", \"approvals:answer\", \"sessions:write\"]\n\n\
 [admin.tokens.answerer]\ntoken = \"env:LK_ANSWERER_TOKEN\"\nscopes = [\"approvals:answer\"]\n",

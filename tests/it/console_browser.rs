@@ -3,18 +3,20 @@
 //! read-only person sees no approve button; an approver signs in, watches a request made by
 //! curl through latchkey appear live on the traffic page, opens its record and explains it,
 //! approves one parked request (the client's request completes) and denies another (the client
-//! is refused), and visits every page. Each page's screenshot is kept under
+//! is refused), filters the traffic to denials (an allowed request never shows, a denied one
+//! does), revokes a session from its row and sees its open tunnel cut, and visits every page. Each page's screenshot is kept under
 //! `target/tmp/console-screenshots` (the book's are copies of these); every page's text is
 //! swept for the test's secrets.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::console::{world, APPROVER_TOKEN, READER_TOKEN, SECRETS};
-use crate::support::approvals::{agent, send};
+use crate::support::approvals::{agent, send, ADMIN_TOKEN};
+use crate::support::sessions::{admin_json, basic, connect_as};
 use crate::support::toolchain;
 
 const SCRIPT: &str = concat!(
@@ -53,8 +55,10 @@ fn console_in_chromium_shows_live_traffic_and_answers_parked_requests() {
     let url = w.url("api.test", "/v1/items");
     let mut result = None;
     let mut outcomes = Vec::new();
+    let mut cut = None;
     thread::scope(|s| {
         let mut held = None;
+        let mut tunnel = None;
         for line in from_script.lines() {
             let line = line.expect("read the script's output");
             if let Some(json) = line.strip_prefix("RESULT ") {
@@ -69,6 +73,53 @@ fn console_in_chromium_shows_live_traffic_and_answers_parked_requests() {
                 "traffic-open" => {
                     let out = send(&w.lk, Some(&agent()), "GET", &url, None);
                     assert_eq!(out.ok().status, 200, "the live request failed");
+                    answer("ok");
+                }
+                "traffic-filtered-open" => {
+                    let out = send(&w.lk, Some(&agent()), "GET", &url, None);
+                    assert_eq!(out.ok().status, 200, "the allowed request failed");
+                    let other = w.url("other.test", "/no/rule");
+                    let out = send(&w.lk, Some(&agent()), "GET", &other, None);
+                    assert_eq!(out.response.status, 403, "no rule, and not refused");
+                    answer("ok");
+                }
+                "session-open" => {
+                    let (status, made) = admin_json(
+                        &w.lk,
+                        "POST",
+                        "/sessions",
+                        Some(&serde_json::json!({"profile": "worker"})),
+                        Some(ADMIN_TOKEN),
+                    );
+                    assert_eq!(status, 201, "{made:#}");
+                    let authority = format!("tunnel.test:{}", w.port());
+                    let (mut tcp, resp) = connect_as(w.lk.addr(), &authority, &basic(&made));
+                    assert_eq!(resp.status, 200, "the session's tunnel: {resp:#?}");
+                    tcp.write_all(&[0x16, 0x03, 0x01, 0x00, 0x05, 1, 2, 3])
+                        .expect("bytes through the tunnel");
+                    tunnel = Some(tcp);
+                    answer(&format!("ok {}", made["id"].as_str().expect("session id")));
+                }
+                "session-revoked" => {
+                    let mut tcp = tunnel.take().expect("an open tunnel");
+                    let asked = Instant::now();
+                    tcp.set_read_timeout(Some(Duration::from_secs(10)))
+                        .expect("read timeout");
+                    let mut buf = [0u8; 1024];
+                    let closed = loop {
+                        match tcp.read(&mut buf) {
+                            Ok(0) => break true,
+                            Ok(_) => {}
+                            Err(e)
+                                if e.kind() == std::io::ErrorKind::WouldBlock
+                                    || e.kind() == std::io::ErrorKind::TimedOut =>
+                            {
+                                break false
+                            }
+                            Err(_) => break true,
+                        }
+                    };
+                    cut = Some((closed, asked.elapsed()));
                     answer("ok");
                 }
                 "parked-approve" | "parked-deny" => {
@@ -124,6 +175,24 @@ fn console_in_chromium_shows_live_traffic_and_answers_parked_requests() {
     assert!(
         explain.contains("reads"),
         "explain did not name the rule: {explain}"
+    );
+    let rows = result["filtered_rows"].to_string();
+    assert!(
+        rows.contains("other.test") && rows.contains("deny") && !rows.contains("/v1/items"),
+        "the traffic filtered to denials: {rows}"
+    );
+    assert!(
+        result["filtered_url"]
+            .as_str()
+            .is_some_and(|u| u.contains("decision=deny")),
+        "{result:#}"
+    );
+    let revoked = result["revoke_page"].as_str().unwrap_or_default();
+    assert!(revoked.contains("connections are cut"), "{revoked}");
+    let (closed, after) = cut.expect("the tunnel was watched");
+    assert!(
+        closed && after < Duration::from_secs(5),
+        "revoking in the browser did not cut the open tunnel (closed {closed}, after {after:?})"
     );
     let approved = result["approve_page"].as_str().unwrap_or_default();
     assert!(approved.contains("approved"), "{approved}");

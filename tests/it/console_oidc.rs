@@ -18,6 +18,7 @@ use serde_json::{json, Value};
 
 use crate::support::approvals::{agent, ask_policy, http_call, send, start, Admin, ADMIN_TOKEN};
 use crate::support::clients::RawResponse;
+use crate::support::toolchain;
 use crate::support::upstream::{echo, full_body, handler, Received};
 use crate::support::{Latchkey, TestCa, Upstream};
 
@@ -38,6 +39,9 @@ struct Idp {
     handed_out: Mutex<Vec<String>>,
     /// The client secret the token endpoint takes.
     client_secret: Mutex<String>,
+    /// Where `/authorize` sends a browser back (latchkey's admin address, once known), and
+    /// whom it signs in.
+    browser: Mutex<Option<(String, Value)>>,
 }
 
 struct Grant {
@@ -80,6 +84,7 @@ impl Idp {
             claims_issuer: Mutex::default(),
             handed_out: Mutex::default(),
             client_secret: Mutex::new(CLIENT_SECRET.to_string()),
+            browser: Mutex::default(),
         }
     }
 
@@ -99,8 +104,47 @@ impl Idp {
             }
             "/keys" => json_response(200, &self.jwks),
             "/token" => self.token(&req),
+            "/authorize" => self.authorize(&req),
             _ => echo(req).await,
         }
+    }
+
+    /// The authorization endpoint, for a browser: signs the configured person in at once and
+    /// sends the browser back to latchkey's callback with a code.
+    fn authorize(&self, req: &Received) -> hyper::Response<crate::support::upstream::UpBody> {
+        let query = req.path.split_once('?').map(|(_, q)| q).unwrap_or_default();
+        let q: HashMap<String, String> = url::form_urlencoded::parse(query.as_bytes())
+            .into_owned()
+            .collect();
+        let Some((admin, mut claims)) = self.browser.lock().expect("lock").clone() else {
+            return json_response(400, &json!({"error": "no browser sign-in set up"}));
+        };
+        claims["nonce"] = json!(q.get("nonce").cloned().unwrap_or_default());
+        let code = format!(
+            "browser-code-{}",
+            self.handed_out.lock().expect("lock").len()
+        );
+        self.handed_out.lock().expect("lock").push(code.clone());
+        self.codes.lock().expect("lock").insert(
+            code.clone(),
+            Grant {
+                challenge: q.get("code_challenge").cloned().unwrap_or_default(),
+                redirect_uri: q.get("redirect_uri").cloned().unwrap_or_default(),
+                claims,
+                stranger: false,
+            },
+        );
+        // Back to latchkey as the browser reaches it (the policy's redirect_uri names a host
+        // this test cannot serve; the token request must still carry it).
+        let back = format!(
+            "{admin}/ui/oidc/callback?code={code}&state={}",
+            q.get("state").cloned().unwrap_or_default()
+        );
+        hyper::Response::builder()
+            .status(302)
+            .header("location", back)
+            .body(full_body(""))
+            .expect("response")
     }
 
     /// The token endpoint: the client authenticated, the code known (once), PKCE and the
@@ -483,4 +527,55 @@ fn an_issuer_signs_a_person_in_with_their_groups_scopes_and_every_trick_is_refus
             );
         }
     }
+}
+
+/// In a real browser: the sign-in page's button, the issuer, the callback, and the console with
+/// the person's name. The callback's page moves on by itself, so the SameSite=Strict session
+/// cookie is sent (a redirect would still count as the issuer's cross-site navigation).
+#[test]
+fn a_person_signs_in_through_the_issuer_in_chromium() {
+    toolchain::tool("chromium");
+    let w = world();
+    let admin = format!("http://{}", w.lk.admin_addr());
+    let claims = json!({"iss": w.idp.issuer, "aud": CLIENT_ID, "sub": "sub-alice",
+        "email": "alice@example.com", "groups": ["security"], "iat": now(), "exp": now() + 300});
+    *w.idp.browser.lock().expect("lock") = Some((admin.clone(), claims));
+    let shot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("console-screenshots")
+        .join("console-login.png");
+    std::fs::create_dir_all(shot.parent().expect("dir")).expect("mkdir");
+    let config = json!({
+        "admin": admin,
+        "issuer_host": "other.test",
+        "chromium": "/usr/bin/chromium",
+        "shot": shot,
+    });
+    let mut cmd = std::process::Command::new(toolchain::python());
+    cmd.arg(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/clients/console_oidc_browser.py"
+    ))
+    .arg(config.to_string());
+    let out = crate::support::latchkey::wait_with_timeout(&mut cmd, Duration::from_secs(120));
+    let result: Value = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .and_then(|j| serde_json::from_str(j).ok())
+        .unwrap_or_else(|| panic!("console_oidc_browser.py: {out:#?}"));
+    assert_eq!(result["url"], format!("{admin}/ui"), "{result:#}");
+    let who = result["who"].as_str().unwrap_or_default();
+    assert!(
+        who.contains("oidc:alice@example.com") && who.contains("approvals:answer"),
+        "{result:#}"
+    );
+    assert_eq!(result["console_errors"], json!([]), "{result:#}");
+    let text = result.to_string();
+    for secret in w.idp.handed_out.lock().expect("lock").iter() {
+        assert!(
+            !text.contains(secret.as_str()),
+            "a page shows what the issuer handed out"
+        );
+    }
+    assert!(!text.contains(CLIENT_SECRET));
 }

@@ -439,7 +439,9 @@ fn a_growing_log_is_followed_once_through_a_rotation_and_a_line_in_progress() {
     let half = lines[5].len() / 2;
     std::fs::write(&active, joined(&lines[..5]) + &lines[5][..half]).expect("write");
     let mut follow = Follow::new(*log.key.public());
-    let r = follow.advance(std::slice::from_ref(&active)).expect("advance");
+    let r = follow
+        .advance(std::slice::from_ref(&active))
+        .expect("advance");
     assert!(r.intact(), "{r:#?}");
     assert_eq!((r.lines, r.last_seq), (5, Some(5)));
     // B: the line finished, two more, then rotated (renamed: the same file) and a new active
@@ -450,7 +452,8 @@ fn a_growing_log_is_followed_once_through_a_rotation_and_a_line_in_progress() {
         .expect("open");
     f.write_all(format!("{}\n", &lines[5][half..]).as_bytes())
         .expect("finish the line");
-    f.write_all(joined(&lines[6..8]).as_bytes()).expect("append");
+    f.write_all(joined(&lines[6..8]).as_bytes())
+        .expect("append");
     drop(f);
     let segment = log
         .dir
@@ -470,7 +473,9 @@ fn a_growing_log_is_followed_once_through_a_rotation_and_a_line_in_progress() {
     assert_eq!(again.lines, r.lines);
     // C: the active file cut short under it.
     std::fs::write(&active, "").expect("truncate");
-    let r = follow.advance(std::slice::from_ref(&active)).expect("advance");
+    let r = follow
+        .advance(std::slice::from_ref(&active))
+        .expect("advance");
     assert_eq!(first(&r).kind, Kind::Truncated, "{r:#?}");
     assert!(!r.intact());
 }
