@@ -152,6 +152,15 @@ impl Browser<'_> {
     }
 }
 
+/// The first session id (`ses_…`) a page names.
+fn session_id(text: &str) -> String {
+    let at = text.find("ses_").expect("a session id");
+    text[at..]
+        .chars()
+        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+        .collect()
+}
+
 fn assert_secure_headers(what: &str, resp: &RawResponse) {
     for (name, value) in [
         (
@@ -473,11 +482,7 @@ fn sessions_are_created_with_the_token_shown_once_extended_and_revoked() {
     let at = text.find("lks_").expect("the session token");
     let token: String = text[at..].chars().take_while(|c| *c != '<').collect();
     assert!(token.len() >= 20, "{token:?} from {text}");
-    let id_at = text.find("ses_").expect("a session id");
-    let id: String = text[id_at..]
-        .chars()
-        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-        .collect();
+    let id = session_id(&text);
 
     // Listed (filters work), never with its token.
     let listed = b
@@ -565,11 +570,7 @@ fn a_session_created_in_the_console_is_narrowed_as_asked_and_never_wider_than_it
     );
     assert_eq!(made.status, 201, "{made:#?}");
     let text = made.text();
-    let id_at = text.find("ses_").expect("a session id");
-    let id: String = text[id_at..]
-        .chars()
-        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-        .collect();
+    let id = session_id(&text);
     let shown = w.admin.call("GET", &format!("/sessions/{id}"), None);
     let shown: serde_json::Value = serde_json::from_slice(&shown.body).expect("JSON");
     assert_eq!(

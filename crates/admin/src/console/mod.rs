@@ -501,15 +501,19 @@ async fn read_form(
 
 /// The console session id the request's cookie carries.
 fn cookie(req: &Request<Incoming>) -> Option<String> {
+    cookie_named(req, COOKIE).filter(|v| v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// The value of the request's cookie `name`, the first one sent.
+fn cookie_named(req: &Request<Incoming>, name: &str) -> Option<String> {
     req.headers()
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|c| c.trim().split_once('='))
-        .find(|(k, _)| *k == COOKIE)
+        .find(|(k, _)| *k == name)
         .map(|(_, v)| v.to_string())
-        .filter(|v| v.len() == 64 && v.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 /// The session cookie. No `Secure`: the admin listener speaks plain HTTP (loopback by

@@ -157,7 +157,7 @@ async fn callback(
         }
     }
     let state = params.get("state").map(String::as_str).unwrap_or_default();
-    let cookie = state_cookie(req).unwrap_or_default();
+    let cookie = super::cookie_named(req, STATE_COOKIE).unwrap_or_default();
     if state.is_empty() || !ct_eq(cookie.as_bytes(), state.as_bytes()) {
         return Err(failed(
             "this sign-in was not started by this browser (its state does not match): start again",
@@ -179,17 +179,6 @@ async fn callback(
         .oidc
         .finish(proxy, config, fingerprint, state, code)
         .await
-}
-
-fn state_cookie(req: &Request<hyper::body::Incoming>) -> Option<String> {
-    req.headers()
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|c| c.trim().split_once('='))
-        .find(|(k, _)| *k == STATE_COOKIE)
-        .map(|(_, v)| v.to_string())
 }
 
 fn clear_state_cookie(res: &mut http::Response<Body>) {
