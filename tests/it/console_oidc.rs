@@ -529,6 +529,34 @@ fn an_issuer_signs_a_person_in_with_their_groups_scopes_and_every_trick_is_refus
     }
 }
 
+/// With `[admin.oidc]` and no admin token anywhere, the console still asks for a sign-in (the
+/// API itself is open, on loopback, as without the console), and no token gives one.
+#[test]
+fn with_oidc_and_no_admin_token_the_console_is_not_open() {
+    let ca = TestCa::new();
+    let upstream = Upstream::https(&ca);
+    let lk = start(&ca, &upstream, &policy(ROLES), |b| {
+        b.arg("--console").env("LK_OIDC_SECRET", CLIENT_SECRET)
+    });
+    let addr = lk.admin_addr();
+    let page = http_call(addr, "GET", "/ui", &[], b"");
+    assert_eq!(page.status, 303, "{page:#?}");
+    assert_eq!(page.header("location"), Some("/ui/login"));
+    let login = http_call(
+        addr,
+        "POST",
+        "/ui/login",
+        &[("Content-Type", "application/x-www-form-urlencoded")],
+        b"token=anything-at-all-0123456789",
+    );
+    assert_eq!(login.status, 401, "{login:#?}");
+    assert!(login.text().contains("sign in with the identity provider"));
+    assert!(!login
+        .headers
+        .iter()
+        .any(|(n, v)| n.eq_ignore_ascii_case("set-cookie") && v.starts_with("latchkey_console=")));
+}
+
 /// In a real browser: the sign-in page's button, the issuer, the callback, and the console with
 /// the person's name. The callback's page moves on by itself, so the SameSite=Strict session
 /// cookie is sent (a redirect would still count as the issuer's cross-site navigation).

@@ -419,6 +419,16 @@ async fn login(
     };
     let presented = form.get("token").map(|t| t.trim()).unwrap_or_default();
     let caller = match crate::caller_by(proxy, served.token, Some(presented)).await {
+        // The API is open (no token configured), but the console is not: `[admin.oidc]` asks
+        // for a sign-in, and no token can give one.
+        Some(c) if c.via == Via::Open && !is_open(proxy, served) => {
+            console.store.failed(peer, now);
+            return login_page(
+                proxy,
+                StatusCode::UNAUTHORIZED,
+                Some("no admin token is configured: sign in with the identity provider"),
+            );
+        }
         Some(c) if !presented.is_empty() || c.via == Via::Open => c,
         _ => {
             console.store.failed(peer, now);
