@@ -224,3 +224,38 @@ fn the_spend_charged_is_the_cost_to_the_micro_dollar() {
     assert_eq!(used, Some(total), "{records:#?}");
     w.sweep();
 }
+
+/// The console's limits page: each counter with what is reserved in flight, and the spend by
+/// model since latchkey started (from the audit writer's tap, priced as the records are).
+#[test]
+fn the_console_shows_spend_by_model_and_reservations() {
+    let rules = provider_rule("openai", OPENAI_HOST, "\"money\"");
+    let w = limits_world(&format!("{SECRET_TOML}{LIMITS}{rules}"), |b| {
+        b.arg("--console")
+    });
+    for _ in 0..2 {
+        let a = w.run(&tokens(
+            Call::post(
+                &w.url(OPENAI_HOST, "/v1/chat/completions"),
+                &chat_body("fake-model", false, Some(10)),
+            ),
+            100,
+            0,
+            10,
+        ));
+        assert_eq!(a.status, 200, "{a:#?}");
+    }
+    // The console is open (no admin token): the first visit gets a session.
+    let page =
+        crate::support::approvals::http_call(w.lk.admin_addr(), "GET", "/ui/limits", &[], b"");
+    assert_eq!(page.status, 200, "{page:#?}");
+    let text = page.text();
+    assert!(text.contains("<th>reserved in flight</th>"), "{text}");
+    // Two calls of $0.12 each.
+    let row = "<td>openai</td><td>fake-model</td><td>2</td><td>200</td><td>20</td><td>0.2400</td><td>0</td>";
+    assert!(text.contains(row), "no spend row {row:?} in {text}");
+    assert!(
+        text.contains("<strong>0.2400 USD</strong> in all"),
+        "{text}"
+    );
+}

@@ -4,11 +4,16 @@
 //! one `Arc` per record into a bounded broadcast ring, where a watcher too slow to keep up
 //! loses the oldest records and is told how many ([`Watch::next`]), never slowing the writer.
 //!
+//! It also keeps the spend by model since the process started ([`Live::spend`]): one map entry
+//! per (provider, model), at most [`MAX_MODELS`], updated only for records that carry usage (a
+//! model-provider call), so other records cost one branch.
+//!
 //! What it carries is exactly what the log holds (records are scrubbed before they are made:
 //! no secret value is ever in one), after the line reached the log: a watcher never sees a
 //! record the log could not keep.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::broadcast;
 
@@ -17,11 +22,29 @@ use crate::{Record, Tap};
 /// How many records a watcher may fall behind before it loses the oldest.
 pub const RING: usize = 4096;
 
+/// Models told apart in [`Live::spend`]; past it, a new model is counted under `(other)`.
+pub const MAX_MODELS: usize = 256;
+
+/// One model's use since the process started.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct ModelSpend {
+    pub calls: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// USD under the price table, of the calls whose model had a price.
+    pub cost: f64,
+    /// Calls whose model had no price (not in `cost`).
+    pub unpriced: u64,
+}
+
+type Spend = BTreeMap<(String, String), ModelSpend>;
+
 /// The live stream's handle: cloned into the admin listener, its [`tap`](Live::tap) into the
 /// audit writer's `Options.taps`.
 #[derive(Clone)]
 pub struct Live {
     tx: broadcast::Sender<Arc<Record>>,
+    spend: Arc<Mutex<Spend>>,
 }
 
 impl Default for Live {
@@ -34,14 +57,25 @@ impl Live {
     /// A stream whose watchers may each fall `ring` records behind.
     pub fn new(ring: usize) -> Self {
         let (tx, _) = broadcast::channel(ring.max(1));
-        Self { tx }
+        Self {
+            tx,
+            spend: Arc::default(),
+        }
     }
 
     /// The tap to put in the audit log's `Options.taps`.
     pub fn tap(&self) -> Box<dyn Tap> {
         Box::new(LiveTap {
             tx: self.tx.clone(),
+            spend: Arc::clone(&self.spend),
         })
+    }
+
+    /// Use per (provider, model) of every model-provider call written since the process
+    /// started (this process's: each replica counts its own).
+    pub fn spend(&self) -> Vec<((String, String), ModelSpend)> {
+        let map = self.spend.lock().unwrap_or_else(PoisonError::into_inner);
+        map.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
     }
 
     /// Starts watching: records written from now on.
@@ -59,10 +93,39 @@ impl Live {
 
 struct LiveTap {
     tx: broadcast::Sender<Arc<Record>>,
+    spend: Arc<Mutex<Spend>>,
+}
+
+impl LiveTap {
+    fn count(&self, records: &[Record]) {
+        let mut used = records.iter().filter_map(|r| r.usage.as_ref()).peekable();
+        if used.peek().is_none() {
+            return;
+        }
+        let mut map = self.spend.lock().unwrap_or_else(PoisonError::into_inner);
+        for u in used {
+            let mut key = (
+                u.provider.to_string(),
+                u.model.clone().unwrap_or_else(|| "(unnamed)".to_string()),
+            );
+            if map.len() >= MAX_MODELS && !map.contains_key(&key) {
+                key.1 = "(other)".to_string();
+            }
+            let e = map.entry(key).or_default();
+            e.calls += 1;
+            e.input_tokens = e.input_tokens.saturating_add(u.input_tokens);
+            e.output_tokens = e.output_tokens.saturating_add(u.output_tokens);
+            match u.cost {
+                Some(c) if c.is_finite() && c >= 0.0 => e.cost += c,
+                _ => e.unpriced += 1,
+            }
+        }
+    }
 }
 
 impl Tap for LiveTap {
     fn written(&mut self, records: &[Record]) {
+        self.count(records);
         if self.tx.receiver_count() == 0 {
             return;
         }
@@ -155,5 +218,52 @@ mod tests {
         expect_record(watch.next().await, 306);
         drop(watch);
         assert_eq!(live.watchers(), 0);
+    }
+
+    #[test]
+    fn spend_is_counted_per_model_with_nobody_watching_and_bounded() {
+        let live = Live::new(4);
+        let mut options = Options::default();
+        options.taps.push(live.tap());
+        let log =
+            Arc::new(AuditLog::with_sink_options(Box::new(Vec::new()), options).expect("log"));
+        let client: SocketAddr = "127.0.0.1:9".parse().expect("addr");
+        let call = |model: &str, cost: Option<f64>| {
+            let mut e = Entry::start(log.clone(), client, "default", "sha256:x");
+            e.outcome(Reason::Allowed, Some("r"), Some(200));
+            e.settled(
+                Vec::new(),
+                Some(crate::UsageInfo {
+                    provider: "openai",
+                    model: Some(model.to_string()),
+                    input_tokens: 10,
+                    output_tokens: 2,
+                    cached_input_tokens: 0,
+                    cost,
+                    source: "response",
+                }),
+            );
+            e.finish();
+        };
+        call("gpt-4o-mini", Some(0.25));
+        call("gpt-4o-mini", Some(0.5));
+        call("mystery", None);
+        record(&log, 200);
+        for i in 0..MAX_MODELS + 5 {
+            call(&format!("m{i}"), Some(1.0));
+        }
+        assert!(log.flush(Duration::from_secs(5)));
+        let spend: BTreeMap<(String, String), ModelSpend> = live.spend().into_iter().collect();
+        let mini = &spend[&("openai".to_string(), "gpt-4o-mini".to_string())];
+        assert_eq!(
+            (mini.calls, mini.input_tokens, mini.output_tokens),
+            (2, 20, 4)
+        );
+        assert!((mini.cost - 0.75).abs() < 1e-9);
+        let mystery = &spend[&("openai".to_string(), "mystery".to_string())];
+        assert_eq!((mystery.calls, mystery.unpriced), (1, 1));
+        assert!(spend.len() <= MAX_MODELS + 1, "{}", spend.len());
+        let other = &spend[&("openai".to_string(), "(other)".to_string())];
+        assert!(other.calls >= 5, "{other:?}");
     }
 }

@@ -152,6 +152,9 @@ pub struct CounterView {
     pub used: u64,
     pub limit_value: u64,
     pub remaining: u64,
+    /// Held by this process's requests in flight and not settled yet (part of `used`): a
+    /// model call's reservation until its response reports what it cost.
+    pub reserved: u64,
     /// RFC 3339: when the window ends (budgets) or the bucket is full (requests).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resets_at: Option<String>,
@@ -342,6 +345,14 @@ impl Limiter {
     /// that have ended are left out.
     pub fn counters(&self) -> Vec<CounterView> {
         let mut list: Vec<CounterView> = lock(&self.seen).open_views(SystemTime::now());
+        {
+            let inflight = lock(&self.inflight);
+            for v in &mut list {
+                if let Some(n) = v.store_key.as_ref().and_then(|k| inflight.get(k)) {
+                    v.reserved = *n;
+                }
+            }
+        }
         list.sort_by(|a, b| (&a.limit, a.measure, &a.key).cmp(&(&b.limit, b.measure, &b.key)));
         list
     }

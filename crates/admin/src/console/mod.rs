@@ -197,7 +197,7 @@ async fn get(
         "/ui" | "/ui/" => pages::overview(proxy, served.ship, &console.chain, signed).await,
         "/ui/approvals" => approvals::page(proxy, signed).await,
         "/ui/sessions" => sessions::page(proxy, signed, query).await,
-        "/ui/limits" => pages::limits(proxy, signed).await,
+        "/ui/limits" => pages::limits(proxy, &console.live, signed).await,
         "/ui/policy" => pages::policy(proxy, signed, query),
         "/ui/traffic" => traffic::page(signed, query),
         "/ui/traffic/stream" => {

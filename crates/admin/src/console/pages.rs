@@ -176,7 +176,11 @@ fn uptime(v: &serde_json::Value) -> String {
 }
 
 /// `/ui/limits`: what `GET /limits` carries, as tables.
-pub async fn limits(proxy: &Proxy, signed: &Signed) -> Response<Body> {
+pub async fn limits(
+    proxy: &Proxy,
+    live: &crate::audit::live::Live,
+    signed: &Signed,
+) -> Response<Body> {
     let l = crate::limits(proxy).await;
     let mut body = String::new();
     let store = match l["store"].as_str() {
@@ -213,6 +217,7 @@ pub async fn limits(proxy: &Proxy, signed: &Signed) -> Response<Body> {
         "used",
         "limit",
         "remaining",
+        "reserved in flight",
         "resets",
     ];
     let keys = [
@@ -222,6 +227,7 @@ pub async fn limits(proxy: &Proxy, signed: &Signed) -> Response<Body> {
         "used",
         "limit_value",
         "remaining",
+        "reserved",
         "resets_at",
     ];
     let rows: Vec<Vec<String>> = each(&l["counters"])
@@ -229,9 +235,49 @@ pub async fn limits(proxy: &Proxy, signed: &Signed) -> Response<Body> {
         .collect();
     body.push_str("<h2>Counters</h2><p><label>Filter <input type=\"search\" data-filter=\"counters\"></label></p><div id=\"counters\">");
     body.push_str(&html::table(&heads, &rows, "nothing charged yet"));
-    body.push_str("</div><h2>Prices</h2>");
+    body.push_str("</div>");
+    body.push_str(&spend_by_model(live));
+    body.push_str("<h2>Prices</h2>");
     body.push_str(&html::fields(&l["prices"]));
     html::page(StatusCode::OK, "Limits", Some(signed), &body)
+}
+
+/// Every model-provider call this process wrote since it started, per provider and model.
+fn spend_by_model(live: &crate::audit::live::Live) -> String {
+    let spend = live.spend();
+    let total: f64 = spend.iter().map(|(_, s)| s.cost).sum();
+    let rows: Vec<Vec<String>> = spend
+        .iter()
+        .map(|((provider, model), s)| {
+            vec![
+                esc(provider),
+                esc(model),
+                s.calls.to_string(),
+                s.input_tokens.to_string(),
+                s.output_tokens.to_string(),
+                format!("{:.4}", s.cost),
+                s.unpriced.to_string(),
+            ]
+        })
+        .collect();
+    format!(
+        "<h2>Spend by model</h2><p>Since this latchkey started (each replica counts its own): \
+<strong>{:.4} USD</strong> in all, under the price table below.</p>{}",
+        total,
+        html::table(
+            &[
+                "provider",
+                "model",
+                "calls",
+                "input tokens",
+                "output tokens",
+                "cost (USD)",
+                "calls without a price"
+            ],
+            &rows,
+            "no model-provider call yet",
+        )
+    )
 }
 
 fn each(v: &serde_json::Value) -> impl Iterator<Item = &serde_json::Value> {

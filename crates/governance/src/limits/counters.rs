@@ -401,6 +401,7 @@ impl Seen {
                         used: n.used,
                         limit_value: n.limit_value,
                         remaining: n.limit_value.saturating_sub(n.used),
+                        reserved: 0,
                         resets_at: n
                             .resets
                             .map(|t| humantime::format_rfc3339_seconds(t).to_string()),
