@@ -116,6 +116,14 @@ def main():
         result["revoke_page"] = page.locator("main").inner_text()
         step("session-revoked")
 
+        # A candidate policy chosen as a file (read into the form by the page's script).
+        page.goto(f"{base}/ui/policy")
+        page.set_input_files("input[type=file][data-load=candidate]", cfg["candidate_file"])
+        page.wait_for_function("document.getElementById('candidate').value.length > 0")
+        with page.expect_navigation():
+            page.click("form[action='/ui/policy/diff'] button[type=submit]")
+        result["diff_page"] = page.locator("main").inner_text()
+
         for name in ["sessions", "limits", "policy"]:
             page.goto(f"{base}/ui/{name}")
             result["pages"][name] = page.locator("main").inner_text()

@@ -4,7 +4,8 @@
 //! curl through latchkey appear live on the traffic page, opens its record and explains it,
 //! approves one parked request (the client's request completes) and denies another (the client
 //! is refused), filters the traffic to denials (an allowed request never shows, a denied one
-//! does), revokes a session from its row and sees its open tunnel cut, and visits every page. Each page's screenshot is kept under
+//! does), revokes a session from its row and sees its open tunnel cut, compares a candidate
+//! policy chosen as a file, and visits every page. Each page's screenshot is kept under
 //! `target/tmp/console-screenshots` (the book's are copies of these); every page's text is
 //! swept for the test's secrets.
 
@@ -31,7 +32,17 @@ fn console_in_chromium_shows_live_traffic_and_answers_parked_requests() {
     let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("console-screenshots");
     let _ = std::fs::remove_dir_all(&shots);
     std::fs::create_dir_all(&shots).expect("mkdir screenshots");
+    let candidate = crate::console::policy()
+        .replace("PORT", &w.port().to_string())
+        .replace(
+            "hosts   = [\"api.test\"]\nports   = [",
+            "hosts   = [\"api.test\", \"wider.test\"]\nports   = [",
+        );
+    assert!(candidate.contains("wider.test"));
+    let candidate_file = shots.join("candidate.toml");
+    std::fs::write(&candidate_file, &candidate).expect("write the candidate");
     let config = serde_json::json!({
+        "candidate_file": candidate_file,
         "admin": format!("http://{}", w.lk.admin_addr()),
         "reader": READER_TOKEN,
         "approver": APPROVER_TOKEN,
@@ -186,6 +197,11 @@ fn console_in_chromium_shows_live_traffic_and_answers_parked_requests() {
             .as_str()
             .is_some_and(|u| u.contains("decision=deny")),
         "{result:#}"
+    );
+    let diff = result["diff_page"].as_str().unwrap_or_default();
+    assert!(
+        diff.contains("widens reach") && diff.contains("wider.test"),
+        "the candidate chosen as a file: {diff}"
     );
     let revoked = result["revoke_page"].as_str().unwrap_or_default();
     assert!(revoked.contains("connections are cut"), "{revoked}");

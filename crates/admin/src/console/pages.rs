@@ -349,9 +349,10 @@ pub fn policy(proxy: &Proxy, signed: &Signed, query: &str) -> Response<Body> {
         }
     }
     body.push_str(&format!(
-        "<h2>Diff a candidate</h2><p>Paste a complete candidate policy (one TOML file): it is compared with the policy in force, \
+        "<h2>Diff a candidate</h2><p>Paste a complete candidate policy (one TOML file), or choose the file: it is compared with the policy in force, \
 as <code>latchkey diff</code> does. Nothing is changed: policy changes go through review.</p>\
-<form method=\"post\" action=\"/ui/policy/diff\">{}<textarea name=\"candidate\" rows=\"16\" required></textarea>\
+<form method=\"post\" action=\"/ui/policy/diff\">{}<p><label>From a file <input type=\"file\" accept=\".toml,text/plain\" data-load=\"candidate\"></label></p>\
+<textarea id=\"candidate\" name=\"candidate\" rows=\"16\" required></textarea>\
 <p><button type=\"submit\">Compare</button></p></form>",
         html::csrf_field(signed)
     ));

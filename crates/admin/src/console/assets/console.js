@@ -22,6 +22,30 @@ document.addEventListener("DOMContentLoaded", function () {
       });
     });
   });
+  // A file input marked data-load puts the chosen file's text into the textarea it names (the
+  // file itself is never sent: the input has no name). At most 1 MiB, as the server reads.
+  document.querySelectorAll("input[type=file][data-load]").forEach(function (input) {
+    var target = document.getElementById(input.getAttribute("data-load"));
+    if (!target || !window.FileReader) {
+      return;
+    }
+    input.addEventListener("change", function () {
+      var file = input.files && input.files[0];
+      if (!file) {
+        return;
+      }
+      if (file.size > 1024 * 1024) {
+        window.alert("larger than 1 MiB: the console compares policies up to 1 MiB");
+        input.value = "";
+        return;
+      }
+      var reader = new FileReader();
+      reader.onload = function () {
+        target.value = String(reader.result);
+      };
+      reader.readAsText(file);
+    });
+  });
   // The traffic page: records from the live stream, newest first, at most 500 rows.
   var state = document.getElementById("traffic-state");
   var traffic = document.getElementById("traffic");
