@@ -245,14 +245,22 @@ fn the_console_shows_spend_by_model_and_reservations() {
         ));
         assert_eq!(a.status, 200, "{a:#?}");
     }
-    // The console is open (no admin token): the first visit gets a session.
-    let page =
-        crate::support::approvals::http_call(w.lk.admin_addr(), "GET", "/ui/limits", &[], b"");
-    assert_eq!(page.status, 200, "{page:#?}");
-    let text = page.text();
-    assert!(text.contains("<th>reserved in flight</th>"), "{text}");
-    // Two calls of $0.12 each.
+    // Two calls of $0.12 each. An outcome is written once its response has ended, so the
+    // page may lag the client by a moment. The console is open (no admin token): each visit
+    // gets a session.
     let row = "<td>openai</td><td>fake-model</td><td>2</td><td>200</td><td>20</td><td>0.2400</td><td>0</td>";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let text = loop {
+        let page =
+            crate::support::approvals::http_call(w.lk.admin_addr(), "GET", "/ui/limits", &[], b"");
+        assert_eq!(page.status, 200, "{page:#?}");
+        let text = page.text();
+        if text.contains(row) || std::time::Instant::now() > deadline {
+            break text;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert!(text.contains("<th>reserved in flight</th>"), "{text}");
     assert!(text.contains(row), "no spend row {row:?} in {text}");
     assert!(
         text.contains("<strong>0.2400 USD</strong> in all"),

@@ -32,6 +32,7 @@ mod cli_surface;
 mod connect_gate;
 mod console;
 mod console_browser;
+mod console_chain;
 mod console_oidc;
 mod credentials_client_cert;
 mod credentials_github;
