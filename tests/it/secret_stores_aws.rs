@@ -142,7 +142,8 @@ fn secrets_manager_and_ssm_are_read_with_keys_from_the_environment() {
             "{err}"
         );
     });
-    let requests = moto.events_of("request");
+    let requests =
+        moto.wait_events_where("request", 1, |r| r["target"] == "AmazonSSM.GetParameter");
     assert!(
         requests
             .iter()
@@ -180,9 +181,11 @@ fn web_identity_keys_from_moto_sts_read_secrets_manager() {
         );
     });
     let scope = moto
-        .events_of("request")
+        .wait_events_where("request", 1, |r| {
+            r["target"] == "secretsmanager.GetSecretValue"
+        })
         .into_iter()
-        .find(|r| r["target"] == "secretsmanager.GetSecretValue")
+        .next()
         .expect("SM called");
     // Signed with STS's temporary keys, not anything static.
     let akid = scope["credential"].as_str().expect("signed");
@@ -284,11 +287,9 @@ fn imds_v2_and_container_stand_ins_give_the_keys_that_sign_secrets_manager() {
         .expect("log")
         .iter()
         .any(|l| l.starts_with("get /ecs ")));
-    let signed: Vec<_> = moto
-        .events_of("request")
-        .into_iter()
-        .filter(|r| r["target"] == "secretsmanager.GetSecretValue")
-        .collect();
+    let signed = moto.wait_events_where("request", 2, |r| {
+        r["target"] == "secretsmanager.GetSecretValue"
+    });
     assert_eq!(signed.len(), 2, "{signed:#?}");
     for r in &signed {
         assert!(
@@ -347,11 +348,7 @@ credential = "own"
     );
     let out: serde_json::Value = serde_json::from_str(&out).expect("json");
     assert_eq!(out["ok"], true, "{out:#}\nlatchkey: {}", w.lk.stderr_text());
-    let puts: Vec<_> = s3
-        .events_of("request")
-        .into_iter()
-        .filter(|e| e["method"] == "PUT")
-        .collect();
+    let puts = s3.wait_events_where("request", 1, |e| e["method"] == "PUT");
     assert!(
         !puts.is_empty() && puts.iter().all(|e| e["status"] == 200),
         "{puts:#?}"

@@ -174,6 +174,24 @@ impl PyServer {
         }
     }
 
+    /// Waits up to 10 s for `n` events of `kind` that `matches` (the process prints them as
+    /// it answers, so they may trail the answer a little), and returns those.
+    pub fn wait_events_where(
+        &self,
+        kind: &str,
+        n: usize,
+        matches: impl Fn(&Value) -> bool,
+    ) -> Vec<Value> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let events: Vec<Value> = self.events_of(kind).into_iter().filter(&matches).collect();
+            if events.len() >= n || Instant::now() >= deadline {
+                return events;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn stderr_text(&self) -> String {
         self.stderr.lock().expect("stderr").clone()
     }
