@@ -184,17 +184,19 @@ impl Signer {
     }
 
     /// Checks a button's answer as [`Signer::verify`] checks a link's, for `notifier`.
-    #[allow(clippy::too_many_arguments)]
     pub fn verify_action(
         &self,
         notifier: &str,
-        id: &str,
-        decision: &str,
-        scope: Option<&str>,
-        exp: &str,
-        sig: &str,
+        answer: SignedAnswer<'_>,
         now: SystemTime,
     ) -> Result<(), LinkError> {
+        let SignedAnswer {
+            id,
+            decision,
+            scope,
+            exp,
+            sig,
+        } = answer;
         self.check(
             &[ACTION_CONTEXT, notifier],
             (id, decision, scope, exp),
@@ -286,6 +288,17 @@ pub fn links_for(base: &url::Url, approval: &Approval, signer: &Signer) -> Links
 /// the one that won.
 pub async fn load_or_create_key(store: &dyn StateStore) -> Result<[u8; 32], StateError> {
     super::approvals::shared_key(store, KEY_LINKS).await
+}
+
+/// An answer as a button's value carries it: the fields [`Signer::sign_action`] signed, its
+/// expiry and signature.
+#[derive(Debug, Clone, Copy)]
+pub struct SignedAnswer<'a> {
+    pub id: &'a str,
+    pub decision: &'a str,
+    pub scope: Option<&'a str>,
+    pub exp: &'a str,
+    pub sig: &'a str,
 }
 
 /// The signed fields of an answer: approval id, decision, scope, expiry.
@@ -423,6 +436,22 @@ mod tests {
         assert_ne!(m("a", "deny", None, "1"), m("a", "deny", Some(""), "1"));
     }
 
+    fn answer<'a>(
+        id: &'a str,
+        decision: &'a str,
+        scope: Option<&'a str>,
+        exp: &'a str,
+        sig: &'a str,
+    ) -> SignedAnswer<'a> {
+        SignedAnswer {
+            id,
+            decision,
+            scope,
+            exp,
+            sig,
+        }
+    }
+
     #[test]
     fn a_buttons_answer_is_bound_to_its_notifier_and_is_never_a_working_link() {
         let s = signer();
@@ -430,7 +459,11 @@ mod tests {
         assert_eq!(exp, "2000");
         let now = at(1_000);
         assert_eq!(
-            s.verify_action("chat", "ap_1", "approve", Some("1h"), &exp, &sig, now),
+            s.verify_action(
+                "chat",
+                answer("ap_1", "approve", Some("1h"), &exp, &sig),
+                now
+            ),
             Ok(())
         );
         for (notifier, id, decision, scope) in [
@@ -439,7 +472,7 @@ mod tests {
             ("chat", "ap_1", "approve", Some("once")),
         ] {
             assert_eq!(
-                s.verify_action(notifier, id, decision, scope, &exp, &sig, now),
+                s.verify_action(notifier, answer(id, decision, scope, &exp, &sig), now),
                 Err(LinkError::BadSignature)
             );
         }
@@ -450,16 +483,28 @@ mod tests {
         );
         let link = params(&s.sign(&base(), "ap_1", "approve", Some("1h"), at(2_000)));
         assert_eq!(
-            s.verify_action("chat", "ap_1", "approve", Some("1h"), &exp, &link.sig, now),
+            s.verify_action(
+                "chat",
+                answer("ap_1", "approve", Some("1h"), &exp, &link.sig),
+                now
+            ),
             Err(LinkError::BadSignature)
         );
         assert_eq!(
-            s.verify_action("chat", "ap_1", "approve", Some("1h"), &exp, &sig, at(2_001)),
+            s.verify_action(
+                "chat",
+                answer("ap_1", "approve", Some("1h"), &exp, &sig),
+                at(2_001)
+            ),
             Err(LinkError::Expired)
         );
         let other = Signer::new([8u8; 32]);
         assert_eq!(
-            other.verify_action("chat", "ap_1", "approve", Some("1h"), &exp, &sig, now),
+            other.verify_action(
+                "chat",
+                answer("ap_1", "approve", Some("1h"), &exp, &sig),
+                now
+            ),
             Err(LinkError::BadSignature)
         );
     }

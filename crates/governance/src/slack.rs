@@ -73,15 +73,14 @@ impl ActionValue {
         notifier: &str,
         now: SystemTime,
     ) -> Result<(), super::links::LinkError> {
-        signer.verify_action(
-            notifier,
-            &self.id,
-            &self.decision,
-            self.scope.as_deref(),
-            &self.exp,
-            &self.sig,
-            now,
-        )
+        let answer = super::links::SignedAnswer {
+            id: &self.id,
+            decision: &self.decision,
+            scope: self.scope.as_deref(),
+            exp: &self.exp,
+            sig: &self.sig,
+        };
+        signer.verify_action(notifier, answer, now)
     }
 }
 
