@@ -723,7 +723,7 @@ pub fn mrkdwn(text: &str) -> String {
 }
 
 /// At most `max` characters, the last one `…` when cut.
-fn clip(text: &str, max: usize) -> String {
+pub(crate) fn clip(text: &str, max: usize) -> String {
     if text.chars().count() <= max {
         return text.to_string();
     }

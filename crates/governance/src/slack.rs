@@ -227,7 +227,7 @@ pub fn parse_interaction(body: &[u8]) -> Result<Interaction, String> {
     if raw.kind != "block_actions" {
         return Err(format!(
             "payload type {:?} is not block_actions",
-            clip(&raw.kind, 40)
+            super::notify::clip(&raw.kind, 40)
         ));
     }
     if !is_slack_user_id(&raw.user.id) {
@@ -358,11 +358,6 @@ pub async fn post(client: &Client, url: &url::Url, body: Vec<u8>) -> Result<u16,
     tokio::time::timeout(DELIVERY_TIMEOUT, exchange)
         .await
         .map_err(|_| format!("no answer within {}s", DELIVERY_TIMEOUT.as_secs()))?
-}
-
-/// At most `max` characters.
-fn clip(text: &str, max: usize) -> String {
-    text.chars().take(max).collect()
 }
 
 #[cfg(test)]
