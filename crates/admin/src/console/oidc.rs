@@ -243,7 +243,12 @@ impl OidcState {
         fingerprint: Vec<u8>,
     ) -> Result<(String, String), Failed> {
         let endpoints = self.endpoints(proxy, config).await?;
-        let (Some(state), Some(nonce), Some(verifier)) = (random(), random(), random()) else {
+        // 64 hex digits each: a PKCE verifier may be 43 to 128 of [A-Za-z0-9-._~].
+        let (Some(state), Some(nonce), Some(verifier)) = (
+            super::random_hex(),
+            super::random_hex(),
+            super::random_hex(),
+        ) else {
             return Err(failed("the system random generator failed"));
         };
         let challenge = URL_SAFE_NO_PAD.encode(
@@ -385,7 +390,7 @@ impl OidcState {
                 }
             }
         };
-        let kid = jsonwebtoken_kid(token);
+        let kid = crate::governance::sessions::attested::token_kid(token);
         let url = endpoints.jwks.to_string();
         let jwks = cache
             .get(kid.as_deref(), Instant::now(), || async {
@@ -636,21 +641,6 @@ fn where_of(url: &str) -> String {
     }
 }
 
-/// The `kid` of a compact JWS's header, if it has one (read only to pick the key).
-fn jsonwebtoken_kid(token: &str) -> Option<String> {
-    let header = token.split('.').next()?;
-    let bytes = URL_SAFE_NO_PAD.decode(header).ok()?;
-    let value: Value = serde_json::from_slice(&bytes).ok()?;
-    value.get("kid")?.as_str().map(str::to_string)
-}
-
-/// 32 random bytes, base64url.
-fn random() -> Option<String> {
-    let mut b = [0u8; 32];
-    aws_lc_rs::rand::fill(&mut b).ok()?;
-    Some(URL_SAFE_NO_PAD.encode(b))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -703,7 +693,6 @@ mod tests {
         #[test]
         fn no_discovery_document_or_token_header_panics(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512), text in ".{0,200}") {
             let _ = discovery(&bytes, "https://idp.test");
-            let _ = jsonwebtoken_kid(&text);
             let _ = shown_name(&text);
             let _ = safe_text(&text);
         }
