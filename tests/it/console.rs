@@ -12,12 +12,13 @@ use crate::support::approvals::{
     agent, ask_policy, ask_world, http_call, send, AskWorld, ADMIN_TOKEN, AGENT_TOKEN, LAB_TOKEN,
 };
 use crate::support::clients::RawResponse;
+use crate::support::latchkey::LatchkeyBuilder;
 
 pub(crate) const READER_TOKEN: &str = "adm-reader-console-5f2a9c71e0d4b863";
 pub(crate) const APPROVER_TOKEN: &str = "adm-approver-console-8b3e1d60c9a7f254";
 /// May answer approvals and nothing else: not even read.
-pub(crate) const ANSWERER_TOKEN: &str = "adm-answerer-console-3c81f0a9d27e64b5";
-pub(crate) const KEY: &str = "sk-console-upstream-key-71d0e9c4b2a8";
+const ANSWERER_TOKEN: &str = "adm-answerer-console-3c81f0a9d27e64b5";
+const KEY: &str = "sk-console-upstream-key-71d0e9c4b2a8";
 
 /// The ask policy (`prod-writes` asks with a 30 s hold), a rule injecting a secret, a profile,
 /// and two scoped admin tokens.
@@ -37,8 +38,16 @@ pub(crate) fn policy() -> String {
 }
 
 pub(crate) fn world(console: bool) -> AskWorld {
+    world_with(console, |b| b)
+}
+
+/// [`world`], with more of latchkey's flags from `more`.
+pub(crate) fn world_with(
+    console: bool,
+    more: impl FnOnce(LatchkeyBuilder) -> LatchkeyBuilder,
+) -> AskWorld {
     ask_world(&policy(), |b| {
-        let b = b
+        let b = more(b)
             .arg("--admin-token")
             .arg("env:LK_ADMIN_TOKEN")
             .env("LK_READER_TOKEN", READER_TOKEN)

@@ -5,8 +5,8 @@
 use std::thread;
 use std::time::Duration;
 
-use crate::console::{policy, sign_in, sweep, ANSWERER_TOKEN, APPROVER_TOKEN, KEY, READER_TOKEN};
-use crate::support::approvals::{agent, ask_world, send};
+use crate::console::{sign_in, sweep, world, world_with, READER_TOKEN};
+use crate::support::approvals::{agent, send};
 
 /// The overview's hash chain row: `field`'s cell text.
 fn chain_cell(page: &str, field: &str) -> String {
@@ -19,17 +19,7 @@ fn chain_cell(page: &str, field: &str) -> String {
 
 #[test]
 fn the_overview_verifies_the_audit_chain_on_the_box_and_shows_tampering() {
-    let w = ask_world(&policy(), |b| {
-        b.arg("--admin-token")
-            .arg("env:LK_ADMIN_TOKEN")
-            .env("LK_READER_TOKEN", READER_TOKEN)
-            .env("LK_APPROVER_TOKEN", APPROVER_TOKEN)
-            .env("LK_ANSWERER_TOKEN", ANSWERER_TOKEN)
-            .env("LK_CONSOLE_KEY", KEY)
-            .arg("--console")
-            .arg("--audit-checkpoint-every")
-            .arg("3")
-    });
+    let w = world_with(true, |b| b.arg("--audit-checkpoint-every").arg("3"));
     let url = w.url("api.test", "/v1/items");
     for _ in 0..4 {
         assert_eq!(
@@ -62,15 +52,7 @@ fn the_overview_verifies_the_audit_chain_on_the_box_and_shows_tampering() {
     );
 
     // Another latchkey whose log is edited before anyone looks: the overview says so.
-    let t = ask_world(&policy(), |b| {
-        b.arg("--admin-token")
-            .arg("env:LK_ADMIN_TOKEN")
-            .env("LK_READER_TOKEN", READER_TOKEN)
-            .env("LK_APPROVER_TOKEN", APPROVER_TOKEN)
-            .env("LK_ANSWERER_TOKEN", ANSWERER_TOKEN)
-            .env("LK_CONSOLE_KEY", KEY)
-            .arg("--console")
-    });
+    let t = world(true);
     let url = t.url("api.test", "/v1/items");
     for _ in 0..3 {
         assert_eq!(
